@@ -1,0 +1,214 @@
+"""The Python API the CLI wraps: validate a request, run it, store every result as it lands.
+
+from harness import BenchmarkRequest, run_native
+summary = run_native(BenchmarkRequest(models=["bert-tiny"], hardware=["cpu"], iterations=50))
+print(summary.run_id, summary.counts)
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from harness.hardware import NATIVE_PLATFORMS, hardware_rows, native_targets
+from harness.isolation import run_isolated
+from harness.measure import MeasureConfig
+from harness.native import ENGINES
+from harness.native.base import Availability
+from harness.prepare import PreparedModel, PrepareJob, prepare_model
+from harness.provenance import host_facts
+from harness.result import PRECISIONS, Case, Result, Target
+from harness.specs import ModelSpec, SpecError, select_specs, spec_from_path
+from harness.store import DEFAULT_DB, open_store
+from harness.worker import Job, result_for, run_job
+
+
+class RequestError(ValueError):
+    """Invalid user input: the message names what was wrong and what is valid."""
+
+
+@dataclass
+class BenchmarkRequest:
+    models: list[str] | None = None
+    model_families: list[str] | None = None
+    small_models: bool = False
+    model_path: Path | None = None
+    hardware: list[str] | None = None  # None: every available native platform
+    engines: list[str] | None = None
+    batch_sizes: list[int] = field(default_factory=lambda: [1])
+    sequence_lengths: list[int] = field(default_factory=lambda: [32])
+    precision: str = "fp32"
+    warmup: int = 5
+    iterations: int = 20
+    min_duration_s: float = 0.5
+    max_iterations: int = 10_000
+    timeout_s: float = 300.0
+    db_path: Path = DEFAULT_DB
+    output_dir: Path | None = Path("accelharness-results")
+
+
+@dataclass
+class Plan:
+    specs: list[ModelSpec]
+    targets: list[tuple[Target, Availability]]
+    request: BenchmarkRequest
+
+    def cases(self, spec: ModelSpec) -> list[Case]:
+        seqs: list[int | None] = list(self.request.sequence_lengths) if spec.inputs.uses_sequence else [None]
+        return [Case(b, s, self.request.precision) for b in self.request.batch_sizes for s in seqs]
+
+    @property
+    def total_results(self) -> int:
+        return sum(len(self.cases(spec)) for spec in self.specs) * len(self.targets)
+
+
+@dataclass
+class RunSummary:
+    run_id: str
+    db_path: Path
+    counts: dict[str, int]
+    reports: list[Path] = field(default_factory=list)
+
+
+def _check_positive(name: str, values: list[int]) -> None:
+    bad = [v for v in values if v < 1]
+    if bad or not values:
+        raise RequestError(f"{name} must be integers >= 1 (got {values})")
+
+
+def validate(request: BenchmarkRequest) -> Plan:
+    """Check every input before anything is written; raise RequestError naming the valid values."""
+    _check_positive("--batch-sizes", request.batch_sizes)
+    _check_positive("--sequence-lengths", request.sequence_lengths)
+    if request.precision not in PRECISIONS:
+        raise RequestError(f"unknown precision '{request.precision}'; valid: {', '.join(PRECISIONS)}")
+    if request.warmup < 0 or request.iterations < 1 or request.max_iterations < request.iterations:
+        raise RequestError("need --warmup >= 0, --iterations >= 1 and --max-iterations >= --iterations")
+    if request.min_duration_s < 0 or request.timeout_s <= 0:
+        raise RequestError("need --min-duration >= 0 and --timeout > 0")
+    engines = request.engines or list(ENGINES)
+    for engine in engines:
+        if engine not in ENGINES:
+            raise RequestError(f"unknown engine '{engine}'; valid: {', '.join(ENGINES)}")
+    for hw in request.hardware or []:
+        if hw not in NATIVE_PLATFORMS:
+            raise RequestError(f"unknown native hardware '{hw}'; valid: {', '.join(NATIVE_PLATFORMS)}")
+    try:
+        if request.model_path is not None:
+            families = request.model_families or [None]
+            specs = [spec_from_path(Path(request.model_path), families[0])]
+        else:
+            specs = select_specs(request.models, request.model_families, request.small_models)
+    except SpecError as exc:
+        raise RequestError(str(exc)) from exc
+    if not specs:
+        raise RequestError("the model selection is empty: check --model / --model-families")
+    _check_db_path(Path(request.db_path))
+    if request.hardware:
+        targets = native_targets(request.hardware, engines)  # explicit: unavailable ones are recorded
+    else:
+        targets = [(t, a) for t, a in native_targets(list(NATIVE_PLATFORMS), engines) if a.ok]
+    if not targets:
+        raise RequestError(f"no target serves hardware {request.hardware} with engines {engines}")
+    return Plan(specs, targets, request)
+
+
+def _check_db_path(path: Path) -> None:
+    if path.exists() and not path.is_file():
+        raise RequestError(f"--db {path} is not a file")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise RequestError(f"--db {path} is not writable")
+    if not path.exists() and not os.access(path.parent if str(path.parent) else Path("."), os.W_OK):
+        raise RequestError(f"--db {path}: directory {path.parent} does not exist or is not writable")
+
+
+def _prepare(plan: Plan, spec: ModelSpec) -> tuple[PreparedModel | None, str | None, str]:
+    shapes = sorted({(c.batch_size, c.seq_len) for c in plan.cases(spec)}, key=str)
+    prepared: list[PreparedModel] = []
+    outcome = run_isolated(prepare_model, PrepareJob(spec, shapes), plan.request.timeout_s, prepared.append)
+    if prepared:
+        return prepared[0], None, "ok"
+    return None, outcome.message or "model preparation failed", outcome.status
+
+
+def _unprepared_result(spec: ModelSpec, target: Target, case: Case, status: str, message: str) -> Result:
+    return Result(
+        model=spec.name,
+        family=spec.family,
+        weights="unknown",
+        target=target,
+        case=case,
+        status=status,
+        error=f"model preparation failed: {message}",
+    )
+
+
+def _run_model(plan: Plan, spec: ModelSpec, emit: Callable[[Result], None]) -> None:
+    prepared, error, status = _prepare(plan, spec)
+    measure = MeasureConfig(
+        plan.request.warmup, plan.request.iterations, plan.request.min_duration_s, plan.request.max_iterations
+    )
+    for target, availability in plan.targets:
+        cases = plan.cases(spec)
+        if prepared is None:
+            for case in cases:
+                emit(_unprepared_result(spec, target, case, "error" if status == "finished" else status, error or ""))
+            continue
+        job = Job(prepared, target, [], measure)
+        runnable = []
+        for case in cases:
+            skip = prepared.skipped.get((case.batch_size, case.seq_len))
+            if not availability.ok:
+                emit(result_for(job, case, "unsupported", availability.reason))
+            elif skip:
+                emit(result_for(job, case, "unsupported", skip))
+            elif target.engine != "torch" and prepared.onnx_path is None:
+                emit(result_for(job, case, "unsupported", prepared.onnx_error))
+            elif target.engine == "torch" and spec.is_onnx_file:
+                emit(result_for(job, case, "unsupported", "not applicable: the model is an .onnx file"))
+            else:
+                runnable.append(case)
+        if runnable:
+            run_job(Job(prepared, target, runnable, measure), plan.request.timeout_s, emit)
+
+
+def run_native(
+    request: BenchmarkRequest,
+    on_result: Callable[[Result, str], None] | None = None,
+    plan: Plan | None = None,
+) -> RunSummary:
+    """Benchmark the request on native backends; every result is committed as it completes.
+
+    on_result(result, result_id) is called after each commit (the CLI's progress bar uses it).
+    Ctrl-C marks the run 'interrupted' and re-raises; finished results stay in the store.
+    """
+    plan = plan or validate(request)
+    host = host_facts()
+    counts: Counter[str] = Counter()
+    with open_store(Path(request.db_path)) as store:
+        run_id = store.start_run("native", asdict(request), host)
+        store.add_hardware(run_id, hardware_rows())
+
+        def emit(result: Result) -> None:
+            result.details.setdefault("load_avg_at_run_start", host["load_avg_at_start"])
+            result_id = store.add_result(run_id, result, host["git_sha"])
+            counts[result.status] += 1
+            if on_result is not None:
+                on_result(result, result_id)
+
+        try:
+            for spec in plan.specs:
+                _run_model(plan, spec, emit)
+        except BaseException:
+            store.finish_run(run_id, "interrupted")
+            raise
+        store.finish_run(run_id, "completed")
+    summary = RunSummary(run_id, Path(request.db_path), dict(counts))
+    if request.output_dir is not None:
+        from harness.report import write_reports
+
+        summary.reports = write_reports(Path(request.db_path), run_id, Path(request.output_dir))
+    return summary

@@ -1,0 +1,131 @@
+"""Run a generator function in a child process under a hard time limit.
+
+Whatever the child yields reaches the parent as it happens (the parent is the single DuckDB
+writer), so a child that later crashes, hangs or is killed loses nothing it already reported.
+The child's stdout/stderr go to a log file whose tail explains a crash (faulthandler writes
+the Python stack of a segfault there).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import multiprocessing
+import os
+import signal
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+LOG_TAIL_LINES = 12
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: str  # finished | timeout | error | oom | unsupported
+    message: str | None = None
+
+
+def classify(exc: BaseException) -> tuple[str, str]:
+    """The status and one-paragraph message a failure is recorded with."""
+    from harness.native.base import UnsupportedError
+
+    message = "".join(traceback.format_exception_only(exc)).strip()[:2000]
+    text = message.lower()
+    if isinstance(exc, MemoryError) or "outofmemory" in type(exc).__name__.lower() or "out of memory" in text:
+        return "oom", message
+    if isinstance(exc, UnsupportedError) or type(exc).__name__ == "NotImplemented":
+        return "unsupported", message
+    return "error", message
+
+
+def _child_main(fn: Callable[[Any], Iterator[Any]], payload: Any, conn: Any, log_path: str) -> None:
+    log = open(log_path, "w", buffering=1)  # noqa: SIM115 - lives as long as the process
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    faulthandler.enable(log)
+    try:
+        for item in fn(payload):
+            conn.send(("item", item))
+        conn.send(("done", None))
+    except BaseException as exc:  # report every failure, including KeyboardInterrupt, then exit
+        traceback.print_exc()
+        conn.send(("failed", classify(exc)))
+    finally:
+        conn.close()
+
+
+def _log_tail(path: Path) -> str:
+    try:
+        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return "\n".join(lines[-LOG_TAIL_LINES:])
+
+
+def _describe_exit(exitcode: int | None, log_path: Path) -> Outcome:
+    if exitcode is not None and exitcode < 0:
+        name = signal.Signals(-exitcode).name
+        tail = _log_tail(log_path)
+        suffix = f"; worker log:\n{tail}" if tail else ""
+        if name == "SIGKILL":
+            return Outcome("oom", f"worker killed by SIGKILL (the kernel's out-of-memory killer sends this){suffix}")
+        return Outcome("error", f"worker died with {name} (exit code {exitcode}){suffix}")
+    tail = _log_tail(log_path)
+    return Outcome("error", f"worker exited with code {exitcode} before finishing" + (f":\n{tail}" if tail else ""))
+
+
+def run_isolated(
+    fn: Callable[[Any], Iterator[Any]],
+    payload: Any,
+    timeout_s: float,
+    on_item: Callable[[Any], None],
+) -> Outcome:
+    """Run fn(payload) in a spawned child; on_item gets each yielded item in the parent.
+
+    The time limit is per item: the deadline moves on each time the child reports progress,
+    so a long but progressing job is not killed while a hang or a stuck load is.
+    """
+    context = multiprocessing.get_context("spawn")
+    receiver, sender = context.Pipe(duplex=False)
+    with tempfile.NamedTemporaryFile(prefix="accelharness-worker-", suffix=".log", delete=False) as log_file:
+        log_path = Path(log_file.name)
+    process = context.Process(target=_child_main, args=(fn, payload, sender, str(log_path)), daemon=True)
+    process.start()
+    sender.close()
+    deadline = time.monotonic() + timeout_s
+    outcome: Outcome | None = None
+    try:
+        while outcome is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                outcome = Outcome("timeout", f"no result within --timeout {timeout_s:g}s; worker killed")
+                break
+            if not receiver.poll(min(remaining, 0.25)):
+                if not process.is_alive() and not receiver.poll():
+                    break
+                continue
+            try:
+                kind, value = receiver.recv()
+            except EOFError:
+                break
+            if kind == "item":
+                on_item(value)
+                deadline = time.monotonic() + timeout_s
+            elif kind == "done":
+                outcome = Outcome("finished")
+            else:
+                status, message = value
+                outcome = Outcome(status, message)
+    finally:
+        if process.is_alive() and (outcome is None or outcome.status != "finished"):
+            process.kill()
+        process.join(timeout=30)
+        receiver.close()
+    if outcome is None:
+        outcome = _describe_exit(process.exitcode, log_path)
+    log_path.unlink(missing_ok=True)
+    return outcome

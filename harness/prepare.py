@@ -1,0 +1,141 @@
+"""Prepare a model once per run, in a worker: module → ONNX (cached) → inputs + reference outputs.
+
+Each (batch, seq) case gets one .npz holding its inputs and the reference outputs, so every
+backend — native or browser — runs on identical tensors and is checked against the same
+reference: torch fp32 for spec models, ONNX Runtime CPU for plain .onnx files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.export import cache_root, export_key, export_onnx
+from harness.specs import ModelSpec
+
+CaseShape = tuple[int, int | None]  # (batch, seq)
+
+
+@dataclass
+class PreparedModel:
+    spec: ModelSpec
+    weights: str  # pretrained | random
+    weights_source: str
+    onnx_path: Path | None
+    onnx_error: str | None
+    reference: str  # what produced the reference outputs
+    parameters: int | None
+    export: dict[str, Any] = field(default_factory=dict)
+    case_files: dict[CaseShape, Path] = field(default_factory=dict)
+    skipped: dict[CaseShape, str] = field(default_factory=dict)  # case → why it cannot run
+
+    def load_case(self, shape: CaseShape) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+        with np.load(self.case_files[shape]) as data:
+            feeds = {k[3:]: data[k] for k in data.files if k.startswith("in:")}
+            count = sum(k.startswith("ref:") for k in data.files)
+            reference = [data[f"ref:{i}"] for i in range(count)]
+        return feeds, reference
+
+
+@dataclass(frozen=True)
+class PrepareJob:
+    spec: ModelSpec
+    shapes: list[CaseShape]
+
+
+def _save_case(path: Path, feeds: dict[str, np.ndarray], reference: list[np.ndarray]) -> None:
+    arrays = {f"in:{k}": v for k, v in feeds.items()} | {f"ref:{i}": r for i, r in enumerate(reference)}
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, **arrays)
+    tmp.replace(path)
+
+
+def _prepare_spec_model(job: PrepareJob) -> PreparedModel:
+    import torch
+
+    from harness.workload import build_module, make_inputs, max_sequence_length
+
+    spec = job.spec
+    module, weights = build_module(spec)
+    config = module.model.config
+    parameters = sum(p.numel() for p in module.parameters())
+    limit = max_sequence_length(config) if spec.inputs.uses_sequence else None
+    case_files, skipped = {}, {}
+    case_dir = _case_dir(export_key(spec, weights))
+    # References first: exporting traces the module and may leave it changed.
+    for batch, seq in job.shapes:
+        if limit is not None and seq is not None and seq > limit:
+            skipped[(batch, seq)] = f"sequence length {seq} exceeds the model's maximum of {limit} positions"
+            continue
+        path = case_dir / f"b{batch}_s{seq}.npz"
+        if not path.exists():
+            feeds = make_inputs(spec, config, batch, seq)
+            with torch.inference_mode():
+                outputs = module(*(torch.from_numpy(feeds[n]) for n in module.input_names))
+            _save_case(path, feeds, [o.float().numpy() for o in outputs])
+        case_files[(batch, seq)] = path
+    example_seq = 16 if spec.inputs.uses_sequence else None
+    outcome = export_onnx(spec, module, weights, make_inputs(spec, config, 2, example_seq))
+    return PreparedModel(
+        spec=spec,
+        weights=weights.kind,
+        weights_source=weights.source,
+        onnx_path=outcome.path,
+        onnx_error=outcome.error,
+        reference="torch-fp32",
+        parameters=parameters,
+        export={
+            "exporter": outcome.exporter,
+            "cache_hit": outcome.cache_hit,
+            "export_s": outcome.export_s,
+            "dynamo_error": outcome.dynamo_error,
+        },
+        case_files=case_files,
+        skipped=skipped,
+    )
+
+
+def _prepare_onnx_file(job: PrepareJob) -> PreparedModel:
+    import onnxruntime as ort
+
+    from harness.workload import make_signature_inputs
+
+    spec = job.spec
+    assert spec.local_path is not None
+    session = ort.InferenceSession(str(spec.local_path), providers=["CPUExecutionProvider"])
+    signature = [(i.name, list(i.shape), i.type) for i in session.get_inputs()]
+    digest = hashlib.sha256(spec.local_path.read_bytes()).hexdigest()[:24]
+    prepared = PreparedModel(
+        spec=spec,
+        weights="pretrained",
+        weights_source=str(spec.local_path),
+        onnx_path=spec.local_path,
+        onnx_error=None,
+        reference="onnxruntime-cpu-fp32",
+        parameters=None,
+        export={"exporter": "file"},
+    )
+    case_dir = _case_dir(digest)
+    for batch, seq in job.shapes:
+        path = case_dir / f"b{batch}_s{seq}.npz"
+        if not path.exists():
+            feeds = make_signature_inputs(signature, spec.name, batch, seq)
+            _save_case(path, feeds, list(session.run(None, feeds)))
+        prepared.case_files[(batch, seq)] = path
+    return prepared
+
+
+def _case_dir(key: str) -> Path:
+    directory = cache_root() / "cases" / key
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+def prepare_model(job: PrepareJob) -> Iterator[PreparedModel]:
+    """Worker entry point (a generator, as harness.isolation expects)."""
+    yield _prepare_onnx_file(job) if job.spec.is_onnx_file else _prepare_spec_model(job)

@@ -1,0 +1,139 @@
+"""Serialisations of a RunReport: JSON (everything), CSV (results), Markdown (for people)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from scipy.stats import gmean
+
+from harness.report.data import RunReport, case_label, flags, target_label
+
+BASELINE = ("cpu", "torch")  # speedups are relative to torch eager on the CPU
+
+
+def write_json(report: RunReport, path: Path) -> None:
+    results = [dict(r, details=json.loads(r["details"]) if r["details"] else {}) for r in report.results]
+    document = {"run": dict(report.run, host=report.host), "hardware": report.hardware, "results": results}
+    path.write_text(json.dumps(document, indent=2, default=str))
+
+
+def write_csv(report: RunReport, path: Path) -> None:
+    with path.open("w", newline="") as handle:
+        if not report.results:
+            return
+        writer = csv.DictWriter(handle, fieldnames=list(report.results[0]))
+        writer.writeheader()
+        writer.writerows(report.results)
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def _cell(row: dict[str, Any] | None, column: str, digits: int = 2) -> str:
+    if row is None:
+        return "—"
+    if row["status"] not in ("ok", "mismatch"):
+        return row["status"]
+    text = _fmt(row[column], digits)
+    if row["status"] == "mismatch":
+        return text + " ✗"
+    return text + (" ⚠" if flags(row) else "")
+
+
+def _family_section(family: str, rows: list[dict[str, Any]]) -> list[str]:
+    targets = sorted({target_label(r) for r in rows})
+    by_key: dict[tuple[str, str], dict[str, dict[str, Any]]] = defaultdict(dict)
+    for r in rows:
+        by_key[(r["model"], case_label(r))][target_label(r)] = r
+    lines = [f"### {family.replace('_', ' ').title()} Models", ""]
+    for title, column, digits in (
+        ("Latency Comparison (p50 ms)", "latency_p50_ms", 3),
+        ("Throughput Comparison (items/sec)", "throughput_per_s", 1),
+    ):
+        body = [
+            [model, case, *(_cell(cells.get(t), column, digits) for t in targets)]
+            for (model, case), cells in sorted(by_key.items())
+        ]
+        lines += [f"#### {title}", "", *_table(["Model", "Case", *targets], body), ""]
+    speedups = _speedups(by_key, targets)
+    if speedups:
+        lines += ["#### Relative Performance (vs cpu/torch, geometric mean of p50 ratios)", ""]
+        lines += _table(
+            ["Target", "Speedup Factor", "Cases"], [[t, f"{s:.2f}x", str(n)] for t, (s, n) in speedups.items()]
+        )
+        lines.append("")
+    return lines
+
+
+def _speedups(by_key: dict, targets: list[str]) -> dict[str, tuple[float, int]]:
+    baseline_label = "/".join(BASELINE)
+    ratios: dict[str, list[float]] = defaultdict(list)
+    for cells in by_key.values():
+        base = cells.get(baseline_label)
+        if base is None or base["status"] != "ok" or not base["latency_p50_ms"]:
+            continue
+        for target in targets:
+            row = cells.get(target)
+            if target != baseline_label and row and row["status"] == "ok" and row["latency_p50_ms"]:
+                ratios[target].append(base["latency_p50_ms"] / row["latency_p50_ms"])
+    return {t: (float(gmean(v)), len(v)) for t, v in sorted(ratios.items())}
+
+
+def _problems(report: RunReport) -> list[str]:
+    lines = []
+    for r in report.results:
+        where = f"{r['model']} on {target_label(r)} ({case_label(r)})"
+        if r["status"] != "ok":
+            lines.append(f"- **{r['status']}** {where}: {r['error']}")
+        elif marks := flags(r):
+            lines.append(f"- ⚠ {where}: {'; '.join(marks)}")
+    return lines
+
+
+def write_markdown(report: RunReport, path: Path) -> None:
+    run, host = report.run, report.host
+    lines = [
+        f"# Hardware Benchmark Report - {run['run_id']}",
+        "",
+        "## System Information",
+        f"- **Platform**: {run['platform']}",
+        f"- **Processor**: {run['cpu_model']} ({run['cpu_cores']} logical cores)",
+        f"- **Memory**: {run['memory_gb']} GB",
+        f"- **Python Version**: {run['python_version']}",
+        f"- **accelharness**: {run['harness_version']} (git {run['git_sha'] or 'unknown'})",
+        f"- **Load average at start**: {', '.join(f'{x:.2f}' for x in host.get('load_avg_at_start', []))}",
+        f"- **Run**: {run['status']}, started {run['started_at']}, finished {run['finished_at']}",
+        "",
+        "## Available Hardware",
+    ]
+    for hw in report.hardware:
+        mark = "✅ Available" if hw["available"] else "❌ Not available"
+        lines.append(f"- **{hw['platform']}**: {mark} — {hw['reason']}")
+    lines += ["", "## Benchmark Results", ""]
+    families: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in report.results:
+        families[r["family"]].append(r)
+    for family, rows in sorted(families.items()):
+        lines += _family_section(family, rows)
+    weights = sorted({f"{r['model']}: {r['weights']}" for r in report.results})
+    lines += ["## Weights", "", *(f"- {w}" for w in weights), ""]
+    problems = _problems(report)
+    lines += [
+        "## Failures and Flags",
+        "",
+        "✗ output mismatch, ⚠ flagged (listed below).",
+        "",
+        *(problems or ["- none"]),
+        "",
+    ]
+    path.write_text("\n".join(lines))

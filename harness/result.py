@@ -1,0 +1,64 @@
+"""The typed records every backend, native or browser, produces and the store maps to rows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+STATUSES = ("ok", "unsupported", "error", "timeout", "oom", "mismatch")
+PRECISIONS = ("fp32", "auto")  # auto: whatever the engine picks by default; the row says what ran
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a job runs: a hardware platform, the engine, and its provider/device on it."""
+
+    hardware: str  # cpu, cuda, rocm, mps, openvino, qnn, directml, wasm, webgpu, webnn
+    engine: str  # torch, onnxruntime, openvino, onnxruntime-web
+    provider: str  # torch device, ORT execution provider, OpenVINO device, ORT-web EP
+
+    @property
+    def label(self) -> str:
+        return f"{self.hardware}/{self.engine}" + (f":{self.provider}" if self.engine != "torch" else "")
+
+
+@dataclass(frozen=True)
+class Case:
+    batch_size: int
+    seq_len: int | None  # None where the model's inputs have no sequence axis
+    precision: str  # as requested
+
+    @property
+    def key(self) -> str:
+        return f"b{self.batch_size}" + (f"_s{self.seq_len}" if self.seq_len else "") + f"_{self.precision}"
+
+
+@dataclass
+class Result:
+    """One measured (or failed) case. Statistics are derived from samples_ms by the store."""
+
+    model: str
+    family: str
+    weights: str
+    target: Target
+    case: Case
+    status: str
+    error: str | None = None
+    precision: str | None = None  # what actually ran; defaults to the requested precision
+    samples_ms: list[float] = field(default_factory=list)
+    load_ms: float | None = None
+    first_run_ms: float | None = None
+    memory_load_mb: float | None = None
+    memory_peak_mb: float | None = None
+    device_memory_peak_mb: float | None = None
+    max_abs_diff: float | None = None
+    max_rel_diff: float | None = None
+    load_avg_1m: float | None = None
+    cpu_percent: float | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"status '{self.status}' is not one of {STATUSES}")
+        if self.precision is None:
+            self.precision = self.case.precision

@@ -1,0 +1,208 @@
+"""Declarative model specs: models/*.toml (and --model-path) → ModelSpec.
+
+A spec file describes one architecture with a `base` variant (the real model's dimensions) and
+a `tiny` variant (overrides for fast runs). Each variant is a separately named model.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+FAMILIES = ("embedding", "text_generation", "vision", "audio", "multimodal")
+INPUT_KINDS = ("text", "vision", "audio", "text+vision", "onnx-signature")
+VARIANTS = ("base", "tiny")
+
+
+class SpecError(ValueError):
+    """A spec or model selection that cannot be used; the message says what is valid."""
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    kind: str
+    text_inputs: tuple[str, ...] = ()
+    audio_seconds: float = 1.0
+    sampling_rate: int = 16000
+
+    @property
+    def uses_sequence(self) -> bool:
+        return self.kind in ("text", "text+vision", "onnx-signature")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One benchmarkable model: an architecture and config, or a local directory / ONNX file."""
+
+    name: str
+    family: str
+    variant: str
+    model_type: str
+    architecture: str
+    outputs: tuple[str, ...]
+    inputs: InputSpec
+    config: dict[str, Any] = field(default_factory=dict)
+    pretrained_id: str | None = None
+    local_path: Path | None = None  # an HF model directory or an .onnx file given by --model-path
+    source: str = ""
+
+    @property
+    def is_onnx_file(self) -> bool:
+        return self.local_path is not None and self.local_path.suffix == ".onnx"
+
+    def fingerprint(self) -> str:
+        """Everything that determines the module's graph and weights, as canonical JSON."""
+        return json.dumps(
+            {
+                "name": self.name,
+                "architecture": self.architecture,
+                "model_type": self.model_type,
+                "config": self.config,
+                "outputs": self.outputs,
+                "inputs": self.inputs.__dict__,
+                "local_path": str(self.local_path) if self.local_path else None,
+            },
+            sort_keys=True,
+        )
+
+
+def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    merged = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _require(table: dict[str, Any], key: str, where: str) -> Any:
+    if key not in table:
+        raise SpecError(f"{where}: missing key '{key}'")
+    return table[key]
+
+
+def parse_spec_file(path: Path, text: str) -> list[ModelSpec]:
+    """Parse one spec file into its base and tiny ModelSpecs."""
+    where = str(path)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{where}: not valid TOML ({exc})") from exc
+    family = _require(data, "family", where)
+    if family not in FAMILIES:
+        raise SpecError(f"{where}: family '{family}' is not one of {', '.join(FAMILIES)}")
+    inputs_table = _require(data, "inputs", where)
+    kind = _require(inputs_table, "kind", f"{where} [inputs]")
+    if kind not in INPUT_KINDS[:-1]:
+        raise SpecError(f"{where}: inputs.kind '{kind}' is not one of {', '.join(INPUT_KINDS[:-1])}")
+    inputs = InputSpec(
+        kind=kind,
+        text_inputs=tuple(inputs_table.get("text_inputs", ())),
+        audio_seconds=float(inputs_table.get("audio_seconds", 1.0)),
+        sampling_rate=int(inputs_table.get("sampling_rate", 16000)),
+    )
+    base = _require(data, "base", where)
+    specs = []
+    for variant in VARIANTS:
+        table = data.get(variant)
+        if table is None:
+            continue
+        config = base.get("config", {})
+        if variant != "base":
+            config = _deep_merge(config, table.get("config", {}))
+        specs.append(
+            ModelSpec(
+                name=_require(table, "name", f"{where} [{variant}]"),
+                family=family,
+                variant=variant,
+                model_type=_require(data, "model_type", where),
+                architecture=_require(data, "architecture", where),
+                outputs=tuple(_require(data, "outputs", where)),
+                inputs=inputs,
+                config=config,
+                # Pretrained weights only match the dimensions they were trained with.
+                pretrained_id=table.get("pretrained_id"),
+                source=where,
+            )
+        )
+    return specs
+
+
+def load_specs() -> dict[str, ModelSpec]:
+    """Every spec shipped in models/, keyed by model name."""
+    specs: dict[str, ModelSpec] = {}
+    for entry in sorted(resources.files("harness.models").iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".toml"):
+            for spec in parse_spec_file(Path(entry.name), entry.read_text()):
+                specs[spec.name] = spec
+    return specs
+
+
+def spec_from_path(path: Path, family: str | None) -> ModelSpec:
+    """A spec for --model-path: an HF model directory (config.json [+ weights]) or an .onnx file."""
+    if not path.exists():
+        raise SpecError(f"--model-path {path}: no such file or directory")
+    if path.is_file():
+        if path.suffix != ".onnx":
+            raise SpecError(f"--model-path {path}: expected an .onnx file or an HF model directory")
+        return ModelSpec(
+            name=path.stem,
+            family=family or "embedding",
+            variant="file",
+            model_type="onnx",
+            architecture="onnx",
+            outputs=(),
+            inputs=InputSpec(kind="onnx-signature"),
+            local_path=path.resolve(),
+            source=str(path),
+        )
+    config_file = path / "config.json"
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise SpecError(f"--model-path {path}: cannot read config.json ({exc})") from exc
+    model_type = config.get("model_type")
+    template = next((s for s in load_specs().values() if s.model_type == model_type), None)
+    if template is None:
+        known = sorted({s.model_type for s in load_specs().values()})
+        raise SpecError(
+            f"--model-path {path}: model_type '{model_type}' has no spec to take inputs and outputs from; "
+            f"known model types: {', '.join(known)} (or pass an .onnx file)"
+        )
+    return ModelSpec(
+        name=path.name,
+        family=family or template.family,
+        variant="local",
+        model_type=model_type,
+        architecture=template.architecture,
+        outputs=template.outputs,
+        inputs=template.inputs,
+        config={},
+        local_path=path.resolve(),
+        source=str(path),
+    )
+
+
+def select_specs(names: list[str] | None, families: list[str] | None, small: bool) -> list[ModelSpec]:
+    """Resolve --model / --model-families / --small-models into specs, or raise SpecError."""
+    specs = load_specs()
+    for family in families or []:
+        if family not in FAMILIES:
+            raise SpecError(f"unknown model family '{family}'; valid: {', '.join(FAMILIES)}")
+    if names:
+        unknown = [n for n in names if n not in specs]
+        if unknown:
+            raise SpecError(f"unknown model '{unknown[0]}'; valid: {', '.join(sorted(specs))}")
+        chosen = [specs[n] for n in names]
+    else:
+        variant = "tiny" if small else "base"
+        chosen = [s for s in specs.values() if s.variant == variant]
+    if families:
+        chosen = [s for s in chosen if s.family in families]
+    return chosen

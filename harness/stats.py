@@ -1,0 +1,58 @@
+"""Statistics over raw latency samples: pure functions, no I/O (measuring lives in measure.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+NOISE_CV = 0.10  # a coefficient of variation above this marks a result as noisy
+
+
+@dataclass(frozen=True)
+class Summary:
+    iterations: int
+    mean_ms: float
+    median_ms: float
+    min_ms: float
+    max_ms: float
+    std_ms: float
+    p90_ms: float
+    p95_ms: float
+    p99_ms: float
+    cv: float
+    throughput_per_s: float
+    noisy: bool
+
+
+def nearest_rank(samples: np.ndarray, percent: float) -> float:
+    """The nearest-rank percentile: the smallest sample with at least percent% of samples <= it."""
+    return float(np.percentile(samples, percent, method="inverted_cdf"))
+
+
+def summarize(samples_ms: list[float], batch_size: int, noise_cv: float = NOISE_CV) -> Summary | None:
+    """Summary statistics of one result's samples, or None when there are none.
+
+    std is the sample standard deviation (n-1). Throughput is items per second over the whole
+    timed loop (batch / mean latency), the figure onnxruntime_perf_test reports.
+    """
+    if not samples_ms:
+        return None
+    values = np.asarray(samples_ms, dtype=np.float64)
+    mean = float(values.mean())
+    std = float(values.std(ddof=1)) if len(values) > 1 else 0.0
+    cv = std / mean if mean > 0 else 0.0
+    return Summary(
+        iterations=len(values),
+        mean_ms=mean,
+        median_ms=float(np.median(values)),
+        min_ms=float(values.min()),
+        max_ms=float(values.max()),
+        std_ms=std,
+        p90_ms=nearest_rank(values, 90),
+        p95_ms=nearest_rank(values, 95),
+        p99_ms=nearest_rank(values, 99),
+        cv=cv,
+        throughput_per_s=batch_size * 1000.0 / mean if mean > 0 else 0.0,
+        noisy=cv > noise_cv,
+    )

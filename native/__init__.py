@@ -1,0 +1,21 @@
+"""Native backends: one module per engine behind the protocol in base.py."""
+
+from harness.native.base import Availability, Backend, Session, UnsupportedError
+
+
+def get_backend(engine: str) -> Backend:
+    """The backend module for an engine name; imported lazily so the parent stays light."""
+    if engine == "torch":
+        from harness.native import torch_backend as module
+    elif engine == "onnxruntime":
+        from harness.native import onnxruntime_backend as module
+    elif engine == "openvino":
+        from harness.native import openvino_backend as module
+    else:
+        raise KeyError(f"unknown native engine '{engine}'; valid: {', '.join(ENGINES)}")
+    return module.BACKEND
+
+
+ENGINES = ("torch", "onnxruntime", "openvino")
+
+__all__ = ["ENGINES", "Availability", "Backend", "Session", "UnsupportedError", "get_backend"]

@@ -1,0 +1,72 @@
+"""OpenVINO runtime on the exported ONNX file, on every device OpenVINO reports.
+
+OpenVINO picks its own inference precision (bf16 on CPUs with AMX/AVX512-BF16). fp32 requests
+force f32 through INFERENCE_PRECISION_HINT; the precision that ran is read back and recorded.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import openvino as ov
+from harness.native.base import Availability, Clock, HostMemory, LoadRequest, UnsupportedError
+
+from harness.result import Target
+
+DEVICES = ("CPU", "GPU", "NPU")
+PRECISION_NAMES = {"f32": "fp32", "bf16": "bf16", "f16": "fp16", "i8": "int8"}
+
+
+class OpenVinoSession(HostMemory):
+    def __init__(self, compiled: ov.CompiledModel, core: ov.Core, device: str, requested: str) -> None:
+        self.compiled = compiled
+        self.request = compiled.create_infer_request()
+        self.input_names = [port.any_name for port in compiled.inputs]
+        hint = compiled.get_property("INFERENCE_PRECISION_HINT").to_string()
+        self.precision = PRECISION_NAMES.get(hint, hint)
+        self.clock = Clock()  # infer() is synchronous
+        self.facts: dict[str, Any] = {
+            "openvino_version": ov.__version__,
+            "device": device,
+            "device_name": core.get_property(device, "FULL_DEVICE_NAME"),
+            "inference_precision_hint": hint,
+            "requested_precision": requested,
+            "precision_changed": requested != "auto" and self.precision != requested,
+            "num_streams": str(compiled.get_property("NUM_STREAMS")),
+        }
+
+    def prepare(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {name: feeds[name] for name in self.input_names}
+
+    def run(self, prepared: dict[str, np.ndarray]) -> Any:
+        return self.request.infer(prepared)
+
+    def to_numpy(self, outputs: Any) -> list[np.ndarray]:
+        return [np.array(outputs[port]) for port in self.compiled.outputs]
+
+
+class OpenVinoBackend:
+    engine = "openvino"
+
+    def targets(self) -> list[Target]:
+        return [Target("openvino", "openvino", device) for device in DEVICES]
+
+    def probe(self, target: Target) -> Availability:
+        devices = ov.Core().available_devices
+        if any(d.split(".")[0] == target.provider for d in devices):
+            return Availability(True, f"OpenVINO {ov.__version__} reports {target.provider}")
+        return Availability(False, f"OpenVINO {ov.__version__} reports devices {devices}, no {target.provider}")
+
+    def load(self, request: LoadRequest, target: Target) -> OpenVinoSession:
+        if request.onnx_path is None:
+            raise UnsupportedError("no ONNX file for this model (see the export error)")
+        if request.precision not in ("fp32", "auto"):
+            raise UnsupportedError(f"openvino backend has no precision '{request.precision}' yet")
+        core = ov.Core()
+        config = {"INFERENCE_PRECISION_HINT": "f32"} if request.precision == "fp32" else {}
+        compiled = core.compile_model(str(request.onnx_path), target.provider, config)
+        return OpenVinoSession(compiled, core, target.provider, request.precision)
+
+
+BACKEND = OpenVinoBackend()
