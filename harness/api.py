@@ -107,13 +107,21 @@ def validate(request: BenchmarkRequest) -> Plan:
     if not specs:
         raise RequestError("the model selection is empty: check --model / --model-families")
     _check_db_path(Path(request.db_path))
-    if request.hardware:
-        targets = native_targets(request.hardware, engines)  # explicit: unavailable ones are recorded
-    else:
-        targets = [(t, a) for t, a in native_targets(list(NATIVE_PLATFORMS), engines) if a.ok]
+    targets = _choose_targets(request.hardware, engines)
     if not targets:
         raise RequestError(f"no target serves hardware {request.hardware} with engines {engines}")
     return Plan(specs, targets, request)
+
+
+def _choose_targets(hardware: list[str] | None, engines: list[str]) -> list[tuple[Target, Availability]]:
+    """The available targets of each platform; a platform asked for by name that nothing here
+    serves keeps its unavailable targets, so the run records them as `unsupported` with the reason."""
+    chosen = []
+    for platform in hardware or NATIVE_PLATFORMS:
+        probed = native_targets([platform], engines)
+        available = [(t, a) for t, a in probed if a.ok]
+        chosen += available if available or not hardware else probed
+    return chosen
 
 
 def _check_db_path(path: Path) -> None:
@@ -135,15 +143,18 @@ def _prepare(plan: Plan, spec: ModelSpec) -> tuple[PreparedModel | None, str | N
 
 
 def _unprepared_result(spec: ModelSpec, target: Target, case: Case, status: str, message: str) -> Result:
-    return Result(
-        model=spec.name,
-        family=spec.family,
-        weights="unknown",
-        target=target,
-        case=case,
-        status=status,
-        error=f"model preparation failed: {message}",
-    )
+    return Result(spec.name, spec.family, "unknown", target, case, status, message)
+
+
+def _skip_reason(prepared: PreparedModel, target: Target, availability: Availability, case: Case) -> str | None:
+    """Why a case cannot run on a target (recorded as `unsupported`), or None when it can."""
+    if not availability.ok:
+        return availability.reason
+    if skip := prepared.skipped.get((case.batch_size, case.seq_len)):
+        return skip
+    if target.engine != "torch" and prepared.onnx_path is None:
+        return prepared.onnx_error
+    return None
 
 
 def _run_model(plan: Plan, spec: ModelSpec, emit: Callable[[Result], None]) -> None:
@@ -153,26 +164,25 @@ def _run_model(plan: Plan, spec: ModelSpec, emit: Callable[[Result], None]) -> N
     )
     for target, availability in plan.targets:
         cases = plan.cases(spec)
-        if prepared is None:
+        if target.engine == "torch" and spec.is_onnx_file:
             for case in cases:
-                emit(_unprepared_result(spec, target, case, "error" if status == "finished" else status, error or ""))
-            continue
-        job = Job(prepared, target, [], measure)
-        runnable = []
-        for case in cases:
-            skip = prepared.skipped.get((case.batch_size, case.seq_len))
-            if not availability.ok:
-                emit(result_for(job, case, "unsupported", availability.reason))
-            elif skip:
-                emit(result_for(job, case, "unsupported", skip))
-            elif target.engine != "torch" and prepared.onnx_path is None:
-                emit(result_for(job, case, "unsupported", prepared.onnx_error))
-            elif target.engine == "torch" and spec.is_onnx_file:
-                emit(result_for(job, case, "unsupported", "not applicable: the model is an .onnx file"))
-            else:
-                runnable.append(case)
-        if runnable:
-            run_job(Job(prepared, target, runnable, measure), plan.request.timeout_s, emit)
+                emit(
+                    _unprepared_result(spec, target, case, "unsupported", "not applicable: the model is an .onnx file")
+                )
+        elif prepared is None:
+            for case in cases:
+                failed = "error" if status == "finished" else status
+                emit(_unprepared_result(spec, target, case, failed, f"model preparation failed: {error}"))
+        else:
+            job = Job(prepared, target, [], measure)
+            runnable = []
+            for case in cases:
+                if reason := _skip_reason(prepared, target, availability, case):
+                    emit(result_for(job, case, "unsupported", reason))
+                else:
+                    runnable.append(case)
+            if runnable:
+                run_job(Job(prepared, target, runnable, measure), plan.request.timeout_s, emit)
 
 
 def run_native(

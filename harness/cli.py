@@ -38,7 +38,7 @@ DbOption = Annotated[Path, typer.Option("--db", help="DuckDB file.")]
 
 def fail(message: str) -> typer.Exit:
     """Print a one-line error and return the exit for bad input (code 2)."""
-    errors.print(f"[red]error:[/red] {message}", highlight=False)
+    errors.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
     return typer.Exit(2)
 
 

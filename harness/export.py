@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -66,23 +67,29 @@ def export_key(spec: ModelSpec, weights: Weights) -> str:
     return hashlib.sha256(material.encode()).hexdigest()[:24]
 
 
-def _dynamic_shapes(names: list[str], feeds: dict[str, np.ndarray]) -> tuple[dict[str, Any], dict]:
-    """Batch is dynamic on every input, sequence on 2-D integer (token) inputs."""
+def _dynamic_shapes(names: list[str], feeds: dict[str, np.ndarray]) -> tuple[dict[str, tuple], dict]:
+    """Batch is dynamic on every input, sequence on 2-D integer (token) inputs.
+
+    OutputSelector.forward takes *args, so torch.export sees one input named `args`.
+    """
     import torch
 
     batch = torch.export.Dim("batch", min=1, max=4096)
     sequence = torch.export.Dim("sequence", min=2, max=8192)
-    shapes, axes = {}, {}
+    shapes, axes = [], {}
     for name in names:
         is_tokens = feeds[name].ndim == 2 and np.issubdtype(feeds[name].dtype, np.integer)
-        shapes[name] = {0: batch, 1: sequence} if is_tokens else {0: batch}
+        shapes.append({0: batch, 1: sequence} if is_tokens else {0: batch})
         axes[name] = {0: "batch", 1: "sequence"} if is_tokens else {0: "batch"}
-    return shapes, axes
+    return {"args": tuple(shapes)}, axes
+
+
+ANSI_ESCAPES = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def _short(exc: BaseException) -> str:
-    lines = traceback.format_exception_only(exc)
-    return "".join(lines).strip()[:2000]
+    text = ANSI_ESCAPES.sub("", "".join(traceback.format_exception_only(exc)))
+    return text.strip()[:2000]
 
 
 def export_onnx(spec: ModelSpec, module: Any, weights: Weights, feeds: dict[str, np.ndarray]) -> ExportOutcome:

@@ -6,6 +6,9 @@ the child never reported with the outcome that stopped it (timeout, crash signal
 
 from __future__ import annotations
 
+import ctypes
+import os
+import resource
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -78,11 +81,37 @@ def _measure_case(job: Job, session: object, case: Case, load_facts: dict, rss: 
     )
 
 
+FAULT_ENV = "ACCELHARNESS_INJECT_FAULT"
+
+
+def inject_fault(job: Job) -> None:
+    """Testing hook: ACCELHARNESS_INJECT_FAULT=KIND[:MODEL[:ENGINE]] makes this worker fail for real.
+
+    KIND is segfault, abort, hang or oom (an address-space limit, then an allocation past it).
+    The fault matrix tests use it to prove a crash, hang or OOM leaves a correct row and the run goes on.
+    """
+    kind, model, engine = ([*os.environ.get(FAULT_ENV, "").split(":"), "", ""])[:3]
+    if not kind or model not in ("", job.prepared.spec.name) or engine not in ("", job.target.engine):
+        return
+    if kind == "segfault":
+        ctypes.string_at(0)
+    elif kind == "abort":
+        os.abort()
+    elif kind == "hang":
+        while True:
+            time.sleep(3600)
+    elif kind == "oom":
+        limit = 2 * 2**30
+        resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+        bytearray(limit)
+
+
 def benchmark_job(job: Job) -> Iterator[Result]:
     """Worker entry point: yields a Result per case."""
     from harness.native import get_backend
     from harness.native.base import LoadRequest
 
+    inject_fault(job)
     backend = get_backend(job.target.engine)
     rss = PeakRss()
     for precision, group in groupby(job.cases, key=lambda c: c.precision):

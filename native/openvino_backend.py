@@ -22,7 +22,7 @@ class OpenVinoSession(HostMemory):
     def __init__(self, compiled: ov.CompiledModel, core: ov.Core, device: str, requested: str) -> None:
         self.compiled = compiled
         self.request = compiled.create_infer_request()
-        self.input_names = [port.any_name for port in compiled.inputs]
+        self.input_ports = [port.get_names() for port in compiled.inputs]  # a tensor may carry several names
         hint = compiled.get_property("INFERENCE_PRECISION_HINT").to_string()
         self.precision = PRECISION_NAMES.get(hint, hint)
         self.clock = Clock()  # infer() is synchronous
@@ -37,13 +37,17 @@ class OpenVinoSession(HostMemory):
         }
 
     def prepare(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {name: feeds[name] for name in self.input_names}
+        prepared = {}
+        for names in self.input_ports:
+            name = next(iter(names & feeds.keys()))
+            prepared[name] = feeds[name]
+        return prepared
 
     def run(self, prepared: dict[str, np.ndarray]) -> Any:
         return self.request.infer(prepared)
 
     def to_numpy(self, outputs: Any) -> list[np.ndarray]:
-        return [np.array(outputs[port]) for port in self.compiled.outputs]
+        return [np.array(tensor) for tensor in outputs.to_tuple()]
 
 
 class OpenVinoBackend:

@@ -1,0 +1,195 @@
+"""End to end through the real CLI: spec → export → isolated workers → DuckDB → reports."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+import pytest
+from conftest import QUICK, run_cli
+
+
+def rows(db: Path, sql: str = "SELECT * FROM results ORDER BY engine, batch_size") -> list[dict]:
+    connection = duckdb.connect(str(db), read_only=True)
+    cursor = connection.execute(sql)
+    names = [d[0] for d in cursor.description]
+    result = [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
+    connection.close()
+    return result
+
+
+@pytest.fixture(scope="module")
+def bert_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
+    directory = tmp_path_factory.mktemp("bert")
+    db, out = directory / "b.duckdb", directory / "out"
+    done = run_cli(
+        "native",
+        "--model",
+        "bert-tiny",
+        "--hardware",
+        "cpu,openvino",
+        "--batch-sizes",
+        "1,2",
+        "--sequence-lengths",
+        "16",
+        *QUICK,
+        "--db",
+        str(db),
+        "--output-dir",
+        str(out),
+    )
+    assert done.returncode == 0, done.stderr
+    return db, out, done.stdout
+
+
+def test_every_engine_stores_ok_rows_with_samples_and_parity(bert_run) -> None:
+    db, _, _ = bert_run
+    results = rows(db)
+    assert {(r["engine"], r["provider"]) for r in results} == {
+        ("torch", "cpu"),
+        ("onnxruntime", "CPUExecutionProvider"),
+        ("openvino", "CPU"),
+    }
+    assert len(results) == 6  # 3 targets x 2 batch sizes
+    for r in results:
+        assert r["status"] == "ok", r["error"]
+        assert r["iterations"] >= 5 and r["latency_p50_ms"] > 0
+        assert r["latency_min_ms"] <= r["latency_p50_ms"] <= r["latency_p99_ms"] <= r["latency_max_ms"]
+        assert r["throughput_per_s"] == pytest.approx(r["batch_size"] * 1000 / r["latency_mean_ms"])
+        assert r["max_abs_diff"] < 1e-3 and r["weights"] == "random"
+        assert r["load_ms"] > 0 and r["first_run_ms"] > 0 and r["memory_peak_mb"] > 0
+        assert r["load_avg_1m"] is not None and r["cpu_percent"] is not None
+        count = rows(db, f"SELECT count(*) AS n FROM samples WHERE result_id = '{r['result_id']}'")[0]["n"]
+        assert count == r["iterations"]
+
+
+def test_openvino_fp32_is_forced_and_recorded(bert_run) -> None:
+    db, _, _ = bert_run
+    ov = [r for r in rows(db) if r["engine"] == "openvino"]
+    for r in ov:
+        details = json.loads(r["details"])
+        assert r["precision"] == "fp32" and details["inference_precision_hint"] == "f32"
+
+
+def test_provenance_and_reports(bert_run) -> None:
+    db, out, stdout = bert_run
+    run = rows(db, "SELECT * FROM runs")[0]
+    assert run["status"] == "completed" and run["cpu_cores"] >= 1
+    hardware = {r["platform"]: r for r in rows(db, "SELECT * FROM hardware")}
+    assert hardware["cpu"]["available"] and not hardware["cuda"]["available"]
+    assert "sees no GPU" in hardware["cuda"]["reason"] or "no CUDAExecutionProvider" in hardware["cuda"]["reason"]
+    ort_row = next(r for r in rows(db) if r["engine"] == "onnxruntime")
+    details = json.loads(ort_row["details"])
+    assert details["session_providers"][0] == "CPUExecutionProvider"
+    assert details["export"]["exporter"] == "dynamo" and details["onnxruntime_version"]
+    md = (out / f"{run['run_id']}.md").read_text()
+    for heading in (
+        "## System Information",
+        "## Available Hardware",
+        "### Embedding Models",
+        "#### Latency Comparison",
+        "#### Throughput Comparison",
+        "#### Relative Performance",
+    ):
+        assert heading in md
+    document = json.loads((out / f"{run['run_id']}.json").read_text())
+    assert len(document["results"]) == 6
+    assert (out / f"{run['run_id']}.csv").read_text().count("\n") == 7
+    assert "bert-tiny" in stdout and run["run_id"] in stdout
+
+
+def test_second_run_hits_the_export_cache(bert_run, tmp_path: Path) -> None:
+    db = tmp_path / "again.duckdb"
+    done = run_cli(
+        "native",
+        "--model",
+        "bert-tiny",
+        "--engines",
+        "onnxruntime",
+        "--batch-sizes",
+        "1",
+        "--sequence-lengths",
+        "16",
+        *QUICK,
+        "--db",
+        str(db),
+        "--output-dir",
+        str(tmp_path),
+    )
+    assert done.returncode == 0, done.stderr
+    details = json.loads(rows(db)[0]["details"])
+    assert details["export"]["cache_hit"] is True
+
+
+def test_openvino_auto_precision_records_what_ran(tmp_path: Path) -> None:
+    db = tmp_path / "auto.duckdb"
+    done = run_cli(
+        "native",
+        "--model",
+        "bert-tiny",
+        "--engines",
+        "openvino",
+        "--precision",
+        "auto",
+        "--sequence-lengths",
+        "16",
+        *QUICK,
+        "--db",
+        str(db),
+        "--output-dir",
+        str(tmp_path),
+    )
+    assert done.returncode == 0, done.stderr
+    r = rows(db)[0]
+    details = json.loads(r["details"])
+    hint = details["inference_precision_hint"]
+    assert r["requested_precision"] == "auto"
+    assert r["precision"] == {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}[hint]
+    assert r["status"] == "ok"  # within the tolerance of the precision that actually ran
+
+
+def test_sequence_longer_than_the_model_allows_is_unsupported(tmp_path: Path) -> None:
+    db = tmp_path / "clip.duckdb"
+    done = run_cli(
+        "native",
+        "--model",
+        "clip-tiny",
+        "--engines",
+        "onnxruntime",
+        "--sequence-lengths",
+        "16,128",
+        *QUICK,
+        "--db",
+        str(db),
+        "--output-dir",
+        str(tmp_path),
+    )
+    assert done.returncode == 0, done.stderr
+    by_seq = {r["seq_len"]: r for r in rows(db)}
+    assert by_seq[16]["status"] == "ok"
+    assert by_seq[128]["status"] == "unsupported"
+    assert "exceeds the model's maximum of 77 positions" in by_seq[128]["error"]
+
+
+def test_unavailable_hardware_asked_for_is_recorded_unsupported(tmp_path: Path) -> None:
+    db = tmp_path / "cuda.duckdb"
+    done = run_cli(
+        "native",
+        "--model",
+        "bert-tiny",
+        "--hardware",
+        "cuda",
+        "--sequence-lengths",
+        "16",
+        *QUICK,
+        "--db",
+        str(db),
+        "--output-dir",
+        str(tmp_path),
+    )
+    assert done.returncode == 0, done.stderr
+    results = rows(db)
+    assert results and all(r["status"] == "unsupported" for r in results)
+    torch_row = next(r for r in results if r["engine"] == "torch")
+    assert "sees no GPU" in torch_row["error"]

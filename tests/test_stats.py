@@ -1,0 +1,58 @@
+"""Statistics against values computed by hand."""
+
+import math
+
+import numpy as np
+import pytest
+
+from harness.parity import compare
+from harness.stats import nearest_rank, summarize
+
+
+def test_summary_matches_hand_computed_values() -> None:
+    samples = [4.0, 1.0, 3.0, 2.0, 10.0]
+    s = summarize(samples, batch_size=2)
+    assert s is not None
+    assert s.iterations == 5
+    assert s.mean_ms == pytest.approx(4.0)
+    assert s.median_ms == pytest.approx(3.0)
+    assert (s.min_ms, s.max_ms) == (1.0, 10.0)
+    # sample std: sqrt(((0)^2 + 3^2 + 1^2 + 2^2 + 6^2) / 4) = sqrt(50 / 4)
+    assert s.std_ms == pytest.approx(math.sqrt(12.5))
+    assert s.cv == pytest.approx(math.sqrt(12.5) / 4.0)
+    assert s.noisy  # cv 0.88
+    # 2 items per batch over a 4 ms mean: 500 items/s
+    assert s.throughput_per_s == pytest.approx(500.0)
+
+
+def test_nearest_rank_percentiles() -> None:
+    values = np.arange(1, 101, dtype=float)  # 1..100
+    assert nearest_rank(values, 90) == 90
+    assert nearest_rank(values, 95) == 95
+    assert nearest_rank(values, 99) == 99
+    # With 5 samples, p90 is the ceil(0.9 * 5) = 5th smallest.
+    assert nearest_rank(np.array([5.0, 1.0, 4.0, 2.0, 3.0]), 90) == 5.0
+    assert nearest_rank(np.array([5.0, 1.0, 4.0, 2.0, 3.0]), 50) == 3.0
+
+
+def test_steady_samples_are_not_noisy_and_empty_gives_none() -> None:
+    s = summarize([1.0, 1.01, 0.99, 1.0], batch_size=1)
+    assert s is not None and not s.noisy
+    assert summarize([], batch_size=1) is None
+
+
+def test_parity_tolerance_depends_on_precision() -> None:
+    reference = [np.array([1.0, -2.0, 0.5], dtype=np.float32)]
+    close = [reference[0] + 1e-4]
+    off = [reference[0] + 0.03]
+    assert compare(close, reference, "fp32").matches
+    assert not compare(off, reference, "fp32").matches
+    bf16 = compare(off, reference, "bf16")
+    assert bf16.matches
+    assert bf16.max_abs_diff == pytest.approx(0.03, rel=1e-3)
+    assert bf16.max_rel_diff == pytest.approx(0.03 / 2.0, rel=1e-3)
+
+
+def test_parity_rejects_shape_disagreement() -> None:
+    with pytest.raises(ValueError, match="shape"):
+        compare([np.zeros((2, 3))], [np.zeros((3, 2))], "fp32")

@@ -1,0 +1,88 @@
+"""The DuckDB store: schema, per-result commits with samples, and its refusals."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from harness.result import Case, Result, Target
+from harness.store import SCHEMA_VERSION, TABLES, StoreError, init_store, open_store
+
+
+def _result(samples: list[float]) -> Result:
+    return Result(
+        model="m",
+        family="embedding",
+        weights="random",
+        target=Target("cpu", "torch", "cpu"),
+        case=Case(2, 16, "fp32"),
+        status="ok",
+        samples_ms=samples,
+        load_ms=5.0,
+        details={"k": 1},
+    )
+
+
+def test_schema_is_created_and_versioned(db: Path) -> None:
+    init_store(db, overwrite=False)
+    connection = duckdb.connect(str(db), read_only=True)
+    tables = {r[0] for r in connection.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    assert set(TABLES) <= tables
+    assert connection.execute("SELECT max(version) FROM schema_version").fetchone()[0] == SCHEMA_VERSION
+    columns = {r[0] for r in connection.execute("DESCRIBE results").fetchall()}
+    for needed in ("latency_p99_ms", "throughput_per_s", "max_abs_diff", "weights", "provider", "load_avg_1m"):
+        assert needed in columns
+
+
+def test_result_and_samples_are_stored_with_statistics(db: Path) -> None:
+    with open_store(db) as store:
+        run_id = store.start_run("test", {"a": 1}, {"git_sha": "abc"})
+        result_id = store.add_result(run_id, _result([4.0, 1.0, 3.0, 2.0, 10.0]), "abc")
+        store.finish_run(run_id, "completed")
+        row = store.results(run_id)[0]
+        assert row["result_id"] == result_id
+        assert row["iterations"] == 5 and row["latency_p50_ms"] == 3.0 and row["latency_max_ms"] == 10.0
+        assert row["throughput_per_s"] == pytest.approx(500.0)
+        assert row["git_sha"] == "abc"
+        assert store.samples(result_id) == [4.0, 1.0, 3.0, 2.0, 10.0]
+        assert store.resolve_run("latest") == run_id
+
+
+def test_overwrite_starts_empty_and_unknown_run_is_named(db: Path) -> None:
+    with open_store(db) as store:
+        store.start_run("test", {}, {})
+    init_store(db, overwrite=True)
+    with open_store(db) as store:
+        assert store.query("SELECT count(*) AS n FROM runs")[0]["n"] == 0
+        with pytest.raises(StoreError, match="no runs yet"):
+            store.resolve_run("latest")
+        with pytest.raises(StoreError, match="no run 'nope'"):
+            store.resolve_run("nope")
+
+
+def test_a_second_writer_gets_a_clear_message(db: Path) -> None:
+    init_store(db, overwrite=False)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import duckdb, time; c = duckdb.connect({str(db)!r}); print('held', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(StoreError, match="in use by another accelharness process"):
+            open_store(db)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_corrupt_file_is_refused_clearly(db: Path) -> None:
+    db.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(StoreError, match="cannot open"):
+        open_store(db)
