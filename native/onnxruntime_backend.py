@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 import onnxruntime as ort
-from harness.native.base import Availability, Clock, HostMemory, LoadRequest, UnsupportedError
 
+from harness.native.base import Availability, Clock, HostMemory, LoadRequest, UnsupportedError
 from harness.result import Target
 
 PROVIDERS = [

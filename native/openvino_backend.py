@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 import openvino as ov
-from harness.native.base import Availability, Clock, HostMemory, LoadRequest, UnsupportedError
 
+from harness.native.base import Availability, Clock, HostMemory, LoadRequest, UnsupportedError
 from harness.result import Target
 
 DEVICES = ("CPU", "GPU", "NPU")

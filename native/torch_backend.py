@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 import transformers
-from harness.native.base import Availability, Clock, HostMemory, LoadRequest, UnsupportedError
 
+from harness.native.base import Availability, Clock, HostMemory, LoadRequest, UnsupportedError
 from harness.result import Target
 from harness.workload import build_module, input_names
 
