@@ -6,7 +6,7 @@ The CLI (`accelharness`) is a thin layer over this API:
     summary = run_native(BenchmarkRequest(models=["bert-tiny"], hardware=["cpu"]))
 """
 
-from harness.api import BenchmarkRequest, RequestError, RunSummary, run_native
+from harness.api import BenchmarkRequest, RequestError, RunSummary, run_native, validate
 from harness.hardware import detect_platforms
 from harness.report import write_reports
 from harness.specs import load_specs
@@ -24,5 +24,6 @@ __all__ = [
     "open_store",
     "run_native",
     "summarize",
+    "validate",
     "write_reports",
 ]
