@@ -193,3 +193,33 @@ def test_unavailable_hardware_asked_for_is_recorded_unsupported(tmp_path: Path) 
     assert results and all(r["status"] == "unsupported" for r in results)
     torch_row = next(r for r in results if r["engine"] == "torch")
     assert "sees no GPU" in torch_row["error"]
+
+
+@pytest.mark.parametrize("hardware", ["cuda", "rocm", "mps"])
+def test_gpu_platforms_run_where_present(tmp_path: Path, hardware: str) -> None:
+    from harness.hardware import native_targets
+
+    probes = [a for t, a in native_targets([hardware], ["torch"])]
+    if not probes[0].ok:
+        pytest.skip(f"{hardware} absent here: {probes[0].reason}")
+    db = tmp_path / "gpu.duckdb"
+    done = run_cli(
+        "native",
+        "--model",
+        "bert-tiny",
+        "--hardware",
+        hardware,
+        "--engines",
+        "torch",
+        "--sequence-lengths",
+        "16",
+        *QUICK,
+        "--db",
+        str(db),
+        "--output-dir",
+        str(tmp_path),
+    )
+    assert done.returncode == 0, done.stderr
+    r = rows(db)[0]
+    assert r["status"] == "ok", r["error"]
+    assert r["device_memory_peak_mb"] > 0
