@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -212,6 +213,119 @@ def models() -> None:
     for spec in sorted(load_specs().values(), key=lambda s: (s.family, s.name)):
         table.add_row(spec.name, spec.family, spec.variant, spec.architecture, spec.inputs.kind)
     console.print(table)
+
+
+@app.command()
+def predict(
+    model: Annotated[str, typer.Option(help="Model name (measured in the store, or any spec).")],
+    hardware: Annotated[str | None, typer.Option(help="Only these hardware platforms.")] = None,
+    engines: Annotated[str | None, typer.Option(help="Only these engines.")] = None,
+    batch_sizes: Annotated[str, typer.Option(help="Comma-separated batch sizes.")] = "1",
+    sequence_lengths: Annotated[str, typer.Option(help="Comma-separated sequence lengths.")] = "32",
+    db: DbOption = DEFAULT_DB,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Predict latency, throughput and memory for untested combinations, with the held-out MAPE."""
+    from harness.analysis.predict import InsufficientData, Query, model_facts, predict, training_rows
+    from harness.analysis.predict import as_json as to_json
+
+    try:
+        family, parameters = model_facts(db, model)
+        targets = sorted({(r["hardware"], r["engine"], r["provider"]) for r in training_rows(db)})
+    except (StoreError, KeyError) as exc:
+        raise fail(f"{exc}; see `accelharness models`" if isinstance(exc, KeyError) else str(exc)) from None
+    wanted_hw, wanted_engines = split_list(hardware), split_list(engines)
+    targets = [
+        t for t in targets if (not wanted_hw or t[0] in wanted_hw) and (not wanted_engines or t[1] in wanted_engines)
+    ]
+    queries = [
+        Query(model, family, parameters, *t, batch_size=b, seq_len=s)
+        for t in targets
+        for b in int_list("--batch-sizes", batch_sizes)
+        for s in int_list("--sequence-lengths", sequence_lengths)
+    ]
+    try:
+        result = predict(db, queries)
+    except InsufficientData as exc:
+        raise fail(str(exc)) from None
+    if as_json:
+        console.print_json(to_json(result))
+        return
+    table = Table(title=f"Predicted for {model} ({parameters:,} parameters) — predictions, not measurements")
+    for name in ("target", "batch", "seq", "p50 ms", "items/s", "memory MB", "measured p50 ms"):
+        table.add_column(name)
+    for row in result.rows:
+        measured = row.get("measured_latency_p50_ms")
+        table.add_row(
+            f"{row['hardware']}/{row['engine']}:{row['provider']}",
+            str(row["batch_size"]),
+            str(row["seq_len"]),
+            f"{row['predicted_latency_p50_ms']:.3f}",
+            f"{row['predicted_throughput_per_s']:.1f}",
+            f"{row['predicted_memory_peak_mb']:.0f}",
+            f"{measured:.3f}" if measured else "—",
+        )
+    console.print(table)
+    mape = ", ".join(f"{k} {v:.1%}" for k, v in result.mape.items())
+    console.print(
+        f"held-out error (leave-one-model-out MAPE over {result.training_rows} rows, "
+        f"{result.training_models} models): {mape}"
+    )
+    for note in result.notes:
+        console.print(f"note: {note}")
+
+
+@app.command()
+def recommend(
+    model: Annotated[str | None, typer.Option(help="Model name.")] = None,
+    model_family: Annotated[str | None, typer.Option(help="Model family (uses its measured models).")] = None,
+    task: Annotated[str | None, typer.Option(help="HF task, e.g. text-generation (maps to a family).")] = None,
+    batch_size: Annotated[int, typer.Option(help="Batch size to recommend for.")] = 1,
+    mode: Annotated[str, typer.Option(help="inference or training.")] = "inference",
+    hardware: Annotated[str | None, typer.Option(help="The hardware you have (comma-separated).")] = None,
+    weights: Annotated[str, typer.Option(help="latency,throughput,memory,compatibility weights.")] = "0.4,0.3,0.1,0.2",
+    create_map: Annotated[Path | None, typer.Option(help="Write the selection map JSON here.")] = None,
+    db: DbOption = DEFAULT_DB,
+) -> None:
+    """Recommend hardware for a model, family or task from measured rows (or marked predictions)."""
+    from harness.analysis.predict import InsufficientData
+    from harness.analysis.recommend import ScoreWeights, selection_map
+    from harness.analysis.recommend import recommend as rank
+
+    try:
+        values = [float(v) for v in weights.split(",")]
+        score_weights = ScoreWeights(*values)
+    except (ValueError, TypeError):
+        raise fail(f"--weights takes four numbers latency,throughput,memory,compatibility (got '{weights}')") from None
+    if mode not in ("inference", "training") or batch_size < 1:
+        raise fail("--mode is inference or training and --batch-size >= 1")
+    try:
+        if create_map is not None:
+            create_map.write_text(json.dumps(selection_map(db, score_weights), indent=2))
+            console.print(f"selection map: {create_map}")
+            return
+        result = rank(db, model, model_family, task, batch_size, None, mode, split_list(hardware), score_weights)
+    except (StoreError, InsufficientData, ValueError, KeyError) as exc:
+        raise fail(str(exc)) from None
+    table = Table(title=f"Recommendation for {result.subject}, batch {batch_size}, {mode}")
+    for name in ("rank", "target", "score", "p50 ms", "items/s", "memory MB", "compat", "backed by"):
+        table.add_column(name, overflow="fold")
+    for rank_number, c in enumerate(([result.primary] if result.primary else []) + result.fallbacks, start=1):
+        evidence = c.evidence[0] if c.source == "predicted" else f"measured: {', '.join(e[:8] for e in c.evidence)}"
+        table.add_row(
+            str(rank_number),
+            c.target,
+            f"{c.score:.3f}",
+            f"{c.latency_ms:.3f}",
+            f"{c.throughput_per_s:.1f}",
+            f"{c.memory_mb:.0f}",
+            f"{c.compatibility:.0%}",
+            evidence,
+        )
+    console.print(table)
+    console.print(f"primary: {result.primary.target if result.primary else 'none — no candidate ran ok'}")
+    for line in result.excluded:
+        console.print(f"excluded: {line}")
 
 
 @db_app.command("init")

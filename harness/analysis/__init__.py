@@ -1,0 +1,1 @@
+"""Analyses that read the store: matrix, compare, history, query, recommend, predict."""

@@ -1,0 +1,194 @@
+"""Predict latency, throughput and memory for untested combinations, with an honest error.
+
+A scikit-learn pipeline trained on the store's ok rows: ridge regression in log space on
+log(parameters), log(FLOPs estimate), log(batch), log(sequence) and one-hot family / target /
+precision. Latency scales roughly as a power of work with a per-target factor, so a log-linear
+model extrapolates to unseen model sizes where trees would not.
+
+Its error is leave-one-model-out MAPE: each row is predicted by a model that saw no row of the
+same model, which is exactly the situation of a prediction for an untested model. With too
+little data it refuses instead of guessing. Predictions are labelled as such wherever shown;
+they are never stored as results.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from sklearn.compose import ColumnTransformer
+from sklearn.linear_model import Ridge
+from sklearn.metrics import mean_absolute_percentage_error
+from sklearn.model_selection import LeaveOneGroupOut, cross_val_predict
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import OneHotEncoder, StandardScaler
+
+from harness.store import open_store
+
+TARGETS = ("latency_p50_ms", "throughput_per_s", "memory_peak_mb")
+CATEGORICAL = ("family", "hardware", "engine", "provider", "precision")
+NUMERIC = ("log_parameters", "log_flops", "log_batch", "log_seq")
+MIN_ROWS = 12
+MIN_MODELS = 3
+
+
+class InsufficientData(ValueError):
+    """Too little measured data for an honest prediction; the message says how much there is."""
+
+
+@dataclass(frozen=True)
+class Query:
+    model: str
+    family: str
+    parameters: int
+    hardware: str
+    engine: str
+    provider: str
+    batch_size: int
+    seq_len: int | None
+    precision: str = "fp32"
+
+
+@dataclass
+class PredictionSet:
+    rows: list[dict[str, Any]]  # each query's fields plus predicted_<target> (and measured_<target> if any)
+    mape: dict[str, float]  # leave-one-model-out MAPE per target, as a fraction
+    training_rows: int
+    training_models: int
+    notes: list[str] = field(default_factory=list)
+
+
+def flops_estimate(parameters: int, batch: int, seq: int | None) -> float:
+    """Forward FLOPs ≈ 2 × parameters × tokens. Images and audio count as one token per item:
+    a coarse feature for the regression, never a reported figure."""
+    return 2.0 * parameters * batch * (seq or 1)
+
+
+def features(row: dict[str, Any]) -> dict[str, Any]:
+    seq = row.get("seq_len") or 1
+    return {
+        **{name: str(row[name]) for name in CATEGORICAL},
+        "log_parameters": math.log(row["parameters"]),
+        "log_flops": math.log(flops_estimate(row["parameters"], row["batch_size"], seq)),
+        "log_batch": math.log(row["batch_size"]),
+        "log_seq": math.log(seq),
+    }
+
+
+def _matrix(rows: list[dict[str, Any]]) -> np.ndarray:
+    table = [features(r) for r in rows]
+    return np.array([[t[name] for name in (*CATEGORICAL, *NUMERIC)] for t in table], dtype=object)
+
+
+def _pipeline() -> Any:
+    categorical = list(range(len(CATEGORICAL)))
+    numeric = list(range(len(CATEGORICAL), len(CATEGORICAL) + len(NUMERIC)))
+    encode = ColumnTransformer(
+        [("categorical", OneHotEncoder(handle_unknown="ignore"), categorical), ("numeric", StandardScaler(), numeric)]
+    )
+    return make_pipeline(encode, Ridge(alpha=0.1))
+
+
+def training_rows(db_path: Path) -> list[dict[str, Any]]:
+    """Every ok row with a known parameter count (inference mode)."""
+    sql = f"""
+        SELECT model, family, hardware, engine, provider, precision, batch_size, seq_len,
+               CAST(details->>'$.parameters' AS BIGINT) AS parameters, {", ".join(TARGETS)}
+        FROM results
+        WHERE status = 'ok' AND details->>'$.parameters' IS NOT NULL
+          AND coalesce(details->>'$.mode', 'inference') = 'inference'
+    """
+    with open_store(db_path, read_only=True) as store:
+        return [r for r in store.query(sql) if all(r[t] and r[t] > 0 for t in TARGETS)]
+
+
+class Predictor:
+    """One log-linear model per target, with its leave-one-model-out error."""
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        models = {r["model"] for r in rows}
+        if len(rows) < MIN_ROWS or len(models) < MIN_MODELS:
+            raise InsufficientData(
+                f"too little data to predict honestly: {len(rows)} ok rows over {len(models)} models in the store; "
+                f"need at least {MIN_ROWS} rows from {MIN_MODELS} models (run more benchmarks first)"
+            )
+        self.rows = rows
+        self.models = models
+        self.known_targets = {(r["hardware"], r["engine"], r["provider"]) for r in rows}
+        x = _matrix(rows)
+        groups = [r["model"] for r in rows]
+        self.fitted: dict[str, Any] = {}
+        self.mape: dict[str, float] = {}
+        # Throughput is fitted on its own: it is measured from the mean latency, which noise
+        # pulls away from the p50 that latency_p50_ms predicts.
+        for target in TARGETS:
+            y = np.log([r[target] for r in rows])
+            held_out = cross_val_predict(_pipeline(), x, y, groups=groups, cv=LeaveOneGroupOut())
+            self.mape[target] = float(mean_absolute_percentage_error(np.exp(y), np.exp(held_out)))
+            self.fitted[target] = _pipeline().fit(x, y)
+
+    def predict(self, queries: list[Query]) -> list[dict[str, float]]:
+        x = _matrix([q.__dict__ for q in queries])
+        predictions = {t: np.exp(model.predict(x)) for t, model in self.fitted.items()}
+        return [{t: float(predictions[t][i]) for t in TARGETS} for i in range(len(queries))]
+
+
+def _measured(rows: list[dict[str, Any]], query: Query) -> dict[str, float] | None:
+    """The median of the measured values for exactly this combination, if it was measured."""
+    key = (query.model, query.hardware, query.engine, query.provider, query.batch_size, query.seq_len)
+    same = [
+        r for r in rows if (r["model"], r["hardware"], r["engine"], r["provider"], r["batch_size"], r["seq_len"]) == key
+    ]
+    return {t: float(np.median([r[t] for r in same])) for t in TARGETS} if same else None
+
+
+def predict(db_path: Path, queries: list[Query]) -> PredictionSet:
+    """Predictions for the queries on targets the store has measurements of."""
+    predictor = Predictor(training_rows(db_path))
+    notes = []
+    usable = []
+    for query in queries:
+        if (query.hardware, query.engine, query.provider) in predictor.known_targets:
+            usable.append(query)
+        else:
+            notes.append(f"no measurements on {query.hardware}/{query.engine}:{query.provider} to learn from")
+    rows = []
+    for query, predicted in zip(usable, predictor.predict(usable) if usable else [], strict=True):
+        row: dict[str, Any] = dict(query.__dict__) | {f"predicted_{t}": v for t, v in predicted.items()}
+        if (measured := _measured(predictor.rows, query)) is not None:
+            row |= {f"measured_{t}": v for t, v in measured.items()}
+        rows.append(row)
+    return PredictionSet(rows, predictor.mape, len(predictor.rows), len(predictor.models), notes)
+
+
+def spec_parameters(model: str) -> tuple[str, int]:
+    """(family, parameter count) of a model spec, counted on the meta device: no weights allocated."""
+    import torch
+    import transformers
+
+    from harness.specs import load_specs
+
+    spec = load_specs()[model]
+    config = transformers.AutoConfig.for_model(spec.model_type, **spec.config)
+    with torch.device("meta"):
+        module = getattr(transformers, spec.architecture)(config)
+    return spec.family, sum(p.numel() for p in module.parameters())
+
+
+def model_facts(db_path: Path, model: str) -> tuple[str, int]:
+    """(family, parameters) from the store if the model was measured, else from its spec."""
+    with open_store(db_path, read_only=True) as store:
+        rows = store.query(
+            "SELECT family, CAST(details->>'$.parameters' AS BIGINT) AS p FROM results "
+            "WHERE model = ? AND details->>'$.parameters' IS NOT NULL LIMIT 1",
+            [model],
+        )
+    return (rows[0]["family"], rows[0]["p"]) if rows else spec_parameters(model)
+
+
+def as_json(result: PredictionSet) -> str:
+    return json.dumps(result.__dict__, indent=2, default=str)

@@ -1,0 +1,236 @@
+"""Hardware recommendation (the seeds' hardware selector), backed by measured rows or predictions.
+
+Candidates are the targets (hardware/engine/provider) the store knows, narrowed to the hardware
+the user has. Each is scored on latency, throughput, memory and compatibility, each normalised
+against the best candidate (1.0 = best), and combined with the user's weights. A candidate
+measured for the model at that batch size uses the medians of its latest rows; otherwise a
+prediction is used, and the candidate says so with the predictor's held-out error.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.analysis.predict import InsufficientData, Predictor, Query, model_facts, training_rows
+from harness.store import open_store
+
+TASK_FAMILIES = {
+    "feature-extraction": "embedding",
+    "sentence-similarity": "embedding",
+    "fill-mask": "embedding",
+    "text-classification": "embedding",
+    "text-generation": "text_generation",
+    "summarization": "text_generation",
+    "translation": "text_generation",
+    "image-classification": "vision",
+    "object-detection": "vision",
+    "automatic-speech-recognition": "audio",
+    "audio-classification": "audio",
+    "zero-shot-image-classification": "multimodal",
+    "image-to-text": "multimodal",
+}
+SIZE_CLASSES = ((100e6, "small"), (1e9, "medium"), (float("inf"), "large"))
+
+
+@dataclass(frozen=True)
+class ScoreWeights:
+    latency: float = 0.4
+    throughput: float = 0.3
+    memory: float = 0.1
+    compatibility: float = 0.2
+
+
+@dataclass
+class Candidate:
+    target: str
+    hardware: str
+    engine: str
+    provider: str
+    source: str  # measured | predicted
+    latency_ms: float
+    throughput_per_s: float
+    memory_mb: float
+    compatibility: float  # share of this target's rows for the model (or family) that ran ok
+    evidence: list[str] = field(default_factory=list)  # result ids, or the prediction's error
+    score: float = 0.0
+
+
+@dataclass
+class Recommendation:
+    subject: str
+    batch_size: int
+    mode: str
+    primary: Candidate | None
+    fallbacks: list[Candidate]
+    excluded: list[str]  # targets that never ran ok, with the reason
+    weights: ScoreWeights
+
+
+def _latest_rows(db_path: Path, models: list[str]) -> list[dict[str, Any]]:
+    """The latest row per (model, target, batch, seq) for these models, any status."""
+    sql = """
+        SELECT * FROM results WHERE model IN (SELECT unnest(?))
+          AND coalesce(details->>'$.mode', 'inference') = 'inference'
+        QUALIFY row_number() OVER (PARTITION BY model, hardware, engine, provider, batch_size, seq_len, precision
+                                   ORDER BY created_at DESC) = 1
+    """
+    with open_store(db_path, read_only=True) as store:
+        return store.query(sql, [models])
+
+
+def _family_models(db_path: Path, family: str) -> list[str]:
+    with open_store(db_path, read_only=True) as store:
+        return [r["model"] for r in store.query("SELECT DISTINCT model FROM results WHERE family = ?", [family])]
+
+
+def _label(hardware: str, engine: str, provider: str) -> str:
+    return f"{hardware}/{engine}" + ("" if engine == "torch" else f":{provider}")
+
+
+def _measured_candidates(rows: list[dict[str, Any]], batch: int) -> tuple[dict[tuple, Candidate], list[str]]:
+    by_target: dict[tuple, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_target.setdefault((row["hardware"], row["engine"], row["provider"]), []).append(row)
+    candidates, excluded = {}, []
+    for key, target_rows in by_target.items():
+        compatibility = sum(r["status"] == "ok" for r in target_rows) / len(target_rows)
+        at_batch = [r for r in target_rows if r["status"] == "ok" and r["batch_size"] == batch]
+        if compatibility == 0:
+            excluded.append(f"{_label(*key)}: never ran ok ({target_rows[0]['status']}: {target_rows[0]['error']})")
+        elif at_batch:
+            candidates[key] = Candidate(
+                _label(*key),
+                *key,
+                source="measured",
+                latency_ms=float(np.median([r["latency_p50_ms"] for r in at_batch])),
+                throughput_per_s=float(np.median([r["throughput_per_s"] for r in at_batch])),
+                memory_mb=float(np.median([r["memory_peak_mb"] or np.nan for r in at_batch])),
+                compatibility=compatibility,
+                evidence=[r["result_id"] for r in at_batch],
+            )
+    return candidates, excluded
+
+
+def _predicted_candidates(
+    db_path: Path, model: str, batch: int, seq: int | None, known: set[tuple], family_compat: dict[tuple, float]
+) -> tuple[dict[tuple, Candidate], list[str]]:
+    try:
+        predictor = Predictor(training_rows(db_path))
+    except InsufficientData as exc:
+        return {}, [f"no predictions: {exc}"]
+    family, parameters = model_facts(db_path, model)
+    targets = [t for t in sorted(predictor.known_targets) if t not in known and family_compat.get(t, 0) > 0]
+    queries = [Query(model, family, parameters, *t, batch_size=batch, seq_len=seq) for t in targets]
+    error = f"predicted (leave-one-model-out MAPE {predictor.mape['latency_p50_ms']:.0%})"
+    candidates = {}
+    for target, values in zip(targets, predictor.predict(queries) if queries else [], strict=True):
+        candidates[target] = Candidate(
+            _label(*target),
+            *target,
+            source="predicted",
+            latency_ms=values["latency_p50_ms"],
+            throughput_per_s=values["throughput_per_s"],
+            memory_mb=values["memory_peak_mb"],
+            compatibility=family_compat[target],
+            evidence=[error],
+        )
+    return candidates, []
+
+
+def _score(candidates: list[Candidate], weights: ScoreWeights) -> None:
+    """Each metric normalised to the best candidate (1.0), then the weighted mean."""
+    best_latency = min(c.latency_ms for c in candidates)
+    best_throughput = max(c.throughput_per_s for c in candidates)
+    memories = [c.memory_mb for c in candidates if not np.isnan(c.memory_mb)]
+    best_memory = min(memories) if memories else np.nan
+    total = weights.latency + weights.throughput + weights.memory + weights.compatibility
+    for c in candidates:
+        memory_score = best_memory / c.memory_mb if memories and not np.isnan(c.memory_mb) else 0.0
+        c.score = (
+            weights.latency * best_latency / c.latency_ms
+            + weights.throughput * c.throughput_per_s / best_throughput
+            + weights.memory * memory_score
+            + weights.compatibility * c.compatibility
+        ) / total
+
+
+def _family_compatibility(db_path: Path, family: str) -> dict[tuple, float]:
+    rows = _latest_rows(db_path, _family_models(db_path, family))
+    shares: dict[tuple, list[bool]] = {}
+    for r in rows:
+        shares.setdefault((r["hardware"], r["engine"], r["provider"]), []).append(r["status"] == "ok")
+    return {k: sum(v) / len(v) for k, v in shares.items()}
+
+
+def recommend(
+    db_path: Path,
+    model: str | None = None,
+    family: str | None = None,
+    task: str | None = None,
+    batch_size: int = 1,
+    seq_len: int | None = None,
+    mode: str = "inference",
+    hardware: list[str] | None = None,
+    weights: ScoreWeights | None = None,
+) -> Recommendation:
+    """Rank the targets for a model (or a family's measured models) at a batch size."""
+    weights = weights or ScoreWeights()
+    if mode != "inference":
+        raise InsufficientData(f"no {mode}-mode measurements in the store to recommend from")
+    family = family or (TASK_FAMILIES.get(task) if task else None)
+    if model is None and family is None:
+        raise ValueError(f"give --model, --model-family or a known --task ({', '.join(sorted(TASK_FAMILIES))})")
+    models = [model] if model else _family_models(db_path, family or "")
+    candidates, excluded = _measured_candidates(_latest_rows(db_path, models), batch_size)
+    if model is not None:
+        family = family or model_facts(db_path, model)[0]
+        predicted, notes = _predicted_candidates(
+            db_path, model, batch_size, seq_len, set(candidates), _family_compatibility(db_path, family)
+        )
+        candidates |= predicted
+        excluded += notes
+    if hardware:
+        excluded += [
+            f"{c.target}: not in --hardware {','.join(hardware)}"
+            for c in candidates.values()
+            if c.hardware not in hardware
+        ]
+        candidates = {k: c for k, c in candidates.items() if c.hardware in hardware}
+    ranked = list(candidates.values())
+    if ranked:
+        _score(ranked, weights)
+        ranked.sort(key=lambda c: c.score, reverse=True)
+    subject = model or f"family {family}"
+    return Recommendation(subject, batch_size, mode, ranked[0] if ranked else None, ranked[1:], excluded, weights)
+
+
+def size_class(parameters: int) -> str:
+    return next(name for limit, name in SIZE_CLASSES if parameters < limit)
+
+
+def selection_map(db_path: Path, weights: ScoreWeights | None = None) -> dict[str, Any]:
+    """family × size class × batch × mode → the recommended target, from the store's measured models."""
+    with open_store(db_path, read_only=True) as store:
+        combos = store.query(
+            "SELECT DISTINCT family, model, CAST(details->>'$.parameters' AS BIGINT) AS parameters, batch_size "
+            "FROM results WHERE status = 'ok' AND details->>'$.parameters' IS NOT NULL ORDER BY ALL"
+        )
+    selection: dict[str, Any] = {}
+    for combo in combos:
+        result = recommend(db_path, model=combo["model"], batch_size=combo["batch_size"], weights=weights)
+        key = f"{combo['family']}/{size_class(combo['parameters'])}/batch{combo['batch_size']}/inference"
+        selection.setdefault(key, {})[combo["model"]] = (
+            {"target": result.primary.target, "score": round(result.primary.score, 3), "source": result.primary.source}
+            if result.primary
+            else None
+        )
+    return selection
+
+
+def as_json(result: Recommendation) -> str:
+    return json.dumps(asdict(result), indent=2, default=str)

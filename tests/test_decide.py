@@ -1,0 +1,130 @@
+"""predict and recommend on seeded rows whose ground truth is known."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import run_cli
+from sklearn.metrics import mean_absolute_percentage_error
+
+from harness.analysis.predict import InsufficientData, Predictor, Query, _matrix, _pipeline, predict, training_rows
+from harness.analysis.recommend import ScoreWeights, recommend
+from harness.result import Case, Result, Target
+from harness.store import open_store
+
+TARGETS = {  # target → (latency factor, memory MB)
+    Target("cpu", "torch", "cpu"): (3.0, 900.0),
+    Target("cpu", "onnxruntime", "CPUExecutionProvider"): (1.0, 600.0),
+    Target("openvino", "openvino", "CPU"): (1.5, 300.0),
+}
+MODELS = {"m1": 1e6, "m2": 4e6, "m3": 16e6, "m4": 64e6}
+
+
+def true_latency(parameters: float, batch: int, factor: float) -> float:
+    return factor * 0.05 * (parameters * batch / 1e6) ** 0.8
+
+
+def seed(db: Path, models: dict[str, float], targets=TARGETS, batches=(1, 2, 4, 8), jitter: float = 0.03) -> None:
+    rng = np.random.default_rng(0)
+    with open_store(db) as store:
+        run_id = store.start_run("seed", {}, {})
+        for model, parameters in models.items():
+            for target, (factor, memory) in targets.items():
+                for batch in batches:
+                    latency = true_latency(parameters, batch, factor) * (1 + jitter * rng.standard_normal())
+                    result = Result(
+                        model,
+                        "embedding",
+                        "random",
+                        target,
+                        Case(batch, 32, "fp32"),
+                        "ok",
+                        samples_ms=[latency] * 5,
+                        memory_peak_mb=memory + parameters / 1e6,
+                        details={"parameters": int(parameters)},
+                    )
+                    store.add_result(run_id, result, None)
+
+
+def test_reported_mape_is_leave_one_model_out(db: Path) -> None:
+    seed(db, MODELS)
+    rows = training_rows(db)
+    predictor = Predictor(rows)
+    # Recompute independently: fit on the other models, predict the held-out model's rows.
+    errors = []
+    for held_out in MODELS:
+        train = [r for r in rows if r["model"] != held_out]
+        test = [r for r in rows if r["model"] == held_out]
+        fitted = _pipeline().fit(_matrix(train), np.log([r["latency_p50_ms"] for r in train]))
+        errors += list(zip([r["latency_p50_ms"] for r in test], np.exp(fitted.predict(_matrix(test))), strict=True))
+    truth, guess = zip(*errors, strict=True)
+    assert predictor.mape["latency_p50_ms"] == pytest.approx(mean_absolute_percentage_error(truth, guess))
+    assert predictor.mape["latency_p50_ms"] < 0.25  # the power law is learnable
+
+
+def test_prediction_for_an_untested_model_is_close_and_labelled(db: Path) -> None:
+    seed(db, MODELS)
+    target = Target("cpu", "onnxruntime", "CPUExecutionProvider")
+    result = predict(
+        db,
+        [
+            Query("m5", "embedding", int(32e6), target.hardware, target.engine, target.provider, 4, 32),
+            Query("m5", "embedding", int(32e6), "cuda", "torch", "cuda", 4, 32),
+        ],
+    )
+    assert len(result.rows) == 1 and "no measurements on cuda/torch:cuda" in result.notes[0]
+    predicted = result.rows[0]["predicted_latency_p50_ms"]
+    assert predicted == pytest.approx(true_latency(32e6, 4, 1.0), rel=0.3)
+    assert "measured_latency_p50_ms" not in result.rows[0]
+
+
+def test_too_little_data_is_refused(db: Path) -> None:
+    seed(db, {"m1": 1e6, "m2": 4e6}, batches=(1,))
+    with pytest.raises(InsufficientData, match="too little data"):
+        predict(db, [])
+    done = run_cli("predict", "--model", "bert-tiny", "--db", str(db))
+    assert done.returncode == 2 and "too little data" in done.stderr
+
+
+def test_recommend_honours_the_hardware_the_user_has(db: Path) -> None:
+    seed(db, MODELS)
+    best = recommend(db, model="m3", batch_size=4)
+    assert best.primary is not None and best.primary.target == "cpu/onnxruntime:CPUExecutionProvider"
+    assert best.primary.source == "measured" and len(best.primary.evidence) == 1
+    only_openvino = recommend(db, model="m3", batch_size=4, hardware=["openvino"])
+    assert only_openvino.primary.target == "openvino/openvino:CPU"
+    assert only_openvino.fallbacks == []
+    assert any("not in --hardware openvino" in line for line in only_openvino.excluded)
+
+
+def test_recommend_follows_the_weights(db: Path) -> None:
+    seed(db, MODELS)
+    by_memory = recommend(db, model="m3", batch_size=4, weights=ScoreWeights(0, 0, 1, 0))
+    assert by_memory.primary.target == "openvino/openvino:CPU"  # smallest memory
+    by_latency = recommend(db, model="m3", batch_size=4, weights=ScoreWeights(1, 0, 0, 0))
+    assert by_latency.primary.target == "cpu/onnxruntime:CPUExecutionProvider"
+    scores = [c.score for c in [by_latency.primary, *by_latency.fallbacks]]
+    assert scores == sorted(scores, reverse=True) and scores[0] == pytest.approx(1.0)
+
+
+def test_unmeasured_target_is_backed_by_a_marked_prediction(db: Path) -> None:
+    seed(db, MODELS)
+    seed(db, {"m5": 32e6}, targets={Target("cpu", "torch", "cpu"): TARGETS[Target("cpu", "torch", "cpu")]})
+    result = recommend(db, model="m5", batch_size=2)
+    sources = {c.target: c for c in [result.primary, *result.fallbacks]}
+    assert sources["cpu/torch"].source == "measured"
+    predicted = sources["cpu/onnxruntime:CPUExecutionProvider"]
+    assert predicted.source == "predicted" and "leave-one-model-out MAPE" in predicted.evidence[0]
+
+
+def test_recommend_cli_prints_primary_and_backing(db: Path, tmp_path: Path) -> None:
+    seed(db, MODELS)
+    done = run_cli("recommend", "--model", "m2", "--batch-size", "2", "--hardware", "cpu", "--db", str(db))
+    assert done.returncode == 0, done.stderr
+    assert "primary: cpu/onnxruntime:CPUExecutionProvider" in done.stdout and "measured:" in done.stdout
+    selection = tmp_path / "map.json"
+    done = run_cli("recommend", "--create-map", str(selection), "--db", str(db))
+    assert done.returncode == 0, done.stderr
+    assert "embedding/small/batch4/inference" in selection.read_text()
