@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import psutil
 
-from harness.memory import PeakRss
+from harness.memory import PeakRss, nvml_used_mb
 from harness.native.base import Session
 
 
@@ -33,6 +33,7 @@ class Measurement:
     outputs: list[np.ndarray]  # from the first run, for the parity check
     memory_peak_mb: float
     device_memory_peak_mb: float | None
+    nvml_used_mb: float | None  # device-wide, after the loop, on NVIDIA GPUs
     load_avg_1m: float
     cpu_percent: float  # whole machine, during warmup + timed loop
     process_cpu_percent: float
@@ -68,6 +69,7 @@ def measure(session: Session, feeds: dict[str, np.ndarray], config: MeasureConfi
         outputs=outputs,
         memory_peak_mb=rss.peak_mb(),
         device_memory_peak_mb=session.device_memory_peak_mb(),
+        nvml_used_mb=nvml_used_mb() if session.facts.get("uses_nvidia_gpu") else None,
         load_avg_1m=os.getloadavg()[0],
         cpu_percent=psutil.cpu_percent(interval=None),
         process_cpu_percent=process.cpu_percent(interval=None),

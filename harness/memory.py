@@ -74,3 +74,21 @@ class PeakRss:
             return _vm_hwm_mb() or rss_mb()
         self.stop()
         return max(self._sampled_peak, rss_mb())
+
+
+def nvml_used_mb(device_index: int = 0) -> float | None:
+    """Device-wide used memory from NVML (all processes), or None without NVIDIA's library.
+
+    ONNX Runtime's CUDA EP allocates outside torch's allocator, so torch's counters cannot see
+    it; NVML can. It is a device-wide reading, recorded as such, not a per-process peak.
+    """
+    try:
+        import pynvml  # nvidia-ml-py, the `cuda` extra
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
+        return pynvml.nvmlDeviceGetMemoryInfo(handle).used / MB
+    except pynvml.NVMLError:
+        return None

@@ -61,6 +61,7 @@ def _measure_case(job: Job, session: object, case: Case, load_facts: dict, rss: 
         "process_cpu_percent": measured.process_cpu_percent,
         "input_shapes": {k: list(v.shape) for k, v in feeds.items()},
         "memory_method": rss.method,
+        "nvml_used_mb": measured.nvml_used_mb,
     }
     return result_for(
         job,

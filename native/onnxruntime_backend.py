@@ -46,6 +46,7 @@ class OrtSession(HostMemory):
             "node_placement": placement,
             "cpu_fallback_nodes": fallback_nodes,
             "cpu_fallback": fallback_nodes > 0,
+            "uses_nvidia_gpu": provider in ("CUDAExecutionProvider", "TensorrtExecutionProvider"),
         }
 
     def prepare(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

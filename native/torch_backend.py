@@ -47,6 +47,7 @@ class TorchSession(HostMemory):
             "transformers_version": transformers.__version__,
             "device_name": _device_name(self.device),
             "torch_threads": torch.get_num_threads(),
+            "uses_nvidia_gpu": self.device.type == "cuda" and torch.version.hip is None,
         }
 
     def prepare(self, feeds: dict[str, np.ndarray]) -> tuple[torch.Tensor, ...]:
