@@ -5,9 +5,22 @@ STAMP     := $(VENV)/.installed
 DB        ?= accelharness.duckdb
 OUT       ?= accelharness-results
 
-.PHONY: setup demo test lint bench clean
+WEB_STAMP := web/node_modules/.package-lock.json
+SUDO      := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-setup: $(STAMP)
+.PHONY: setup browser demo test lint bench clean
+
+setup: $(STAMP) $(WEB_STAMP) browser
+
+# Debian's Chromium runs the browser half (never `playwright install`: it downloads, and fails offline).
+browser:
+	@command -v chromium >/dev/null || { $(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium; }
+
+# onnxruntime-web from npm, served locally to the benchmark page (never from a CDN).
+$(WEB_STAMP): web/package.json web/package-lock.json
+	cd web && npm ci --no-audit --no-fund
+	touch $(WEB_STAMP)
 
 # torch==2.13.0 first: it is the CPU wheel on this machine's disk; any other spec pulls a
 # multi-GB CUDA build. constraints.txt pins everything else to the versions CI ran with.
@@ -32,6 +45,7 @@ test: lint
 
 bench: setup
 	$(BIN)/python bench/native_overhead.py
+	$(BIN)/python bench/web_overhead.py
 
 clean:
-	rm -rf $(VENV) $(OUT) $(DB) $(DB).wal
+	rm -rf $(VENV) $(OUT) $(DB) $(DB).wal web/node_modules

@@ -130,6 +130,81 @@ def native(
         console.print(f"  report: {path}")
 
 
+@app.command()
+def web(
+    browser: Annotated[str, typer.Option(help="chrome, chromium or edge (chrome/edge fall back to Chromium).")] = (
+        "chromium"
+    ),
+    browser_path: Annotated[Path | None, typer.Option(help="The browser executable to use instead.")] = None,
+    hardware: Annotated[str, typer.Option(help="Comma-separated: wasm,webgpu,webnn.")] = "wasm,webgpu,webnn",
+    model: Annotated[str | None, typer.Option(help="Comma-separated model names (see `accelharness models`).")] = None,
+    model_families: Annotated[
+        str | None, typer.Option(help="embedding,text_generation,vision,audio,multimodal")
+    ] = None,
+    small_models: Annotated[bool, typer.Option(help="Use the tiny variant of each selected family.")] = False,
+    model_path: Annotated[Path | None, typer.Option(help="A local HF model directory or an .onnx file.")] = None,
+    batch_sizes: Annotated[str, typer.Option(help="Comma-separated batch sizes.")] = "1",
+    sequence_lengths: Annotated[str, typer.Option(help="Comma-separated sequence lengths (text inputs).")] = "32",
+    threads: Annotated[
+        str, typer.Option(help="Comma-separated wasm thread counts (webgpu/webnn use the first).")
+    ] = "1",
+    webnn_device: Annotated[str, typer.Option(help="WebNN deviceType: cpu, gpu or npu.")] = "gpu",
+    warmup: Annotated[int, typer.Option(help="Untimed runs after the first run.")] = 5,
+    iterations: Annotated[int, typer.Option(help="Minimum timed iterations.")] = 20,
+    min_duration: Annotated[float, typer.Option(help="Minimum seconds of timed iterations.")] = 0.5,
+    max_iterations: Annotated[int, typer.Option(help="Cap on timed iterations.")] = 10_000,
+    timeout: Annotated[float, typer.Option(help="Seconds a page may go without finishing a case.")] = 300.0,
+    db: DbOption = DEFAULT_DB,
+    output_dir: Annotated[Path, typer.Option(help="Where JSON/Markdown/CSV reports go.")] = Path(
+        "accelharness-results"
+    ),
+) -> None:
+    """Benchmark the same ONNX files and inputs in headless Chromium via onnxruntime-web (wasm, webgpu, webnn)."""
+    from harness.web_api import WebRequest, run_web, validate_web
+
+    request = WebRequest(
+        models=split_list(model),
+        model_families=split_list(model_families),
+        small_models=small_models,
+        model_path=model_path,
+        hardware=split_list(hardware) or [],
+        browser=browser,
+        browser_path=browser_path,
+        threads=int_list("--threads", threads),
+        webnn_device=webnn_device,
+        batch_sizes=int_list("--batch-sizes", batch_sizes),
+        sequence_lengths=int_list("--sequence-lengths", sequence_lengths),
+        warmup=warmup,
+        iterations=iterations,
+        min_duration_s=min_duration,
+        max_iterations=max_iterations,
+        timeout_s=timeout,
+        db_path=db,
+        output_dir=output_dir,
+    )
+    try:
+        plan = validate_web(request)
+    except RequestError as exc:
+        raise fail(str(exc)) from None
+    rows: list[Result] = []
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, TextColumn("eta"), TimeRemainingColumn(), console=console) as progress:
+        task = progress.add_task("benchmarking in the browser", total=plan.total_results)
+
+        def on_result(result: Result, _result_id: str) -> None:
+            rows.append(result)
+            progress.update(task, advance=1, description=f"{result.model} {result.target.label}")
+
+        try:
+            summary = run_web(request, on_result=on_result, plan=plan)
+        except StoreError as exc:
+            raise fail(str(exc)) from None
+    console.print(summary_table(rows))
+    console.print(f"run [bold]{summary.run_id}[/bold] → {summary.db_path}: {summary.counts}")
+    for path in summary.reports:
+        console.print(f"  report: {path}")
+
+
 def summary_table(rows: list[Result]) -> Table:
     from harness.stats import summarize
 

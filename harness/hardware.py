@@ -1,13 +1,12 @@
 """Which platforms this machine can run, and why not where it cannot.
 
 A native platform is available when at least one engine target on it probes available. The
-browser platforms (wasm, webgpu, webnn) are decided by a real page in Chromium, so here they
-report whether a browser is present and leave the verdict to `accelharness web`.
+browser platforms (wasm, webgpu, webnn) are decided by a probe page in headless Chromium
+(harness.web.driver.platform_verdicts): WebAssembly, the WebGPU adapter, a WebNN MLContext.
 """
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 
 from harness.native import ENGINES, get_backend
@@ -17,7 +16,6 @@ from harness.result import Target
 NATIVE_PLATFORMS = ("cpu", "cuda", "rocm", "mps", "openvino", "qnn", "directml")
 WEB_PLATFORMS = ("webnn", "webgpu", "wasm")
 PLATFORMS = NATIVE_PLATFORMS + WEB_PLATFORMS
-BROWSER_BINARIES = ("google-chrome", "google-chrome-stable", "chromium", "chromium-browser", "microsoft-edge")
 
 
 @dataclass(frozen=True)
@@ -58,19 +56,15 @@ def detect_platforms() -> list[PlatformStatus]:
         else:
             reasons = "; ".join(sorted({a.reason for _, a in probes}))
             statuses.append(PlatformStatus(platform, False, reasons or "no engine serves it"))
-    browser = next((b for b in BROWSER_BINARIES if shutil.which(b)), None)
-    for platform in WEB_PLATFORMS:
-        if browser is None:
-            statuses.append(
-                PlatformStatus(platform, False, f"no browser found (looked for {', '.join(BROWSER_BINARIES)})")
-            )
-        else:
-            statuses.append(
-                PlatformStatus(
-                    platform, False, f"browser {shutil.which(browser)} found; the browser backend is not in this build"
-                )
-            )
+    statuses += web_platforms()
     return statuses
+
+
+def web_platforms() -> list[PlatformStatus]:
+    """wasm, webgpu and webnn as a real page in the browser sees them (one launch, cached per process)."""
+    from harness.web.driver import platform_verdicts
+
+    return [PlatformStatus(*verdict) for verdict in platform_verdicts()]
 
 
 def hardware_rows() -> list[dict]:

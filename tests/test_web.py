@@ -1,0 +1,249 @@
+"""`accelharness web` against the real thing: Chromium at /usr/bin/chromium, onnxruntime-web 1.30 from web/node_modules.
+
+bert-tiny with 5 iterations and no minimum duration keeps each run to seconds; the runs that
+share a setting are module fixtures, so the whole file stays well under the 4-minute budget.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.store import open_store
+from harness.web import driver
+from harness.web_api import EpSetting, WebRequest, run_web, validate_web
+
+pytestmark = pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="needs Chromium at /usr/bin/chromium")
+QUICK = {"iterations": 5, "min_duration_s": 0.0, "warmup": 1, "max_iterations": 50}
+
+
+@pytest.fixture(scope="session")
+def web_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One export cache for the session (conftest's when it set one): bert-tiny is exported once."""
+    previous = os.environ.get("ACCELHARNESS_CACHE_DIR")
+    if previous:
+        yield Path(previous)
+        return
+    path = tmp_path_factory.mktemp("accelharness-cache")
+    os.environ["ACCELHARNESS_CACHE_DIR"] = str(path)  # inherited by the prepare_model child
+    yield path
+    os.environ.pop("ACCELHARNESS_CACHE_DIR", None)
+
+
+def stored(db: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, list[float]]]:
+    """(run row, results by provider with details parsed, samples by provider)."""
+    with open_store(db, read_only=True) as store:
+        run_id = store.resolve_run("latest")
+        rows = {r["provider"]: r | {"details": json.loads(r["details"])} for r in store.results(run_id)}
+        samples = {p: store.samples(r["result_id"]) for p, r in rows.items()}
+        return store.run_info(run_id) | {"hardware": store.hardware_rows(run_id)}, rows, samples
+
+
+@pytest.fixture(scope="module")
+def all_eps(web_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, dict, dict, dict]:
+    out = tmp_path_factory.mktemp("web-all")
+    request = WebRequest(models=["bert-tiny"], db_path=out / "w.duckdb", output_dir=out / "reports", **QUICK)
+    summary = run_web(request)
+    return (summary, *stored(request.db_path))
+
+
+def test_wasm_row_is_measured_and_matches_the_reference(all_eps: tuple) -> None:
+    summary, run, rows, samples = all_eps
+    assert run["command"] == "web" and run["status"] == "completed"
+    row = rows["wasm:threads=1"]
+    assert (row["hardware"], row["engine"], row["status"]) == ("wasm", "onnxruntime-web", "ok"), row["error"]
+    assert row["iterations"] == len(samples["wasm:threads=1"]) >= 5
+    assert all(s > 0 for s in samples["wasm:threads=1"])
+    assert row["load_ms"] > 0 and row["first_run_ms"] > 0 and row["load_avg_1m"] is not None
+    details = row["details"]
+    assert row["max_abs_diff"] <= details["parity_tolerance"]
+    assert details["reference"] == "torch-fp32"
+    assert details["ort_web_version"] == "1.30.0"
+    assert details["wasm_build"] == "ort-wasm-simd-threaded.wasm"  # the plain build, not asyncify/JSEP
+    assert details["cross_origin_isolated"] is True and details["threads_dropped"] is False
+    assert details["threads_effective"] == 1
+    assert details["timer_resolution_ms"] < 0.05  # isolated: 5 µs, not 100 µs
+    assert details["browser_version"] and details["browser"] == "chromium" and details["browser_fallback"] is None
+    assert details["browser_binary"] == "/usr/lib/chromium/chromium"  # the Debian wrapper is skipped
+    assert details["flags"] == list(driver.BASE_FLAGS)
+    assert "--enable-unsafe-webgpu" in details["browser_command_line"]
+    assert summary.reports and all(p.exists() for p in summary.reports)
+
+
+def test_webgpu_runs_on_swiftshader_flagged_as_fallback(all_eps: tuple) -> None:
+    _, _, rows, _ = all_eps
+    row = rows["webgpu"]
+    assert row["status"] == "ok", row["error"]
+    details = row["details"]
+    assert details["fallback_adapter"] is True
+    assert details["adapter"]["architecture"] == "swiftshader"
+    assert details["node_placement"].get("WebGpuExecutionProvider", 0) > 0
+    assert details["wasm_build"] == "ort-wasm-simd-threaded.asyncify.wasm"
+
+
+def test_webnn_is_unsupported_with_the_browsers_message(all_eps: tuple) -> None:
+    _, run, rows, _ = all_eps
+    row = rows["webnn:gpu"]
+    assert row["status"] == "unsupported"
+    assert "navigator.ml.createContext" in row["error"] and "NotSupportedError" in row["error"]
+    assert "--enable-features=WebMachineLearningNeuralNetwork" in row["details"]["flags"]
+    hardware = {h["platform"]: h for h in run["hardware"]}
+    assert hardware["webnn"]["available"] is False and "NotSupportedError" in hardware["webnn"]["reason"]
+    assert hardware["webgpu"]["available"] is True and "fallback" in hardware["webgpu"]["reason"]
+    assert hardware["wasm"]["available"] is True
+
+
+def test_wasm_outputs_match_native_onnxruntime(web_cache: Path) -> None:
+    """Same ONNX file, same npz inputs: the browser's outputs against ORT CPU run in this process."""
+    from harness.native import get_backend
+    from harness.native.base import LoadRequest
+    from harness.parity import compare
+    from harness.prepare import PrepareJob, prepare_model
+    from harness.result import Case, Target
+    from harness.web.server import PageServer, decode_outputs
+    from harness.web_api import page_job
+
+    spec = validate_web(WebRequest(models=["bert-tiny"], hardware=["wasm"])).specs[0]
+    prepared = next(prepare_model(PrepareJob(spec, [(1, 32)])))
+    feeds, reference = prepared.load_case((1, 32))
+    native = get_backend("onnxruntime").load(
+        LoadRequest(spec, prepared.onnx_path, "fp32"), Target("cpu", "onnxruntime", "CPUExecutionProvider")
+    )
+    native_outputs = native.run(native.prepare(feeds))
+
+    async def browser_outputs() -> dict:
+        from playwright.async_api import async_playwright
+
+        server = PageServer()
+        await server.start()
+        try:
+            async with async_playwright() as playwright:
+                session = driver.BrowserSession(
+                    playwright, driver.resolve_browser("chromium"), driver.launch_flags(["wasm"])
+                )
+                try:
+                    job = page_job(server, prepared, EpSetting("wasm", 1), Case(1, 32, "fp32"), WebRequest(**QUICK))
+                    return await session.run_job(server.page_url, "native-check", job, 60)
+                finally:
+                    await session.close()
+        finally:
+            await server.stop()
+
+    answer = driver.run_sync(browser_outputs())
+    assert answer["status"] == "ok", answer.get("error")
+    web_outputs = decode_outputs(answer["outputs"])
+    against_native = compare(web_outputs, native_outputs, "fp32")
+    assert against_native.matches, against_native
+    assert against_native.max_abs_diff < 1e-4
+    assert compare(web_outputs, reference, "fp32").matches
+
+
+def test_faults_leave_rows_and_the_run_goes_on(web_cache: Path, tmp_path: Path) -> None:
+    """A page that throws, a hung page and a killed browser, one per wasm thread setting; the 4th runs."""
+    request = WebRequest(
+        models=["bert-tiny"],
+        hardware=["wasm"],
+        threads=[1, 2, 3, 4],
+        timeout_s=10,
+        db_path=tmp_path / "f.duckdb",
+        output_dir=None,
+        **QUICK,
+    )
+    faults = {"wasm:threads=1": "throw", "wasm:threads=2": "hang", "wasm:threads=3": "kill"}
+    summary = run_web(request, faults=faults)
+    assert summary.counts == {"error": 2, "timeout": 1, "ok": 1}
+    _, rows, samples = stored(request.db_path)
+    thrown, hung, killed, fine = (rows[f"wasm:threads={n}"] for n in (1, 2, 3, 4))
+    assert thrown["status"] == "error" and "the page threw" in thrown["error"]
+    assert hung["status"] == "timeout" and "--timeout 10s" in hung["error"] and "restarted" in hung["error"]
+    assert killed["status"] == "error" and "is gone" in killed["error"], killed["error"]
+    assert fine["status"] == "ok" and len(samples["wasm:threads=4"]) >= 5
+    assert fine["details"]["browser_restarts"] == 2  # once after the hang, once after the kill
+    assert fine["details"]["threads_effective"] == 4
+
+
+def test_threads_dropped_without_cross_origin_isolation(web_cache: Path, tmp_path: Path) -> None:
+    request = WebRequest(
+        models=["bert-tiny"],
+        hardware=["wasm"],
+        threads=[2],
+        cross_origin_isolation=False,
+        db_path=tmp_path / "i.duckdb",
+        output_dir=None,
+        **QUICK,
+    )
+    run_web(request)
+    _, rows, _ = stored(request.db_path)
+    row = rows["wasm:threads=2"]
+    assert row["status"] == "ok", row["error"]
+    details = row["details"]
+    assert details["cross_origin_isolated"] is False and details["shared_array_buffer"] is False
+    assert (details["threads_requested"], details["threads_effective"], details["threads_dropped"]) == (2, 1, True)
+    assert any("crossOriginIsolated" in w for w in details["console_warnings"])
+
+
+def test_browser_resolution_and_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    edge = driver.resolve_browser("edge")  # no Edge here: Chromium, and the row says so
+    assert edge.kind == "chromium" and edge.fallback and "microsoft-edge" in edge.fallback
+    monkeypatch.setattr(
+        driver, "CANDIDATES", {"chrome": ("no-such-chrome", "/nonexistent/chrome"), "chromium": ("no-such-chromium",)}
+    )
+    with pytest.raises(driver.BrowserNotFound) as caught:
+        driver.resolve_browser("chrome")
+    for looked in ("no-such-chrome", "/nonexistent/chrome", "no-such-chromium"):
+        assert looked in str(caught.value)
+
+
+def test_cli_missing_browser_exits_2_and_writes_nothing(tmp_path: Path) -> None:
+    db = tmp_path / "never.duckdb"
+    cli = str(Path(sys.executable).parent / "accelharness")
+    command = [cli, "web", "--browser", "edge", "--browser-path", "/nonexistent"]
+    done = subprocess.run(
+        [*command, "--model", "bert-tiny", "--db", str(db), "--output-dir", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "/nonexistent" in done.stderr
+    assert not db.exists() and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "bad", [{"hardware": ["webgl"]}, {"threads": [0]}, {"browser": "firefox"}, {"batch_sizes": [0]}]
+)
+def test_bad_requests_are_refused_before_anything_runs(bad: dict, tmp_path: Path) -> None:
+    from harness.api import RequestError
+
+    with pytest.raises(RequestError):
+        validate_web(WebRequest(models=["bert-tiny"], db_path=tmp_path / "x.duckdb", **bad))
+    assert not (tmp_path / "x.duckdb").exists()
+
+
+def test_failed_export_gives_unsupported_rows_with_the_export_error() -> None:
+    from harness.prepare import PreparedModel
+    from harness.result import Case
+    from harness.specs import select_specs
+    from harness.web_api import _not_runnable
+
+    spec = select_specs(["bert-tiny"], None, False)[0]
+    prepared = PreparedModel(spec, "random", "seed=0", None, "exporter exploded", "torch-fp32", None)
+    row = _not_runnable(spec, prepared, "", EpSetting("wasm", 1), Case(1, 32, "fp32"))
+    assert row is not None and row.status == "unsupported" and "exporter exploded" in (row.error or "")
+    assert row.target.engine == "onnxruntime-web" and row.target.provider == "wasm:threads=1"
+
+
+def test_missing_npm_install_names_make_setup(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from harness.api import RequestError
+    from harness.web import server
+
+    monkeypatch.setattr(server, "DIST_DIR", tmp_path / "node_modules" / "onnxruntime-web" / "dist")
+    with pytest.raises(RequestError, match="make setup"):
+        validate_web(WebRequest(models=["bert-tiny"], db_path=tmp_path / "x.duckdb"))

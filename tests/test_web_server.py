@@ -1,0 +1,166 @@
+"""The page server: token, closed file set, traversal, MIME types, COOP/COEP; the page-answer validator."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import math
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.web.server import PageResultError, PageServer, validate_page_result
+
+
+def _serve(isolate: bool) -> Iterator[PageServer]:
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    server = PageServer(isolate=isolate)
+    asyncio.run_coroutine_threadsafe(server.start(), loop).result(timeout=10)
+    try:
+        yield server
+    finally:
+        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(timeout=10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        loop.close()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[PageServer]:
+    yield from _serve(isolate=True)
+
+
+def get(server: PageServer, path: str) -> http.client.HTTPResponse:
+    """A GET with the path sent exactly as given (no client-side normalisation of ../ or %2e)."""
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    connection.request("GET", path)
+    response = connection.getresponse()
+    response.read()
+    connection.close()
+    return response
+
+
+def test_binds_loopback_on_a_random_port(server: PageServer) -> None:
+    assert server.port > 0
+    assert server.page_url.startswith(f"http://127.0.0.1:{server.port}/{server.token}/")
+    assert len(server.token) >= 24
+    assert PageServer().token != server.token  # a fresh token per server (per run)
+
+
+@pytest.mark.parametrize("path", ["/", "/page/index.html", "/nottoken/page/index.html", "/{t}x/page/index.html"])
+def test_missing_or_wrong_token_is_403(server: PageServer, path: str) -> None:
+    assert get(server, path.format(t=server.token)).status == 403
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/{t}/page/../../server.py",
+        "/{t}/page/..%2f..%2fserver.py",
+        "/{t}/page/%2e%2e/%2e%2e/server.py",
+        "/{t}/page/%252e%252e%252fserver.py",
+        "/{t}/../{t}/page/index.html",
+        "/{t}/ort/../page/index.html",
+        "/{t}/ort/ort.wasm.min.mjs.map",  # in dist, but not a file the page needs
+        "/{t}/ort/package.json",
+        "/{t}/job/model.onnx",  # no job files yet
+        "/{t}/elsewhere/index.html",
+    ],
+)
+def test_outside_the_served_set_is_404(server: PageServer, path: str) -> None:
+    assert get(server, path.format(t=server.token)).status == 404
+
+
+@pytest.mark.parametrize(
+    ("path", "mime"),
+    [
+        ("page/index.html", "text/html"),
+        ("page/runner.mjs", "text/javascript"),
+        ("ort/ort.wasm.min.mjs", "text/javascript"),
+        ("ort/ort-wasm-simd-threaded.wasm", "application/wasm"),
+        ("ort/ort-wasm-simd-threaded.jsep.wasm", "application/wasm"),
+    ],
+)
+def test_serves_mime_types_and_isolation_headers(server: PageServer, path: str, mime: str) -> None:
+    response = get(server, f"/{server.token}/{path}")
+    assert response.status == 200
+    assert response.getheader("Content-Type").split(";")[0] == mime
+    assert response.getheader("Cross-Origin-Opener-Policy") == "same-origin"
+    assert response.getheader("Cross-Origin-Embedder-Policy") == "require-corp"
+
+
+def test_isolation_headers_on_refusals_too(server: PageServer) -> None:
+    for response in (get(server, "/"), get(server, f"/{server.token}/nothing")):
+        assert response.getheader("Cross-Origin-Opener-Policy") == "same-origin"
+        assert response.getheader("Cross-Origin-Embedder-Policy") == "require-corp"
+
+
+def test_job_files_are_served_then_replaced(server: PageServer, tmp_path: Path) -> None:
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"onnx bytes")
+    urls = server.set_job_files({"m.onnx": model, "m.0.bin": b"\x01\x02"})
+    assert set(urls) == {"m.onnx", "m.0.bin"}
+    assert get(server, f"/{server.token}/job/m.onnx").status == 200
+    assert get(server, f"/{server.token}/job/m.0.bin").status == 200
+    server.set_job_files({"n.onnx": model})
+    assert get(server, f"/{server.token}/job/m.onnx").status == 404  # only the current job's files
+    with pytest.raises(ValueError):
+        server.set_job_files({"../x": b""})
+
+
+def test_without_isolation_no_coop_coep() -> None:
+    for plain in _serve(isolate=False):
+        response = get(plain, f"/{plain.token}/page/index.html")
+        assert response.status == 200
+        assert response.getheader("Cross-Origin-Opener-Policy") is None
+        assert response.getheader("Cross-Origin-Embedder-Policy") is None
+
+
+# --- the page-answer validator ------------------------------------------------------------------------
+
+
+def answer(**changes: object) -> dict:
+    base = {
+        "status": "ok",
+        "samples_ms": [1.0, 2.0, 1.5],
+        "first_run_ms": 5.0,
+        "load_ms": 20.0,
+        "outputs": [{"name": "y", "dtype": "float32", "dims": [1, 2], "data_b64": "AACAPwAAAEA="}],
+        "facts": {},
+    }
+    return base | changes
+
+
+def test_valid_answers_pass() -> None:
+    assert validate_page_result(answer(), 10)["samples_ms"] == [1.0, 2.0, 1.5]
+    assert validate_page_result({"status": "unsupported", "error": "no WebNN", "facts": {}}, 10)["status"]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "not a dict",
+        answer(status="great"),
+        answer(samples_ms=[]),
+        answer(samples_ms=[1.0] * 11),  # more than max_iterations
+        answer(samples_ms=[1.0, math.nan]),
+        answer(samples_ms=[1.0, math.inf]),
+        answer(samples_ms=[1.0, -2.0]),
+        answer(samples_ms=[1.0, True]),
+        answer(samples_ms=[1.0, "2"]),
+        answer(first_run_ms=None),
+        answer(load_ms=math.inf),
+        answer(outputs=[]),
+        answer(outputs=[{"name": "y", "dtype": "object", "dims": [1], "data_b64": ""}]),
+        answer(outputs=[{"name": "y", "dtype": "float32", "dims": [-1], "data_b64": ""}]),
+        {"status": "error", "facts": {}},  # no message
+        {k: v for k, v in answer().items() if k != "facts"},
+    ],
+)
+def test_malformed_answers_are_rejected(bad: object) -> None:
+    with pytest.raises(PageResultError):
+        validate_page_result(bad, 10)

@@ -1,0 +1,335 @@
+// The benchmark page. One ORT-web runtime per page: ort.env.wasm.numThreads and the EP's device are
+// fixed when the runtime starts, so the harness opens a fresh page per (EP, threads) setting.
+// Everything timed is timed here with performance.now(); Python only sends jobs and reads answers.
+
+const ORT_BASE = new URL('../ort/', import.meta.url).href;
+const LOG_LIMIT = 5000;
+const logs = [];
+captureConsole();
+
+// A one-node (Identity) ONNX model. Creating a session on it starts the wasm runtime and the EP, so the
+// real model's session-create time (load_ms) is not inflated by fetching and compiling the wasm binary.
+const INIT_MODEL_B64 =
+  'CAgSDGFjY2VsaGFybmVzczo6ChAKAXgSAXkiCElkZW50aXR5EgRpbml0Wg8KAXgSCgoICAESBAoCCAFiDwoBeRIKCggIARIECgIIAUIECgAQDQ==';
+
+const TYPED_ARRAYS = {
+  float32: Float32Array,
+  float16: Uint16Array,
+  float64: Float64Array,
+  int64: BigInt64Array,
+  int32: Int32Array,
+  int16: Int16Array,
+  int8: Int8Array,
+  uint64: BigUint64Array,
+  uint32: Uint32Array,
+  uint16: Uint16Array,
+  uint8: Uint8Array,
+  bool: Uint8Array,
+};
+
+// How the page makes sure the EP it asked for is the one that ran (ORT-web does not say so itself).
+const EP_CHECKS = {
+  wasm:
+    "executionProviders: ['wasm'] only; ort.env.wasm.numThreads read back after start-up " +
+    '(ORT resets it to 1 when it cannot start threads)',
+  webgpu:
+    "navigator.gpu.requestAdapter() probed first; executionProviders: ['webgpu'] only (with one EP, ORT-web " +
+    "fails instead of switching backends); adapterInfo of ORT's own GPUDevice read back; node placement from " +
+    "ORT's verbose log",
+  webnn:
+    "navigator.ml.createContext({deviceType}) made here and handed to ORT as the session's MLContext; " +
+    "executionProviders: ['webnn'] only; node placement from ORT's verbose log",
+};
+
+let ort = null;
+let runtime = null; // {ep, threads, option, init_ms, facts}
+const sessions = new Map(); // model_url -> {session, load_ms, fetch_ms, placement}
+
+// The EP cannot run in this browser at all (no adapter, no WebNN context): recorded as 'unsupported'.
+class Unsupported extends Error {}
+
+function captureConsole() {
+  // ORT-web reports fallbacks (threads, node placement, removed EPs) only on the console: keep them.
+  for (const level of ['log', 'info', 'warn', 'error', 'debug']) {
+    const original = console[level].bind(console);
+    console[level] = (...args) => {
+      if (logs.length < LOG_LIMIT) logs.push(`[${level}] ${args.map(String).join(' ')}`);
+      original(...args);
+    };
+  }
+}
+
+function errorText(e) {
+  if (e instanceof Unsupported) return e.message;
+  return e instanceof Error ? `${e.name}: ${e.message}` : String(e);
+}
+
+function toBase64(bytes) {
+  if (bytes.toBase64) return bytes.toBase64();
+  let text = '';
+  for (let i = 0; i < bytes.length; i += 0x8000) text += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
+  return btoa(text);
+}
+
+function fromBase64(text) {
+  if (Uint8Array.fromBase64) return Uint8Array.fromBase64(text);
+  return Uint8Array.from(atob(text), (c) => c.charCodeAt(0));
+}
+
+async function fetchBytes(url) {
+  const response = await fetch(url);
+  if (!response.ok) throw new Error(`GET ${url} answered ${response.status}`);
+  return new Uint8Array(await response.arrayBuffer());
+}
+
+function adapterInfo(info) {
+  if (!info) return null;
+  const fields = ['vendor', 'architecture', 'device', 'description', 'isFallbackAdapter', 'subgroupMinSize'];
+  return Object.fromEntries(fields.filter((k) => info[k] !== undefined).map((k) => [k, info[k]]));
+}
+
+export async function environmentFacts() {
+  return {
+    cross_origin_isolated: self.crossOriginIsolated,
+    hardware_concurrency: navigator.hardwareConcurrency,
+    shared_array_buffer: typeof SharedArrayBuffer !== 'undefined',
+    webassembly: typeof WebAssembly === 'object',
+    webgpu_api: 'gpu' in navigator,
+    webnn_api: 'ml' in navigator,
+    user_agent: navigator.userAgent,
+    timer_resolution_ms: timerResolutionMs(),
+  };
+}
+
+// The smallest step of performance.now(): 5 µs when cross-origin isolated, 100 µs when not (Chromium).
+function timerResolutionMs() {
+  let smallest = Infinity;
+  let last = performance.now();
+  for (let steps = 0; steps < 20; ) {
+    const now = performance.now();
+    if (now !== last) {
+      smallest = Math.min(smallest, now - last);
+      last = now;
+      steps++;
+    }
+  }
+  return smallest;
+}
+
+async function requestAdapter() {
+  if (!navigator.gpu) throw new Unsupported('navigator.gpu is undefined: this browser exposes no WebGPU');
+  const adapter = await navigator.gpu.requestAdapter();
+  if (!adapter) throw new Unsupported('navigator.gpu.requestAdapter() returned null: no WebGPU adapter');
+  // Chromium moved isFallbackAdapter from the adapter to adapter.info; read both.
+  const info = adapterInfo(adapter.info) ?? {};
+  info.isFallbackAdapter = info.isFallbackAdapter ?? adapter.isFallbackAdapter ?? null;
+  return { adapter, info };
+}
+
+async function createMLContext(deviceType) {
+  if (!('ml' in navigator)) {
+    throw new Unsupported('navigator.ml is undefined: WebNN is not enabled in this browser');
+  }
+  try {
+    return await navigator.ml.createContext({ deviceType });
+  } catch (e) {
+    throw new Unsupported(`navigator.ml.createContext({deviceType: '${deviceType}'}) failed: ${errorText(e)}`);
+  }
+}
+
+// The EP option for the one EP the job asks for. WebGPU and WebNN are probed first so a missing
+// adapter or context is reported as 'unsupported' with the browser's own words.
+async function executionProvider(job) {
+  if (job.ep === 'wasm') return { option: 'wasm', facts: {} };
+  if (job.ep === 'webgpu') {
+    const { info } = await requestAdapter();
+    return { option: 'webgpu', facts: { probed_adapter: info } };
+  }
+  if (job.ep === 'webnn') {
+    // Passing our own MLContext makes ORT use exactly this device type, with no silent default.
+    const context = await createMLContext(job.device_type);
+    return { option: { name: 'webnn', deviceType: job.device_type, context }, facts: {} };
+  }
+  throw new Error(`unknown execution provider '${job.ep}'`);
+}
+
+async function startRuntime(job) {
+  if (runtime) {
+    if (runtime.ep !== job.ep || runtime.threads !== job.threads) {
+      throw new Error(`this page runs ${runtime.ep} with ${runtime.threads} threads; open a fresh page`);
+    }
+    return runtime;
+  }
+  if (!ort) {
+    ort = await import(ORT_BASE + job.bundle);
+    ort.env.wasm.wasmPaths = ORT_BASE; // served locally, never a CDN
+    ort.env.wasm.numThreads = job.threads;
+    ort.env.wasm.proxy = false; // a proxy worker would put a postMessage hop inside every timed run
+  }
+  const ep = await executionProvider(job);
+  const started = performance.now();
+  const init = await ort.InferenceSession.create(fromBase64(INIT_MODEL_B64), { executionProviders: [ep.option] });
+  const init_ms = performance.now() - started;
+  await init.release();
+  runtime = { ep: job.ep, threads: job.threads, option: ep.option, init_ms, facts: ep.facts };
+  return runtime;
+}
+
+// Which EP each node went to. ORT-web, like native ORT, silently places nodes its EP cannot run on
+// the wasm CPU EP; a throwaway session with ORT's verbose log prints the placement.
+async function nodePlacement(bytes, option) {
+  const start = logs.length;
+  const probe = await ort.InferenceSession.create(bytes, {
+    executionProviders: [option],
+    logSeverityLevel: 0,
+    logVerbosityLevel: 0,
+  });
+  await probe.release();
+  const placement = {};
+  for (const line of logs.slice(start)) {
+    const all = line.match(/All nodes placed on \[(\w+)\]\. Number of nodes: (\d+)/);
+    const some = line.match(/Node\(s\) placed on \[(\w+)\]\. Number of nodes: (\d+)/);
+    const found = all ?? some;
+    if (found) placement[found[1]] = (placement[found[1]] ?? 0) + Number(found[2]);
+  }
+  logs.length = start; // the verbose lines are not worth keeping
+  return { node_placement: placement, placement_method: 'ORT verbose log of a throwaway session' };
+}
+
+async function getSession(job, rt) {
+  const cached = sessions.get(job.model_url);
+  if (cached) return cached;
+  let started = performance.now();
+  const bytes = await fetchBytes(job.model_url);
+  const fetch_ms = performance.now() - started;
+  const placement = job.ep === 'wasm' ? null : await nodePlacement(bytes, rt.option);
+  started = performance.now();
+  const session = await ort.InferenceSession.create(bytes, { executionProviders: [rt.option] });
+  const entry = { session, load_ms: performance.now() - started, fetch_ms, placement };
+  sessions.set(job.model_url, entry);
+  return entry;
+}
+
+async function makeFeeds(job) {
+  const feeds = {};
+  for (const input of job.inputs) {
+    const Typed = TYPED_ARRAYS[input.dtype];
+    if (!Typed) throw new Error(`input ${input.name}: unsupported dtype ${input.dtype}`);
+    const bytes = await fetchBytes(input.url);
+    feeds[input.name] = new ort.Tensor(input.dtype, new Typed(bytes.buffer), input.dims);
+  }
+  return feeds;
+}
+
+function encodeTensor(name, tensor) {
+  const data = tensor.data;
+  const bytes = new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
+  return { name, dtype: tensor.type, dims: Array.from(tensor.dims), data_b64: toBase64(bytes) };
+}
+
+async function injectFault(fault) {
+  // Test-only (tests/test_web.py): never set by the CLI. Exercises the harness's recovery paths.
+  if (fault === 'throw') throw new Error('fault injected by the test suite: the page threw');
+  if (fault === 'hang') for (;;); // blocks the page's main thread for good
+  // Never settles, the page stays responsive: a stalled job, or one the driver kills the browser under.
+  if (fault === 'stall' || fault === 'kill') await new Promise(() => {});
+}
+
+// first run (timed) -> warmup -> timed iterations until both the count and the duration are met,
+// capped by max_iterations: the same rule as harness/measure.py. session.run returns CPU tensors
+// (preferredOutputLocation defaults to 'cpu'), so the device->CPU download is inside the timing.
+async function measure(session, feeds, job) {
+  let t0 = performance.now();
+  const first = await session.run(feeds);
+  const first_run_ms = performance.now() - t0;
+  const outputs = session.outputNames.map((name) => encodeTensor(name, first[name]));
+  for (let i = 0; i < job.warmup; i++) await session.run(feeds);
+  const samples = [];
+  const deadline = performance.now() + job.min_duration_ms;
+  while (samples.length < job.max_iterations && (samples.length < job.iterations || performance.now() < deadline)) {
+    t0 = performance.now();
+    await session.run(feeds);
+    samples.push(performance.now() - t0);
+  }
+  return { first_run_ms, samples, outputs };
+}
+
+async function runtimeFacts(job, rt) {
+  const facts = {
+    ort_web_version: ort?.env.versions.web ?? null,
+    ort_common_version: ort?.env.versions.common ?? null,
+    bundle: job.bundle,
+    threads_requested: job.threads,
+    ep_check: EP_CHECKS[job.ep] ?? null,
+  };
+  if (!ort || !rt) return facts;
+  // ORT resets env.wasm.numThreads to 1 when it cannot start threads (no SharedArrayBuffer).
+  facts.threads_effective = ort.env.wasm.numThreads;
+  facts.threads_dropped = job.threads > 1 && ort.env.wasm.numThreads < job.threads;
+  const loaded = performance.getEntriesByType('resource').map((e) => e.name.split('/').pop());
+  facts.wasm_files = loaded.filter((n) => /^ort-wasm.*\.(wasm|mjs)$/.test(n));
+  facts.runtime_init_ms = rt.init_ms;
+  Object.assign(facts, rt.facts);
+  if (job.ep === 'webgpu') {
+    // The device ORT actually runs on (its adapterInfo), not just the adapter we probed.
+    const device = await ort.env.webgpu.device;
+    facts.adapter = adapterInfo(device?.adapterInfo);
+  }
+  return facts;
+}
+
+function consoleWarnings() {
+  return logs.filter((l) => l.startsWith('[warn]') || l.startsWith('[error]')).slice(-20);
+}
+
+export async function runJob(job) {
+  const facts = await environmentFacts();
+  let rt = null;
+  try {
+    rt = await startRuntime(job);
+    const entry = await getSession(job, rt);
+    const feeds = await makeFeeds(job);
+    await injectFault(job.fault);
+    const measured = await measure(entry.session, feeds, job);
+    Object.assign(facts, await runtimeFacts(job, rt), {
+      fetch_ms: entry.fetch_ms,
+      input_names: entry.session.inputNames,
+      output_names: entry.session.outputNames,
+    });
+    if (entry.placement) Object.assign(facts, entry.placement);
+    facts.console_warnings = consoleWarnings();
+    return {
+      status: 'ok',
+      samples_ms: measured.samples,
+      first_run_ms: measured.first_run_ms,
+      load_ms: entry.load_ms,
+      outputs: measured.outputs,
+      facts,
+    };
+  } catch (e) {
+    Object.assign(facts, await runtimeFacts(job, rt).catch(() => ({})));
+    facts.console_warnings = consoleWarnings();
+    return { status: e instanceof Unsupported ? 'unsupported' : 'error', error: errorText(e), facts };
+  }
+}
+
+// What `accelharness hardware` reports for the browser platforms: no ORT, just the browser's APIs.
+export async function probe(deviceType) {
+  const facts = await environmentFacts();
+  try {
+    const { info } = await requestAdapter();
+    facts.webgpu = { available: true, adapter: info };
+  } catch (e) {
+    facts.webgpu = { available: false, error: errorText(e) };
+  }
+  try {
+    await createMLContext(deviceType);
+    facts.webnn = { available: true, device_type: deviceType };
+  } catch (e) {
+    facts.webnn = { available: false, device_type: deviceType, error: errorText(e) };
+  }
+  return facts;
+}
+
+window.accelharness = { runJob, probe };
+window.accelharnessReady = true;
