@@ -1,25 +1,70 @@
-"""Reports regenerated from the store: JSON, Markdown (the seeds' shape) and CSV per run."""
+"""Reports regenerated from the store: JSON, Markdown (the seeds' shape, plus plot PNGs), CSV and HTML."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from harness.report.data import RunReport, load_run_report
+from harness.report.data import ALL_RUNS, RunReport, details_of, load_run_report, load_run_reports
 from harness.report.formats import write_csv, write_json, write_markdown
+from harness.report.html import write_html, write_html_page
 
-FORMATS = {"json": write_json, "md": write_markdown, "csv": write_csv}
+FORMATS = {"json": write_json, "md": write_markdown, "csv": write_csv, "html": write_html}
+ALL_RUNS_STEM = "all-runs"
 
 
-def write_reports(db_path: Path, run_selector: str, output_dir: Path, formats: list[str] | None = None) -> list[Path]:
-    """Write the run's reports into output_dir; returns the files written."""
-    report = load_run_report(db_path, run_selector)
-    output_dir.mkdir(parents=True, exist_ok=True)
+def _write_many(name: str, reports: list[RunReport], path: Path) -> None:
+    """One file covering several runs (`--run all`), grouped by run."""
+    if name == "html":
+        write_html_page(reports, path)
+    elif name == "csv":
+        merged = RunReport(reports[0].run, [], [row for r in reports for row in r.results])
+        write_csv(merged, path)
+    elif name == "json":
+        documents = [
+            {
+                "run": dict(r.run, host=r.host),
+                "hardware": r.hardware,
+                "results": [dict(row, details=details_of(row)) for row in r.results],
+            }
+            for r in reports
+        ]
+        path.write_text(json.dumps({"runs": documents}, indent=2, default=str))
+    else:  # md: each run's report in turn (plots under <run_id>-plots/ next to the file)
+        parts = []
+        for report in reports:
+            write_markdown(report, path)
+            parts.append(path.read_text())
+        path.write_text("\n---\n\n".join(parts))
+
+
+def write_reports(
+    db_path: Path,
+    run_selector: str,
+    output_dir: Path,
+    formats: list[str] | None = None,
+    out: Path | None = None,
+) -> list[Path]:
+    """Write the reports of a run (RUN_ID, 'latest') or of every run ('all'); returns the files written.
+
+    Files are <run_id>.<format> (all-runs.<format> for 'all') in output_dir, or `out` when exactly one
+    format is asked for. Markdown also writes its plots as PNG files under <run_id>-plots/ next to it.
+    """
+    formats = formats or list(FORMATS)
+    if out is not None and len(formats) != 1:
+        raise ValueError("an output file path needs exactly one format")
+    reports = load_run_reports(db_path, run_selector)
+    stem = ALL_RUNS_STEM if run_selector == ALL_RUNS else reports[0].run["run_id"]
     written = []
-    for name in formats or list(FORMATS):
-        path = output_dir / f"{report.run['run_id']}.{name}"
-        FORMATS[name](report, path)
+    for name in formats:
+        path = Path(out) if out is not None else Path(output_dir) / f"{stem}.{name}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if run_selector == ALL_RUNS:
+            _write_many(name, reports, path)
+        else:
+            FORMATS[name](reports[0], path)
         written.append(path)
     return written
 
 
-__all__ = ["FORMATS", "RunReport", "load_run_report", "write_reports"]
+__all__ = ["FORMATS", "RunReport", "load_run_report", "load_run_reports", "write_reports"]

@@ -6,9 +6,12 @@ import csv
 import json
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scipy.stats import gmean
+
+if TYPE_CHECKING:
+    from harness.report.plots import Plot
 
 from harness.report.data import RunReport, case_label, flags, target_label
 
@@ -100,6 +103,51 @@ def _problems(report: RunReport) -> list[str]:
     return lines
 
 
+def _mode_sections(results: list[dict[str, Any]]) -> list[str]:
+    """Generation (TTFT, TPOT, tokens/s) and training (samples/s) rows, kept apart from inference:
+    one generate() call or one optimizer step is not comparable with one forward pass."""
+    lines: list[str] = []
+    generated = [r for r in results if r.get("mode") == "generate"]
+    if generated:
+        lines += ["### Generation (time to first token, time per output token)", ""]
+        lines += _table(
+            ["Model", "Target", "Case", "TTFT p50 ms", "TPOT p50 ms", "tokens/s", "status"],
+            [
+                [
+                    r["model"],
+                    target_label(r),
+                    case_label(r),
+                    _fmt(r["ttft_ms"], 3),
+                    _fmt(r["tpot_ms"], 3),
+                    _fmt(r["tokens_per_s"], 1),
+                    r["status"],
+                ]
+                for r in generated
+            ],
+        )
+        lines.append("")
+    trained = [r for r in results if r.get("mode") == "training"]
+    if trained:
+        lines += ["### Training (forward + backward + optimizer step)", ""]
+        lines += _table(
+            ["Model", "Target", "Case", "step p50 ms", "samples/s", "peak RSS MB", "status"],
+            [
+                [
+                    r["model"],
+                    target_label(r),
+                    case_label(r),
+                    _fmt(r["latency_p50_ms"], 3),
+                    _fmt(r["throughput_per_s"], 1),
+                    _fmt(r["memory_peak_mb"], 0),
+                    r["status"],
+                ]
+                for r in trained
+            ],
+        )
+        lines.append("")
+    return lines
+
+
 def write_markdown(report: RunReport, path: Path) -> None:
     run, host = report.run, report.host
     lines = [
@@ -122,9 +170,11 @@ def write_markdown(report: RunReport, path: Path) -> None:
     lines += ["", "## Benchmark Results", ""]
     families: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in report.results:
-        families[r["family"]].append(r)
+        if (r.get("mode") or "inference") == "inference":
+            families[r["family"]].append(r)
     for family, rows in sorted(families.items()):
         lines += _family_section(family, rows)
+    lines += _mode_sections(report.results)
     weights = sorted({f"{r['model']}: {r['weights']}" for r in report.results})
     lines += ["## Weights", "", *(f"- {w}" for w in weights), ""]
     problems = _problems(report)
@@ -136,4 +186,31 @@ def write_markdown(report: RunReport, path: Path) -> None:
         *(problems or ["- none"]),
         "",
     ]
+    lines += markdown_plot_links(report, path)
     path.write_text("\n".join(lines))
+
+
+def write_pngs(report: RunReport, directory: Path) -> list[tuple[Plot, Path | None]]:
+    """Write each drawn plot as directory/<key>.png; returns (plot, path) pairs, notes included as path None."""
+    from harness.report.plots import render_plots  # matplotlib only when Markdown is written
+
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for plot in render_plots(report):
+        path = directory / f"{plot.key}.png" if plot.figure is not None else None
+        if path is not None:
+            path.write_bytes(plot.png())
+        written.append((plot, path))
+    return written
+
+
+def markdown_plot_links(report: RunReport, markdown_path: Path) -> list[str]:
+    """A '## Plots' section linking the PNGs, written to <run_id>-plots/ next to the Markdown file."""
+    directory = markdown_path.parent / f"{report.run['run_id']}-plots"
+    lines = ["## Plots", ""]
+    for plot, path in write_pngs(report, directory):
+        if path is None:
+            lines += [f"- {plot.title}: not drawn — {plot.note}.", ""]
+        else:
+            lines += [f"### {plot.title}", "", f"![{plot.title}]({directory.name}/{path.name})", "", plot.caption, ""]
+    return lines

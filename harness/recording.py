@@ -1,0 +1,74 @@
+"""The life of a run in the store, written once for native, web and combined runs.
+
+A run row is opened, the hardware recorded, each body executes and emits Results that are
+committed one by one as they arrive, and the run is closed as completed — or as interrupted if
+anything (Ctrl-C included) escapes, after which the exception goes on. Then the reports and the
+compatibility matrix are written from the store.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.hardware import hardware_rows
+from harness.provenance import host_facts
+from harness.result import Result
+from harness.store import open_store
+
+Emit = Callable[[Result], None]
+Body = Callable[[Emit], None]
+
+
+@dataclass
+class RunSummary:
+    run_id: str
+    db_path: Path
+    counts: dict[str, int]
+    reports: list[Path] = field(default_factory=list)
+
+
+def record_run(
+    db_path: Path,
+    command: str,
+    arguments: dict[str, Any],
+    bodies: list[Body],
+    on_result: Callable[[Result, str], None] | None = None,
+    output_dir: Path | None = None,
+) -> RunSummary:
+    """Run each body under one run id; on_result(result, result_id) follows every commit."""
+    host = host_facts()
+    counts: Counter[str] = Counter()
+    with open_store(Path(db_path)) as store:
+        run_id = store.start_run(command, arguments, host)
+        store.add_hardware(run_id, hardware_rows())
+
+        def emit(result: Result) -> None:
+            result.details.setdefault("load_avg_at_run_start", host["load_avg_at_start"])
+            result_id = store.add_result(run_id, result, host["git_sha"])
+            counts[result.status] += 1
+            if on_result is not None:
+                on_result(result, result_id)
+
+        try:
+            for body in bodies:
+                body(emit)
+        except BaseException:
+            store.finish_run(run_id, "interrupted")
+            raise
+        store.finish_run(run_id, "completed")
+    summary = RunSummary(run_id, Path(db_path), dict(counts))
+    if output_dir is not None:
+        summary.reports = write_outputs(Path(db_path), run_id, Path(output_dir))
+    return summary
+
+
+def write_outputs(db_path: Path, run_id: str, output_dir: Path) -> list[Path]:
+    """The run's reports, and the compatibility matrix rebuilt from every measured outcome."""
+    from harness.analysis.matrix import update_matrix
+    from harness.report import write_reports
+
+    return write_reports(db_path, run_id, output_dir) + update_matrix(db_path, output_dir)
