@@ -1,0 +1,360 @@
+"""`accelharness compare A B`: per benchmark case, did run B get slower or faster than run A?
+
+Cases match on (model, hardware, engine, provider, batch_size, seq_len, precision). For a case
+measured in both runs (status ok or mismatch) the effect is the ratio of medians B/A of the raw
+samples, with a 95% percentile-bootstrap CI (scipy.stats.bootstrap, 2000 resamples of each run's
+samples independently, fixed seed) and a two-sided Mann-Whitney U p-value. With threshold t:
+
+1. fewer than 5 samples on a side, or a CI wider than 4·t          -> noisy (no verdict at this resolution)
+2. a side flagged noisy (cv > 10%): the whole CI must clear the band
+   CI low > 1+t and p < 0.05 -> regressed; CI high < 1-t and p < 0.05 -> improved; otherwise noisy
+3. both sides clean:
+   CI low > 1 and ratio > 1+t and p < 0.05 -> regressed; CI high < 1 and ratio < 1-t and p < 0.05 -> improved;
+   otherwise unchanged (the CI overlaps 1, or the change is within ±t)
+
+The band t is what the reader calls a real change; the CI and the p-value say the change is not
+sampling noise. The bootstrap treats a run's samples as independent, so the CI covers noise within
+the runs, not a drift of the whole machine between them (other load, clocks): set t above the
+run-to-run spread of your machine, or measure A and B at the same time. The CV flag is mean-based
+and outlier-sensitive, so it does not veto a shift of the medians, it raises the bar to "the whole
+CI is outside the band". Cases that ran in A but not in B are `broken` (and `fixed` the other way
+round), cases in one run only are `added` / `removed`; `unmeasured` ran in neither.
+
+`quantile` (default 0.5, the median) picks the statistic. Scheduler contention only ever adds time
+to an iteration, and when it hits close to half of them the median jumps between the clean and the
+preempted mode; a lower quantile such as 0.25 still reads the clean mode, so it is the robust choice
+on a loaded shared machine.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from harness.analysis.query import AnalysisError, Table, render_table
+from harness.report.data import case_label, target_label
+from harness.store import Store, StoreError, open_store
+
+KEY = ("model", "hardware", "engine", "provider", "batch_size", "seq_len", "precision")
+
+
+def case_key(row: dict[str, Any]) -> tuple:
+    """KEY plus the benchmark mode where the store has one (inference vs generation rows must not collide)."""
+    return (*(row[k] for k in KEY), row.get("mode"))
+
+
+def case_text(row: dict[str, Any]) -> str:
+    mode = row.get("mode")
+    return case_label(row) + (f" {mode}" if mode and mode != "inference" else "")
+
+
+MEASURED = ("ok", "mismatch")
+FORMATS = ("md", "json", "html")
+ALPHA = 0.05
+CI_WIDTH_FACTOR = 4.0
+MIN_SAMPLES = 5
+RESAMPLES = 2000
+SEED = 20240604
+FAILING = ("regressed", "broken")  # what --fail-on-regression exits 1 for
+
+
+@dataclass
+class ComparisonRow:
+    model: str
+    hardware: str
+    engine: str
+    provider: str | None
+    batch_size: int
+    seq_len: int | None
+    precision: str
+    target: str
+    case: str
+    status_a: str | None
+    status_b: str | None
+    verdict: str
+    a_ms: float | None = None  # the chosen quantile of A's samples (the median by default)
+    b_ms: float | None = None
+    n_a: int = 0
+    n_b: int = 0
+    ratio: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    p_value: float | None = None
+    noisy_a: bool | None = None
+    noisy_b: bool | None = None
+    note: str = ""
+
+
+@dataclass
+class Comparison:
+    db_path: str
+    run_a: str
+    run_b: str
+    threshold: float
+    quantile: float
+    runs: dict[str, dict[str, Any]]
+    rows: list[ComparisonRow] = field(default_factory=list)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return dict(Counter(r.verdict for r in self.rows))
+
+    @property
+    def statistic(self) -> str:
+        return "median" if self.quantile == 0.5 else f"p{self.quantile * 100:g}"
+
+    @property
+    def regressed(self) -> list[ComparisonRow]:
+        return [r for r in self.rows if r.verdict in FAILING]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "statistic": self.statistic, "counts": self.counts}
+
+
+# --- input ---------------------------------------------------------------------------------------
+def parse_threshold(text: str) -> float:
+    """'5%' or '0.05' -> 0.05; anything outside (0, 1) is refused."""
+    raw = text.strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 1:
+        raise AnalysisError(f"--threshold takes a percentage or a fraction, e.g. 5% or 0.05 (got '{text}')")
+    return value
+
+
+def _branch_tip(branch: str, cwd: Path | None) -> str:
+    if not branch or branch.startswith("-"):
+        raise AnalysisError(f"'latest-on-{branch}': name a branch, e.g. latest-on-main")
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "--verify", "--quiet", f"{branch}^{{commit}}"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise AnalysisError(f"cannot run git to resolve '{branch}': {exc}") from None
+    if done.returncode != 0:
+        raise AnalysisError(f"git cannot resolve branch '{branch}' in {cwd or Path.cwd()}")
+    return done.stdout.strip()
+
+
+def resolve_selector(store: Store, selector: str, cwd: Path | None = None) -> str:
+    """A run id, `latest`, `previous` (the run before latest) or `latest-on-<branch>`."""
+    if selector == "previous":
+        rows = store.query("SELECT run_id FROM runs ORDER BY started_at DESC LIMIT 2")
+        if len(rows) < 2:
+            raise AnalysisError(f"'previous' needs two runs; {store.path} has {len(rows)}")
+        return rows[1]["run_id"]
+    if selector.startswith("latest-on-"):
+        branch = selector.removeprefix("latest-on-")
+        tip = _branch_tip(branch, cwd)
+        for row in store.query("SELECT run_id, git_sha FROM runs ORDER BY started_at DESC"):
+            if (row["git_sha"] or "").removesuffix("-dirty").startswith(tip):
+                return row["run_id"]
+        raise AnalysisError(f"no run in {store.path} was made at {branch}'s tip {tip[:12]}")
+    try:
+        return store.resolve_run(selector)
+    except StoreError as exc:
+        raise AnalysisError(str(exc)) from None
+
+
+# --- statistics ----------------------------------------------------------------------------------
+def ratio_ci(a: np.ndarray, b: np.ndarray, quantile: float = 0.5) -> tuple[float, float, float]:
+    """Quantile(b)/quantile(a) (medians by default) and its 95% percentile-bootstrap CI.
+
+    The two runs are resampled independently: their samples are not paired.
+    """
+
+    def ratio(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
+        return np.quantile(y, quantile, axis=axis) / np.quantile(x, quantile, axis=axis)
+
+    result = stats.bootstrap(
+        (a, b),
+        ratio,
+        n_resamples=RESAMPLES,
+        vectorized=True,
+        method="percentile",
+        batch=max(1, 4_000_000 // (len(a) + len(b))),  # bound memory for runs with 10k samples
+        rng=np.random.default_rng(SEED),
+    )
+    interval = result.confidence_interval
+    return float(ratio(a, b)), float(interval.low), float(interval.high)
+
+
+def verdict(ratio: float, low: float, high: float, p: float, noisy: bool, threshold: float) -> tuple[str, str]:
+    """The rule in the module docstring; returns (verdict, note)."""
+    if high - low > CI_WIDTH_FACTOR * threshold:
+        return "noisy", f"CI wider than {CI_WIDTH_FACTOR:g}×threshold"
+    significant = p < ALPHA
+    if noisy:
+        if significant and low > 1 + threshold:
+            return "regressed", "noisy side, but the whole CI is above the band"
+        if significant and high < 1 - threshold:
+            return "improved", "noisy side, but the whole CI is below the band"
+        return "noisy", "a side has cv > 10% and the CI does not clear the band"
+    if significant and low > 1 and ratio > 1 + threshold:
+        return "regressed", ""
+    if significant and high < 1 and ratio < 1 - threshold:
+        return "improved", ""
+    if significant and (low > 1 or high < 1):
+        return "unchanged", f"significant but within ±{threshold:.0%}"
+    return "unchanged", ""
+
+
+def _measured_row(row: ComparisonRow, a: list[float], b: list[float], threshold: float, quantile: float) -> None:
+    row.n_a, row.n_b = len(a), len(b)
+    if min(row.n_a, row.n_b) < MIN_SAMPLES:
+        row.verdict, row.note = "noisy", f"fewer than {MIN_SAMPLES} samples"
+        return
+    xa, xb = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    row.a_ms, row.b_ms = float(np.quantile(xa, quantile)), float(np.quantile(xb, quantile))
+    row.ratio, row.ci_low, row.ci_high = ratio_ci(xa, xb, quantile)
+    row.p_value = float(stats.mannwhitneyu(xa, xb, alternative="two-sided").pvalue)
+    noisy = bool(row.noisy_a or row.noisy_b)
+    row.verdict, row.note = verdict(row.ratio, row.ci_low, row.ci_high, row.p_value, noisy, threshold)
+
+
+# --- comparison ----------------------------------------------------------------------------------
+def _by_key(rows: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
+    # store.results orders by created_at last, so a key measured twice in one run keeps its latest row
+    return {case_key(r): r for r in rows}
+
+
+def _row(
+    store: Store, ra: dict[str, Any] | None, rb: dict[str, Any] | None, limits: tuple[float, float]
+) -> ComparisonRow:
+    base = rb or ra
+    assert base is not None
+    row = ComparisonRow(
+        **{k: base[k] for k in KEY},
+        target=target_label(base),
+        case=case_text(base),
+        status_a=ra["status"] if ra else None,
+        status_b=rb["status"] if rb else None,
+        verdict="",
+        noisy_a=ra["noisy"] if ra else None,
+        noisy_b=rb["noisy"] if rb else None,
+    )
+    measured_a, measured_b = row.status_a in MEASURED, row.status_b in MEASURED
+    if ra is None or rb is None:
+        row.verdict = "added" if ra is None else "removed"
+    elif measured_a and measured_b:
+        _measured_row(row, store.samples(ra["result_id"]), store.samples(rb["result_id"]), *limits)
+        if row.status_a != row.status_b:
+            row.note = "; ".join(filter(None, [f"status {row.status_a} → {row.status_b}", row.note]))
+    elif measured_a or measured_b:
+        row.verdict = "broken" if measured_a else "fixed"
+        failed = rb if measured_a else ra
+        row.note = f"{failed['status']}: " + (failed["error"] or "").split("\n", 1)[0][:120]
+    else:
+        row.verdict = "unmeasured"
+    return row
+
+
+def compare_runs(
+    db_path: Path, a: str, b: str, threshold: float = 0.05, quantile: float = 0.5, cwd: Path | None = None
+) -> Comparison:
+    """Compare run b against run a (ids or selectors); every number comes from the store's samples."""
+    if not 0 < threshold < 1:
+        raise AnalysisError(f"threshold must be between 0 and 1 (got {threshold})")
+    if not 0 < quantile < 1:
+        raise AnalysisError(f"quantile must be between 0 and 1, e.g. 0.5 for the median (got {quantile})")
+    with open_store(Path(db_path), read_only=True) as store:
+        run_a, run_b = resolve_selector(store, a, cwd), resolve_selector(store, b, cwd)
+        runs = {
+            rid: {k: store.run_info(rid)[k] for k in ("started_at", "status", "git_sha", "hostname", "command")}
+            for rid in (run_a, run_b)
+        }
+        rows_a, rows_b = _by_key(store.results(run_a)), _by_key(store.results(run_b))
+        keys = sorted(rows_a.keys() | rows_b.keys(), key=lambda k: tuple((v is None, str(v)) for v in k))
+        rows = [_row(store, rows_a.get(k), rows_b.get(k), (threshold, quantile)) for k in keys]
+    return Comparison(str(db_path), run_a, run_b, threshold, quantile, runs, rows)
+
+
+# --- output --------------------------------------------------------------------------------------
+TABLE_COLUMNS = [
+    "model", "target", "case", "status", "a_ms", "b_ms", "ratio", "ci_low", "ci_high", "p_value",
+    "verdict", "note",
+]  # fmt: skip
+
+
+def comparison_table(comparison: Comparison) -> Table:
+    rows = []
+    for r in comparison.rows:
+        status = r.status_a if r.status_a == r.status_b else f"{r.status_a or '—'} → {r.status_b or '—'}"
+        rows.append({**asdict(r), "status": status})
+    counts = ", ".join(f"{v} {n}" for v, n in sorted(comparison.counts.items())) or "no cases"
+    notes = [
+        f"A = {comparison.run_a} (git {_short(comparison.runs[comparison.run_a]['git_sha'])}), "
+        f"B = {comparison.run_b} (git {_short(comparison.runs[comparison.run_b]['git_sha'])})",
+        f"ratio = {comparison.statistic} B / {comparison.statistic} A (a_ms, b_ms), 95% bootstrap CI, "
+        f"Mann-Whitney p; threshold ±{comparison.threshold:.1%}",
+        f"verdicts: {counts}",
+    ]
+    return Table(f"Comparison: {comparison.run_b} vs {comparison.run_a}", TABLE_COLUMNS, rows, notes)
+
+
+def _short(sha: str | None) -> str:
+    return sha[:12] + ("-dirty" if sha.endswith("-dirty") else "") if sha else "unknown"
+
+
+def render(comparison: Comparison, fmt: str) -> str:
+    if fmt not in FORMATS:
+        raise AnalysisError(f"unknown format '{fmt}'; valid: {', '.join(FORMATS)}")
+    if fmt == "json":
+        import json
+
+        return json.dumps(comparison.to_dict(), indent=2, default=str)
+    return render_table(comparison_table(comparison), fmt)
+
+
+def check_plot_path(path: Path) -> None:
+    if path.suffix.lower() not in (".png", ".svg"):
+        raise AnalysisError(f"--plot-comparison writes .png or .svg (got '{path.name}')")
+
+
+COLOURS = {"regressed": "tab:red", "improved": "tab:green", "unchanged": "tab:gray", "noisy": "tab:orange"}
+
+
+def plot_comparison(comparison: Comparison, path: Path) -> Path:
+    """Left: A vs B per case (median by default); right: B/A with its 95% CI as error bars, the ±threshold band."""
+    check_plot_path(path)
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never needs a display
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in comparison.rows if r.ratio is not None]
+    labels = [f"{r.model} {r.target} {r.case}" for r in rows]
+    y = np.arange(len(rows))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 1.8 + 0.45 * max(1, len(rows))), sharey=True)
+    left.barh(y - 0.2, [r.a_ms for r in rows], 0.4, label=f"A {comparison.run_a}", color="tab:blue")
+    left.barh(y + 0.2, [r.b_ms for r in rows], 0.4, label=f"B {comparison.run_b}", color="tab:purple")
+    left.set(xlabel=f"{comparison.statistic} latency (ms)", yticks=y, yticklabels=labels)
+    left.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, 1.0), ncols=2, framealpha=0.9)
+    t = comparison.threshold
+    right.axvspan(1 - t, 1 + t, color="0.9", label=f"±{t:.0%}")
+    right.axvline(1.0, color="0.4", linewidth=0.8)
+    for i, r in enumerate(rows):
+        xerr = [[r.ratio - r.ci_low], [r.ci_high - r.ratio]]
+        right.errorbar(r.ratio, i, xerr=xerr, fmt="o", capsize=4, color=COLOURS.get(r.verdict, "black"))
+        right.annotate(r.verdict, (r.ci_high, i), xytext=(6, -3), textcoords="offset points", fontsize=8)
+    right.set(xlabel=f"{comparison.statistic} B / {comparison.statistic} A (95% bootstrap CI)")
+    if not rows:
+        left.text(0.5, 0.5, "no case measured in both runs", ha="center", transform=left.transAxes)
+    fig.suptitle(f"{comparison.run_b} vs {comparison.run_a}", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path

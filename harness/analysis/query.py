@@ -1,0 +1,236 @@
+"""`accelharness query` and `accelharness export`: canned reports, read-only ad-hoc SQL, table exports.
+
+Everything here reads the store through a read-only connection. Ad-hoc SQL is checked twice:
+DuckDB's own parser must find exactly one SELECT (or EXPLAIN of a SELECT) statement, and the
+connection it runs on is read-only with external access switched off and the configuration
+locked, so neither a write nor an ATTACH/COPY/read_csv of another file can slip through.
+
+This module also holds the table rendering (md, csv, json, html) that compare and history share.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from harness.report.data import target_label
+from harness.store import open_store
+
+FORMATS = ("md", "csv", "json", "html")
+REPORTS = ("latest", "best-hardware", "compatibility", "regressions")
+EXPORT_TABLES = ("runs", "hardware", "results", "samples")
+EXPORT_FORMATS = ("parquet", "csv")
+STATUSES = ("ok", "mismatch", "unsupported", "error", "timeout", "oom")
+READ_TYPES = (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN)
+# EXPLAIN [ANALYZE] [(options)] <statement>: the wrapped statement must itself be a read.
+EXPLAIN_PREFIX = re.compile(r"^\s*EXPLAIN\s+(?:ANALY[SZ]E\s+)?(?:\([^)]*\)\s*)?", re.IGNORECASE)
+
+
+class AnalysisError(ValueError):
+    """Bad input to an analysis (unknown selector, refused SQL, no data); the CLI prints it and exits 2."""
+
+
+@dataclass
+class Table:
+    title: str
+    columns: list[str]
+    rows: list[dict[str, Any]]
+    notes: list[str] = field(default_factory=list)
+
+
+# --- rendering -----------------------------------------------------------------------------------
+def cell(value: Any) -> str:
+    """A value as a person reads it: 4 significant digits, no 'None'."""
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, datetime):
+        return value.isoformat(sep=" ", timespec="seconds")
+    return str(value)
+
+
+def _markdown(table: Table) -> str:
+    lines = [f"## {table.title}", ""] + [f"{note}  " for note in table.notes]
+    lines += [""] if table.notes else []
+    if not table.rows:
+        return "\n".join([*lines, "(no rows)", ""])
+    escape = lambda text: text.replace("|", r"\|").replace("\n", " ")  # noqa: E731 - keeps cells on one line
+    lines += ["| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns)]
+    lines += ["| " + " | ".join(escape(cell(row.get(c))) for c in table.columns) + " |" for row in table.rows]
+    return "\n".join([*lines, ""])
+
+
+def _html(table: Table) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in table.columns)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(cell(row.get(c)))}</td>" for c in table.columns) + "</tr>\n"
+        for row in table.rows
+    )
+    notes = "".join(f"<p>{html.escape(note)}</p>\n" for note in table.notes)
+    style = "table{border-collapse:collapse;font:13px sans-serif}td,th{border:1px solid #ccc;padding:2px 6px}"
+    return (
+        f"<!doctype html>\n<html><head><meta charset='utf-8'><title>{html.escape(table.title)}</title>"
+        f"<style>{style}</style></head>\n<body><h2>{html.escape(table.title)}</h2>\n{notes}"
+        f"<table><thead><tr>{head}</tr></thead><tbody>\n{body}</tbody></table></body></html>\n"
+    )
+
+
+def _csv(table: Table) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=table.columns, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(table.rows)
+    return buffer.getvalue()
+
+
+def render_table(table: Table, fmt: str) -> str:
+    """The table as md, csv, json (a list of row objects, raw values) or a standalone html page."""
+    if fmt == "md":
+        return _markdown(table)
+    if fmt == "csv":
+        return _csv(table)
+    if fmt == "json":
+        return json.dumps([{c: row.get(c) for c in table.columns} for row in table.rows], indent=2, default=str)
+    if fmt == "html":
+        return _html(table)
+    raise AnalysisError(f"unknown format '{fmt}'; valid: {', '.join(FORMATS)}")
+
+
+# --- ad-hoc SQL --------------------------------------------------------------------------------
+def check_read_only(sql: str) -> None:
+    """Refuse anything but one SELECT / EXPLAIN-of-SELECT statement, using DuckDB's parser."""
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise AnalysisError(f"cannot parse --sql: {str(exc).splitlines()[0]}") from None
+    if len(statements) != 1:
+        raise AnalysisError(f"--sql takes exactly one SELECT statement (got {len(statements)} statements)")
+    statement = statements[0]
+    if statement.type not in READ_TYPES:
+        raise AnalysisError(f"--sql is read-only: {statement.type.name} statements are refused; use SELECT")
+    if statement.type == duckdb.StatementType.EXPLAIN:
+        inner = EXPLAIN_PREFIX.sub("", statement.query, count=1)
+        try:
+            wrapped = duckdb.extract_statements(inner)
+        except duckdb.Error:
+            wrapped = []
+        if len(wrapped) != 1 or wrapped[0].type != duckdb.StatementType.SELECT:
+            raise AnalysisError("--sql is read-only: EXPLAIN is allowed only around a SELECT")
+
+
+def run_sql(db_path: Path, sql: str) -> Table:
+    check_read_only(sql)
+    with open_store(db_path, read_only=True) as store:
+        # Defence in depth: no file access beyond the open database, and no way to turn it back on.
+        store.connection.execute("SET enable_external_access = false")
+        store.connection.execute("SET lock_configuration = true")
+        try:
+            cursor = store.connection.execute(sql)
+            columns = [d[0] for d in cursor.description] if cursor.description else []
+            rows = [dict(zip(columns, r, strict=True)) for r in cursor.fetchall()]
+        except duckdb.Error as exc:
+            raise AnalysisError(f"query failed: {str(exc).splitlines()[0]}") from None
+    return Table("Query", columns, rows, [f"`{' '.join(sql.split())}`"])
+
+
+# --- canned reports --------------------------------------------------------------------------
+LATEST_COLUMNS = [
+    "model", "family", "hardware", "engine", "provider", "batch_size", "seq_len", "precision", "status",
+    "latency_p50_ms", "throughput_per_s", "noisy", "max_abs_diff", "error",
+]  # fmt: skip
+
+BEST_SQL = """
+WITH ranked AS (
+    SELECT model, batch_size, seq_len, precision, hardware, engine, provider, latency_p50_ms, noisy,
+           row_number() OVER w_sorted AS rank, count(*) OVER w AS ok_targets,
+           max(latency_p50_ms) OVER w AS slowest_p50_ms
+    FROM results WHERE run_id = ? AND status = 'ok'
+    WINDOW w AS (PARTITION BY model, batch_size, seq_len, precision),
+           w_sorted AS (w ORDER BY latency_p50_ms, hardware, engine, provider)
+)
+SELECT * EXCLUDE (rank) FROM ranked WHERE rank = 1 ORDER BY model, batch_size, seq_len, precision
+"""
+
+
+def _latest(store: Any, run_id: str) -> Table:
+    rows = store.results(run_id)
+    for row in rows:
+        row["error"] = row["error"].splitlines()[0][:120] if row["error"] else None
+    return Table(f"Results of run {run_id}", LATEST_COLUMNS, rows)
+
+
+def _best_hardware(store: Any, run_id: str) -> Table:
+    rows = store.query(BEST_SQL, [run_id])
+    for row in rows:
+        row["target"] = target_label(row)
+    columns = ["model", "batch_size", "seq_len", "precision", "target", "latency_p50_ms", "noisy", "ok_targets"]
+    note = "Fastest target with status ok by median latency, per model and case."
+    return Table(f"Best hardware in run {run_id}", [*columns, "slowest_p50_ms"], rows, [note])
+
+
+def _compatibility(store: Any, run_id: str) -> Table:
+    counts = store.query(
+        "SELECT family, hardware, engine, provider, status, count(*) AS n FROM results WHERE run_id = ? "
+        "GROUP BY ALL ORDER BY family, hardware, engine, provider",
+        [run_id],
+    )
+    table: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in counts:
+        key = (row["family"], target_label(row))
+        entry = table.setdefault(key, {"family": key[0], "target": key[1], **dict.fromkeys(STATUSES, 0)})
+        entry[row["status"]] = entry.get(row["status"], 0) + row["n"]
+    return Table(f"Compatibility in run {run_id}", ["family", "target", *STATUSES], list(table.values()))
+
+
+def _regressions(db_path: Path, threshold: float) -> Table:
+    from harness.analysis.compare import compare_runs, comparison_table  # compare renders through this module
+
+    comparison = compare_runs(db_path, "previous", "latest", threshold)
+    table = comparison_table(comparison)
+    table.rows = [r for r in table.rows if r["verdict"] in ("regressed", "broken")]
+    table.title = f"Regressions: {comparison.run_b} vs {comparison.run_a}"
+    return table
+
+
+def run_report(db_path: Path, report: str, run: str = "latest", threshold: float = 0.05) -> Table:
+    """A canned report: latest, best-hardware and compatibility read one run; regressions compares two."""
+    if report not in REPORTS:
+        raise AnalysisError(f"unknown report '{report}'; valid: {', '.join(REPORTS)}")
+    if report == "regressions":
+        return _regressions(db_path, threshold)
+    from harness.analysis.compare import resolve_selector
+
+    with open_store(db_path, read_only=True) as store:
+        run_id = resolve_selector(store, run)
+        builder = {"latest": _latest, "best-hardware": _best_hardware, "compatibility": _compatibility}[report]
+        return builder(store, run_id)
+
+
+# --- export --------------------------------------------------------------------------------------
+def export_tables(db_path: Path, out_dir: Path, fmt: str, table: str = "all") -> list[Path]:
+    """COPY each table to out_dir/<table>.<fmt> from a read-only connection."""
+    if fmt not in EXPORT_FORMATS:
+        raise AnalysisError(f"unknown export format '{fmt}'; valid: {', '.join(EXPORT_FORMATS)}")
+    if table != "all" and table not in EXPORT_TABLES:
+        raise AnalysisError(f"unknown table '{table}'; valid: {', '.join(EXPORT_TABLES)}, all")
+    names = EXPORT_TABLES if table == "all" else (table,)
+    options = "FORMAT parquet" if fmt == "parquet" else "FORMAT csv, HEADER true"
+    paths = []
+    with open_store(db_path, read_only=True) as store:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for name in names:
+            path = out_dir / f"{name}.{fmt}"
+            quoted = str(path).replace("'", "''")  # COPY takes no parameter for its target
+            store.connection.execute(f"COPY (SELECT * FROM {name}) TO '{quoted}' ({options})")
+            paths.append(path)
+    return paths
