@@ -31,10 +31,16 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
+DEMO_MODELS ?= bert-tiny,gpt2-tiny,vit-tiny,wav2vec2-tiny,clip-tiny
+
+# One run, native and browser side by side; then a prediction with its held-out error; the
+# Markdown report printed; and last the self-contained HTML report.
 demo: setup
-	$(BIN)/accelharness native --small-models --batch-sizes 1,4 --sequence-lengths 32 \
-		--hardware cpu,openvino --db $(DB) --output-dir $(OUT)
+	$(BIN)/accelharness run --model $(DEMO_MODELS) --batch-sizes 1,4 --sequence-lengths 32 \
+		--hardware cpu,openvino --web-hardware wasm,webgpu,webnn --threads 1,2 --db $(DB) --output-dir $(OUT)
+	$(BIN)/accelharness predict --model bert-base-uncased --batch-sizes 1,4 --sequence-lengths 32,128 --db $(DB)
 	$(BIN)/accelharness report --run latest --db $(DB) --output-dir $(OUT) --format md,json,csv
+	$(BIN)/accelharness report --run latest --db $(DB) --output-dir $(OUT) --format html
 
 lint: setup
 	$(BIN)/ruff check .

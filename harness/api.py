@@ -8,21 +8,21 @@ print(summary.run_id, summary.counts)
 from __future__ import annotations
 
 import os
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
-from harness.hardware import NATIVE_PLATFORMS, hardware_rows, native_targets
+from harness.hardware import NATIVE_PLATFORMS, native_targets
 from harness.isolation import run_isolated
 from harness.measure import MeasureConfig
 from harness.native import ENGINES
 from harness.native.base import Availability
 from harness.prepare import PreparedModel, PrepareJob, prepare_model
-from harness.provenance import host_facts
-from harness.result import PRECISIONS, Case, Result, Target
+from harness.recording import Body, Emit, RunSummary, record_run
+from harness.result import MODES, PRECISIONS, Case, Result, Target
 from harness.specs import ModelSpec, SpecError, select_specs, spec_from_path
-from harness.store import DEFAULT_DB, open_store
+from harness.store import DEFAULT_DB
 from harness.worker import Job, result_for, run_job
 
 
@@ -40,7 +40,9 @@ class BenchmarkRequest:
     engines: list[str] | None = None
     batch_sizes: list[int] = field(default_factory=lambda: [1])
     sequence_lengths: list[int] = field(default_factory=lambda: [32])
-    precision: str = "fp32"
+    precision: str | list[str] = "fp32"  # one precision, a list, or a comma-separated string
+    modes: list[str] = field(default_factory=lambda: ["inference"])
+    new_tokens: int = 16  # generate mode: tokens generated per sequence (min = max)
     warmup: int = 5
     iterations: int = 20
     min_duration_s: float = 0.5
@@ -56,24 +58,38 @@ class Plan:
     targets: list[tuple[Target, Availability]]
     request: BenchmarkRequest
 
-    def cases(self, spec: ModelSpec) -> list[Case]:
+    def cases(self, spec: ModelSpec, target: Target | None = None) -> list[Case]:
+        """The cases of a spec on a target (all targets when None). Generation and training run
+        on torch only (the ONNX export has no past key/values), and generation only for
+        generative architectures; those combinations are not planned rather than recorded."""
         seqs: list[int | None] = list(self.request.sequence_lengths) if spec.inputs.uses_sequence else [None]
-        return [Case(b, s, self.request.precision) for b in self.request.batch_sizes for s in seqs]
+        cases = []
+        for mode in self.request.modes:
+            if mode != "inference" and target is not None and target.engine != "torch":
+                continue
+            if mode == "generate" and not spec.is_generative:
+                continue
+            tokens = self.request.new_tokens if mode == "generate" else None
+            cases += [
+                Case(b, s, p, mode, tokens)
+                for p in precisions(self.request)  # grouped by precision: the worker loads once per precision
+                for b in self.request.batch_sizes
+                for s in seqs
+            ]
+        return cases
 
     @property
     def total_results(self) -> int:
-        return sum(len(self.cases(spec)) for spec in self.specs) * len(self.targets)
+        return sum(len(self.cases(spec, target)) for spec in self.specs for target, _ in self.targets)
 
 
-@dataclass
-class RunSummary:
-    run_id: str
-    db_path: Path
-    counts: dict[str, int]
-    reports: list[Path] = field(default_factory=list)
+def precisions(request: BenchmarkRequest) -> list[str]:
+    """The requested precisions, in order, without duplicates (validate() rejects an empty list)."""
+    given = request.precision.split(",") if isinstance(request.precision, str) else request.precision
+    return list(dict.fromkeys(p.strip() for p in given if p.strip()))
 
 
-def _check_positive(name: str, values: list[int]) -> None:
+def check_positive(name: str, values: list[int]) -> None:
     bad = [v for v in values if v < 1]
     if bad or not values:
         raise RequestError(f"{name} must be integers >= 1 (got {values})")
@@ -81,14 +97,19 @@ def _check_positive(name: str, values: list[int]) -> None:
 
 def validate(request: BenchmarkRequest) -> Plan:
     """Check every input before anything is written; raise RequestError naming the valid values."""
-    _check_positive("--batch-sizes", request.batch_sizes)
-    _check_positive("--sequence-lengths", request.sequence_lengths)
-    if request.precision not in PRECISIONS:
-        raise RequestError(f"unknown precision '{request.precision}'; valid: {', '.join(PRECISIONS)}")
-    if request.warmup < 0 or request.iterations < 1 or request.max_iterations < request.iterations:
-        raise RequestError("need --warmup >= 0, --iterations >= 1 and --max-iterations >= --iterations")
-    if request.min_duration_s < 0 or request.timeout_s <= 0:
-        raise RequestError("need --min-duration >= 0 and --timeout > 0")
+    check_positive("--batch-sizes", request.batch_sizes)
+    check_positive("--sequence-lengths", request.sequence_lengths)
+    if not precisions(request):
+        raise RequestError(f"--precision needs at least one of: {', '.join(PRECISIONS)}")
+    for precision in precisions(request):
+        if precision not in PRECISIONS:
+            raise RequestError(f"unknown precision '{precision}'; valid: {', '.join(PRECISIONS)}")
+    for mode in request.modes:
+        if mode not in MODES:
+            raise RequestError(f"unknown mode '{mode}'; valid: {', '.join(MODES)}")
+    if request.new_tokens < 1:
+        raise RequestError(f"--new-tokens must be >= 1 (got {request.new_tokens})")
+    check_measuring(request)
     engines = request.engines or list(ENGINES)
     for engine in engines:
         if engine not in ENGINES:
@@ -96,17 +117,8 @@ def validate(request: BenchmarkRequest) -> Plan:
     for hw in request.hardware or []:
         if hw not in NATIVE_PLATFORMS:
             raise RequestError(f"unknown native hardware '{hw}'; valid: {', '.join(NATIVE_PLATFORMS)}")
-    try:
-        if request.model_path is not None:
-            families = request.model_families or [None]
-            specs = [spec_from_path(Path(request.model_path), families[0])]
-        else:
-            specs = select_specs(request.models, request.model_families, request.small_models)
-    except SpecError as exc:
-        raise RequestError(str(exc)) from exc
-    if not specs:
-        raise RequestError("the model selection is empty: check --model / --model-families")
-    _check_db_path(Path(request.db_path))
+    specs = check_selection(request)
+    check_db_path(Path(request.db_path))
     targets = _choose_targets(request.hardware, engines)
     if not targets:
         raise RequestError(f"no target serves hardware {request.hardware} with engines {engines}")
@@ -124,7 +136,30 @@ def _choose_targets(hardware: list[str] | None, engines: list[str]) -> list[tupl
     return chosen
 
 
-def _check_db_path(path: Path) -> None:
+def check_selection(request: Any) -> list[ModelSpec]:
+    """The specs a request's --model / --model-families / --small-models / --model-path select."""
+    try:
+        if request.model_path is not None:
+            families = request.model_families or [None]
+            specs = [spec_from_path(Path(request.model_path), families[0])]
+        else:
+            specs = select_specs(request.models, request.model_families, request.small_models)
+    except SpecError as exc:
+        raise RequestError(str(exc)) from exc
+    if not specs:
+        raise RequestError("the model selection is empty: check --model / --model-families")
+    return specs
+
+
+def check_measuring(request: Any) -> None:
+    """The stop-rule and time-limit options every request shares."""
+    if request.warmup < 0 or request.iterations < 1 or request.max_iterations < request.iterations:
+        raise RequestError("need --warmup >= 0, --iterations >= 1 and --max-iterations >= --iterations")
+    if request.min_duration_s < 0 or request.timeout_s <= 0:
+        raise RequestError("need --min-duration >= 0 and --timeout > 0")
+
+
+def check_db_path(path: Path) -> None:
     if path.exists() and not path.is_file():
         raise RequestError(f"--db {path} is not a file")
     if path.exists() and not os.access(path, os.W_OK):
@@ -163,7 +198,7 @@ def _run_model(plan: Plan, spec: ModelSpec, emit: Callable[[Result], None]) -> N
         plan.request.warmup, plan.request.iterations, plan.request.min_duration_s, plan.request.max_iterations
     )
     for target, availability in plan.targets:
-        cases = plan.cases(spec)
+        cases = plan.cases(spec, target)
         if target.engine == "torch" and spec.is_onnx_file:
             for case in cases:
                 emit(
@@ -185,6 +220,16 @@ def _run_model(plan: Plan, spec: ModelSpec, emit: Callable[[Result], None]) -> N
                 run_job(Job(prepared, target, runnable, measure), plan.request.timeout_s, emit)
 
 
+def execute_native(plan: Plan) -> Body:
+    """The native part of a run, as a body for harness.recording.record_run."""
+
+    def body(emit: Emit) -> None:
+        for spec in plan.specs:
+            _run_model(plan, spec, emit)
+
+    return body
+
+
 def run_native(
     request: BenchmarkRequest,
     on_result: Callable[[Result, str], None] | None = None,
@@ -196,29 +241,4 @@ def run_native(
     Ctrl-C marks the run 'interrupted' and re-raises; finished results stay in the store.
     """
     plan = plan or validate(request)
-    host = host_facts()
-    counts: Counter[str] = Counter()
-    with open_store(Path(request.db_path)) as store:
-        run_id = store.start_run("native", asdict(request), host)
-        store.add_hardware(run_id, hardware_rows())
-
-        def emit(result: Result) -> None:
-            result.details.setdefault("load_avg_at_run_start", host["load_avg_at_start"])
-            result_id = store.add_result(run_id, result, host["git_sha"])
-            counts[result.status] += 1
-            if on_result is not None:
-                on_result(result, result_id)
-
-        try:
-            for spec in plan.specs:
-                _run_model(plan, spec, emit)
-        except BaseException:
-            store.finish_run(run_id, "interrupted")
-            raise
-        store.finish_run(run_id, "completed")
-    summary = RunSummary(run_id, Path(request.db_path), dict(counts))
-    if request.output_dir is not None:
-        from harness.report import write_reports
-
-        summary.reports = write_reports(Path(request.db_path), run_id, Path(request.output_dir))
-    return summary
+    return record_run(request.db_path, "native", asdict(request), [execute_native(plan)], on_result, request.output_dir)

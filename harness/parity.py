@@ -11,7 +11,12 @@ TOLERANCES: dict[str, tuple[float, float]] = {
     "fp32": (1e-3, 1e-3),
     "fp16": (1e-2, 1e-2),
     "bf16": (5e-2, 5e-2),
-    "int8": (1e-1, 1e-1),
+    # Dynamic int8 (per-channel weights) measured at batch 1-4, seq 16-128: the real all-MiniLM-L6-v2
+    # weights are off by up to 0.13 of max|ref| on torch (activations in 7 bits on x86) and 0.09 on
+    # ORT; the tiny random models by up to 0.08 abs (clip-tiny, on embeddings of magnitude 0.46).
+    # (0.1, 0.2) passes those with ~1.5x headroom and still flags a conversion that is wrong, whose
+    # error is of the order of the outputs themselves.
+    "int8": (1e-1, 2e-1),
 }
 
 

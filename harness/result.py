@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 STATUSES = ("ok", "unsupported", "error", "timeout", "oom", "mismatch")
-PRECISIONS = ("fp32", "auto")  # auto: whatever the engine picks by default; the row says what ran
+# auto: whatever the engine picks by default. Every row records the precision that actually ran.
+PRECISIONS = ("fp32", "fp16", "bf16", "int8", "auto")
 
 
 @dataclass(frozen=True)
@@ -22,15 +23,23 @@ class Target:
         return f"{self.hardware}/{self.engine}" + (f":{self.provider}" if self.engine != "torch" else "")
 
 
+MODES = ("inference", "generate", "training")
+
+
 @dataclass(frozen=True)
 class Case:
     batch_size: int
     seq_len: int | None  # None where the model's inputs have no sequence axis
     precision: str  # as requested
+    mode: str = "inference"  # inference | generate (TTFT/TPOT) | training (forward+backward+step)
+    new_tokens: int | None = None  # generate mode: exactly this many tokens per sequence
 
     @property
     def key(self) -> str:
-        return f"b{self.batch_size}" + (f"_s{self.seq_len}" if self.seq_len else "") + f"_{self.precision}"
+        key = f"b{self.batch_size}" + (f"_s{self.seq_len}" if self.seq_len else "") + f"_{self.precision}"
+        if self.mode == "generate":
+            return f"{key}_gen{self.new_tokens}"
+        return key if self.mode == "inference" else f"{key}_{self.mode}"
 
 
 @dataclass
@@ -55,6 +64,10 @@ class Result:
     max_rel_diff: float | None = None
     load_avg_1m: float | None = None
     cpu_percent: float | None = None
+    ttft_samples_ms: list[float] = field(default_factory=list)  # generate mode, per iteration
+    tpot_samples_ms: list[float] = field(default_factory=list)
+    compile_ms: float | None = None  # JIT engines: compile time, kept out of the latency samples
+    energy_j_per_item: float | None = None  # only from a real sensor (RAPL, NVML)
     details: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -15,7 +15,20 @@ from pathlib import Path
 from typing import Any
 
 FAMILIES = ("embedding", "text_generation", "vision", "audio", "multimodal")
-INPUT_KINDS = ("text", "vision", "audio", "text+vision", "onnx-signature")
+# How inputs are generated (harness/inputs.py): token ids, images, waveforms, log-mel features,
+# encoder-decoder token pairs, videos, and images spliced into a decoder's tokens.
+INPUT_KINDS = (
+    "text",
+    "vision",
+    "audio",
+    "text+vision",
+    "seq2seq",
+    "audio-features",
+    "video+text",
+    "image+text-generation",
+    "onnx-signature",
+)
+NO_SEQUENCE_KINDS = ("vision", "audio")  # kinds whose inputs have no token axis
 VARIANTS = ("base", "tiny")
 
 
@@ -29,10 +42,23 @@ class InputSpec:
     text_inputs: tuple[str, ...] = ()
     audio_seconds: float = 1.0
     sampling_rate: int = 16000
+    extra_inputs: tuple[str, ...] = ()  # model-specific inputs, e.g. CLAP's is_longer, LLaVA-NeXT's image_sizes
+    image_size: int | None = None  # for configs without an image_size (ResNet, DETR)
+    audio_frames: int | None = None  # log-mel frames for CLAP-style features (Whisper's come from its config)
+    image_aspect: tuple[int, int] = (1, 1)  # LLaVA-NeXT image height, width in vision-tower resolutions
 
     @property
     def uses_sequence(self) -> bool:
-        return self.kind in ("text", "text+vision", "onnx-signature")
+        return self.kind not in NO_SEQUENCE_KINDS
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The fields that affect inputs; fields left at their defaults are omitted so adding a
+        field does not change every existing export's cache key."""
+        defaults = InputSpec(kind=self.kind)
+        return {k: v for k, v in self.__dict__.items() if k in LEGACY_INPUT_FIELDS or v != getattr(defaults, k)}
+
+
+LEGACY_INPUT_FIELDS = ("kind", "text_inputs", "audio_seconds", "sampling_rate")
 
 
 @dataclass(frozen=True)
@@ -48,8 +74,16 @@ class ModelSpec:
     inputs: InputSpec
     config: dict[str, Any] = field(default_factory=dict)
     pretrained_id: str | None = None
+    # An installed Python package that ships the weights: its import name and the directory inside it.
+    pretrained_package: str | None = None
+    pretrained_package_path: str = ""
     local_path: Path | None = None  # an HF model directory or an .onnx file given by --model-path
     source: str = ""
+
+    @property
+    def is_generative(self) -> bool:
+        """Architectures with a language-model head that transformers' generate() can drive."""
+        return self.architecture.endswith(("LMHeadModel", "ForCausalLM", "ForConditionalGeneration"))
 
     @property
     def is_onnx_file(self) -> bool:
@@ -64,7 +98,7 @@ class ModelSpec:
                 "model_type": self.model_type,
                 "config": self.config,
                 "outputs": self.outputs,
-                "inputs": self.inputs.__dict__,
+                "inputs": self.inputs.fingerprint(),
                 "local_path": str(self.local_path) if self.local_path else None,
             },
             sort_keys=True,
@@ -87,6 +121,22 @@ def _require(table: dict[str, Any], key: str, where: str) -> Any:
     return table[key]
 
 
+def _parse_inputs(table: dict[str, Any], where: str) -> InputSpec:
+    kind = _require(table, "kind", f"{where} [inputs]")
+    if kind not in INPUT_KINDS[:-1]:
+        raise SpecError(f"{where}: inputs.kind '{kind}' is not one of {', '.join(INPUT_KINDS[:-1])}")
+    return InputSpec(
+        kind=kind,
+        text_inputs=tuple(table.get("text_inputs", ())),
+        audio_seconds=float(table.get("audio_seconds", 1.0)),
+        sampling_rate=int(table.get("sampling_rate", 16000)),
+        extra_inputs=tuple(table.get("extra_inputs", ())),
+        image_size=table.get("image_size"),
+        audio_frames=table.get("audio_frames"),
+        image_aspect=tuple(table.get("image_aspect", (1, 1))),
+    )
+
+
 def parse_spec_file(path: Path, text: str) -> list[ModelSpec]:
     """Parse one spec file into its base and tiny ModelSpecs."""
     where = str(path)
@@ -98,15 +148,7 @@ def parse_spec_file(path: Path, text: str) -> list[ModelSpec]:
     if family not in FAMILIES:
         raise SpecError(f"{where}: family '{family}' is not one of {', '.join(FAMILIES)}")
     inputs_table = _require(data, "inputs", where)
-    kind = _require(inputs_table, "kind", f"{where} [inputs]")
-    if kind not in INPUT_KINDS[:-1]:
-        raise SpecError(f"{where}: inputs.kind '{kind}' is not one of {', '.join(INPUT_KINDS[:-1])}")
-    inputs = InputSpec(
-        kind=kind,
-        text_inputs=tuple(inputs_table.get("text_inputs", ())),
-        audio_seconds=float(inputs_table.get("audio_seconds", 1.0)),
-        sampling_rate=int(inputs_table.get("sampling_rate", 16000)),
-    )
+    _parse_inputs(inputs_table, where)  # report a bad [inputs] table even without a tiny variant
     base = _require(data, "base", where)
     specs = []
     for variant in VARIANTS:
@@ -124,10 +166,13 @@ def parse_spec_file(path: Path, text: str) -> list[ModelSpec]:
                 model_type=_require(data, "model_type", where),
                 architecture=_require(data, "architecture", where),
                 outputs=tuple(_require(data, "outputs", where)),
-                inputs=inputs,
+                # A variant may override input fields, e.g. a tiny model's smaller image.
+                inputs=_parse_inputs(inputs_table | table.get("inputs", {}), f"{where} [{variant}]"),
                 config=config,
                 # Pretrained weights only match the dimensions they were trained with.
                 pretrained_id=table.get("pretrained_id"),
+                pretrained_package=table.get("pretrained_package"),
+                pretrained_package_path=table.get("pretrained_package_path", ""),
                 source=where,
             )
         )

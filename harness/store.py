@@ -17,9 +17,8 @@ import duckdb
 import pyarrow as pa
 
 from harness.result import Result
-from harness.stats import summarize
+from harness.stats import summarize, summarize_generation
 
-SCHEMA_VERSION = 1
 DEFAULT_DB = Path("accelharness.duckdb")
 
 SCHEMA = """
@@ -52,6 +51,24 @@ CREATE TABLE IF NOT EXISTS samples (
 );
 """
 
+# Versioned migrations: version N's statements bring a version N-1 file up to N. A new file gets
+# SCHEMA (version 1) and then every migration, so old and new files end with the same columns.
+MIGRATIONS: dict[int, list[str]] = {
+    2: [
+        # generation and training modes (ttft/tpot/tokens per second), JAX compile time, energy
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS mode VARCHAR DEFAULT 'inference'",
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS new_tokens INTEGER",
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS ttft_ms DOUBLE",
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS tpot_ms DOUBLE",
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS tokens_per_s DOUBLE",
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS compile_ms DOUBLE",
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS energy_j_per_item DOUBLE",
+        "ALTER TABLE samples ADD COLUMN IF NOT EXISTS ttft_ms DOUBLE",
+        "ALTER TABLE samples ADD COLUMN IF NOT EXISTS tpot_ms DOUBLE",
+    ],
+}
+SCHEMA_VERSION = max(MIGRATIONS)
+
 TABLES = ("schema_version", "runs", "hardware", "results", "samples")
 
 
@@ -79,15 +96,22 @@ class Store:
 
     # --- schema -------------------------------------------------------------------------------
     def ensure_schema(self) -> None:
+        """Create the tables on first use and apply any migrations the file has not had."""
         self.connection.execute(SCHEMA)
         row = self.connection.execute("SELECT max(version) FROM schema_version").fetchone()
-        version = row[0] if row else None
-        if version is None:
-            self.connection.execute("INSERT INTO schema_version VALUES (?, ?)", [SCHEMA_VERSION, _now()])
-        elif version > SCHEMA_VERSION:
+        version = row[0] if row and row[0] is not None else 1
+        if version > SCHEMA_VERSION:
             raise StoreError(
                 f"{self.path} has schema version {version}; this accelharness knows up to {SCHEMA_VERSION}"
             )
+        if row is None or row[0] is None:
+            self.connection.execute("INSERT INTO schema_version VALUES (1, ?)", [_now()])
+        for target in range(version + 1, SCHEMA_VERSION + 1):
+            self.connection.execute("BEGIN TRANSACTION")
+            for statement in MIGRATIONS[target]:
+                self.connection.execute(statement)
+            self.connection.execute("INSERT INTO schema_version VALUES (?, ?)", [target, _now()])
+            self.connection.execute("COMMIT")
 
     # --- writes -------------------------------------------------------------------------------
     def start_run(self, command: str, arguments: dict[str, Any], host: dict[str, Any]) -> str:
@@ -136,73 +160,86 @@ class Store:
     def add_result(self, run_id: str, result: Result, git_sha: str | None) -> str:
         """Commit one result with its samples; returns its result_id."""
         result_id = uuid.uuid4().hex
-        summary = summarize(result.samples_ms, result.case.batch_size)
-        stats = (
-            [
-                summary.iterations,
-                summary.mean_ms,
-                summary.median_ms,
-                summary.p90_ms,
-                summary.p95_ms,
-                summary.p99_ms,
-                summary.min_ms,
-                summary.max_ms,
-                summary.std_ms,
-                summary.cv,
-                summary.noisy,
-                summary.throughput_per_s,
-            ]
-            if summary
-            else [None] * 12
-        )
-        row = [
-            result_id,
-            run_id,
-            _now(),
-            result.model,
-            result.family,
-            result.weights,
-            result.target.hardware,
-            result.target.engine,
-            result.target.provider,
-            result.case.batch_size,
-            result.case.seq_len,
-            result.case.precision,
-            result.precision,
-            result.status,
-            result.error,
-            *stats,
-            result.load_ms,
-            result.first_run_ms,
-            result.memory_load_mb,
-            result.memory_peak_mb,
-            result.device_memory_peak_mb,
-            result.max_abs_diff,
-            result.max_rel_diff,
-            result.load_avg_1m,
-            result.cpu_percent,
-            git_sha,
-            json.dumps(result.details, default=str),
-        ]
+        columns = self._result_columns(result_id, run_id, result, git_sha)
         samples = pa.table(
             {
                 "result_id": pa.array([result_id] * len(result.samples_ms), pa.string()),
                 "iteration": pa.array(range(len(result.samples_ms)), pa.int32()),
                 "latency_ms": pa.array(result.samples_ms, pa.float64()),
+                "ttft_ms": pa.array(result.ttft_samples_ms or [None] * len(result.samples_ms), pa.float64()),
+                "tpot_ms": pa.array(result.tpot_samples_ms or [None] * len(result.samples_ms), pa.float64()),
             }
         )
         cursor = self.connection
         cursor.execute("BEGIN TRANSACTION")
         try:
-            cursor.execute(f"INSERT INTO results VALUES ({', '.join('?' * len(row))})", row)
+            cursor.execute(
+                f"INSERT INTO results ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
+                list(columns.values()),
+            )
             cursor.register("new_samples", samples)
-            cursor.execute("INSERT INTO samples SELECT * FROM new_samples")
+            cursor.execute("INSERT INTO samples BY NAME SELECT * FROM new_samples")
             cursor.unregister("new_samples")
             cursor.execute("COMMIT")
         except BaseException:
             cursor.execute("ROLLBACK")
             raise
         return result_id
+
+    @staticmethod
+    def _result_columns(result_id: str, run_id: str, result: Result, git_sha: str | None) -> dict[str, Any]:
+        summary = summarize(result.samples_ms, result.case.batch_size)
+        stats: dict[str, Any] = {}
+        if summary is not None:
+            stats = {
+                "iterations": summary.iterations,
+                "latency_mean_ms": summary.mean_ms,
+                "latency_p50_ms": summary.median_ms,
+                "latency_p90_ms": summary.p90_ms,
+                "latency_p95_ms": summary.p95_ms,
+                "latency_p99_ms": summary.p99_ms,
+                "latency_min_ms": summary.min_ms,
+                "latency_max_ms": summary.max_ms,
+                "latency_std_ms": summary.std_ms,
+                "latency_cv": summary.cv,
+                "noisy": summary.noisy,
+                "throughput_per_s": summary.throughput_per_s,
+            }
+        generation = summarize_generation(result)
+        return {
+            "result_id": result_id,
+            "run_id": run_id,
+            "created_at": _now(),
+            "model": result.model,
+            "family": result.family,
+            "weights": result.weights,
+            "hardware": result.target.hardware,
+            "engine": result.target.engine,
+            "provider": result.target.provider,
+            "batch_size": result.case.batch_size,
+            "seq_len": result.case.seq_len,
+            "mode": result.case.mode,
+            "new_tokens": result.case.new_tokens,
+            "requested_precision": result.case.precision,
+            "precision": result.precision,
+            "status": result.status,
+            "error": result.error,
+            **stats,
+            **generation,
+            "load_ms": result.load_ms,
+            "first_run_ms": result.first_run_ms,
+            "compile_ms": result.compile_ms,
+            "memory_load_mb": result.memory_load_mb,
+            "memory_peak_mb": result.memory_peak_mb,
+            "device_memory_peak_mb": result.device_memory_peak_mb,
+            "max_abs_diff": result.max_abs_diff,
+            "max_rel_diff": result.max_rel_diff,
+            "load_avg_1m": result.load_avg_1m,
+            "cpu_percent": result.cpu_percent,
+            "energy_j_per_item": result.energy_j_per_item,
+            "git_sha": git_sha,
+            "details": json.dumps(result.details, default=str),
+        }
 
     # --- reads --------------------------------------------------------------------------------
     def query(self, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -18,16 +17,24 @@ from typing import Any
 import numpy as np
 import psutil
 
-from harness.api import RequestError, RunSummary, _check_db_path, _check_positive
-from harness.hardware import hardware_rows
+from harness.api import (
+    BenchmarkRequest,
+    RequestError,
+    check_db_path,
+    check_measuring,
+    check_positive,
+    check_selection,
+    execute_native,
+    validate,
+)
 from harness.isolation import run_isolated
 from harness.measure import MeasureConfig
 from harness.parity import compare
 from harness.prepare import PreparedModel, PrepareJob, prepare_model
-from harness.provenance import host_facts
+from harness.recording import Body, Emit, RunSummary, record_run
 from harness.result import Case, Result, Target
-from harness.specs import ModelSpec, SpecError, select_specs, spec_from_path
-from harness.store import DEFAULT_DB, open_store
+from harness.specs import ModelSpec
+from harness.store import DEFAULT_DB
 from harness.worker import Job, result_for
 
 WEB_HARDWARE = ("wasm", "webgpu", "webnn")
@@ -109,32 +116,15 @@ def _settings(request: WebRequest) -> list[EpSetting]:
     return settings
 
 
-def _select_specs(request: WebRequest) -> list[ModelSpec]:
-    try:
-        if request.model_path is not None:
-            families = request.model_families or [None]
-            specs = [spec_from_path(Path(request.model_path), families[0])]
-        else:
-            specs = select_specs(request.models, request.model_families, request.small_models)
-    except SpecError as exc:
-        raise RequestError(str(exc)) from exc
-    if not specs:
-        raise RequestError("the model selection is empty: check --model / --model-families")
-    return specs
-
-
 def validate_web(request: WebRequest) -> WebPlan:
     """Check every input (browser and ORT-web install included) before anything is written."""
     from harness.web.driver import BROWSERS, BrowserNotFound, resolve_browser
     from harness.web.server import SetupError, dist_files
 
-    _check_positive("--batch-sizes", request.batch_sizes)
-    _check_positive("--sequence-lengths", request.sequence_lengths)
-    _check_positive("--threads", request.threads)
-    if request.warmup < 0 or request.iterations < 1 or request.max_iterations < request.iterations:
-        raise RequestError("need --warmup >= 0, --iterations >= 1 and --max-iterations >= --iterations")
-    if request.min_duration_s < 0 or request.timeout_s <= 0:
-        raise RequestError("need --min-duration >= 0 and --timeout > 0")
+    check_positive("--batch-sizes", request.batch_sizes)
+    check_positive("--sequence-lengths", request.sequence_lengths)
+    check_positive("--threads", request.threads)
+    check_measuring(request)
     if not request.hardware:
         raise RequestError(f"--hardware is empty; valid: {', '.join(WEB_HARDWARE)}")
     for hw in request.hardware:
@@ -144,8 +134,8 @@ def validate_web(request: WebRequest) -> WebPlan:
         raise RequestError(f"unknown WebNN device '{request.webnn_device}'; valid: {', '.join(WEBNN_DEVICES)}")
     if request.browser not in BROWSERS:
         raise RequestError(f"unknown browser '{request.browser}'; valid: {', '.join(BROWSERS)}")
-    specs = _select_specs(request)
-    _check_db_path(Path(request.db_path))
+    specs = check_selection(request)
+    check_db_path(Path(request.db_path))
     try:
         browser = resolve_browser(request.browser, request.browser_path)
         dist_files()
@@ -348,6 +338,18 @@ async def _run_all(
         await server.stop()
 
 
+def execute_web(plan: WebPlan, faults: Mapping[str, str] | None = None) -> Body:
+    """The browser part of a run, as a body for harness.recording.record_run."""
+
+    def body(emit: Emit) -> None:
+        from harness.web.driver import run_sync
+
+        models = [_prepare(plan, spec) for spec in plan.specs]
+        run_sync(_run_all(plan, models, emit, faults or {}))
+
+    return body
+
+
 def run_web(
     request: WebRequest,
     on_result: Callable[[Result, str], None] | None = None,
@@ -359,32 +361,21 @@ def run_web(
     faults is test-only: {provider: 'throw' | 'hang' | 'stall' | 'kill'} makes that provider's page
     jobs fail on purpose so the recovery paths can be tested. Ctrl-C marks the run 'interrupted'.
     """
-    from harness.web.driver import run_sync
-
     plan = plan or validate_web(request)
-    host = host_facts()
-    counts: Counter[str] = Counter()
-    with open_store(Path(request.db_path)) as store:
-        run_id = store.start_run("web", asdict(request), host)
-        store.add_hardware(run_id, hardware_rows())
+    return record_run(
+        request.db_path, "web", asdict(request), [execute_web(plan, faults)], on_result, request.output_dir
+    )
 
-        def emit(result: Result) -> None:
-            result.details.setdefault("load_avg_at_run_start", host["load_avg_at_start"])
-            result_id = store.add_result(run_id, result, host["git_sha"])
-            counts[result.status] += 1
-            if on_result is not None:
-                on_result(result, result_id)
 
-        try:
-            models = [_prepare(plan, spec) for spec in plan.specs]
-            run_sync(_run_all(plan, models, emit, faults or {}))
-        except BaseException:
-            store.finish_run(run_id, "interrupted")
-            raise
-        store.finish_run(run_id, "completed")
-    summary = RunSummary(run_id, Path(request.db_path), dict(counts))
-    if request.output_dir is not None:
-        from harness.report import write_reports
+def run_both(
+    native: BenchmarkRequest,
+    web: WebRequest,
+    on_result: Callable[[Result, str], None] | None = None,
+) -> RunSummary:
+    """Native backends then the browser, as one run: one report puts their rows side by side.
 
-        summary.reports = write_reports(Path(request.db_path), run_id, Path(request.output_dir))
-    return summary
+    Both requests are validated before anything is written."""
+    native_plan, web_plan = validate(native), validate_web(web)
+    arguments = {"native": asdict(native), "web": asdict(web)}
+    bodies = [execute_native(native_plan), execute_web(web_plan)]
+    return record_run(native.db_path, "run", arguments, bodies, on_result, native.output_dir)

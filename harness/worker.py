@@ -13,10 +13,14 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import groupby
+from typing import Any
+
+import numpy as np
 
 from harness.isolation import classify, run_isolated
-from harness.measure import MeasureConfig, measure
+from harness.measure import MeasureConfig, Measurement, measure, measure_generation, measure_training
 from harness.memory import PeakRss, rss_mb
+from harness.native.base import UnsupportedError
 from harness.parity import compare
 from harness.prepare import PreparedModel
 from harness.result import Case, Result, Target
@@ -52,32 +56,60 @@ def result_for(job: Job, case: Case, status: str, error: str | None = None, **fi
     )
 
 
-def _measure_case(job: Job, session: object, case: Case, load_facts: dict, rss: PeakRss) -> Result:
+def _run_mode(job: Job, session: Any, case: Case, feeds: dict[str, np.ndarray], rss: PeakRss) -> Measurement:
+    if case.mode == "inference":
+        return measure(session, feeds, job.measure, rss)
+    if not hasattr(session, "generate"):
+        raise UnsupportedError(
+            f"{case.mode} mode runs on torch only: the {job.target.engine} session has no "
+            + (
+                "KV-cache decoder loop (the ONNX export has no past key/values)"
+                if case.mode == "generate"
+                else "training support"
+            )
+        )
+    if case.mode == "generate":
+        return measure_generation(session, feeds, job.measure, case.new_tokens or 1, rss)
+    return measure_training(session, feeds, job.measure, rss)
+
+
+def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: PeakRss) -> Result:
     feeds, reference = job.prepared.load_case((case.batch_size, case.seq_len))
-    measured = measure(session, feeds, job.measure, rss)  # type: ignore[arg-type]
-    parity = compare(measured.outputs, reference, session.precision)  # type: ignore[attr-defined]
-    details = dict(session.facts) | {  # type: ignore[attr-defined]
-        "parity_tolerance": parity.tolerance,
+    measured = _run_mode(job, session, case, feeds, rss)
+    items = (1 + job.measure.warmup + len(measured.samples_ms)) * case.batch_size
+    details = dict(session.facts) | {
         "process_cpu_percent": measured.process_cpu_percent,
         "input_shapes": {k: list(v.shape) for k, v in feeds.items()},
         "memory_method": rss.method,
         "nvml_used_mb": measured.nvml_used_mb,
+        "energy_source": measured.energy_source,  # the sensor, or why there is none
     }
+    status, error, parity_fields = "ok", None, {}
+    if case.mode == "inference":  # generated tokens and trained weights have no fixed reference
+        parity = compare(measured.outputs, reference, session.precision)
+        details["parity_tolerance"] = parity.tolerance
+        parity_fields = {"max_abs_diff": parity.max_abs_diff, "max_rel_diff": parity.max_rel_diff}
+        if not parity.matches:
+            status = "mismatch"
+            error = f"max_abs_diff {parity.max_abs_diff:.3g} exceeds tolerance {parity.tolerance:.3g}"
     return result_for(
         job,
         case,
-        "ok" if parity.matches else "mismatch",
-        None if parity.matches else f"max_abs_diff {parity.max_abs_diff:.3g} exceeds tolerance {parity.tolerance:.3g}",
-        precision=session.precision,  # type: ignore[attr-defined]
+        status,
+        error,
+        precision=session.precision,
         samples_ms=measured.samples_ms,
+        ttft_samples_ms=measured.ttft_samples_ms,
+        tpot_samples_ms=measured.tpot_samples_ms,
         first_run_ms=measured.first_run_ms,
         memory_peak_mb=measured.memory_peak_mb,
         device_memory_peak_mb=measured.device_memory_peak_mb,
-        max_abs_diff=parity.max_abs_diff,
-        max_rel_diff=parity.max_rel_diff,
         load_avg_1m=measured.load_avg_1m,
         cpu_percent=measured.cpu_percent,
+        # the meter spans first run + warmup + timed loop, so divide by every item in it
+        energy_j_per_item=measured.energy_j / items if measured.energy_j is not None else None,
         details=details,
+        **parity_fields,
         **load_facts,
     )
 
@@ -115,7 +147,8 @@ def benchmark_job(job: Job) -> Iterator[Result]:
     inject_fault(job)
     backend = get_backend(job.target.engine)
     rss = PeakRss()
-    for precision, group in groupby(job.cases, key=lambda c: c.precision):
+    # One load per (precision, mode): a training step changes the weights later cases would use.
+    for (precision, _mode), group in groupby(job.cases, key=lambda c: (c.precision, c.mode)):
         cases = list(group)
         first = cases[0]
         example, _ = job.prepared.load_case((first.batch_size, first.seq_len))

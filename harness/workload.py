@@ -1,21 +1,35 @@
-"""Build what a spec describes: the torch module (pretrained or seeded random) and its inputs.
+"""Build what a spec describes: the torch module, pretrained or seeded random, offline.
 
-Inputs are numpy arrays generated from a seed derived from (model, batch, seq), so every
-backend — native or browser — runs on exactly the same tensors.
+Inputs live in harness/inputs.py (re-exported here for the modules that import them from here).
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
+from harness.inputs import case_seed, input_names, make_inputs, make_signature_inputs, max_sequence_length
 from harness.specs import ModelSpec
+
+__all__ = [
+    "OutputSelector",
+    "Weights",
+    "build_config",
+    "build_module",
+    "case_seed",
+    "count_parameters",
+    "find_weights",
+    "input_names",
+    "make_inputs",
+    "make_signature_inputs",
+    "max_sequence_length",
+]
 
 WEIGHT_SEED = 0
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json")
@@ -33,14 +47,34 @@ def _weights_fingerprint(directory: Path) -> str:
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
+def package_directory(spec: ModelSpec) -> Path | None:
+    """The weights directory inside the spec's pretrained_package, if that package is installed.
+
+    find_spec locates the package without importing (running) it.
+    """
+    if not spec.pretrained_package:
+        return None
+    try:
+        found = importlib.util.find_spec(spec.pretrained_package)
+    except (ImportError, ValueError):
+        return None
+    if found is None or not found.submodule_search_locations:
+        return None
+    directory = Path(next(iter(found.submodule_search_locations))) / spec.pretrained_package_path
+    return directory if directory.is_dir() else None
+
+
 def find_weights(spec: ModelSpec) -> tuple[Weights, Path | None]:
-    """Pretrained weights from --model-path or the local HF cache when present, else random.
+    """Pretrained weights from --model-path, an installed package or the local HF cache when
+    present, else random.
 
     Never downloads: the hub is consulted with local_files_only.
     """
     directory: Path | None = None
     if spec.local_path is not None and spec.local_path.is_dir():
         directory = spec.local_path
+    elif (packaged := package_directory(spec)) is not None:
+        directory = packaged
     elif spec.pretrained_id:
         from huggingface_hub import snapshot_download
 
@@ -63,14 +97,32 @@ def build_module(spec: ModelSpec) -> tuple[Any, Weights]:
     if weights.kind == "pretrained":
         model = model_class.from_pretrained(directory)
     else:
-        config = (
-            transformers.AutoConfig.from_pretrained(directory)
-            if directory is not None
-            else transformers.AutoConfig.for_model(spec.model_type, **spec.config)
-        )
+        config = transformers.AutoConfig.from_pretrained(directory) if directory is not None else build_config(spec)
         torch.manual_seed(WEIGHT_SEED)
         model = model_class(config)
     return OutputSelector(model, input_names(spec), spec.outputs).eval(), weights
+
+
+def build_config(spec: ModelSpec) -> Any:
+    """The spec's transformers config, built offline (nested sub-configs are dicts with a model_type)."""
+    import transformers
+
+    return transformers.AutoConfig.for_model(spec.model_type, **spec.config)
+
+
+def count_parameters(spec: ModelSpec) -> int:
+    """Parameters of the spec's architecture, counted on the meta device: no weights allocated."""
+    import transformers
+
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # config-validation notices would drown a listing
+    try:
+        config = build_config(spec)
+        with torch.device("meta"):
+            model = getattr(transformers, spec.architecture)(config)
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+    return sum(p.numel() for p in model.parameters())
 
 
 class OutputSelector(torch.nn.Module):
@@ -85,94 +137,3 @@ class OutputSelector(torch.nn.Module):
     def forward(self, *args: Any) -> tuple[Any, ...]:
         result = self.model(**dict(zip(self.input_names, args, strict=True)))
         return tuple(getattr(result, name) for name in self.output_names)
-
-
-def _sub(config: Any, attribute: str) -> Any:
-    """The text/vision sub-config of a multimodal config, or the config itself."""
-    return getattr(config, attribute, None) or config
-
-
-def input_names(spec: ModelSpec) -> list[str]:
-    kind = spec.inputs.kind
-    names = list(spec.inputs.text_inputs) if kind in ("text", "text+vision") else []
-    if kind in ("vision", "text+vision"):
-        names.append("pixel_values")
-    if kind == "audio":
-        names.append("input_values")
-    return names
-
-
-def max_sequence_length(config: Any) -> int | None:
-    text = _sub(config, "text_config")
-    return getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
-
-
-def case_seed(model: str, batch: int, seq: int | None) -> int:
-    return int(hashlib.sha256(f"{model}|{batch}|{seq}".encode()).hexdigest()[:8], 16)
-
-
-def make_inputs(spec: ModelSpec, config: Any, batch: int, seq: int | None) -> dict[str, np.ndarray]:
-    """Deterministic inputs for one (batch, seq) case, named as the ONNX graph's inputs."""
-    rng = np.random.default_rng(case_seed(spec.name, batch, seq))
-    feeds: dict[str, np.ndarray] = {}
-    kind = spec.inputs.kind
-    if kind in ("text", "text+vision"):
-        vocab = _sub(config, "text_config").vocab_size
-        for name in spec.inputs.text_inputs:
-            if name == "input_ids":
-                feeds[name] = rng.integers(0, vocab, size=(batch, seq), dtype=np.int64)
-            elif name == "attention_mask":
-                feeds[name] = np.ones((batch, seq), dtype=np.int64)
-            else:
-                feeds[name] = np.zeros((batch, seq), dtype=np.int64)
-    if kind in ("vision", "text+vision"):
-        vision = _sub(config, "vision_config")
-        size = vision.image_size
-        feeds["pixel_values"] = rng.standard_normal(
-            (batch, getattr(vision, "num_channels", 3), size, size), dtype=np.float32
-        )
-    if kind == "audio":
-        samples = int(spec.inputs.audio_seconds * spec.inputs.sampling_rate)
-        feeds["input_values"] = rng.standard_normal((batch, samples), dtype=np.float32)
-    return feeds
-
-
-_ONNX_DTYPES = {
-    "tensor(float)": np.float32,
-    "tensor(float16)": np.float16,
-    "tensor(double)": np.float64,
-    "tensor(int64)": np.int64,
-    "tensor(int32)": np.int32,
-    "tensor(bool)": np.bool_,
-}
-
-
-def make_signature_inputs(
-    graph_inputs: list[tuple[str, list[Any], str]], model: str, batch: int, seq: int | None
-) -> dict[str, np.ndarray]:
-    """Inputs for an arbitrary ONNX file from its signature (name, shape, type).
-
-    Fixed dimensions are kept; the first symbolic dimension is the batch, later ones the sequence.
-    Integer inputs get small ids (valid for any embedding table); masks get ones.
-    """
-    rng = np.random.default_rng(case_seed(model, batch, seq))
-    feeds = {}
-    for name, shape, type_name in graph_inputs:
-        dtype = _ONNX_DTYPES.get(type_name)
-        if dtype is None:
-            raise ValueError(f"input '{name}' has type {type_name}, which input generation does not cover")
-        dims = []
-        for position, dim in enumerate(shape):
-            if isinstance(dim, int) and dim > 0:
-                dims.append(dim)
-            else:
-                dims.append(batch if position == 0 else (seq or 1))
-        if "mask" in name:
-            feeds[name] = np.ones(dims, dtype=dtype)
-        elif np.issubdtype(dtype, np.integer):
-            feeds[name] = rng.integers(0, 100, size=dims).astype(dtype)
-        elif dtype is np.bool_:
-            feeds[name] = np.ones(dims, dtype=dtype)
-        else:
-            feeds[name] = rng.standard_normal(dims).astype(dtype)
-    return feeds

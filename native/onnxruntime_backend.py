@@ -98,13 +98,45 @@ class OnnxRuntimeBackend:
     def load(self, request: LoadRequest, target: Target) -> OrtSession:
         if request.onnx_path is None:
             raise UnsupportedError("no ONNX file for this model (see the export error)")
-        if request.precision not in ("fp32", "auto"):
-            raise UnsupportedError(f"onnxruntime backend has no precision '{request.precision}' yet")
-        session = ort.InferenceSession(str(request.onnx_path), providers=[target.provider])
+        path, precision, conversion = model_for_precision(request.onnx_path, request.precision)
+        try:
+            session = ort.InferenceSession(str(path), providers=[target.provider])
+        except Exception as exc:  # a converted file ORT rejects (e.g. duplicate node names): no such model here
+            if not conversion:
+                raise
+            raise UnsupportedError(f"onnxruntime cannot load the {precision} conversion of the export: {exc}") from exc
         placement: dict[str, int] = {}
         if target.provider != "CPUExecutionProvider":
-            placement = node_placement(request.onnx_path, target.provider, request.example_feeds)
-        return OrtSession(session, target.provider, placement)
+            placement = node_placement(path, target.provider, request.example_feeds)
+        ort_session = OrtSession(session, target.provider, placement)
+        ort_session.precision = precision
+        ort_session.facts |= conversion
+        return ort_session
+
+
+def model_for_precision(onnx_path: Path, precision: str) -> tuple[Path, str, dict[str, Any]]:
+    """(model file, precision it runs in, conversion facts): the fp32 export, or its int8 / fp16
+    conversion. ORT has no bf16 conversion to offer, and a conversion that fails is the reason
+    the precision is unsupported."""
+    from harness.export import VARIANT_CONVERTERS, precision_variant
+
+    if precision in ("fp32", "auto"):
+        return onnx_path, "fp32", {}
+    if precision not in VARIANT_CONVERTERS:
+        raise UnsupportedError(
+            f"onnxruntime: no {precision} model: the harness converts the export to int8 (dynamic "
+            "quantization) and fp16 only"
+        )
+    try:
+        variant = precision_variant(onnx_path, precision)
+    except Exception as exc:  # the converter's own error is the reason
+        raise UnsupportedError(f"onnxruntime: {precision} conversion of the export failed: {exc}") from exc
+    if variant.info.get("quantized_matmuls") == 0:  # the file would run, but in fp32: not an int8 result
+        raise UnsupportedError("onnxruntime int8: the export has no MatMul with constant weights to quantize")
+    facts = {"precision_model": str(variant.path), "conversion_cached": variant.cache_hit} | {
+        "conversion" if k == "tool" else k: v for k, v in variant.info.items()
+    }
+    return variant.path, precision, facts
 
 
 BACKEND = OnnxRuntimeBackend()

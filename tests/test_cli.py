@@ -14,14 +14,14 @@ from test_native_run import rows
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--model", "bert-giant"], "unknown model 'bert-giant'; valid: bert-base-uncased"),
+        (["--model", "bert-giant"], "unknown model 'bert-giant'; valid: all-minilm-l6-v2, bert-base-uncased"),
         (["--hardware", "tpu"], "unknown native hardware 'tpu'; valid: cpu, cuda"),
         (["--model-families", "robots"], "unknown model family 'robots'; valid: embedding"),
         (["--batch-sizes", "0"], "--batch-sizes must be integers >= 1"),
         (["--batch-sizes", "-1"], "--batch-sizes must be integers >= 1"),
         (["--batch-sizes", "two"], "--batch-sizes takes comma-separated integers"),
         (["--engines", "tensorflow"], "unknown engine 'tensorflow'; valid: torch, onnxruntime, openvino"),
-        (["--precision", "fp8"], "unknown precision 'fp8'; valid: fp32, auto"),
+        (["--precision", "fp8"], "unknown precision 'fp8'; valid: fp32"),
         (["--model-path", "/nonexistent/model.onnx"], "no such file or directory"),
     ],
 )

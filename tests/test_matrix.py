@@ -9,8 +9,16 @@ from typing import Any
 import pytest
 from conftest import run_cli
 
-from harness.analysis.matrix import update_matrix
-from harness.analysis.matrix import MATRIX_JSON, MATRIX_MD, RATING_THRESHOLDS, build_matrix, classify, load_rows, rate
+from harness.analysis.matrix import (
+    MATRIX_JSON,
+    MATRIX_MD,
+    RATING_THRESHOLDS,
+    build_matrix,
+    classify,
+    load_rows,
+    rate,
+    update_matrix,
+)
 from harness.result import Case, Result, Target
 from harness.store import open_store
 

@@ -1,0 +1,63 @@
+"""What every command module shares: the Typer apps, consoles and argument helpers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(
+    help="Measured ML inference benchmarks: native backends and the browser, one DuckDB store.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+db_app = typer.Typer(help="Manage the DuckDB store.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+console = Console()
+if not console.is_terminal:  # logs and CI: rich would fold every table to 80 columns
+    console.width = 160
+errors = Console(stderr=True)
+
+DbOption = Annotated[Path, typer.Option("--db", help="DuckDB file.")]
+
+
+def fail(message: str) -> typer.Exit:
+    """Print a one-line error and return the exit for bad input (code 2)."""
+    errors.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(2)
+
+
+def split_list(value: str | None) -> list[str] | None:
+    return [v.strip() for v in value.split(",") if v.strip()] if value else None
+
+
+def int_list(option: str, value: str) -> list[int]:
+    try:
+        return [int(v) for v in split_list(value) or []]
+    except ValueError:
+        raise fail(f"{option} takes comma-separated integers >= 1, e.g. 1,4 (got '{value}')") from None
+
+
+# Options shared by the commands that run benchmarks (native, web, run).
+ModelOption = Annotated[
+    str | None, typer.Option("--model", help="Comma-separated model names (`accelharness models`).")
+]
+FamiliesOption = Annotated[
+    str | None, typer.Option("--model-families", help="embedding,text_generation,vision,audio,multimodal")
+]
+SmallOption = Annotated[bool, typer.Option("--small-models", help="Use the tiny variant of each selected family.")]
+ModelPathOption = Annotated[
+    Path | None, typer.Option("--model-path", help="A local HF model directory or an .onnx file.")
+]
+BatchOption = Annotated[str, typer.Option("--batch-sizes", help="Comma-separated batch sizes.")]
+SeqOption = Annotated[str, typer.Option("--sequence-lengths", help="Comma-separated sequence lengths (text inputs).")]
+WarmupOption = Annotated[int, typer.Option("--warmup", help="Untimed runs after the first run.")]
+IterationsOption = Annotated[int, typer.Option("--iterations", help="Minimum timed iterations.")]
+MinDurationOption = Annotated[float, typer.Option("--min-duration", help="Minimum seconds of timed iterations.")]
+MaxIterationsOption = Annotated[int, typer.Option("--max-iterations", help="Cap on timed iterations.")]
+TimeoutOption = Annotated[
+    float, typer.Option("--timeout", help="Seconds a worker or page may go without finishing a case.")
+]
+OutputDirOption = Annotated[Path, typer.Option("--output-dir", help="Where the reports go.")]
