@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
-DEMO_MODELS ?= bert-tiny,gpt2-tiny,vit-tiny,wav2vec2-tiny,clip-tiny
+DEMO_MODELS ?= all-minilm-l6-v2,bert-tiny,gpt2-tiny,vit-tiny,wav2vec2-tiny,clip-tiny
 
 # One run, native and browser side by side; then a prediction with its held-out error; the
 # Markdown report printed; and last the self-contained HTML report.
