@@ -49,8 +49,10 @@ def compare(name: str, session, feeds: dict[str, np.ndarray], bare_call, rounds:
     harness_p50 = float(np.median(harness_samples))
     bare_p50 = float(np.median(bare_samples))
     ratio = harness_p50 / bare_p50
-    print(f"{name:<22} harness p50 {harness_p50:.4f} ms | bare p50 {bare_p50:.4f} ms | ratio {ratio:.3f} "
-          f"({len(harness_samples)} + {len(bare_samples)} samples)")
+    print(
+        f"{name:<22} harness p50 {harness_p50:.4f} ms | bare p50 {bare_p50:.4f} ms | ratio {ratio:.3f} "
+        f"({len(harness_samples)} + {len(bare_samples)} samples)"
+    )
     return ratio
 
 
@@ -70,8 +72,9 @@ def main() -> None:
     )
     ort_feeds = ort_session.prepare(feeds)
     raw = ort_session.session
-    ratios = [compare("onnxruntime CPU", ort_session, feeds, lambda: raw.run(None, ort_feeds),
-                      args.rounds, args.iterations)]
+    ratios = [
+        compare("onnxruntime CPU", ort_session, feeds, lambda: raw.run(None, ort_feeds), args.rounds, args.iterations)
+    ]
 
     torch_session = get_backend("torch").load(LoadRequest(spec, None, "fp32"), Target("cpu", "torch", "cpu"))
     tensors = torch_session.prepare(feeds)
