@@ -58,7 +58,7 @@ def check_torch_and_ort(results: list[dict], models: list[str]) -> None:
             assert ort_row["error"].startswith("ONNX export failed: dynamo:"), ort_row["error"]
         else:
             assert export["exporter"] in ("dynamo", "torchscript")
-            assert ort_row["status"] in ("ok", "mismatch", "error"), (model, ort_row["error"])
+            assert ort_row["status"] in ("ok", "mismatch"), (model, ort_row["error"])
 
 
 def test_one_model_per_new_input_kind_runs_on_torch_and_onnxruntime(tmp_path: Path) -> None:

@@ -28,14 +28,21 @@ def test_clip_tiny_merges_nested_configs() -> None:
 
 def test_selection_by_family_and_small_models() -> None:
     chosen = select_specs(None, ["vision", "audio"], small=True)
-    assert sorted(s.name for s in chosen) == ["vit-tiny", "wav2vec2-tiny"]
+    assert sorted(s.name for s in chosen) == [
+        "clap-tiny",
+        "detr-tiny",
+        "resnet-tiny",
+        "vit-tiny",
+        "wav2vec2-tiny",
+        "whisper-tiny",
+    ]
     assert {s.variant for s in select_specs(None, None, small=False)} == {"base"}
 
 
 @pytest.mark.parametrize(
     ("names", "families", "message"),
     [
-        (["bert-huge"], None, "unknown model 'bert-huge'; valid: bert-base-uncased"),
+        (["bert-huge"], None, "unknown model 'bert-huge'; valid: all-minilm-l6-v2, bert-base-uncased"),
         (None, ["speech"], "unknown model family 'speech'; valid: embedding"),
     ],
 )
