@@ -11,7 +11,6 @@ import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from harness.hardware import NATIVE_PLATFORMS, native_targets
 from harness.isolation import run_isolated
@@ -31,18 +30,15 @@ class RequestError(ValueError):
 
 
 @dataclass
-class BenchmarkRequest:
+class RunOptions:
+    """What every benchmark request shares: the model selection, the cases, the stop rule and the store."""
+
     models: list[str] | None = None
     model_families: list[str] | None = None
     small_models: bool = False
     model_path: Path | None = None
-    hardware: list[str] | None = None  # None: every available native platform
-    engines: list[str] | None = None
     batch_sizes: list[int] = field(default_factory=lambda: [1])
     sequence_lengths: list[int] = field(default_factory=lambda: [32])
-    precision: str | list[str] = "fp32"  # one precision, a list, or a comma-separated string
-    modes: list[str] = field(default_factory=lambda: ["inference"])
-    new_tokens: int = 16  # generate mode: tokens generated per sequence (min = max)
     warmup: int = 5
     iterations: int = 20
     min_duration_s: float = 0.5
@@ -50,6 +46,15 @@ class BenchmarkRequest:
     timeout_s: float = 300.0
     db_path: Path = DEFAULT_DB
     output_dir: Path | None = Path("accelharness-results")
+
+
+@dataclass
+class BenchmarkRequest(RunOptions):
+    hardware: list[str] | None = None  # None: every available native platform
+    engines: list[str] | None = None
+    precision: str | list[str] = "fp32"  # one precision, a list, or a comma-separated string
+    modes: list[str] = field(default_factory=lambda: ["inference"])
+    new_tokens: int = 16  # generate mode: tokens generated per sequence (min = max)
 
 
 @dataclass
@@ -136,7 +141,7 @@ def _choose_targets(hardware: list[str] | None, engines: list[str]) -> list[tupl
     return chosen
 
 
-def check_selection(request: Any) -> list[ModelSpec]:
+def check_selection(request: RunOptions) -> list[ModelSpec]:
     """The specs a request's --model / --model-families / --small-models / --model-path select."""
     try:
         if request.model_path is not None:
@@ -151,7 +156,7 @@ def check_selection(request: Any) -> list[ModelSpec]:
     return specs
 
 
-def check_measuring(request: Any) -> None:
+def check_measuring(request: RunOptions) -> None:
     """The stop-rule and time-limit options every request shares."""
     if request.warmup < 0 or request.iterations < 1 or request.max_iterations < request.iterations:
         raise RequestError("need --warmup >= 0, --iterations >= 1 and --max-iterations >= --iterations")

@@ -20,6 +20,7 @@ import psutil
 from harness.api import (
     BenchmarkRequest,
     RequestError,
+    RunOptions,
     check_db_path,
     check_measuring,
     check_positive,
@@ -34,7 +35,6 @@ from harness.prepare import PreparedModel, PrepareJob, prepare_model
 from harness.recording import Body, Emit, RunSummary, record_run
 from harness.result import Case, Result, Target
 from harness.specs import ModelSpec
-from harness.store import DEFAULT_DB
 from harness.worker import Job, result_for
 
 WEB_HARDWARE = ("wasm", "webgpu", "webnn")
@@ -46,25 +46,12 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @dataclass
-class WebRequest:
-    models: list[str] | None = None
-    model_families: list[str] | None = None
-    small_models: bool = False
-    model_path: Path | None = None
+class WebRequest(RunOptions):
     hardware: list[str] = field(default_factory=lambda: list(WEB_HARDWARE))
     browser: str = "chromium"  # chrome | chromium | edge (chrome and edge fall back to Chromium, recorded)
     browser_path: Path | None = None
     threads: list[int] = field(default_factory=lambda: [1])  # wasm threads; webgpu/webnn use the first
     webnn_device: str = "gpu"
-    batch_sizes: list[int] = field(default_factory=lambda: [1])
-    sequence_lengths: list[int] = field(default_factory=lambda: [32])
-    warmup: int = 5
-    iterations: int = 20
-    min_duration_s: float = 0.5
-    max_iterations: int = 10_000
-    timeout_s: float = 300.0
-    db_path: Path = DEFAULT_DB
-    output_dir: Path | None = Path("accelharness-results")
     # False drops COOP/COEP: the page is then not cross-origin isolated and ORT-web silently runs one
     # wasm thread. Only for showing that the harness detects it (details.threads_dropped).
     cross_origin_isolation: bool = True
