@@ -55,6 +55,7 @@ BUNDLES = {"wasm": "ort.wasm.min.mjs", "webgpu": "ort.webgpu.min.mjs", "webnn": 
 PAGE_READY_MS = 30_000
 CLOSE_TIMEOUT_S = 10.0
 KILL_FAULT_DELAY_S = 1.0
+DEATH_GRACE_S = 2.0  # how long a crashed/killed browser may take to finish dying
 PROBE_TIMEOUT_S = 60.0
 
 T = TypeVar("T")
@@ -186,6 +187,14 @@ class BrowserSession:
         except psutil.Error:
             return False
 
+    async def alive_after_failure(self) -> bool:
+        """Whether the browser survived a failed call. Playwright sees the pipe close while the kernel is still
+        tearing a killed process down, so give it a moment to turn into a zombie before believing it lives."""
+        deadline = asyncio.get_running_loop().time() + DEATH_GRACE_S
+        while self.alive() and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        return self.alive()
+
     async def restart(self) -> None:
         """Close this browser; the next job starts a fresh one (ensure_started)."""
         await self.close()
@@ -233,7 +242,8 @@ class BrowserSession:
             await self.restart()
             return _failure("timeout", f"no answer within --timeout {timeout_s:g}s while {stage}; browser restarted")
         except Exception as exc:  # Playwright's TargetClosedError, 'Target crashed', a page that never loads...
-            gone = "" if self.alive() else f"browser process {self.pid} is gone (crashed or killed); "
+            survived = await self.alive_after_failure()
+            gone = "" if survived else f"browser process {self.pid} is gone (crashed or killed); "
             await self.restart()
             return _failure("error", f"the browser failed while {stage}: {gone}{_first_line(exc)}; browser restarted")
         finally:
