@@ -19,7 +19,7 @@ from harness.native import ENGINES
 from harness.native.base import Availability
 from harness.prepare import PreparedModel, PrepareJob, prepare_model
 from harness.recording import Body, Emit, RunSummary, record_run
-from harness.result import MODES, PRECISIONS, Case, Result, Target
+from harness.result import MODES, PRECISIONS, Case, Result, Target, result_key
 from harness.specs import ModelSpec, SpecError, select_specs, spec_from_path
 from harness.store import DEFAULT_DB
 from harness.worker import Job, result_for, run_job
@@ -62,18 +62,24 @@ class Plan:
     specs: list[ModelSpec]
     targets: list[tuple[Target, Availability]]
     request: BenchmarkRequest
+    done: frozenset[str] = frozenset()  # result keys a resumed run already holds: never run twice
 
     def cases(self, spec: ModelSpec, target: Target | None = None) -> list[Case]:
-        """The cases of a spec on a target (all targets when None). Generation and training run
-        on torch only (the ONNX export has no past key/values), and generation only for
-        generative architectures; those combinations are not planned rather than recorded."""
+        """The cases of a spec on a target (all targets when None). Generation is planned for
+        generative architectures on torch, and for the decoder-only ones (GPT-2, LLaMA, Qwen2) on
+        onnxruntime too, as a KV-cache loop on their export with past key/values; encoder-decoder
+        models (T5, Whisper) and LLaVA have no such export and generate on torch only, and
+        OpenVINO has no decoder loop. Training runs on torch only. Combinations that don't apply
+        are not planned rather than recorded."""
         seqs: list[int | None] = list(self.request.sequence_lengths) if spec.inputs.uses_sequence else [None]
         cases = []
         for mode in self.request.modes:
-            if mode != "inference" and target is not None and target.engine != "torch":
-                continue
             if mode == "generate" and not spec.is_generative:
                 continue
+            if mode != "inference" and target is not None and target.engine != "torch":
+                onnx_generates = mode == "generate" and target.engine == "onnxruntime" and spec.has_past_export
+                if not onnx_generates:
+                    continue
             tokens = self.request.new_tokens if mode == "generate" else None
             cases += [
                 Case(b, s, p, mode, tokens)
@@ -83,9 +89,23 @@ class Plan:
             ]
         return cases
 
+    def exports_past(self, spec: ModelSpec) -> bool:
+        """Whether preparing the spec needs its export with past key/values: an available
+        onnxruntime target generates with it."""
+        return any(
+            case.mode == "generate"
+            for target, availability in self.targets
+            if target.engine == "onnxruntime" and availability.ok
+            for case in self.cases(spec, target)
+        )
+
+    def remaining(self, spec: ModelSpec, target: Target) -> list[Case]:
+        """The cases still to run on a target: all of them, less what a resumed run already holds."""
+        return [c for c in self.cases(spec, target) if result_key(spec.name, target, c) not in self.done]
+
     @property
     def total_results(self) -> int:
-        return sum(len(self.cases(spec, target)) for spec in self.specs for target, _ in self.targets)
+        return sum(len(self.remaining(spec, target)) for spec in self.specs for target, _ in self.targets)
 
 
 def precisions(request: BenchmarkRequest) -> list[str]:
@@ -176,7 +196,8 @@ def check_db_path(path: Path) -> None:
 def _prepare(plan: Plan, spec: ModelSpec) -> tuple[PreparedModel | None, str | None, str]:
     shapes = sorted({(c.batch_size, c.seq_len) for c in plan.cases(spec)}, key=str)
     prepared: list[PreparedModel] = []
-    outcome = run_isolated(prepare_model, PrepareJob(spec, shapes), plan.request.timeout_s, prepared.append)
+    job = PrepareJob(spec, shapes, with_past=plan.exports_past(spec))
+    outcome = run_isolated(prepare_model, job, plan.request.timeout_s, prepared.append)
     if prepared:
         return prepared[0], None, "ok"
     return None, outcome.message or "model preparation failed", outcome.status

@@ -110,9 +110,20 @@ def export_onnx(spec: ModelSpec, module: Any, weights: Weights, feeds: dict[str,
 
     `feeds` are example inputs with batch >= 2 so torch.export does not specialise batch to 1.
     """
+    shapes, axes = _dynamic_shapes(list(module.input_names), feeds)
+    return export_cached(cache_root() / "onnx" / export_key(spec, weights), module, feeds, shapes, axes)
+
+
+def export_cached(
+    target_dir: Path, module: Any, feeds: dict[str, np.ndarray], shapes: dict[str, tuple], axes: dict
+) -> ExportOutcome:
+    """Export `module` (forward(*args) over module.input_names, returning module.output_names) to
+    target_dir/model.onnx with dynamo, else TorchScript, or reuse what an earlier run left there.
+
+    `shapes` are torch.export dynamic shapes ({"args": ...}), `axes` the TorchScript dynamic axes.
+    """
     import torch
 
-    target_dir = cache_root() / "onnx" / export_key(spec, weights)
     target = target_dir / "model.onnx"
     if target.exists():
         meta = json.loads((target_dir / "meta.json").read_text())
@@ -120,7 +131,6 @@ def export_onnx(spec: ModelSpec, module: Any, weights: Weights, feeds: dict[str,
 
     names = list(module.input_names)
     args = tuple(torch.from_numpy(feeds[n]) for n in names)
-    shapes, axes = _dynamic_shapes(names, feeds)
     target_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target_dir.parent, prefix=".staging-"))
     started = time.perf_counter()

@@ -8,6 +8,7 @@ native or browser — runs on exactly the same tensors. Shapes follow what each 
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -186,3 +187,20 @@ def make_signature_inputs(
         else:
             feeds[name] = rng.standard_normal(dims).astype(dtype)
     return feeds
+
+
+def onnx_file_signature(path: Path) -> list[tuple[str, list[Any], str]]:
+    """(name, shape, ORT type name) of a file's graph inputs, read from the proto: for a file ONNX
+    Runtime cannot load, whose signature ORT therefore cannot report."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    initializers = {t.name for t in graph.initializer}
+    signature = []
+    for value in graph.input:
+        if value.name in initializers:  # older IRs list weights as inputs too
+            continue
+        tensor = value.type.tensor_type
+        shape = [d.dim_value if d.HasField("dim_value") else d.dim_param for d in tensor.shape.dim]
+        signature.append((value.name, shape, f"tensor({onnx.TensorProto.DataType.Name(tensor.elem_type).lower()})"))
+    return signature

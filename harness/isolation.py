@@ -8,10 +8,12 @@ the Python stack of a segfault there).
 
 from __future__ import annotations
 
+import ctypes
 import faulthandler
 import multiprocessing
 import os
 import signal
+import sys
 import tempfile
 import time
 import traceback
@@ -21,6 +23,14 @@ from pathlib import Path
 from typing import Any
 
 LOG_TAIL_LINES = 12
+PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+# How the engines say a graph holds an operator they have no kernel or conversion for (lower case):
+# a fact about the engine, recorded as `unsupported`, not a crash.
+UNSUPPORTED_OPERATOR = (
+    "is not a registered function/op",  # ONNX Runtime, unknown op or domain
+    "could not find an implementation for",  # ONNX Runtime, no kernel for this op/type on the EP
+    "no conversion rule found for operations",  # OpenVINO's ONNX frontend
+)
 
 
 @dataclass(frozen=True)
@@ -39,10 +49,23 @@ def classify(exc: BaseException) -> tuple[str, str]:
         return "oom", message
     if isinstance(exc, UnsupportedError) or type(exc).__name__ == "NotImplemented":
         return "unsupported", message
+    if any(pattern in text for pattern in UNSUPPORTED_OPERATOR):
+        return "unsupported", message
     return "error", message
 
 
+def _die_with_parent() -> None:
+    """Linux: the kernel SIGKILLs this worker when its parent dies, so a kill -9 of the CLI leaves
+    no orphan worker running (or hanging) on the benchmark machine."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        parent = multiprocessing.parent_process()
+        if parent is not None and os.getppid() != parent.pid:  # the parent died before prctl took effect
+            os._exit(1)
+
+
 def _child_main(fn: Callable[[Any], Iterator[Any]], payload: Any, conn: Any, log_path: str) -> None:
+    _die_with_parent()
     log = open(log_path, "w", buffering=1)  # noqa: SIM115 - lives as long as the process
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)

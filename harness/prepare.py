@@ -11,12 +11,14 @@ import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from harness.export import cache_root, export_key, export_onnx
 from harness.specs import ModelSpec
+
+if TYPE_CHECKING:  # harness.export imports torch: workers that only run ORT/OpenVINO never need it
+    from harness.export import ExportOutcome
 
 CaseShape = tuple[int, int | None]  # (batch, seq)
 
@@ -33,6 +35,8 @@ class PreparedModel:
     export: dict[str, Any] = field(default_factory=dict)
     case_files: dict[CaseShape, Path] = field(default_factory=dict)
     skipped: dict[CaseShape, str] = field(default_factory=dict)  # case → why it cannot run
+    onnx_past_path: Path | None = None  # the export with past key/values, for ONNX generation
+    onnx_past_error: str | None = None  # why there is none when it was asked for
 
     def load_case(self, shape: CaseShape) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
         with np.load(self.case_files[shape]) as data:
@@ -46,6 +50,9 @@ class PreparedModel:
 class PrepareJob:
     spec: ModelSpec
     shapes: list[CaseShape]
+    # Export the graph with past key/values too: only when the plan generates on ONNX Runtime,
+    # since it is a second export of the whole model.
+    with_past: bool = False
 
 
 def _save_case(path: Path, feeds: dict[str, np.ndarray], reference: list[np.ndarray]) -> None:
@@ -58,6 +65,7 @@ def _save_case(path: Path, feeds: dict[str, np.ndarray], reference: list[np.ndar
 def _prepare_spec_model(job: PrepareJob) -> PreparedModel:
     import torch
 
+    from harness.export import export_key, export_onnx
     from harness.workload import build_module, make_inputs, max_sequence_length
 
     spec = job.spec
@@ -81,7 +89,7 @@ def _prepare_spec_model(job: PrepareJob) -> PreparedModel:
         case_files[(batch, seq)] = path
     example_seq = 16 if spec.inputs.uses_sequence else None
     outcome = export_onnx(spec, module, weights, make_inputs(spec, config, 2, example_seq))
-    return PreparedModel(
+    prepared = PreparedModel(
         spec=spec,
         weights=weights.kind,
         weights_source=weights.source,
@@ -89,26 +97,43 @@ def _prepare_spec_model(job: PrepareJob) -> PreparedModel:
         onnx_error=outcome.error,
         reference="torch-fp32",
         parameters=parameters,
-        export={
-            "exporter": outcome.exporter,
-            "cache_hit": outcome.cache_hit,
-            "export_s": outcome.export_s,
-            "dynamo_error": outcome.dynamo_error,
-        },
+        export=_export_facts(outcome),
         case_files=case_files,
         skipped=skipped,
     )
+    if job.with_past:
+        from harness.export_past import export_with_past
+
+        past = export_with_past(spec, module.model, weights)
+        prepared.onnx_past_path, prepared.onnx_past_error = past.path, past.error
+        prepared.export["past"] = _export_facts(past)
+    return prepared
+
+
+def _export_facts(outcome: ExportOutcome) -> dict[str, Any]:
+    return {
+        "exporter": outcome.exporter,
+        "cache_hit": outcome.cache_hit,
+        "export_s": outcome.export_s,
+        "dynamo_error": outcome.dynamo_error,
+    }
 
 
 def _prepare_onnx_file(job: PrepareJob) -> PreparedModel:
     import onnxruntime as ort
 
-    from harness.workload import make_signature_inputs
+    from harness.inputs import make_signature_inputs, onnx_file_signature
 
     spec = job.spec
     assert spec.local_path is not None
-    session = ort.InferenceSession(str(spec.local_path), providers=["CPUExecutionProvider"])
-    signature = [(i.name, list(i.shape), i.type) for i in session.get_inputs()]
+    try:
+        session = ort.InferenceSession(str(spec.local_path), providers=["CPUExecutionProvider"])
+    except Exception as exc:  # e.g. an operator ORT lacks: other engines may still run the file
+        session, reference = None, f"none: onnxruntime CPU cannot run this file ({_first_line(exc)})"
+        signature = onnx_file_signature(spec.local_path)
+    else:
+        reference = "onnxruntime-cpu-fp32"
+        signature = [(i.name, list(i.shape), i.type) for i in session.get_inputs()]
     digest = hashlib.sha256(spec.local_path.read_bytes()).hexdigest()[:24]
     prepared = PreparedModel(
         spec=spec,
@@ -116,7 +141,7 @@ def _prepare_onnx_file(job: PrepareJob) -> PreparedModel:
         weights_source=str(spec.local_path),
         onnx_path=spec.local_path,
         onnx_error=None,
-        reference="onnxruntime-cpu-fp32",
+        reference=reference,
         parameters=None,
         export={"exporter": "file"},
     )
@@ -125,12 +150,18 @@ def _prepare_onnx_file(job: PrepareJob) -> PreparedModel:
         path = case_dir / f"b{batch}_s{seq}.npz"
         if not path.exists():
             feeds = make_signature_inputs(signature, spec.name, batch, seq)
-            _save_case(path, feeds, list(session.run(None, feeds)))
+            _save_case(path, feeds, list(session.run(None, feeds)) if session is not None else [])
         prepared.case_files[(batch, seq)] = path
     return prepared
 
 
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:500]
+
+
 def _case_dir(key: str) -> Path:
+    from harness.export import cache_root
+
     directory = cache_root() / "cases" / key
     directory.mkdir(parents=True, exist_ok=True)
     return directory

@@ -42,6 +42,11 @@ class Case:
         return key if self.mode == "inference" else f"{key}_{self.mode}"
 
 
+def result_key(model: str, target: Target, case: Case) -> str:
+    """What makes a result unique within a run: --resume skips the keys a run already holds."""
+    return f"{model}|{target.hardware}|{target.engine}|{target.provider}|{case.key}"
+
+
 @dataclass
 class Result:
     """One measured (or failed) case. Statistics are derived from samples_ms by the store."""
@@ -69,6 +74,10 @@ class Result:
     compile_ms: float | None = None  # JIT engines: compile time, kept out of the latency samples
     energy_j_per_item: float | None = None  # only from a real sensor (RAPL, NVML)
     details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return result_key(self.model, self.target, self.case)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

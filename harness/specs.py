@@ -86,6 +86,12 @@ class ModelSpec:
         return self.architecture.endswith(("LMHeadModel", "ForCausalLM", "ForConditionalGeneration"))
 
     @property
+    def has_past_export(self) -> bool:
+        """Decoder-only LMs (GPT-2, LLaMA, Qwen2): they get an ONNX export with past key/values,
+        so ONNX Runtime can generate with a KV-cache loop (harness.export_past)."""
+        return not self.is_onnx_file and self.architecture.endswith(("LMHeadModel", "ForCausalLM"))
+
+    @property
     def is_onnx_file(self) -> bool:
         return self.local_path is not None and self.local_path.suffix == ".onnx"
 

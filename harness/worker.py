@@ -59,18 +59,17 @@ def result_for(job: Job, case: Case, status: str, error: str | None = None, **fi
 def _run_mode(job: Job, session: Any, case: Case, feeds: dict[str, np.ndarray], rss: PeakRss) -> Measurement:
     if case.mode == "inference":
         return measure(session, feeds, job.measure, rss)
-    if not hasattr(session, "generate"):
-        raise UnsupportedError(
-            f"{case.mode} mode runs on torch only: the {job.target.engine} session has no "
-            + (
-                "KV-cache decoder loop (the ONNX export has no past key/values)"
-                if case.mode == "generate"
-                else "training support"
-            )
-        )
-    if case.mode == "generate":
+    if case.mode == "generate" and hasattr(session, "generate"):
         return measure_generation(session, feeds, job.measure, case.new_tokens or 1, rss)
-    return measure_training(session, feeds, job.measure, rss)
+    if case.mode == "training" and hasattr(session, "train_step"):
+        return measure_training(session, feeds, job.measure, rss)
+    engine = job.target.engine
+    if case.mode == "training":
+        raise UnsupportedError(f"training mode runs on torch only: the {engine} session has no training support")
+    if engine != "onnxruntime":
+        raise UnsupportedError(f"generate mode runs on torch and onnxruntime only: {engine} has no decoder loop")
+    why = job.prepared.onnx_past_error or "only decoder-only models (GPT-2, LLaMA, Qwen2) have one"
+    raise UnsupportedError(f"generate mode on onnxruntime needs the ONNX export with past key/values: {why}")
 
 
 def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: PeakRss) -> Result:
@@ -85,7 +84,9 @@ def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: Pea
         "energy_source": measured.energy_source,  # the sensor, or why there is none
     }
     status, error, parity_fields = "ok", None, {}
-    if case.mode == "inference":  # generated tokens and trained weights have no fixed reference
+    if not reference:  # a file no reference engine could run: measured, not parity-checked
+        details["parity"] = f"not checked: no reference ({job.prepared.reference})"
+    elif case.mode == "inference":  # generated tokens and trained weights have no fixed reference
         parity = compare(measured.outputs, reference, session.precision)
         details["parity_tolerance"] = parity.tolerance
         parity_fields = {"max_abs_diff": parity.max_abs_diff, "max_rel_diff": parity.max_rel_diff}
@@ -108,6 +109,8 @@ def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: Pea
         cpu_percent=measured.cpu_percent,
         # the meter spans first run + warmup + timed loop, so divide by every item in it
         energy_j_per_item=measured.energy_j / items if measured.energy_j is not None else None,
+        # JIT engines compile per input shape in prepare(), outside the samples; read after measuring
+        compile_ms=getattr(session, "compile_ms", None),
         details=details,
         **parity_fields,
         **load_facts,
@@ -148,11 +151,12 @@ def benchmark_job(job: Job) -> Iterator[Result]:
     backend = get_backend(job.target.engine)
     rss = PeakRss()
     # One load per (precision, mode): a training step changes the weights later cases would use.
-    for (precision, _mode), group in groupby(job.cases, key=lambda c: (c.precision, c.mode)):
+    for (precision, mode), group in groupby(job.cases, key=lambda c: (c.precision, c.mode)):
         cases = list(group)
         first = cases[0]
         example, _ = job.prepared.load_case((first.batch_size, first.seq_len))
-        request = LoadRequest(job.prepared.spec, job.prepared.onnx_path, precision, example)
+        past = job.prepared.onnx_past_path if mode == "generate" else None  # ONNX generation's graph
+        request = LoadRequest(job.prepared.spec, job.prepared.onnx_path, precision, example, onnx_past_path=past)
         before_mb = rss_mb()
         started = time.perf_counter()
         try:

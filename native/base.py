@@ -32,6 +32,7 @@ class LoadRequest:
     onnx_path: Path | None
     precision: str  # requested
     example_feeds: dict[str, np.ndarray] | None = None  # one case's inputs, for placement checks
+    onnx_past_path: Path | None = None  # the export with past key/values: load it to generate
 
 
 class Clock:

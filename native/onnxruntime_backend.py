@@ -10,6 +10,7 @@ import json
 import os
 import tempfile
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,60 @@ class OrtSession(HostMemory):
         return list(outputs)
 
 
+class OrtGenerator(OrtSession):
+    """Greedy decoding on the export with past key/values (harness.export_past): a prefill run on
+    the prompt with an empty past, then one run per new token that feeds back the presents."""
+
+    def __init__(self, session: ort.InferenceSession, provider: str, placement: dict[str, int]) -> None:
+        super().__init__(session, provider, placement)
+        self.output_names = [o.name for o in session.get_outputs()]
+        # present_key_0 → past_key_0: each step's cache is the next step's past
+        self.past_names = ["past" + name.removeprefix("present") for name in self.output_names[1:]]
+        self.generated: np.ndarray | None = None  # the last generate()'s token ids, for parity checks
+        self.facts["onnx_graph"] = "with past key/values (KV-cache decoder loop)"
+
+    def prepare(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {name: feeds[name] for name in ("input_ids", "attention_mask")}
+
+    def generate(self, prepared: dict[str, np.ndarray], new_tokens: int, stamp: Callable[[], None]) -> int:
+        """Exactly new_tokens greedy tokens (no EOS stop, like torch's min = max); stamp() runs as
+        each token's logits are ready, since run() returns host arrays."""
+        mask = prepared["attention_mask"]
+        feeds = prefill_feeds(self.session, prepared)
+        tokens = []
+        for _ in range(new_tokens):
+            logits, *presents = self.session.run(self.output_names, feeds)
+            stamp()
+            token = logits[:, -1].argmax(axis=-1, keepdims=True).astype(np.int64)
+            tokens.append(token)
+            mask = np.concatenate([mask, np.ones_like(token)], axis=1)
+            feeds = {"input_ids": token, "attention_mask": mask, "position_ids": positions(mask, 1)}
+            feeds |= dict(zip(self.past_names, presents, strict=True))
+        self.generated = np.concatenate(tokens, axis=1)
+        return len(tokens)
+
+
+PAST_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+
+
+def positions(mask: np.ndarray, length: int) -> np.ndarray:
+    """Position ids of the last `length` tokens, counted over the unpadded ones as transformers'
+    generate() does (padding positions get 1)."""
+    counted = np.cumsum(mask, axis=1) - 1
+    return np.where(mask == 0, 1, counted)[:, -length:].astype(np.int64)
+
+
+def prefill_feeds(session: ort.InferenceSession, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The prompt with an empty past: [batch, kv_heads, 0, head_dim] for every past input."""
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    feeds = {"input_ids": ids, "attention_mask": mask, "position_ids": positions(mask, ids.shape[1])}
+    for past in session.get_inputs():
+        if past.name.startswith("past_"):
+            shape = (ids.shape[0], past.shape[1], 0, past.shape[3])
+            feeds[past.name] = np.zeros(shape, dtype=PAST_DTYPES[past.type])
+    return feeds
+
+
 def node_placement(onnx_path: Path, provider: str, feeds_example: dict[str, np.ndarray] | None) -> dict[str, int]:
     """Nodes per execution provider, read from the profile of one run in a throwaway session."""
     options = ort.SessionOptions()
@@ -96,9 +151,12 @@ class OnnxRuntimeBackend:
         )
 
     def load(self, request: LoadRequest, target: Target) -> OrtSession:
-        if request.onnx_path is None:
+        """An inference session on the export, or a generator when given the export with past."""
+        generating = request.onnx_past_path is not None
+        source = request.onnx_past_path if generating else request.onnx_path
+        if source is None:
             raise UnsupportedError("no ONNX file for this model (see the export error)")
-        path, precision, conversion = model_for_precision(request.onnx_path, request.precision)
+        path, precision, conversion = model_for_precision(source, request.precision)
         try:
             session = ort.InferenceSession(str(path), providers=[target.provider])
         except Exception as exc:  # a converted file ORT rejects (e.g. duplicate node names): no such model here
@@ -107,8 +165,11 @@ class OnnxRuntimeBackend:
             raise UnsupportedError(f"onnxruntime cannot load the {precision} conversion of the export: {exc}") from exc
         placement: dict[str, int] = {}
         if target.provider != "CPUExecutionProvider":
-            placement = node_placement(path, target.provider, request.example_feeds)
-        ort_session = OrtSession(session, target.provider, placement)
+            example = request.example_feeds
+            if generating and example is not None:
+                example = prefill_feeds(session, example)
+            placement = node_placement(path, target.provider, example)
+        ort_session = (OrtGenerator if generating else OrtSession)(session, target.provider, placement)
         ort_session.precision = precision
         ort_session.facts |= conversion
         return ort_session
