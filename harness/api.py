@@ -15,7 +15,7 @@ from pathlib import Path
 from harness.hardware import NATIVE_PLATFORMS, native_targets
 from harness.isolation import run_isolated
 from harness.measure import MeasureConfig
-from harness.native import ENGINES
+from harness.native import DEFAULT_ENGINES, ENGINES
 from harness.native.base import Availability
 from harness.prepare import PreparedModel, PrepareJob, prepare_model
 from harness.recording import Body, Emit, RunSummary, record_run
@@ -135,7 +135,7 @@ def validate(request: BenchmarkRequest) -> Plan:
     if request.new_tokens < 1:
         raise RequestError(f"--new-tokens must be >= 1 (got {request.new_tokens})")
     check_measuring(request)
-    engines = request.engines or list(ENGINES)
+    engines = request.engines or list(DEFAULT_ENGINES)  # jax runs when named: it serves two architectures
     for engine in engines:
         if engine not in ENGINES:
             raise RequestError(f"unknown engine '{engine}'; valid: {', '.join(ENGINES)}")
@@ -213,7 +213,7 @@ def _skip_reason(prepared: PreparedModel, target: Target, availability: Availabi
         return availability.reason
     if skip := prepared.skipped.get((case.batch_size, case.seq_len)):
         return skip
-    if target.engine != "torch" and prepared.onnx_path is None:
+    if target.engine not in ("torch", "jax") and prepared.onnx_path is None:  # jax ports the torch weights
         return prepared.onnx_error
     return None
 

@@ -53,7 +53,7 @@ def native(
     hardware: Annotated[
         str | None, typer.Option(help="cpu,cuda,rocm,mps,openvino,qnn,directml (default: available)")
     ] = None,
-    engines: Annotated[str | None, typer.Option(help="torch,onnxruntime,openvino (default: all)")] = None,
+    engines: Annotated[str | None, typer.Option(help="torch,onnxruntime,openvino,jax (default: all but jax)")] = None,
     batch_sizes: BatchOption = "1",
     sequence_lengths: SeqOption = "32",
     precision: Annotated[

@@ -11,11 +11,16 @@ def get_backend(engine: str) -> Backend:
         from harness.native import onnxruntime_backend as module
     elif engine == "openvino":
         from harness.native import openvino_backend as module
+    elif engine == "jax":  # optional extra; the module imports without jax and probes unavailable
+        from harness.native import jax_backend as module
     else:
         raise KeyError(f"unknown native engine '{engine}'; valid: {', '.join(ENGINES)}")
     return module.BACKEND
 
 
-ENGINES = ("torch", "onnxruntime", "openvino")
+ENGINES = ("torch", "onnxruntime", "openvino", "jax")
+# The engines a run uses when none are named. jax is opt-in (--engines jax): an optional extra that
+# implements two architectures, so in a default run every other model would gain an `unsupported` row.
+DEFAULT_ENGINES = ("torch", "onnxruntime", "openvino")
 
-__all__ = ["ENGINES", "Availability", "Backend", "Session", "UnsupportedError", "get_backend"]
+__all__ = ["DEFAULT_ENGINES", "ENGINES", "Availability", "Backend", "Session", "UnsupportedError", "get_backend"]
