@@ -52,6 +52,7 @@ test: lint
 bench: setup
 	$(BIN)/python bench/native_overhead.py
 	$(BIN)/python bench/web_overhead.py
+	$(BIN)/python bench/suite_overhead.py
 
 clean:
 	rm -rf $(VENV) $(OUT) $(DB) $(DB).wal web/node_modules

@@ -6,24 +6,39 @@ The CLI (`accelharness`) is a thin layer over this API:
     summary = run_native(BenchmarkRequest(models=["bert-tiny"], hardware=["cpu"]))
 """
 
-from harness.api import BenchmarkRequest, RequestError, RunSummary, run_native, validate
-from harness.hardware import detect_platforms
-from harness.report import write_reports
-from harness.specs import load_specs
-from harness.stats import summarize
-from harness.store import open_store
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "BenchmarkRequest",
-    "RequestError",
-    "RunSummary",
-    "detect_platforms",
-    "load_specs",
-    "open_store",
-    "run_native",
-    "summarize",
-    "validate",
-    "write_reports",
-]
+# Imported on first use (PEP 562): every worker process imports harness.worker, and importing the
+# whole API there would cost each worker seconds of torch/transformers imports it may not need.
+_EXPORTS = {
+    "BenchmarkRequest": "harness.api",
+    "RequestError": "harness.api",
+    "RunSummary": "harness.api",
+    "run_native": "harness.api",
+    "validate": "harness.api",
+    "detect_platforms": "harness.hardware",
+    "write_reports": "harness.report",
+    "load_specs": "harness.specs",
+    "summarize": "harness.stats",
+    "open_store": "harness.store",
+    "plan_suite": "harness.suite",
+    "run_suite": "harness.suite",
+    "load_config": "harness.suite_config",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'harness' has no attribute '{name}'")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -219,12 +219,14 @@ def _skip_reason(prepared: PreparedModel, target: Target, availability: Availabi
 
 
 def _run_model(plan: Plan, spec: ModelSpec, emit: Callable[[Result], None]) -> None:
+    if not any(plan.remaining(spec, target) for target, _ in plan.targets):
+        return  # a resumed run holds every result of this model: do not even export it
     prepared, error, status = _prepare(plan, spec)
     measure = MeasureConfig(
         plan.request.warmup, plan.request.iterations, plan.request.min_duration_s, plan.request.max_iterations
     )
     for target, availability in plan.targets:
-        cases = plan.cases(spec, target)
+        cases = plan.remaining(spec, target)
         if target.engine == "torch" and spec.is_onnx_file:
             for case in cases:
                 emit(

@@ -35,6 +35,7 @@ from harness.cli_common import (
     app,
     console,
     db_app,
+    errors,
     fail,
     int_list,
     split_list,
@@ -98,7 +99,7 @@ def native(
         plan = validate(request)
     except RequestError as exc:
         raise fail(str(exc)) from None
-    _run_with_progress(plan.total_results, lambda on_result: run_native(request, on_result=on_result, plan=plan))
+    run_with_progress(plan.total_results, lambda on_result: run_native(request, on_result=on_result, plan=plan))
 
 
 @app.command()
@@ -153,7 +154,7 @@ def web(
         plan = validate_web(request)
     except RequestError as exc:
         raise fail(str(exc)) from None
-    _run_with_progress(plan.total_results, lambda on_result: run_web(request, on_result=on_result, plan=plan))
+    run_with_progress(plan.total_results, lambda on_result: run_web(request, on_result=on_result, plan=plan))
 
 
 @app.command()
@@ -198,10 +199,10 @@ def run(
         total = validate(native_request).total_results + validate_web(web_request).total_results
     except RequestError as exc:
         raise fail(str(exc)) from None
-    _run_with_progress(total, lambda on_result: run_both(native_request, web_request, on_result))
+    run_with_progress(total, lambda on_result: run_both(native_request, web_request, on_result))
 
 
-def _run_with_progress(total: int, start: Callable[[Callable[[Result, str], None]], RunSummary]) -> None:
+def run_with_progress(total: int, start: Callable[[Callable[[Result, str], None]], RunSummary]) -> RunSummary:
     """Run with a progress bar (ETA) fed by each committed result, then print the summary."""
     rows: list[Result] = []
     columns = (
@@ -218,6 +219,12 @@ def _run_with_progress(total: int, start: Callable[[Callable[[Result, str], None
         def on_result(result: Result, _result_id: str) -> None:
             rows.append(result)
             progress.update(task, advance=1, description=f"{result.model} {result.target.label}")
+            if not console.is_terminal:  # logs and CI: a line per stored result instead of a live bar
+                console.print(
+                    f"[{len(rows)}/{total}] stored {result.model} {result.target.label} {result.case.key}: "
+                    f"{result.status}",
+                    highlight=False,
+                )
 
         try:
             summary = start(on_result)
@@ -227,6 +234,10 @@ def _run_with_progress(total: int, start: Callable[[Callable[[Result, str], None
     console.print(f"run [bold]{summary.run_id}[/bold] → {summary.db_path}: {summary.counts}")
     for path in summary.reports:
         console.print(f"  report: {path}")
+    if summary.report_error:
+        errors.print(f"[red]error:[/red] {summary.report_error}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
+    return summary
 
 
 def summary_table(rows: list[Result]) -> Table:
@@ -335,8 +346,8 @@ def db_init(
     console.print(f"schema ready in {db}")
 
 
-# The analysis commands register themselves on the same app.
-from harness import cli_analysis  # noqa: E402, F401
+# The analysis and suite commands register themselves on the same app.
+from harness import cli_analysis, cli_suite  # noqa: E402, F401
 
 if __name__ == "__main__":
     app()

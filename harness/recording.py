@@ -8,6 +8,7 @@ compatibility matrix are written from the store.
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +30,18 @@ class RunSummary:
     db_path: Path
     counts: dict[str, int]
     reports: list[Path] = field(default_factory=list)
+    report_error: str | None = None  # the results are stored, but writing the reports failed (disk full…)
+
+    def write_reports(self, writer: Callable[[], list[Path]], output_dir: Path) -> None:
+        """Write the reports; a failure (a full or read-only disk) is kept, the stored results stand."""
+        try:
+            self.reports = writer()
+        except OSError as exc:
+            self.report_error = (
+                f"run {self.run_id} is stored in {self.db_path}, but its reports could not be written to "
+                f"{output_dir}: {exc}. Free space, then: accelharness report --run {self.run_id} "
+                f"--output-dir {output_dir} --db {self.db_path}"
+            )
 
 
 def record_run(
@@ -38,20 +51,31 @@ def record_run(
     bodies: list[Body],
     on_result: Callable[[Result, str], None] | None = None,
     output_dir: Path | None = None,
+    suite_id: str | None = None,
+    resume_run_id: str | None = None,
 ) -> RunSummary:
-    """Run each body under one run id; on_result(result, result_id) follows every commit."""
+    """Run each body under one run id; on_result(result, result_id) follows every commit.
+
+    resume_run_id continues that run (its bodies must skip the keys it holds); bodies may emit
+    from several threads (parallel device groups), so commits are serialised here."""
     host = host_facts()
     counts: Counter[str] = Counter()
+    commit_lock = threading.Lock()
     with open_store(Path(db_path)) as store:
-        run_id = store.start_run(command, arguments, host)
-        store.add_hardware(run_id, hardware_rows())
+        if resume_run_id is None:
+            run_id = store.start_run(command, arguments, host, suite_id)
+            store.add_hardware(run_id, hardware_rows())
+        else:
+            run_id = resume_run_id
+            store.reopen_run(run_id)
 
         def emit(result: Result) -> None:
             result.details.setdefault("load_avg_at_run_start", host["load_avg_at_start"])
-            result_id = store.add_result(run_id, result, host["git_sha"])
-            counts[result.status] += 1
-            if on_result is not None:
-                on_result(result, result_id)
+            with commit_lock:
+                result_id = store.add_result(run_id, result, host["git_sha"])
+                counts[result.status] += 1
+                if on_result is not None:
+                    on_result(result, result_id)
 
         try:
             for body in bodies:
@@ -62,7 +86,7 @@ def record_run(
         store.finish_run(run_id, "completed")
     summary = RunSummary(run_id, Path(db_path), dict(counts))
     if output_dir is not None:
-        summary.reports = write_outputs(Path(db_path), run_id, Path(output_dir))
+        summary.write_reports(lambda: write_outputs(Path(db_path), run_id, Path(output_dir)), Path(output_dir))
     return summary
 
 

@@ -7,6 +7,7 @@ arrives, so an interrupted run keeps everything it finished. Samples go in throu
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import asdict
 from datetime import UTC, datetime
@@ -66,6 +67,11 @@ MIGRATIONS: dict[int, list[str]] = {
         "ALTER TABLE samples ADD COLUMN IF NOT EXISTS ttft_ms DOUBLE",
         "ALTER TABLE samples ADD COLUMN IF NOT EXISTS tpot_ms DOUBLE",
     ],
+    3: [
+        # suites: --resume continues a suite's unfinished run, skipping the result keys it holds
+        "ALTER TABLE runs ADD COLUMN IF NOT EXISTS suite_id VARCHAR",
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS result_key VARCHAR",
+    ],
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 
@@ -114,10 +120,14 @@ class Store:
             self.connection.execute("COMMIT")
 
     # --- writes -------------------------------------------------------------------------------
-    def start_run(self, command: str, arguments: dict[str, Any], host: dict[str, Any]) -> str:
+    def start_run(
+        self, command: str, arguments: dict[str, Any], host: dict[str, Any], suite_id: str | None = None
+    ) -> str:
         run_id = datetime.now(UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
         self.connection.execute(
-            "INSERT INTO runs VALUES (?, ?, NULL, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO runs (run_id, started_at, finished_at, status, command, arguments, git_sha, harness_version,"
+            " hostname, platform, python_version, cpu_model, cpu_cores, memory_gb, host, suite_id)"
+            " VALUES (?, ?, NULL, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 run_id,
                 _now(),
@@ -132,9 +142,14 @@ class Store:
                 host.get("cpu_cores"),
                 host.get("memory_gb"),
                 json.dumps(host, default=str),
+                suite_id,
             ],
         )
         return run_id
+
+    def reopen_run(self, run_id: str) -> None:
+        """--resume: the run is running again; its finished results stay and are not repeated."""
+        self.connection.execute("UPDATE runs SET finished_at = NULL, status = 'running' WHERE run_id = ?", [run_id])
 
     def finish_run(self, run_id: str, status: str) -> None:
         self.connection.execute(
@@ -160,6 +175,8 @@ class Store:
     def add_result(self, run_id: str, result: Result, git_sha: str | None) -> str:
         """Commit one result with its samples; returns its result_id."""
         result_id = uuid.uuid4().hex
+        if self.query("SELECT 1 FROM results WHERE run_id = ? AND result_key = ?", [run_id, result.key]):
+            raise StoreError(f"run {run_id} already holds a result for {result.key}; a result is never stored twice")
         columns = self._result_columns(result_id, run_id, result, git_sha)
         samples = pa.table(
             {
@@ -208,6 +225,7 @@ class Store:
         generation = summarize_generation(result)
         return {
             "result_id": result_id,
+            "result_key": result.key,
             "run_id": run_id,
             "created_at": _now(),
             "model": result.model,
@@ -258,6 +276,25 @@ class Store:
             raise StoreError(f"no run '{selector}' in {self.path}; recent runs: {', '.join(recent) or 'none'}")
         return selector
 
+    def unfinished_run(self, suite_id: str) -> str | None:
+        """The suite's latest run when it did not complete (Ctrl-C: interrupted; kill -9: still 'running')."""
+        rows = self.query(
+            "SELECT run_id, status FROM runs WHERE suite_id = ? ORDER BY started_at DESC LIMIT 1", [suite_id]
+        )
+        return rows[0]["run_id"] if rows and rows[0]["status"] != "completed" else None
+
+    def result_keys(self, run_id: str) -> set[str]:
+        return {r["result_key"] for r in self.query("SELECT result_key FROM results WHERE run_id = ?", [run_id])}
+
+    def fresh_keys(self, suite_id: str, since: datetime) -> set[str]:
+        """The result keys this suite measured at or after `since` (--older-than re-runs the rest)."""
+        rows = self.query(
+            "SELECT DISTINCT r.result_key FROM results r JOIN runs USING (run_id) WHERE runs.suite_id = ? "
+            "AND r.created_at >= ? AND r.result_key IS NOT NULL",
+            [suite_id, since],
+        )
+        return {r["result_key"] for r in rows}
+
     def run_info(self, run_id: str) -> dict[str, Any]:
         return self.query("SELECT * FROM runs WHERE run_id = ?", [run_id])[0]
 
@@ -284,7 +321,12 @@ def _open(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
     except duckdb.IOException as exc:
         message = str(exc)
         if "lock" in message.lower():
-            raise StoreError(f"{path} is in use by another accelharness process: {message}") from exc
+            holder = re.search(r"PID (\d+)", message)
+            who = f"PID {holder.group(1)}" if holder else "another process"
+            raise StoreError(
+                f"database {path} is locked by {who} (one writer per file: wait for it to finish, or use "
+                f"another --db); DuckDB said: {message}"
+            ) from exc
         raise StoreError(f"cannot open {path}: {message}") from exc
     except duckdb.Error as exc:
         raise StoreError(f"cannot open {path} as a DuckDB database: {exc}") from exc

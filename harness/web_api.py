@@ -33,7 +33,7 @@ from harness.measure import MeasureConfig
 from harness.parity import compare
 from harness.prepare import PreparedModel, PrepareJob, prepare_model
 from harness.recording import Body, Emit, RunSummary, record_run
-from harness.result import Case, Result, Target
+from harness.result import Case, Result, Target, result_key
 from harness.specs import ModelSpec
 from harness.worker import Job, result_for
 
@@ -81,14 +81,21 @@ class WebPlan:
     settings: list[EpSetting]
     browser: Any  # harness.web.driver.BrowserChoice
     request: WebRequest
+    done: frozenset[str] = frozenset()  # result keys a resumed run already holds: never run twice
 
     def cases(self, spec: ModelSpec) -> list[Case]:
         seqs: list[int | None] = list(self.request.sequence_lengths) if spec.inputs.uses_sequence else [None]
         return [Case(b, s, "fp32") for b in self.request.batch_sizes for s in seqs]
 
+    def remaining(self, spec: ModelSpec, setting: EpSetting) -> list[Case]:
+        return [c for c in self.cases(spec) if result_key(spec.name, setting.target, c) not in self.done]
+
+    def has_work(self, spec: ModelSpec) -> bool:
+        return any(self.remaining(spec, setting) for setting in self.settings)
+
     @property
     def total_results(self) -> int:
-        return sum(len(self.cases(spec)) for spec in self.specs) * len(self.settings)
+        return sum(len(self.remaining(spec, setting)) for spec in self.specs for setting in self.settings)
 
 
 def _settings(request: WebRequest) -> list[EpSetting]:
@@ -279,7 +286,7 @@ def _ep_cases(
 ) -> Iterator[tuple[ModelSpec, PreparedModel | None, str, EpSetting, Case]]:
     for spec, prepared, why in models:
         for setting in (s for s in plan.settings if s.ep == ep):
-            for case in plan.cases(spec):
+            for case in plan.remaining(spec, setting):
                 yield spec, prepared, why, setting, case
 
 
@@ -331,7 +338,7 @@ def execute_web(plan: WebPlan, faults: Mapping[str, str] | None = None) -> Body:
     def body(emit: Emit) -> None:
         from harness.web.driver import run_sync
 
-        models = [_prepare(plan, spec) for spec in plan.specs]
+        models = [_prepare(plan, spec) for spec in plan.specs if plan.has_work(spec)]
         run_sync(_run_all(plan, models, emit, faults or {}))
 
     return body

@@ -75,7 +75,7 @@ def test_a_second_writer_gets_a_clear_message(db: Path) -> None:
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        with pytest.raises(StoreError, match="in use by another accelharness process"):
+        with pytest.raises(StoreError, match=r"is locked by PID \d+"):
             open_store(db)
     finally:
         holder.kill()

@@ -45,21 +45,23 @@ def write_reports(
     formats: list[str] | None = None,
     out: Path | None = None,
 ) -> list[Path]:
-    """Write the reports of a run (RUN_ID, 'latest') or of every run ('all'); returns the files written.
+    """Write the reports of a run (RUN_ID, 'latest'), of several ('RUN,RUN,…') or of every run ('all').
 
-    Files are <run_id>.<format> (all-runs.<format> for 'all') in output_dir, or `out` when exactly one
-    format is asked for. Markdown also writes its plots as PNG files under <run_id>-plots/ next to it.
+    Files are <run_id>.<format> (<run_id>-<run_id>… for several, all-runs.<format> for 'all') in
+    output_dir, or `out` when exactly one format is asked for. Markdown also writes its plots as PNG
+    files under <run_id>-plots/ next to it.
     """
     formats = formats or list(FORMATS)
     if out is not None and len(formats) != 1:
         raise ValueError("an output file path needs exactly one format")
     reports = load_run_reports(db_path, run_selector)
-    stem = ALL_RUNS_STEM if run_selector == ALL_RUNS else reports[0].run["run_id"]
+    many = run_selector == ALL_RUNS or "," in run_selector  # 'all', or RUN,RUN,… aggregated in one file
+    stem = ALL_RUNS_STEM if run_selector == ALL_RUNS else "-".join(r.run["run_id"] for r in reports)
     written = []
     for name in formats:
         path = Path(out) if out is not None else Path(output_dir) / f"{stem}.{name}"
         path.parent.mkdir(parents=True, exist_ok=True)
-        if run_selector == ALL_RUNS:
+        if many:
             _write_many(name, reports, path)
         else:
             FORMATS[name](reports[0], path)

@@ -142,10 +142,10 @@ def load_run_report(db_path: Path, run_selector: str) -> RunReport:
 
 
 def load_run_reports(db_path: Path, run_selector: str) -> list[RunReport]:
-    """One RunReport for RUN_ID or 'latest'; for 'all', one per run in the store, oldest first."""
+    """One RunReport for RUN_ID or 'latest', one per run for 'RUN,RUN,…'; for 'all', every run, oldest first."""
     with open_store(db_path, read_only=True) as store:
         if run_selector != ALL_RUNS:
-            return [_load(store, store.resolve_run(run_selector))]
+            return [_load(store, store.resolve_run(selector)) for selector in run_selector.split(",")]
         run_ids = [r["run_id"] for r in store.query("SELECT run_id FROM runs ORDER BY started_at")]
         if not run_ids:
             store.resolve_run("latest")  # raises the usual "has no runs yet"

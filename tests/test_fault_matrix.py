@@ -1,0 +1,274 @@
+"""The fault matrix: each fault driven for real; the message, the exit code, and nothing completed lost.
+
+Browser faults (crash, page hang, page JS error) are in test_web.py (test_faults_leave_rows_and_the_run_goes_on),
+bad CLI values (unknown model/hardware, batch 0/-1) in test_cli.py; README's reliability table lists them all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import duckdb
+import onnx
+import psutil
+import pytest
+from conftest import CLI, QUICK, run_cli
+from onnx import helper
+from test_native_run import rows
+from test_suite import small_config
+
+
+@pytest.mark.parametrize(
+    ("fault", "status", "message"),
+    [
+        ("segfault", "error", "SIGSEGV"),
+        ("abort", "error", "SIGABRT"),
+        ("oom", "oom", "MemoryError"),
+        ("hang", "timeout", "no result within --timeout 20s"),
+    ],
+)
+def test_worker_fault_is_recorded_and_other_jobs_complete(tmp_path: Path, fault, status, message) -> None:
+    db = tmp_path / "f.duckdb"
+    done = run_cli(
+        "native",
+        "--model",
+        "bert-tiny",
+        "--engines",
+        "torch,onnxruntime",
+        "--batch-sizes",
+        "1,2",
+        "--sequence-lengths",
+        "16",
+        *QUICK,
+        "--timeout",
+        "20",
+        "--db",
+        str(db),
+        "--output-dir",
+        str(tmp_path),
+        env={"ACCELHARNESS_INJECT_FAULT": f"{fault}:bert-tiny:onnxruntime"},
+    )
+    assert done.returncode == 0, done.stderr
+    results = rows(db)
+    failed = [r for r in results if r["engine"] == "onnxruntime"]
+    assert [r["status"] for r in failed] == [status, status]
+    assert all(message in r["error"] for r in failed), failed[0]["error"]
+    assert all(r["iterations"] is None for r in failed)  # no number was invented for them
+    assert [r["status"] for r in results if r["engine"] == "torch"] == ["ok", "ok"]
+    assert rows(db, "SELECT status FROM runs")[0]["status"] == "completed"
+
+
+class SuiteProcess:
+    """A real `accelharness suite` in its own process group, its output lines collected as they come."""
+
+    def __init__(self, config: Path, *extra: str, env: dict[str, str] | None = None) -> None:
+        self.lines: list[str] = []
+        self.process = subprocess.Popen(
+            [*CLI, "suite", "--config", str(config), *extra],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line)
+
+    def wait_for(self, text: str, timeout_s: float = 300) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not any(text in line for line in self.lines):
+            assert self.process.poll() is None, "".join(self.lines)
+            assert time.monotonic() < deadline, f"no '{text}' within {timeout_s}s:\n" + "".join(self.lines)
+            time.sleep(0.2)
+
+
+HANG_VIT_ON_TORCH = {"ACCELHARNESS_INJECT_FAULT": "hang:vit-tiny:torch"}  # bert's 2 rows land, then vit hangs
+
+
+def _stop_then_resume(tmp_path: Path, stop: signal.Signals, web: bool) -> tuple[list[dict], list[dict]]:
+    """Start a suite, stop it with `stop` once bert-tiny's two rows are stored, then --resume it."""
+    config = small_config(tmp_path, web=web)
+    total = 6 if web else 4
+    running = SuiteProcess(config, env=HANG_VIT_ON_TORCH)
+    running.wait_for(f"[2/{total}] stored")
+    time.sleep(2)  # the vit-tiny torch worker is hanging now
+    workers = psutil.Process(running.process.pid).children(recursive=True)
+    if stop == signal.SIGINT:  # Ctrl-C: the terminal signals the whole foreground process group
+        os.killpg(running.process.pid, signal.SIGINT)
+        assert running.process.wait(60) == 130
+        assert "--resume" in "".join(running.lines)
+    else:  # kill -9 of the CLI alone: its workers must not outlive it (PR_SET_PDEATHSIG)
+        running.process.kill()
+        running.process.wait(60)
+        _gone, alive = psutil.wait_procs(workers, timeout=10)
+        assert not alive, f"orphan workers: {alive}"
+    before = rows(tmp_path / "s.duckdb", "SELECT * FROM results ORDER BY created_at")
+    assert [r["model"] for r in before] == ["bert-tiny", "bert-tiny"]
+    resumed = SuiteProcess(config, "--resume")
+    assert resumed.process.wait(600) == 0, "".join(resumed.lines)
+    assert f"{total - 2} results still to run" in "".join(resumed.lines)
+    return before, rows(tmp_path / "s.duckdb", "SELECT * FROM results ORDER BY created_at")
+
+
+def test_ctrl_c_then_resume_completes_without_duplicates(tmp_path: Path) -> None:
+    before, after = _stop_then_resume(tmp_path, signal.SIGINT, web=True)
+    assert len(after) == 6 and len({r["result_key"] for r in after}) == 6
+    assert [r["result_id"] for r in after[:2]] == [r["result_id"] for r in before]  # kept, not re-measured
+    assert {r["engine"] for r in after} == {"torch", "onnxruntime", "onnxruntime-web"}
+    runs = rows(tmp_path / "s.duckdb", "SELECT status FROM runs")
+    assert runs == [{"status": "completed"}]  # the interrupted run was continued, not a second one
+
+
+def test_kill_9_then_resume_completes_without_duplicates(tmp_path: Path) -> None:
+    before, after = _stop_then_resume(tmp_path, signal.SIGKILL, web=False)
+    assert len(after) == 4 and len({r["result_key"] for r in after}) == 4
+    assert [r["result_id"] for r in after[:2]] == [r["result_id"] for r in before]
+    assert all(r["status"] == "ok" for r in after)
+    assert rows(tmp_path / "s.duckdb", "SELECT status FROM runs") == [{"status": "completed"}]
+
+
+def test_second_writer_is_told_who_holds_the_db(tmp_path: Path) -> None:
+    db = tmp_path / "held.duckdb"
+    duckdb.connect(str(db)).close()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import duckdb, time; c = duckdb.connect({str(db)!r}); print('held', flush=True); time.sleep(120)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        done = run_cli(
+            "native",
+            "--model",
+            "bert-tiny",
+            "--engines",
+            "onnxruntime",
+            *QUICK,
+            "--db",
+            str(db),
+            "--output-dir",
+            str(tmp_path / "out"),
+        )
+        assert done.returncode == 2, done.stderr
+        assert f"is locked by PID {holder.pid}" in done.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+    assert rows(db, "SELECT count(*) AS n FROM information_schema.tables")[0]["n"] == 0  # nothing written
+
+
+def test_corrupt_db_exits_2_and_is_left_alone(tmp_path: Path) -> None:
+    db = tmp_path / "corrupt.duckdb"
+    db.write_bytes(b"not a database" * 64)
+    done = run_cli("native", "--model", "bert-tiny", *QUICK, "--db", str(db), "--output-dir", str(tmp_path))
+    assert done.returncode == 2 and "cannot open" in done.stderr, done.stderr
+    assert db.read_bytes() == b"not a database" * 64
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("bad.toml", "batch_sizes = [1,", "is not valid TOML"),
+        ("bad.json", '{"batch_sizes": [1]', "is not valid JSON"),
+        ("typo.toml", "batch_size = [1]", "unknown key 'batch_size'; valid keys: name, batch_sizes"),
+        ("type.toml", 'batch_sizes = "1"', "key 'batch_sizes' must be list, got str"),
+        ("bool.toml", "timeout = true", "key 'timeout' must be float, got bool"),
+        ("hw.toml", '[hardware]\nhardware_types = ["tpu"]', "key 'hardware_types': unknown value 'tpu'; valid: cpu"),
+        ("model.toml", '[model_families]\nvision = ["vit-huge"]', "unknown model 'vit-huge'; valid: "),
+        ("family.toml", '[model_families]\nrobots = ["vit-tiny"]', "unknown family 'robots'; valid: embedding"),
+        ("zero.toml", "batch_sizes = [0]", "key 'batch_sizes' takes integers >= 1, got 0"),
+    ],
+)
+def test_malformed_config_exits_2_naming_file_and_key(tmp_path: Path, name: str, text: str, message: str) -> None:
+    config = tmp_path / name
+    config.write_text(text + f'\n[run]\ndb = "{tmp_path / "x.duckdb"}"\n' if name.endswith(".toml") else text)
+    done = run_cli("suite", "--config", str(config), "--check")
+    assert done.returncode == 2, done.stdout
+    assert str(config) in done.stderr and message in " ".join(done.stderr.split()), done.stderr
+    assert not (tmp_path / "x.duckdb").exists()
+
+
+def test_unsupported_operator_is_recorded_per_engine(tmp_path: Path) -> None:
+    """A graph with an operator no engine has: each engine's own message, status unsupported."""
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 8])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", 8])
+    nodes = [helper.make_node("Relu", ["x"], ["h"]), helper.make_node("NoSuchOp", ["h"], ["y"], domain="com.example")]
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("com.example", 1)]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=opsets, ir_version=10)
+    onnx.save(model, tmp_path / "custom.onnx")
+    db = tmp_path / "u.duckdb"
+    done = run_cli(
+        "native",
+        "--model-path",
+        str(tmp_path / "custom.onnx"),
+        "--engines",
+        "onnxruntime,openvino",
+        "--hardware",
+        "cpu,openvino",
+        *QUICK,
+        "--db",
+        str(db),
+        "--output-dir",
+        str(tmp_path / "out"),
+    )
+    assert done.returncode == 0, done.stderr
+    found = {r["engine"]: r for r in rows(db)}
+    assert found["onnxruntime"]["status"] == "unsupported" and "NoSuchOp" in found["onnxruntime"]["error"]
+    assert found["openvino"]["status"] == "unsupported" and "No conversion rule" in found["openvino"]["error"]
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path):
+    """A 256 KiB tmpfs filled to the brim (needs CAP_SYS_ADMIN, as root in CI's container)."""
+    mount = tmp_path / "full"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here to fill: {made.stderr.decode().strip()}")
+    try:
+        filler = open(mount / "filler", "wb")  # noqa: SIM115 - its close fails too, on a full disk
+        with pytest.raises(OSError, match="No space left"):
+            while True:
+                filler.write(b"\0" * 4096)
+                filler.flush()
+        with contextlib.suppress(OSError):
+            filler.close()
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_disk_full_output_dir_keeps_the_results(tmp_path: Path, full_disk: Path) -> None:
+    db = tmp_path / "d.duckdb"
+    done = run_cli(
+        "native",
+        "--model",
+        "bert-tiny",
+        "--engines",
+        "onnxruntime",
+        *QUICK,
+        "--db",
+        str(db),
+        "--output-dir",
+        str(full_disk / "reports"),
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    stderr = " ".join(done.stderr.split())
+    assert "No space left on device" in stderr and "accelharness report --run" in stderr, done.stderr
+    assert [r["status"] for r in rows(db)] == ["ok"]
+    assert rows(db, "SELECT status FROM runs") == [{"status": "completed"}]
