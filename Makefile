@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || python3 -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -c constraints.txt -e '.[dev,jax]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev,jax,ray]'
 	touch $(STAMP)
 
 DEMO_MODELS ?= all-minilm-l6-v2,bert-tiny,gpt2-tiny,vit-tiny,wav2vec2-tiny,clip-tiny

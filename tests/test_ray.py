@@ -1,0 +1,151 @@
+"""Suites on Ray: a real two-node local cluster, each job placed by the custom resource named after its hardware."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install 'accelharness[ray]'")
+
+from conftest import run_cli  # noqa: E402
+from ray.cluster_utils import Cluster  # noqa: E402
+from test_native_run import rows  # noqa: E402
+
+from harness.api import RequestError  # noqa: E402
+from harness.distributed import NativeJob, check_reachable, import_ray, plan_jobs, stream_jobs  # noqa: E402
+from harness.recording import Body, Emit  # noqa: E402
+from harness.result import Result  # noqa: E402
+from harness.suite import plan_suite, run_suite  # noqa: E402
+from harness.suite_config import load_config  # noqa: E402
+
+STORE_MB = 80 * 1024 * 1024  # the smallest object store Ray accepts is plenty: a Result is a few KB
+
+CONFIG = """
+name = "{name}"
+batch_sizes = [1]
+sequence_lengths = [16]
+warmup_iterations = 1
+benchmark_iterations = 5
+min_duration_s = 0
+timeout = 120
+[model_families]
+embedding = ["bert-tiny"]
+[hardware]
+hardware_types = {hardware}
+engines = {engines}
+include_web_platforms = {web}
+web_platforms = ["wasm"]
+[run]
+db = "{db}"
+output_dir = "{out}"
+"""
+
+
+def write_config(directory: Path, name: str, hardware: list[str], engines: list[str], web: bool) -> Path:
+    path = directory / f"{name}.toml"
+    fields = dict(hardware=json.dumps(hardware), engines=json.dumps(engines), web=str(web).lower())
+    path.write_text(CONFIG.format(name=name, db=directory / f"{name}.duckdb", out=directory / "out", **fields))
+    return path
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    """A head node that offers "cpu" and a second node that offers "wasm", one CPU slot each.
+
+    The nodes are children of this process, so their workers inherit ACCELHARNESS_CACHE_DIR (conftest)."""
+    head = {"num_cpus": 1, "resources": {"cpu": 1}, "object_store_memory": STORE_MB, "include_dashboard": False}
+    local = Cluster(initialize_head=True, head_node_args=head)
+    local.add_node(num_cpus=1, resources={"wasm": 1}, object_store_memory=STORE_MB)
+    local.wait_for_nodes()
+    ray.init(address=local.address, logging_level="WARNING")  # execute_on_ray uses this connection
+    yield local
+    ray.shutdown()
+    local.shutdown()
+
+
+def node_offering(resource: str) -> str:
+    return next(n["NodeID"] for n in ray.nodes() if n["Alive"] and resource in n["Resources"])
+
+
+def details(row: dict) -> dict:
+    return json.loads(row["details"]) if isinstance(row["details"], str) else row["details"]
+
+
+def test_each_job_runs_on_the_node_offering_its_hardware(cluster: Cluster, tmp_path: Path) -> None:
+    config = load_config(write_config(tmp_path, "two-nodes", ["cpu"], ["onnxruntime"], web=True))
+    plan = plan_suite(config)
+    assert [job.resource for job in plan_jobs(plan)] == ["cpu", "wasm"]
+    summary = run_suite(plan, ray_address=cluster.address)
+    assert summary.counts == {"ok": 2}
+    stored = rows(config.db)
+    assert {(r["hardware"], r["engine"]) for r in stored} == {("cpu", "onnxruntime"), ("wasm", "onnxruntime-web")}
+    for row in stored:
+        assert row["status"] == "ok", row["error"]
+        node = details(row)["ray_node"]
+        assert node["node_id"] and node["node_ip"] and node["hostname"]
+        assert node["node_id"] == node_offering(row["hardware"])  # the wasm row ran on the wasm node
+    assert rows(config.db, "SELECT suite_id, status FROM runs") == [{"suite_id": "two-nodes", "status": "completed"}]
+    assert "ray_address" in json.loads(rows(config.db, "SELECT arguments FROM runs")[0]["arguments"])
+
+
+def test_hardware_no_node_offers_is_unsupported_without_waiting(cluster: Cluster, tmp_path: Path) -> None:
+    path = write_config(tmp_path, "missing", ["cpu", "openvino"], ["onnxruntime", "openvino"], web=False)
+    config = load_config(path)
+    started = time.monotonic()
+    summary = run_suite(plan_suite(config), ray_address=cluster.address)
+    assert time.monotonic() - started < 90  # Ray would queue an infeasible task forever
+    by_hardware = {r["hardware"]: r for r in rows(config.db)}
+    assert by_hardware["cpu"]["status"] == "ok", by_hardware["cpu"]["error"]
+    assert by_hardware["openvino"]["status"] == "unsupported"
+    assert "no Ray node offers resource 'openvino'" in by_hardware["openvino"]["error"]
+    assert "--resources '{\"openvino\": 1}'" in by_hardware["openvino"]["error"]
+    assert summary.counts == {"ok": 1, "unsupported": 1}
+    checked = run_cli("suite", "--config", str(path), "--check", "--ray-address", cluster.address, timeout=120)
+    assert checked.returncode == 0, checked.stderr
+    assert "wasm=1" in checked.stdout and "cpu=1" in checked.stdout
+    assert "hardware 'openvino'" in checked.stdout and "no Ray node offers" in checked.stdout
+
+
+@dataclasses.dataclass(frozen=True)
+class DyingJob(NativeJob):
+    """Reports its first case, then its Ray worker process dies (as on a lost node or a killed worker)."""
+
+    def body(self) -> Body:
+        def body(emit: Emit) -> None:
+            first = self.expected()[0][1]
+            emit(Result(self.spec.name, self.spec.family, "random", self.target, first, "ok", samples_ms=[1.0]))
+            time.sleep(1)  # the yielded Result reaches the driver before the process goes
+            os._exit(3)
+
+        return body
+
+
+def test_a_task_that_dies_leaves_error_rows_for_the_cases_it_never_reported(cluster: Cluster, tmp_path: Path) -> None:
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the worker cannot import this test module
+    config = load_config(write_config(tmp_path, "dying", ["cpu"], ["torch"], web=False))
+    plan = plan_suite(config)
+    plan.native.request.batch_sizes = [1, 2]
+    (native,) = plan_jobs(plan)
+    assert isinstance(native, NativeJob)
+    emitted: list[Result] = []
+    stream_jobs(ray, [DyingJob(native.plan, native.spec, native.target)], emitted.append)
+    assert [(r.case.batch_size, r.status) for r in emitted] == [(1, "ok"), (2, "error")]
+    assert emitted[0].details["ray_node"]["node_id"] == node_offering("cpu")
+    assert "Ray task for bert-tiny cpu/torch failed" in (emitted[1].error or "")
+    assert "died" in (emitted[1].error or "").lower()
+
+
+def test_missing_ray_and_an_unreachable_cluster_are_input_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    with monkeypatch.context() as patched:
+        patched.setitem(sys.modules, "ray", None)  # as if the extra were not installed
+        with pytest.raises(RequestError, match=r"install the ray extra: pip install 'accelharness\[ray\]'"):
+            import_ray()
+    with pytest.raises(RequestError, match="no Ray cluster answers there"):
+        check_reachable("127.0.0.1:1")  # at once, where ray.init would retry for minutes
