@@ -143,3 +143,16 @@ def test_suite_run_then_older_than_and_report_modes(tmp_path: Path) -> None:
         "suite", "--config", str(config.source), "--models", "vision", "--baseline", "latest", "--fail-on-regression"
     )
     assert gated.returncode in (0, 1) and "verdict" in gated.stdout, gated.stderr  # timings decide, not the test
+
+
+def test_two_device_groups_run_side_by_side_into_one_run(tmp_path: Path) -> None:
+    """cpu and cuda are separate groups, so two threads emit into one store; cuda is absent here and
+    its rows say so, the cpu rows are measured, each key once."""
+    path = small_config(tmp_path)
+    path.write_text(path.read_text().replace('hardware_types = ["cpu"]', 'hardware_types = ["cpu", "cuda"]'))
+    plan = plan_suite(load_config(path), models=["bert-tiny"])
+    assert sorted(plan.groups()) == ["cuda", "host-cpu"]
+    summary = run_suite(plan)
+    stored = rows(plan.config.db)
+    assert {(r["hardware"], r["status"]) for r in stored} == {("cpu", "ok"), ("cuda", "unsupported")}
+    assert len({r["result_key"] for r in stored}) == len(stored) == summary.counts["ok"] + summary.counts["unsupported"]
