@@ -205,9 +205,11 @@ def test_update_matrix_only_rebuilds_the_files_from_the_db(db: Path, seeded: dic
     markdown = (out / MATRIX_MD).read_text()
     assert "| bert-tiny (embedding) |" in markdown and "🚫 unsupported_op" in markdown
     assert seeded["bert"]["directml/onnxruntime"] in markdown  # evidence names result ids
-    # a new measurement reaches the files on the next rebuild; nothing is run (no new run appears)
+    # a newer run's measurement reaches the files on the next rebuild; nothing is run (no new run appears)
     with open_store(db) as store:
-        store.add_result(seeded["runs"][1], result("bert-tiny", Target("rocm", "torch", "cuda"), "ok", 1.0), None)
+        newer = store.start_run("native", {}, {})
+        store.add_result(newer, result("bert-tiny", Target("rocm", "torch", "cuda"), "ok", 1.0), None)
+        store.finish_run(newer, "completed")
         runs_before = store.query("SELECT count(*) AS n FROM runs")[0]["n"]
     done = run_cli("matrix", "--db", str(db), "--output-dir", str(out), "--update-matrix-only")
     assert done.returncode == 0, done.stderr
