@@ -65,6 +65,12 @@ def test_worker_fault_is_recorded_and_other_jobs_complete(tmp_path: Path, fault,
     assert rows(db, "SELECT status FROM runs")[0]["status"] == "completed"
 
 
+def run_bert_on_ort(db: Path, output_dir: Path) -> subprocess.CompletedProcess:
+    """The smallest real native run: bert-tiny on ONNX Runtime CPU."""
+    where = ["--db", str(db), "--output-dir", str(output_dir)]
+    return run_cli("native", "--model", "bert-tiny", "--engines", "onnxruntime", *QUICK, *where)
+
+
 class SuiteProcess:
     """A real `accelharness suite` in its own process group, its output lines collected as they come."""
 
@@ -113,12 +119,12 @@ def _stop_then_resume(tmp_path: Path, stop: signal.Signals, web: bool) -> tuple[
         running.process.wait(60)
         _gone, alive = psutil.wait_procs(workers, timeout=10)
         assert not alive, f"orphan workers: {alive}"
-    before = rows(tmp_path / "s.duckdb", "SELECT * FROM results ORDER BY created_at")
+    before = rows(tmp_path / "t.duckdb", "SELECT * FROM results ORDER BY created_at")
     assert [r["model"] for r in before] == ["bert-tiny", "bert-tiny"]
     resumed = SuiteProcess(config, "--resume")
     assert resumed.process.wait(600) == 0, "".join(resumed.lines)
     assert f"{total - 2} results still to run" in "".join(resumed.lines)
-    return before, rows(tmp_path / "s.duckdb", "SELECT * FROM results ORDER BY created_at")
+    return before, rows(tmp_path / "t.duckdb", "SELECT * FROM results ORDER BY created_at")
 
 
 def test_ctrl_c_then_resume_completes_without_duplicates(tmp_path: Path) -> None:
@@ -126,7 +132,7 @@ def test_ctrl_c_then_resume_completes_without_duplicates(tmp_path: Path) -> None
     assert len(after) == 6 and len({r["result_key"] for r in after}) == 6
     assert [r["result_id"] for r in after[:2]] == [r["result_id"] for r in before]  # kept, not re-measured
     assert {r["engine"] for r in after} == {"torch", "onnxruntime", "onnxruntime-web"}
-    runs = rows(tmp_path / "s.duckdb", "SELECT status FROM runs")
+    runs = rows(tmp_path / "t.duckdb", "SELECT status FROM runs")
     assert runs == [{"status": "completed"}]  # the interrupted run was continued, not a second one
 
 
@@ -135,7 +141,7 @@ def test_kill_9_then_resume_completes_without_duplicates(tmp_path: Path) -> None
     assert len(after) == 4 and len({r["result_key"] for r in after}) == 4
     assert [r["result_id"] for r in after[:2]] == [r["result_id"] for r in before]
     assert all(r["status"] == "ok" for r in after)
-    assert rows(tmp_path / "s.duckdb", "SELECT status FROM runs") == [{"status": "completed"}]
+    assert rows(tmp_path / "t.duckdb", "SELECT status FROM runs") == [{"status": "completed"}]
 
 
 def test_second_writer_is_told_who_holds_the_db(tmp_path: Path) -> None:
@@ -152,18 +158,7 @@ def test_second_writer_is_told_who_holds_the_db(tmp_path: Path) -> None:
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        done = run_cli(
-            "native",
-            "--model",
-            "bert-tiny",
-            "--engines",
-            "onnxruntime",
-            *QUICK,
-            "--db",
-            str(db),
-            "--output-dir",
-            str(tmp_path / "out"),
-        )
+        done = run_bert_on_ort(db, tmp_path / "out")
         assert done.returncode == 2, done.stderr
         assert f"is locked by PID {holder.pid}" in done.stderr
     finally:
@@ -175,7 +170,7 @@ def test_second_writer_is_told_who_holds_the_db(tmp_path: Path) -> None:
 def test_corrupt_db_exits_2_and_is_left_alone(tmp_path: Path) -> None:
     db = tmp_path / "corrupt.duckdb"
     db.write_bytes(b"not a database" * 64)
-    done = run_cli("native", "--model", "bert-tiny", *QUICK, "--db", str(db), "--output-dir", str(tmp_path))
+    done = run_bert_on_ort(db, tmp_path)
     assert done.returncode == 2 and "cannot open" in done.stderr, done.stderr
     assert db.read_bytes() == b"not a database" * 64
 
@@ -255,18 +250,7 @@ def full_disk(tmp_path: Path):
 
 def test_disk_full_output_dir_keeps_the_results(tmp_path: Path, full_disk: Path) -> None:
     db = tmp_path / "d.duckdb"
-    done = run_cli(
-        "native",
-        "--model",
-        "bert-tiny",
-        "--engines",
-        "onnxruntime",
-        *QUICK,
-        "--db",
-        str(db),
-        "--output-dir",
-        str(full_disk / "reports"),
-    )
+    done = run_bert_on_ort(db, full_disk / "reports")
     assert done.returncode == 1, done.stdout + done.stderr
     stderr = " ".join(done.stderr.split())
     assert "No space left on device" in stderr and "accelharness report --run" in stderr, done.stderr

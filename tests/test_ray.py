@@ -17,6 +17,7 @@ ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip ins
 from conftest import run_cli  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 from test_native_run import rows  # noqa: E402
+from test_suite import small_config  # noqa: E402
 
 from harness.api import RequestError  # noqa: E402
 from harness.distributed import NativeJob, check_reachable, import_ray, plan_jobs, stream_jobs  # noqa: E402
@@ -27,32 +28,9 @@ from harness.suite_config import load_config  # noqa: E402
 
 STORE_MB = 80 * 1024 * 1024  # the smallest object store Ray accepts is plenty: a Result is a few KB
 
-CONFIG = """
-name = "{name}"
-batch_sizes = [1]
-sequence_lengths = [16]
-warmup_iterations = 1
-benchmark_iterations = 5
-min_duration_s = 0
-timeout = 120
-[model_families]
-embedding = ["bert-tiny"]
-[hardware]
-hardware_types = {hardware}
-engines = {engines}
-include_web_platforms = {web}
-web_platforms = ["wasm"]
-[run]
-db = "{db}"
-output_dir = "{out}"
-"""
-
 
 def write_config(directory: Path, name: str, hardware: list[str], engines: list[str], web: bool) -> Path:
-    path = directory / f"{name}.toml"
-    fields = dict(hardware=json.dumps(hardware), engines=json.dumps(engines), web=str(web).lower())
-    path.write_text(CONFIG.format(name=name, db=directory / f"{name}.duckdb", out=directory / "out", **fields))
-    return path
+    return small_config(directory, name, web, tuple(hardware), tuple(engines), {"embedding": ["bert-tiny"]})
 
 
 @pytest.fixture(scope="module")

@@ -24,27 +24,44 @@ benchmark_iterations = 5
 min_duration_s = 0
 timeout = 120
 [model_families]
-embedding = ["bert-tiny"]
-vision = ["vit-tiny"]
+{families}
 [hardware]
-hardware_types = ["cpu"]
-engines = ["torch", "onnxruntime"]
+hardware_types = {hardware}
+engines = {engines}
 include_web_platforms = {web}
+web_platforms = ["wasm"]
 [run]
 db = "{db}"
 output_dir = "{out}"
 """
+BERT_AND_VIT = {"embedding": ["bert-tiny"], "vision": ["vit-tiny"]}
 
 
-def small_config(tmp_path: Path, name: str = "t", web: bool = False) -> Path:
-    path = tmp_path / "suite.toml"
-    text = SMALL.format(name=name, web=str(web).lower(), db=tmp_path / "s.duckdb", out=tmp_path / "out")
+def small_config(
+    tmp_path: Path,
+    name: str = "t",
+    web: bool = False,
+    hardware: tuple[str, ...] = ("cpu",),
+    engines: tuple[str, ...] = ("torch", "onnxruntime"),
+    families: dict[str, list[str]] = BERT_AND_VIT,
+) -> Path:
+    """A quick suite config (tiny models, 5 iterations) writing to tmp_path/<name>.duckdb."""
+    path = tmp_path / f"{name}.toml"
+    text = SMALL.format(
+        name=name,
+        families="\n".join(f"{family} = {json.dumps(models)}" for family, models in families.items()),
+        hardware=json.dumps(list(hardware)),
+        engines=json.dumps(list(engines)),
+        web=str(web).lower(),
+        db=tmp_path / f"{name}.duckdb",
+        out=tmp_path / "out",
+    )
     path.write_text(text)
     return path
 
 
 def test_create_config_then_check_runs_nothing(tmp_path: Path) -> None:
-    config = tmp_path / "suite.toml"
+    config = tmp_path / "created.toml"
     created = run_cli("suite", "--create-config", "--config", str(config))
     assert created.returncode == 0, created.stderr
     assert config.read_text() == DEFAULT_CONFIG
@@ -53,7 +70,7 @@ def test_create_config_then_check_runs_nothing(tmp_path: Path) -> None:
     assert checked.returncode == 0, checked.stderr
     assert "engine cpu/torch" in checked.stdout and "disk (output dir)" in checked.stdout
     assert "host-cpu" in checked.stdout and "4 results to run, 1 group(s)" in checked.stdout
-    assert not (tmp_path / "s.duckdb").exists()
+    assert not (tmp_path / "t.duckdb").exists()
 
 
 def test_default_config_loads_every_family(tmp_path: Path) -> None:
@@ -148,9 +165,7 @@ def test_suite_run_then_older_than_and_report_modes(tmp_path: Path) -> None:
 def test_two_device_groups_run_side_by_side_into_one_run(tmp_path: Path) -> None:
     """cpu and cuda are separate groups, so two threads emit into one store; cuda is absent here and
     its rows say so, the cpu rows are measured, each key once."""
-    path = small_config(tmp_path)
-    path.write_text(path.read_text().replace('hardware_types = ["cpu"]', 'hardware_types = ["cpu", "cuda"]'))
-    plan = plan_suite(load_config(path), models=["bert-tiny"])
+    plan = plan_suite(load_config(small_config(tmp_path, hardware=("cpu", "cuda"))), models=["bert-tiny"])
     assert sorted(plan.groups()) == ["cuda", "host-cpu"]
     summary = run_suite(plan)
     stored = rows(plan.config.db)
