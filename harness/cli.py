@@ -64,7 +64,9 @@ def native(
             "auto (engine default). Each row records the precision that ran."
         ),
     ] = "fp32",
-    mode: Annotated[str, typer.Option(help="inference, generate (TTFT/TPOT, torch), training (torch).")] = "inference",
+    mode: Annotated[
+        str, typer.Option(help="inference, generate (TTFT/TPOT; torch, ORT for GPT-2/LLaMA/Qwen2), training (torch).")
+    ] = "inference",
     new_tokens: Annotated[int, typer.Option(help="generate mode: tokens per sequence (min = max).")] = 16,
     warmup: WarmupOption = 5,
     iterations: IterationsOption = 20,
