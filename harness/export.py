@@ -46,6 +46,19 @@ class ExportOutcome:
     dynamo_error: str | None  # why dynamo failed when the fallback was used
 
 
+# The modules whose code decides what an export and its cached inputs contain. Their source is part
+# of the cache key, so changing how the harness exports (or makes inputs) never reuses a file an
+# older harness wrote: a cache that outlived a bug fix once served TorchScript exports as current.
+EXPORT_CODE = ("export.py", "export_past.py", "workload.py", "inputs.py")
+
+
+def _export_code_digest() -> str:
+    digest = hashlib.sha256()
+    for name in EXPORT_CODE:
+        digest.update((Path(__file__).parent / name).read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def export_key(spec: ModelSpec, weights: Weights) -> str:
     import onnx
     import onnxscript
@@ -61,6 +74,7 @@ def export_key(spec: ModelSpec, weights: Weights) -> str:
             "onnx": onnx.__version__,
             "onnxscript": onnxscript.__version__,
             "opset": OPSET,
+            "harness_export_code": _export_code_digest(),
         },
         sort_keys=True,
     )

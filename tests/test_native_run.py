@@ -223,3 +223,16 @@ def test_gpu_platforms_run_where_present(tmp_path: Path, hardware: str) -> None:
     r = rows(db)[0]
     assert r["status"] == "ok", r["error"]
     assert r["device_memory_peak_mb"] > 0
+
+
+def test_export_cache_key_follows_the_export_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A harness whose export code changed never reuses a file an older harness exported."""
+    from harness import export
+    from harness.specs import load_specs
+    from harness.workload import Weights
+
+    spec, weights = load_specs()["bert-tiny"], Weights("random", "seed=0", "seed=0")
+    before = export.export_key(spec, weights)
+    assert export.export_key(spec, weights) == before  # stable for the same code
+    monkeypatch.setattr(export, "_export_code_digest", lambda: "edited-exporter")
+    assert export.export_key(spec, weights) != before
