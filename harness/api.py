@@ -262,11 +262,16 @@ def run_native(
     request: BenchmarkRequest,
     on_result: Callable[[Result, str], None] | None = None,
     plan: Plan | None = None,
+    resume_run_id: str | None = None,
 ) -> RunSummary:
     """Benchmark the request on native backends; every result is committed as it completes.
 
     on_result(result, result_id) is called after each commit (the CLI's progress bar uses it).
     Ctrl-C marks the run 'interrupted' and re-raises; finished results stay in the store.
+    resume_run_id (from harness.recording.resume_point, which also sets plan.done) continues that run.
     """
     plan = plan or validate(request)
-    return record_run(request.db_path, "native", asdict(request), [execute_native(plan)], on_result, request.output_dir)
+    bodies = [execute_native(plan)]
+    return record_run(
+        request.db_path, "native", asdict(request), bodies, on_result, request.output_dir, None, resume_run_id
+    )

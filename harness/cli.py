@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
@@ -28,6 +29,7 @@ from harness.cli_common import (
     ModelOption,
     ModelPathOption,
     OutputDirOption,
+    ResumeOption,
     SeqOption,
     SmallOption,
     TimeoutOption,
@@ -40,7 +42,7 @@ from harness.cli_common import (
     int_list,
     split_list,
 )
-from harness.recording import RunSummary
+from harness.recording import RunSummary, resume_point
 from harness.result import Result
 from harness.store import DEFAULT_DB, StoreError, init_store
 
@@ -75,6 +77,7 @@ def native(
     timeout: TimeoutOption = 300.0,
     db: DbOption = DEFAULT_DB,
     output_dir: OutputDirOption = Path("accelharness-results"),
+    resume: ResumeOption = False,
 ) -> None:
     """Benchmark models on native backends (torch, ONNX Runtime, OpenVINO)."""
     request = BenchmarkRequest(
@@ -101,7 +104,8 @@ def native(
         plan = validate(request)
     except RequestError as exc:
         raise fail(str(exc)) from None
-    run_with_progress(plan.total_results, lambda on_result: run_native(request, on_result=on_result, plan=plan))
+    run_id = resumed(db, "native", asdict(request), [plan]) if resume else None
+    run_with_progress(plan.total_results, lambda on_result: run_native(request, on_result, plan, run_id))
 
 
 @app.command()
@@ -128,6 +132,7 @@ def web(
     timeout: TimeoutOption = 300.0,
     db: DbOption = DEFAULT_DB,
     output_dir: OutputDirOption = Path("accelharness-results"),
+    resume: ResumeOption = False,
 ) -> None:
     """Benchmark the same ONNX files and inputs in headless Chromium via onnxruntime-web (wasm, webgpu, webnn)."""
     from harness.web_api import WebRequest, run_web, validate_web
@@ -156,7 +161,8 @@ def web(
         plan = validate_web(request)
     except RequestError as exc:
         raise fail(str(exc)) from None
-    run_with_progress(plan.total_results, lambda on_result: run_web(request, on_result=on_result, plan=plan))
+    run_id = resumed(db, "web", asdict(request), [plan]) if resume else None
+    run_with_progress(plan.total_results, lambda on_result: run_web(request, on_result, plan, resume_run_id=run_id))
 
 
 @app.command()
@@ -176,9 +182,10 @@ def run(
     timeout: TimeoutOption = 300.0,
     db: DbOption = DEFAULT_DB,
     output_dir: OutputDirOption = Path("accelharness-results"),
+    resume: ResumeOption = False,
 ) -> None:
     """Native backends and the browser as one run: one report with both side by side."""
-    from harness.web_api import WebRequest, run_both, validate_web
+    from harness.web_api import WebRequest, both_arguments, run_both, validate_web
 
     common = {
         "models": split_list(model),
@@ -198,10 +205,26 @@ def run(
         hardware=split_list(web_hardware) or [], browser=browser, threads=int_list("--threads", threads), **common
     )
     try:
-        total = validate(native_request).total_results + validate_web(web_request).total_results
+        plans = (validate(native_request), validate_web(web_request))
     except RequestError as exc:
         raise fail(str(exc)) from None
-    run_with_progress(total, lambda on_result: run_both(native_request, web_request, on_result))
+    arguments = both_arguments(native_request, web_request)
+    run_id = resumed(db, "run", arguments, list(plans)) if resume else None
+    total = sum(p.total_results for p in plans)
+    run_with_progress(total, lambda on_result: run_both(native_request, web_request, on_result, plans, run_id))
+
+
+def resumed(db: Path, command: str, arguments: dict, plans: list) -> str | None:
+    """--resume: the unfinished run to continue (its results are skipped), or None with a note."""
+    try:
+        run_id = resume_point(db, command, arguments, plans)
+    except StoreError as exc:
+        raise fail(str(exc)) from None
+    if run_id is None:
+        console.print(f"--resume: no unfinished '{command}' run with these options in {db}; starting a new run")
+    else:
+        console.print(f"--resume: continuing run {run_id}; {sum(p.total_results for p in plans)} results still to run")
+    return run_id
 
 
 def run_with_progress(total: int, start: Callable[[Callable[[Result, str], None]], RunSummary]) -> RunSummary:

@@ -61,3 +61,11 @@ TimeoutOption = Annotated[
     float, typer.Option("--timeout", help="Seconds a worker or page may go without finishing a case.")
 ]
 OutputDirOption = Annotated[Path, typer.Option("--output-dir", help="Where the reports go.")]
+ResumeOption = Annotated[
+    bool,
+    typer.Option(
+        "--resume",
+        help="Continue the latest run of this command with the same options if it did not complete "
+        "(Ctrl-C, kill -9): only the results it lacks are run.",
+    ),
+]

@@ -96,3 +96,16 @@ def write_outputs(db_path: Path, run_id: str, output_dir: Path) -> list[Path]:
     from harness.report import write_reports
 
     return write_reports(db_path, run_id, output_dir) + update_matrix(db_path, output_dir)
+
+
+def resume_point(db_path: Path, command: str, arguments: dict[str, Any], plans: list[Any]) -> str | None:
+    """--resume for native/web/run: the latest run of this command with the same arguments, if it did
+    not complete; each plan then skips the result keys that run holds (plan.done). None: start anew."""
+    if not Path(db_path).exists():
+        return None
+    with open_store(Path(db_path), read_only=True) as store:
+        run_id = store.unfinished_run_like(command, arguments)
+        done = frozenset(store.result_keys(run_id)) if run_id else frozenset()
+    for plan in plans:
+        plan.done = done
+    return run_id

@@ -283,6 +283,16 @@ class Store:
         )
         return rows[0]["run_id"] if rows and rows[0]["status"] != "completed" else None
 
+    def unfinished_run_like(self, command: str, arguments: dict[str, Any]) -> str | None:
+        """The latest run of `command` with exactly these arguments, when it did not complete."""
+        expected = json.loads(json.dumps(arguments, default=str))  # as start_run stored them
+        for row in self.query(
+            "SELECT run_id, status, arguments FROM runs WHERE command = ? ORDER BY started_at DESC", [command]
+        ):
+            if json.loads(row["arguments"]) == expected:
+                return row["run_id"] if row["status"] != "completed" else None
+        return None
+
     def result_keys(self, run_id: str) -> set[str]:
         return {r["result_key"] for r in self.query("SELECT result_key FROM results WHERE run_id = ?", [run_id])}
 

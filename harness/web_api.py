@@ -19,6 +19,7 @@ import psutil
 
 from harness.api import (
     BenchmarkRequest,
+    Plan,
     RequestError,
     RunOptions,
     check_db_path,
@@ -349,6 +350,7 @@ def run_web(
     on_result: Callable[[Result, str], None] | None = None,
     plan: WebPlan | None = None,
     faults: Mapping[str, str] | None = None,
+    resume_run_id: str | None = None,
 ) -> RunSummary:
     """Benchmark the request in the browser; every result is committed as it completes.
 
@@ -356,8 +358,9 @@ def run_web(
     jobs fail on purpose so the recovery paths can be tested. Ctrl-C marks the run 'interrupted'.
     """
     plan = plan or validate_web(request)
+    bodies = [execute_web(plan, faults)]
     return record_run(
-        request.db_path, "web", asdict(request), [execute_web(plan, faults)], on_result, request.output_dir
+        request.db_path, "web", asdict(request), bodies, on_result, request.output_dir, None, resume_run_id
     )
 
 
@@ -365,11 +368,18 @@ def run_both(
     native: BenchmarkRequest,
     web: WebRequest,
     on_result: Callable[[Result, str], None] | None = None,
+    plans: tuple[Plan, WebPlan] | None = None,
+    resume_run_id: str | None = None,
 ) -> RunSummary:
     """Native backends then the browser, as one run: one report puts their rows side by side.
 
-    Both requests are validated before anything is written."""
-    native_plan, web_plan = validate(native), validate_web(web)
-    arguments = {"native": asdict(native), "web": asdict(web)}
+    Both requests are validated before anything is written (unless their plans are given)."""
+    native_plan, web_plan = plans or (validate(native), validate_web(web))
     bodies = [execute_native(native_plan), execute_web(web_plan)]
-    return record_run(native.db_path, "run", arguments, bodies, on_result, native.output_dir)
+    arguments = both_arguments(native, web)
+    return record_run(native.db_path, "run", arguments, bodies, on_result, native.output_dir, None, resume_run_id)
+
+
+def both_arguments(native: BenchmarkRequest, web: WebRequest) -> dict[str, Any]:
+    """What a combined run stores as its arguments (and --resume matches against)."""
+    return {"native": asdict(native), "web": asdict(web)}

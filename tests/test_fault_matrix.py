@@ -71,13 +71,13 @@ def run_bert_on_ort(db: Path, output_dir: Path) -> subprocess.CompletedProcess:
     return run_cli("native", "--model", "bert-tiny", "--engines", "onnxruntime", *QUICK, *where)
 
 
-class SuiteProcess:
-    """A real `accelharness suite` in its own process group, its output lines collected as they come."""
+class CliProcess:
+    """A real `accelharness …` in its own process group, its output lines collected as they come."""
 
-    def __init__(self, config: Path, *extra: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
         self.lines: list[str] = []
         self.process = subprocess.Popen(
-            [*CLI, "suite", "--config", str(config), *extra],
+            [*CLI, *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -106,7 +106,7 @@ def _stop_then_resume(tmp_path: Path, stop: signal.Signals, web: bool) -> tuple[
     """Start a suite, stop it with `stop` once bert-tiny's two rows are stored, then --resume it."""
     config = small_config(tmp_path, web=web)
     total = 6 if web else 4
-    running = SuiteProcess(config, env=HANG_VIT_ON_TORCH)
+    running = CliProcess("suite", "--config", str(config), env=HANG_VIT_ON_TORCH)
     running.wait_for(f"[2/{total}] stored")
     time.sleep(2)  # the vit-tiny torch worker is hanging now
     workers = psutil.Process(running.process.pid).children(recursive=True)
@@ -121,7 +121,7 @@ def _stop_then_resume(tmp_path: Path, stop: signal.Signals, web: bool) -> tuple[
         assert not alive, f"orphan workers: {alive}"
     before = rows(tmp_path / "t.duckdb", "SELECT * FROM results ORDER BY created_at")
     assert [r["model"] for r in before] == ["bert-tiny", "bert-tiny"]
-    resumed = SuiteProcess(config, "--resume")
+    resumed = CliProcess("suite", "--config", str(config), "--resume")
     assert resumed.process.wait(600) == 0, "".join(resumed.lines)
     assert f"{total - 2} results still to run" in "".join(resumed.lines)
     return before, rows(tmp_path / "t.duckdb", "SELECT * FROM results ORDER BY created_at")
@@ -142,6 +142,29 @@ def test_kill_9_then_resume_completes_without_duplicates(tmp_path: Path) -> None
     assert [r["result_id"] for r in after[:2]] == [r["result_id"] for r in before]
     assert all(r["status"] == "ok" for r in after)
     assert rows(tmp_path / "t.duckdb", "SELECT status FROM runs") == [{"status": "completed"}]
+
+
+def test_native_ctrl_c_then_resume_continues_the_same_run(tmp_path: Path) -> None:
+    """`accelharness native --resume` (no suite): the same options continue the interrupted run."""
+    db = tmp_path / "n.duckdb"
+    args = ["native", "--model", "bert-tiny,vit-tiny", "--engines", "torch,onnxruntime", "--hardware", "cpu"]
+    args += [*QUICK, "--batch-sizes", "1", "--sequence-lengths", "16", "--db", str(db), "--output-dir", str(tmp_path)]
+    running = CliProcess(*args, env=HANG_VIT_ON_TORCH)
+    running.wait_for("[2/4] stored")
+    time.sleep(2)
+    os.killpg(running.process.pid, signal.SIGINT)
+    assert running.process.wait(60) != 0
+    before = rows(db, "SELECT * FROM results ORDER BY created_at")
+    assert [r["model"] for r in before] == ["bert-tiny", "bert-tiny"]
+    different = run_cli(*args[:-4], "--batch-sizes", "2", "--db", str(db), "--output-dir", str(tmp_path), "--resume")
+    assert different.returncode == 0 and "starting a new run" in different.stdout, different.stderr
+    resumed = run_cli(*args, "--resume")
+    assert resumed.returncode == 0 and "2 results still to run" in resumed.stdout, resumed.stderr
+    runs = rows(db, "SELECT run_id, status FROM runs ORDER BY started_at")
+    assert [r["status"] for r in runs] == ["completed", "completed"]  # resumed one, and the batch-2 run
+    first = [r for r in rows(db, "SELECT * FROM results ORDER BY created_at") if r["run_id"] == runs[0]["run_id"]]
+    assert len(first) == len({r["result_key"] for r in first}) == 4
+    assert [r["result_id"] for r in first[:2]] == [r["result_id"] for r in before]
 
 
 def test_second_writer_is_told_who_holds_the_db(tmp_path: Path) -> None:
