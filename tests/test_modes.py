@@ -207,3 +207,19 @@ def test_version_1_file_is_migrated_in_place(tmp_path: Path) -> None:
         assert {"mode", "ttft_ms", "tpot_ms", "tokens_per_s", "compile_ms", "energy_j_per_item"} <= columns
     with open_store(db) as store:  # idempotent: a second open applies nothing twice
         assert store.query("SELECT count(*) AS n FROM schema_version")[0]["n"] == SCHEMA_VERSION
+
+
+def test_markdown_keeps_generation_and_training_in_their_own_tables() -> None:
+    from harness.report.formats import _mode_sections
+
+    base = dict(model="gpt2-tiny", hardware="cpu", engine="torch", provider="cpu", batch_size=1, seq_len=32)
+    base |= dict(requested_precision="fp32", precision="fp32", new_tokens=8, status="ok", memory_peak_mb=500.0)
+    generate = base | dict(mode="generate", ttft_ms=1.2345, tpot_ms=0.5, tokens_per_s=2000.0)
+    training = base | dict(mode="training", latency_p50_ms=3.0, throughput_per_s=10.0)
+    lines = _mode_sections([generate, training, base | {"mode": "inference"}])
+    assert "| gpt2-tiny | cpu/torch | b1 s32 gen8 | 1.234 | 0.500 | 2000.0 | ok |" in lines
+    assert "| gpt2-tiny | cpu/torch | b1 s32 training | 3.000 | 10.0 | 500 | ok |" in lines
+    assert [line for line in lines if line.startswith("###")] == [
+        "### Generation (time to first token, time per output token)",
+        "### Training (forward + backward + optimizer step)",
+    ]

@@ -103,48 +103,37 @@ def _problems(report: RunReport) -> list[str]:
     return lines
 
 
+# mode → (section title, [(column header, row field, digits)]): generation and training rows, kept
+# apart from inference: one generate() call or one optimizer step is not comparable with one forward pass.
+MODE_SECTIONS = {
+    "generate": (
+        "Generation (time to first token, time per output token)",
+        [("TTFT p50 ms", "ttft_ms", 3), ("TPOT p50 ms", "tpot_ms", 3), ("tokens/s", "tokens_per_s", 1)],
+    ),
+    "training": (
+        "Training (forward + backward + optimizer step)",
+        [
+            ("step p50 ms", "latency_p50_ms", 3),
+            ("samples/s", "throughput_per_s", 1),
+            ("peak RSS MB", "memory_peak_mb", 0),
+        ],
+    ),
+}
+
+
 def _mode_sections(results: list[dict[str, Any]]) -> list[str]:
-    """Generation (TTFT, TPOT, tokens/s) and training (samples/s) rows, kept apart from inference:
-    one generate() call or one optimizer step is not comparable with one forward pass."""
+    """One table per non-inference mode present in the results (MODE_SECTIONS)."""
     lines: list[str] = []
-    generated = [r for r in results if r.get("mode") == "generate"]
-    if generated:
-        lines += ["### Generation (time to first token, time per output token)", ""]
-        lines += _table(
-            ["Model", "Target", "Case", "TTFT p50 ms", "TPOT p50 ms", "tokens/s", "status"],
-            [
-                [
-                    r["model"],
-                    target_label(r),
-                    case_label(r),
-                    _fmt(r["ttft_ms"], 3),
-                    _fmt(r["tpot_ms"], 3),
-                    _fmt(r["tokens_per_s"], 1),
-                    r["status"],
-                ]
-                for r in generated
-            ],
-        )
-        lines.append("")
-    trained = [r for r in results if r.get("mode") == "training"]
-    if trained:
-        lines += ["### Training (forward + backward + optimizer step)", ""]
-        lines += _table(
-            ["Model", "Target", "Case", "step p50 ms", "samples/s", "peak RSS MB", "status"],
-            [
-                [
-                    r["model"],
-                    target_label(r),
-                    case_label(r),
-                    _fmt(r["latency_p50_ms"], 3),
-                    _fmt(r["throughput_per_s"], 1),
-                    _fmt(r["memory_peak_mb"], 0),
-                    r["status"],
-                ]
-                for r in trained
-            ],
-        )
-        lines.append("")
+    for mode, (title, columns) in MODE_SECTIONS.items():
+        rows = [r for r in results if r.get("mode") == mode]
+        if not rows:
+            continue
+        header = ["Model", "Target", "Case", *(name for name, _, _ in columns), "status"]
+        cells = [
+            [r["model"], target_label(r), case_label(r), *(_fmt(r[f], d) for _, f, d in columns), r["status"]]
+            for r in rows
+        ]
+        lines += [f"### {title}", "", *_table(header, cells), ""]
     return lines
 
 
