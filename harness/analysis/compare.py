@@ -8,6 +8,7 @@ samples independently, fixed seed) and a two-sided Mann-Whitney U p-value. With 
 1. fewer than 5 samples on a side, or a CI wider than 4·t          -> noisy (no verdict at this resolution)
 2. a side flagged noisy (cv > 10%): the whole CI must clear the band
    CI low > 1+t and p < 0.05 -> regressed; CI high < 1-t and p < 0.05 -> improved;
+   CI inside 1±t -> unchanged (any change is smaller than the band: an equivalence test);
    CI contains 1 and lies within 1±2t -> unchanged (no difference, and none beyond 2t); otherwise noisy
 3. both sides clean:
    CI low > 1 and ratio > 1+t and p < 0.05 -> regressed; CI high < 1 and ratio < 1-t and p < 0.05 -> improved;
@@ -202,6 +203,8 @@ def verdict(ratio: float, low: float, high: float, p: float, noisy: bool, thresh
             return "regressed", "noisy side, but the whole CI is above the band"
         if significant and high < 1 - threshold:
             return "improved", "noisy side, but the whole CI is below the band"
+        if 1 - threshold <= low and high <= 1 + threshold:
+            return "unchanged", "the whole CI is inside the band (a side has cv > 10%)"
         if low <= 1 <= high and 1 - 2 * threshold <= low and high <= 1 + 2 * threshold:
             return "unchanged", "CI contains 1 and rules out a change beyond 2×threshold (a side has cv > 10%)"
         return "noisy", "a side has cv > 10% and the CI neither contains 1 nor clears the band"
