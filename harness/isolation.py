@@ -4,6 +4,11 @@ Whatever the child yields reaches the parent as it happens (the parent is the si
 writer), so a child that later crashes, hangs or is killed loses nothing it already reported.
 The child's stdout/stderr go to a log file whose tail explains a crash (faulthandler writes
 the Python stack of a segfault there).
+
+Jobs that import torch anyway (a torch-engine run, preparing a spec model) are forked from a fork
+server that imported torch and transformers once; every other job is a freshly spawned interpreter,
+so an ONNX Runtime or OpenVINO worker's memory never includes torch. Either way each job is its own
+process: a crash, hang or OOM takes down that job only.
 """
 
 from __future__ import annotations
@@ -23,6 +28,16 @@ from pathlib import Path
 from typing import Any
 
 LOG_TAIL_LINES = 12
+# What the fork server imports once: a spawned worker spent ~2.5 s of every job importing these.
+TORCH_PRELOAD = [
+    "torch",
+    "transformers",
+    "onnx",
+    "onnxscript",
+    "harness.prepare",
+    "harness.worker",
+    "harness.native.torch_backend",
+]
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 # How the engines say a graph holds an operator they have no kernel or conversion for (lower case):
 # a fact about the engine, recorded as `unsupported`, not a crash.
@@ -56,16 +71,30 @@ def classify(exc: BaseException) -> tuple[str, str]:
 
 def _die_with_parent() -> None:
     """Linux: the kernel SIGKILLs this worker when its parent dies, so a kill -9 of the CLI leaves
-    no orphan worker running (or hanging) on the benchmark machine."""
+    no orphan worker running (or hanging) on the benchmark machine.
+
+    A forked worker's parent is the fork server, which exits once no process holds its "alive" pipe:
+    the worker closes its inherited copy, so the CLI's death ends the server and then the worker."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        server = getattr(sys.modules.get("multiprocessing.forkserver"), "_forkserver", None)
+        alive_fd = getattr(server, "_forkserver_alive_fd", None)
+        if alive_fd is not None:  # set only in a process the fork server started
+            os.close(alive_fd)
+            server._forkserver_alive_fd = None  # type: ignore[union-attr]
         parent = multiprocessing.parent_process()
-        if parent is not None and os.getppid() != parent.pid:  # the parent died before prctl took effect
+        if parent is not None and not parent.is_alive():  # the CLI died before prctl took effect
             os._exit(1)
 
 
-def _child_main(fn: Callable[[Any], Iterator[Any]], payload: Any, conn: Any, log_path: str) -> None:
+def _child_main(
+    fn: Callable[[Any], Iterator[Any]], payload: Any, conn: Any, log_path: str, environment: dict, cwd: str
+) -> None:
     _die_with_parent()
+    # A forked worker inherits the fork server's environment and directory, not the CLI's current ones.
+    os.environ.clear()
+    os.environ.update(environment)
+    os.chdir(cwd)
     log = open(log_path, "w", buffering=1)  # noqa: SIM115 - lives as long as the process
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
@@ -101,22 +130,39 @@ def _describe_exit(exitcode: int | None, log_path: Path) -> Outcome:
     return Outcome("error", f"worker exited with code {exitcode} before finishing" + (f":\n{tail}" if tail else ""))
 
 
+def start_method(uses_torch: bool) -> str:
+    """How a job's worker starts (multiprocessing's name), recorded with its results."""
+    return "forkserver" if uses_torch and "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+def _context(uses_torch: bool) -> multiprocessing.context.BaseContext:
+    method = start_method(uses_torch)
+    context = multiprocessing.get_context(method)
+    if method == "forkserver":
+        context.set_forkserver_preload(TORCH_PRELOAD)  # read when the server starts, on the first job
+    return context
+
+
 def run_isolated(
     fn: Callable[[Any], Iterator[Any]],
     payload: Any,
     timeout_s: float,
     on_item: Callable[[Any], None],
+    *,
+    uses_torch: bool = False,
 ) -> Outcome:
-    """Run fn(payload) in a spawned child; on_item gets each yielded item in the parent.
+    """Run fn(payload) in a child process; on_item gets each yielded item in the parent.
 
     The time limit is per item: the deadline moves on each time the child reports progress,
     so a long but progressing job is not killed while a hang or a stuck load is.
+    `uses_torch`: the job imports torch, so fork it from the server that has torch imported.
     """
-    context = multiprocessing.get_context("spawn")
+    context = _context(uses_torch)
     receiver, sender = context.Pipe(duplex=False)
     with tempfile.NamedTemporaryFile(prefix="accelharness-worker-", suffix=".log", delete=False) as log_file:
         log_path = Path(log_file.name)
-    process = context.Process(target=_child_main, args=(fn, payload, sender, str(log_path)), daemon=True)
+    arguments = (fn, payload, sender, str(log_path), dict(os.environ), os.getcwd())
+    process = context.Process(target=_child_main, args=arguments, daemon=True)
     process.start()
     sender.close()
     deadline = time.monotonic() + timeout_s

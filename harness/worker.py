@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.isolation import classify, run_isolated
+from harness.isolation import classify, run_isolated, start_method
 from harness.measure import MeasureConfig, Measurement, measure, measure_generation, measure_training
 from harness.memory import PeakRss, rss_mb
 from harness.native.base import UnsupportedError
@@ -178,12 +178,14 @@ def benchmark_job(job: Job) -> Iterator[Result]:
 def run_job(job: Job, timeout_s: float, emit: Callable[[Result], None]) -> None:
     """Run a job in a worker; emit every case's Result, including those the worker never reached."""
     reported: set[str] = set()
+    uses_torch = job.target.engine == "torch"
 
     def on_result(result: Result) -> None:
         reported.add(result.case.key)
+        result.details["worker_start"] = start_method(uses_torch)  # forked workers share torch's pages
         emit(result)
 
-    outcome = run_isolated(benchmark_job, job, timeout_s, on_result)
+    outcome = run_isolated(benchmark_job, job, timeout_s, on_result, uses_torch=uses_torch)
     for case in job.cases:
         if case.key not in reported:
             status = "error" if outcome.status == "finished" else outcome.status

@@ -83,6 +83,9 @@ def test_provenance_and_reports(bert_run) -> None:
     details = json.loads(ort_row["details"])
     assert details["session_providers"][0] == "CPUExecutionProvider"
     assert details["export"]["exporter"] == "dynamo" and details["onnxruntime_version"]
+    # torch workers fork from the server that imported torch; the others spawn without it.
+    starts = {r["engine"]: json.loads(r["details"])["worker_start"] for r in rows(db)}
+    assert starts == {"torch": "forkserver", "onnxruntime": "spawn", "openvino": "spawn"}
     md = (out / f"{run['run_id']}.md").read_text()
     for heading in (
         "## System Information",
