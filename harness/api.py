@@ -13,11 +13,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from harness.hardware import NATIVE_PLATFORMS, native_targets
-from harness.isolation import run_isolated
 from harness.measure import MeasureConfig
 from harness.native import DEFAULT_ENGINES, ENGINES
 from harness.native.base import Availability
-from harness.prepare import PreparedModel, PrepareJob, prepare_model
+from harness.prepare import PreparedModel, PrepareJob, prepare_isolated
 from harness.recording import Body, Emit, RunSummary, record_run
 from harness.result import MODES, PRECISIONS, Case, Result, Target, result_key
 from harness.specs import ModelSpec, SpecError, select_specs, spec_from_path
@@ -195,11 +194,10 @@ def check_db_path(path: Path) -> None:
 
 def _prepare(plan: Plan, spec: ModelSpec) -> tuple[PreparedModel | None, str | None, str]:
     shapes = sorted({(c.batch_size, c.seq_len) for c in plan.cases(spec)}, key=str)
-    prepared: list[PreparedModel] = []
     job = PrepareJob(spec, shapes, with_past=plan.exports_past(spec))
-    outcome = run_isolated(prepare_model, job, plan.request.timeout_s, prepared.append)
+    prepared, outcome = prepare_isolated(job, plan.request.timeout_s)
     if prepared:
-        return prepared[0], None, "ok"
+        return prepared, None, "ok"
     return None, outcome.message or "model preparation failed", outcome.status
 
 

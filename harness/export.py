@@ -125,7 +125,21 @@ def export_onnx(spec: ModelSpec, module: Any, weights: Weights, feeds: dict[str,
     `feeds` are example inputs with batch >= 2 so torch.export does not specialise batch to 1.
     """
     shapes, axes = _dynamic_shapes(list(module.input_names), feeds)
-    return export_cached(cache_root() / "onnx" / export_key(spec, weights), module, feeds, shapes, axes)
+    return export_cached(export_dir(export_key(spec, weights)), module, feeds, shapes, axes)
+
+
+def export_dir(key: str) -> Path:
+    """Where the export with cache key `key` lives (`<key>-past` holds the graph with past key/values)."""
+    return cache_root() / "onnx" / key
+
+
+def cached_export(target_dir: Path) -> ExportOutcome | None:
+    """What an earlier run exported to target_dir, or None when it holds no model."""
+    target = target_dir / "model.onnx"
+    if not target.exists():
+        return None
+    meta = json.loads((target_dir / "meta.json").read_text())
+    return ExportOutcome(target, meta["exporter"], True, None, None, meta.get("dynamo_error"))
 
 
 def export_cached(
@@ -138,11 +152,9 @@ def export_cached(
     """
     import torch
 
+    if (hit := cached_export(target_dir)) is not None:
+        return hit
     target = target_dir / "model.onnx"
-    if target.exists():
-        meta = json.loads((target_dir / "meta.json").read_text())
-        return ExportOutcome(target, meta["exporter"], True, None, None, meta.get("dynamo_error"))
-
     names = list(module.input_names)
     args = tuple(torch.from_numpy(feeds[n]) for n in names)
     target_dir.parent.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from harness.export import ExportOutcome, cache_root, export_cached, export_key
+from harness.export import ExportOutcome, export_cached, export_dir, export_key
 from harness.specs import ModelSpec
 from harness.workload import Weights
 
@@ -97,4 +97,4 @@ def export_with_past(spec: ModelSpec, model: Any, weights: Weights) -> ExportOut
     layers, feeds = _example(model)
     module = WithPast(model, layers).eval()
     shapes, axes = _dynamic_shapes(module)
-    return export_cached(cache_root() / "onnx" / f"{export_key(spec, weights)}-past", module, feeds, shapes, axes)
+    return export_cached(export_dir(f"{export_key(spec, weights)}-past"), module, feeds, shapes, axes)

@@ -8,6 +8,7 @@ reference: torch fp32 for spec models, ONNX Runtime CPU for plain .onnx files.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,12 +16,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from harness.isolation import Outcome, run_isolated
 from harness.specs import ModelSpec
 
 if TYPE_CHECKING:  # harness.export imports torch: workers that only run ORT/OpenVINO never need it
     from harness.export import ExportOutcome
+    from harness.workload import Weights
 
 CaseShape = tuple[int, int | None]  # (batch, seq)
+MODEL_FACTS = "model.json"  # in a case directory: the module's facts a warm-cache prepare needs
 
 
 @dataclass
@@ -63,9 +67,49 @@ def _save_case(path: Path, feeds: dict[str, np.ndarray], reference: list[np.ndar
 
 
 def _prepare_spec_model(job: PrepareJob) -> PreparedModel:
+    from harness.export import export_key
+    from harness.workload import find_weights
+
+    weights, _ = find_weights(job.spec)
+    case_dir = _case_dir(export_key(job.spec, weights))
+    return _prepare_from_cache(job, weights, case_dir) or _build_and_prepare(job, case_dir)
+
+
+def _case_paths(job: PrepareJob, case_dir: Path, limit: int | None) -> tuple[dict[CaseShape, Path], dict]:
+    """Each case's .npz path, and the cases the model cannot take (a sequence past its positions)."""
+    case_files, skipped = {}, {}
+    for batch, seq in job.shapes:
+        if limit is not None and seq is not None and seq > limit:
+            skipped[(batch, seq)] = f"sequence length {seq} exceeds the model's maximum of {limit} positions"
+        else:
+            case_files[(batch, seq)] = case_dir / f"b{batch}_s{seq}.npz"
+    return case_files, skipped
+
+
+def _prepare_from_cache(job: PrepareJob, weights: Weights, case_dir: Path) -> PreparedModel | None:
+    """Everything from the cache when an earlier run left all of it: no module is built (seconds of
+    random initialisation for a base model). None when anything is missing."""
+    from harness.export import cached_export, export_dir
+
+    facts_path = case_dir / MODEL_FACTS
+    onnx = cached_export(export_dir(case_dir.name))
+    past = cached_export(export_dir(f"{case_dir.name}-past")) if job.with_past else None
+    if not facts_path.exists() or onnx is None or (job.with_past and past is None):
+        return None
+    facts = json.loads(facts_path.read_text())
+    case_files, skipped = _case_paths(job, case_dir, facts["max_sequence_length"])
+    if not all(path.exists() for path in case_files.values()):
+        return None
+    prepared = _prepared(job, weights, onnx, facts["parameters"], case_files, skipped)
+    if past is not None:
+        prepared.onnx_past_path, prepared.export["past"] = past.path, _export_facts(past)
+    return prepared
+
+
+def _build_and_prepare(job: PrepareJob, case_dir: Path) -> PreparedModel:
     import torch
 
-    from harness.export import export_key, export_onnx
+    from harness.export import export_onnx
     from harness.workload import build_module, make_inputs, max_sequence_length
 
     spec = job.spec
@@ -73,24 +117,38 @@ def _prepare_spec_model(job: PrepareJob) -> PreparedModel:
     config = module.model.config
     parameters = sum(p.numel() for p in module.parameters())
     limit = max_sequence_length(config) if spec.inputs.uses_sequence else None
-    case_files, skipped = {}, {}
-    case_dir = _case_dir(export_key(spec, weights))
+    case_files, skipped = _case_paths(job, case_dir, limit)
     # References first: exporting traces the module and may leave it changed.
-    for batch, seq in job.shapes:
-        if limit is not None and seq is not None and seq > limit:
-            skipped[(batch, seq)] = f"sequence length {seq} exceeds the model's maximum of {limit} positions"
-            continue
-        path = case_dir / f"b{batch}_s{seq}.npz"
+    for (batch, seq), path in case_files.items():
         if not path.exists():
             feeds = make_inputs(spec, config, batch, seq)
             with torch.inference_mode():
                 outputs = module(*(torch.from_numpy(feeds[n]) for n in module.input_names))
             _save_case(path, feeds, [o.float().numpy() for o in outputs])
-        case_files[(batch, seq)] = path
     example_seq = 16 if spec.inputs.uses_sequence else None
     outcome = export_onnx(spec, module, weights, make_inputs(spec, config, 2, example_seq))
-    prepared = PreparedModel(
-        spec=spec,
+    prepared = _prepared(job, weights, outcome, parameters, case_files, skipped)
+    if job.with_past:
+        from harness.export_past import export_with_past
+
+        past = export_with_past(spec, module.model, weights)
+        prepared.onnx_past_path, prepared.onnx_past_error = past.path, past.error
+        prepared.export["past"] = _export_facts(past)
+    facts = {"parameters": parameters, "max_sequence_length": limit}
+    (case_dir / MODEL_FACTS).write_text(json.dumps(facts))  # what _prepare_from_cache needs next time
+    return prepared
+
+
+def _prepared(
+    job: PrepareJob,
+    weights: Weights,
+    outcome: ExportOutcome,
+    parameters: int,
+    case_files: dict[CaseShape, Path],
+    skipped: dict[CaseShape, str],
+) -> PreparedModel:
+    return PreparedModel(
+        spec=job.spec,
         weights=weights.kind,
         weights_source=weights.source,
         onnx_path=outcome.path,
@@ -101,13 +159,6 @@ def _prepare_spec_model(job: PrepareJob) -> PreparedModel:
         case_files=case_files,
         skipped=skipped,
     )
-    if job.with_past:
-        from harness.export_past import export_with_past
-
-        past = export_with_past(spec, module.model, weights)
-        prepared.onnx_past_path, prepared.onnx_past_error = past.path, past.error
-        prepared.export["past"] = _export_facts(past)
-    return prepared
 
 
 def _export_facts(outcome: ExportOutcome) -> dict[str, Any]:
@@ -170,3 +221,10 @@ def _case_dir(key: str) -> Path:
 def prepare_model(job: PrepareJob) -> Iterator[PreparedModel]:
     """Worker entry point (a generator, as harness.isolation expects)."""
     yield _prepare_onnx_file(job) if job.spec.is_onnx_file else _prepare_spec_model(job)
+
+
+def prepare_isolated(job: PrepareJob, timeout_s: float) -> tuple[PreparedModel | None, Outcome]:
+    """Prepare in a child process (torch and the exporters may crash or hang): the model, or None and why."""
+    found: list[PreparedModel] = []
+    outcome = run_isolated(prepare_model, job, timeout_s, found.append, uses_torch=not job.spec.is_onnx_file)
+    return (found[0] if found else None), outcome

@@ -29,10 +29,9 @@ from harness.api import (
     execute_native,
     validate,
 )
-from harness.isolation import run_isolated
 from harness.measure import MeasureConfig
 from harness.parity import compare
-from harness.prepare import PreparedModel, PrepareJob, prepare_model
+from harness.prepare import PreparedModel, PrepareJob, prepare_isolated
 from harness.recording import Body, Emit, RunSummary, record_run
 from harness.result import Case, Result, Target, result_key
 from harness.specs import ModelSpec
@@ -259,11 +258,10 @@ Prepared = tuple[ModelSpec, PreparedModel | None, str]  # (spec, prepared or Non
 def _prepare(plan: WebPlan, spec: ModelSpec) -> Prepared:
     """The same prepare_model child as native: same cached ONNX file, same npz inputs and reference."""
     shapes = sorted({(c.batch_size, c.seq_len) for c in plan.cases(spec)}, key=str)
-    found: list[PreparedModel] = []
     timeout_s = max(plan.request.timeout_s, PREPARE_TIMEOUT_FLOOR_S)
-    outcome = run_isolated(prepare_model, PrepareJob(spec, shapes), timeout_s, found.append)
-    if found:
-        return spec, found[0], ""
+    prepared, outcome = prepare_isolated(PrepareJob(spec, shapes), timeout_s)
+    if prepared:
+        return spec, prepared, ""
     return spec, None, f"model preparation failed ({outcome.status}): {outcome.message or 'no result'}"
 
 

@@ -239,3 +239,25 @@ def test_export_cache_key_follows_the_export_code(monkeypatch: pytest.MonkeyPatc
     assert export.export_key(spec, weights) == before  # stable for the same code
     monkeypatch.setattr(export, "_export_code_digest", lambda: "edited-exporter")
     assert export.export_key(spec, weights) != before
+
+
+def test_warm_cache_prepare_builds_no_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second prepare of the same cases comes from the cache alone; a new case still builds."""
+    import harness.workload
+    from harness.prepare import PrepareJob, prepare_model
+    from harness.specs import load_specs
+
+    job = PrepareJob(load_specs()["bert-tiny"], [(1, 16), (2, 16), (1, 4096)])  # 4096 > bert's 512 positions
+    cold = next(prepare_model(job))
+
+    def no_build(spec: object) -> None:
+        raise AssertionError("built the module on a warm cache")
+
+    monkeypatch.setattr(harness.workload, "build_module", no_build)
+    warm = next(prepare_model(job))
+    assert warm.export["cache_hit"] and warm.onnx_path == cold.onnx_path
+    assert (warm.case_files, warm.skipped, warm.parameters) == (cold.case_files, cold.skipped, cold.parameters)
+    assert (warm.weights, warm.weights_source, warm.reference) == (cold.weights, cold.weights_source, cold.reference)
+    assert list(warm.skipped) == [(1, 4096)] and warm.parameters > 0
+    with pytest.raises(AssertionError, match="built the module"):  # no run here used (3, 13): no inputs yet
+        next(prepare_model(PrepareJob(job.spec, [(3, 13)])))
