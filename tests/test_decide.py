@@ -26,20 +26,29 @@ def true_latency(parameters: float, batch: int, factor: float) -> float:
     return factor * 0.05 * (parameters * batch / 1e6) ** 0.8
 
 
-def seed(db: Path, models: dict[str, float], targets=TARGETS, batches=(1, 2, 4, 8), jitter: float = 0.03) -> None:
+def seed(
+    db: Path,
+    models: dict[str, float],
+    targets=TARGETS,
+    batches=(1, 2, 4, 8),
+    jitter: float = 0.03,
+    family: str = "embedding",
+    seq_len: int | None = 32,
+    slowdown: float = 1.0,
+) -> None:
     rng = np.random.default_rng(0)
     with open_store(db) as store:
         run_id = store.start_run("seed", {}, {})
         for model, parameters in models.items():
             for target, (factor, memory) in targets.items():
                 for batch in batches:
-                    latency = true_latency(parameters, batch, factor) * (1 + jitter * rng.standard_normal())
+                    latency = slowdown * true_latency(parameters, batch, factor) * (1 + jitter * rng.standard_normal())
                     result = Result(
                         model,
-                        "embedding",
+                        family,
                         "random",
                         target,
-                        Case(batch, 32, "fp32"),
+                        Case(batch, seq_len, "fp32"),
                         "ok",
                         samples_ms=[latency] * 5,
                         memory_peak_mb=memory + parameters / 1e6,
@@ -78,6 +87,24 @@ def test_prediction_for_an_untested_model_is_close_and_labelled(db: Path) -> Non
     predicted = result.rows[0]["predicted_latency_p50_ms"]
     assert predicted == pytest.approx(true_latency(32e6, 4, 1.0), rel=0.3)
     assert "measured_latency_p50_ms" not in result.rows[0]
+
+
+def test_longer_sequences_never_predict_faster_and_say_they_extrapolate(db: Path) -> None:
+    """Every text row at one length (the demo's data): the sequence's effect is not in the data.
+    Vision rows count one token per image yet run slower, which once taught a free ridge fit a
+    negative sequence coefficient (bert-base at s128 predicted 2.5x faster than at s32)."""
+    seed(db, MODELS)
+    seed(db, {"v1": 2e6, "v2": 8e6, "v3": 30e6}, family="vision", seq_len=None, slowdown=20.0)
+    target = Target("cpu", "onnxruntime", "CPUExecutionProvider")
+    queries = [
+        Query("m5", "embedding", int(32e6), target.hardware, target.engine, target.provider, 4, seq)
+        for seq in (32, 128)
+    ]
+    result = predict(db, queries)
+    short, long = result.rows
+    assert long["predicted_latency_p50_ms"] >= short["predicted_latency_p50_ms"]
+    assert long["predicted_throughput_per_s"] <= short["predicted_throughput_per_s"]
+    assert result.notes == ["b4 s128 extrapolated (embedding): seq 128 outside the measured 32–32"]
 
 
 def test_too_little_data_is_refused(db: Path) -> None:

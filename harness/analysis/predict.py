@@ -3,7 +3,11 @@
 A scikit-learn pipeline trained on the store's ok rows: ridge regression in log space on
 log(parameters), log(FLOPs estimate), log(batch), log(sequence) and one-hot family / target /
 precision. Latency scales roughly as a power of work with a per-target factor, so a log-linear
-model extrapolates to unseen model sizes where trees would not.
+model extrapolates to unseen model sizes where trees would not. Every regressed quantity rises
+with work (throughput is regressed as time per batch), so the coefficients are constrained to be
+non-negative: when the data cannot separate two features (every text row at one sequence length,
+say), a longer sequence is never predicted to be faster. A query outside the measured range of
+its family is reported as an extrapolation.
 
 Its error is leave-one-model-out MAPE: each row is predicted by a model that saw no row of the
 same model, which is exactly the situation of a prediction for an untested model. With too
@@ -90,7 +94,18 @@ def _pipeline() -> Any:
     encode = ColumnTransformer(
         [("categorical", OneHotEncoder(handle_unknown="ignore"), categorical), ("numeric", StandardScaler(), numeric)]
     )
-    return make_pipeline(encode, Ridge(alpha=0.1))
+    # positive=True: more work never predicts less time or memory. The one-hot columns lose
+    # nothing by it, since each group's baseline shifts into the (free) intercept.
+    return make_pipeline(encode, Ridge(alpha=1.0, positive=True))
+
+
+def _regressed(target: str, row: dict[str, Any]) -> float:
+    """The quantity fitted for a target: throughput as time per batch, so that it rises with work."""
+    return row["batch_size"] / row[target] if target == "throughput_per_s" else row[target]
+
+
+def _from_regressed(target: str, row: dict[str, Any], value: float) -> float:
+    return row["batch_size"] / value if target == "throughput_per_s" else value
 
 
 def training_rows(db_path: Path) -> list[dict[str, Any]]:
@@ -126,15 +141,30 @@ class Predictor:
         # Throughput is fitted on its own: it is measured from the mean latency, which noise
         # pulls away from the p50 that latency_p50_ms predicts.
         for target in TARGETS:
-            y = np.log([r[target] for r in rows])
-            held_out = cross_val_predict(_pipeline(), x, y, groups=groups, cv=LeaveOneGroupOut())
-            self.mape[target] = float(mean_absolute_percentage_error(np.exp(y), np.exp(held_out)))
+            y = np.log([_regressed(target, r) for r in rows])
+            held_out = np.exp(cross_val_predict(_pipeline(), x, y, groups=groups, cv=LeaveOneGroupOut()))
+            guesses = [_from_regressed(target, r, v) for r, v in zip(rows, held_out, strict=True)]
+            self.mape[target] = float(mean_absolute_percentage_error([r[target] for r in rows], guesses))
             self.fitted[target] = _pipeline().fit(x, y)
 
     def predict(self, queries: list[Query]) -> list[dict[str, float]]:
         x = _matrix([q.__dict__ for q in queries])
-        predictions = {t: np.exp(model.predict(x)) for t, model in self.fitted.items()}
-        return [{t: float(predictions[t][i]) for t in TARGETS} for i in range(len(queries))]
+        regressed = {t: np.exp(model.predict(x)) for t, model in self.fitted.items()}
+        return [
+            {t: _from_regressed(t, query.__dict__, float(regressed[t][i])) for t in TARGETS}
+            for i, query in enumerate(queries)
+        ]
+
+    def extrapolations(self, query: Query) -> list[str]:
+        """The query's sizes that lie outside what was measured for its family."""
+        family = [r for r in self.rows if r["family"] == query.family] or self.rows
+        found = []
+        for name, value in (("parameters", query.parameters), ("batch", query.batch_size), ("seq", query.seq_len)):
+            column = {"batch": "batch_size", "seq": "seq_len"}.get(name, name)
+            measured = [r[column] for r in family if r[column] is not None]
+            if value is not None and measured and not min(measured) <= value <= max(measured):
+                found.append(f"{name} {value:,} outside the measured {min(measured):,}–{max(measured):,}")
+        return found
 
 
 def _measured(rows: list[dict[str, Any]], query: Query) -> dict[str, float] | None:
@@ -161,6 +191,9 @@ def predict(db_path: Path, queries: list[Query]) -> PredictionSet:
         row: dict[str, Any] = dict(query.__dict__) | {f"predicted_{t}": v for t, v in predicted.items()}
         if (measured := _measured(predictor.rows, query)) is not None:
             row |= {f"measured_{t}": v for t, v in measured.items()}
+        if outside := predictor.extrapolations(query):
+            note = f"b{query.batch_size} s{query.seq_len} extrapolated ({query.family}): {'; '.join(outside)}"
+            notes += [note] if note not in notes else []  # one per case, not per target
         rows.append(row)
     return PredictionSet(rows, predictor.mape, len(predictor.rows), len(predictor.models), notes)
 
