@@ -266,6 +266,7 @@ def run_with_progress(total: int, start: Callable[[Callable[[Result, str], None]
 
 
 def summary_table(rows: list[Result]) -> Table:
+    from harness.report.data import flags
     from harness.stats import summarize
 
     table = Table(title="Results")
@@ -273,8 +274,9 @@ def summary_table(rows: list[Result]) -> Table:
         table.add_column(name, overflow="fold")
     for r in rows:
         s = summarize(r.samples_ms, r.case.batch_size)
-        notes = [f"ran {r.precision}"] if r.precision != r.case.precision else []
-        notes += ["noisy"] if s and s.noisy else []
+        marked = {"status": r.status, "precision": r.precision, "requested_precision": r.case.precision}
+        marked |= {"noisy": bool(s and s.noisy), "latency_cv": s.cv if s else None, "details": r.details}
+        notes = flags(marked)  # the same warnings the reports put next to the number
         notes += [r.error.splitlines()[0][:100]] if r.error else []
         table.add_row(
             r.model,

@@ -112,3 +112,26 @@ def test_local_model_directory_is_pretrained(tmp_path: Path) -> None:
     assert {r["weights"] for r in results} == {"pretrained"}
     assert {r["status"] for r in results} == {"ok"}
     assert {r["model"] for r in results} == {"my-bert"}
+
+
+def test_summary_table_carries_the_reports_warnings() -> None:
+    """The table printed after a run flags what the reports flag: a software WebGPU adapter, a changed precision."""
+    from rich.console import Console
+
+    from harness.cli import summary_table
+    from harness.result import Case, Result, Target
+
+    webgpu = Target("webgpu", "onnxruntime-web", "webgpu")
+    openvino = Target("openvino", "openvino", "CPU")
+    steady = [2.0, 2.01, 1.99, 2.0]
+    results = [
+        Result("bert-tiny", "embedding", "random", webgpu, Case(1, 32, "fp32"), "ok", samples_ms=steady,
+               details={"fallback_adapter": True}),
+        Result("bert-tiny", "embedding", "random", openvino, Case(1, 32, "fp16"), "ok", samples_ms=steady,
+               precision="fp32"),
+    ]  # fmt: skip
+    console = Console(width=400, record=True)
+    console.print(summary_table(results))
+    webgpu_line, openvino_line = [line for line in console.export_text().splitlines() if "bert-tiny" in line]
+    assert "WebGPU on a software (fallback) adapter" in webgpu_line
+    assert "ran fp32 (asked fp16)" in openvino_line and "noisy" not in openvino_line
