@@ -207,7 +207,7 @@ def verdict(ratio: float, low: float, high: float, p: float, noisy: bool, thresh
             return "unchanged", "the whole CI is inside the band (a side has cv > 10%)"
         if low <= 1 <= high and 1 - 2 * threshold <= low and high <= 1 + 2 * threshold:
             return "unchanged", "CI contains 1 and rules out a change beyond 2×threshold (a side has cv > 10%)"
-        return "noisy", "a side has cv > 10% and the CI neither contains 1 nor clears the band"
+        return "noisy", "a side has cv > 10%: the CI neither clears the band nor stays within 1±2×threshold"
     if significant and low > 1 and ratio > 1 + threshold:
         return "regressed", ""
     if significant and high < 1 and ratio < 1 - threshold:
