@@ -88,7 +88,7 @@ def _die_with_parent() -> None:
 
 
 def _child_main(
-    fn: Callable[[Any], Iterator[Any]], payload: Any, conn: Any, log_path: str, environment: dict, cwd: str
+    fn: Callable[[Any], Iterator[Any]], payload: Any, conn: Any, log_path: str, environment: dict[str, str], cwd: str
 ) -> None:
     _die_with_parent()
     # A forked worker inherits the fork server's environment and directory, not the CLI's current ones.

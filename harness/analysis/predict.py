@@ -159,8 +159,9 @@ class Predictor:
         """The query's sizes that lie outside what was measured for its family."""
         family = [r for r in self.rows if r["family"] == query.family] or self.rows
         found = []
-        for name, value in (("parameters", query.parameters), ("batch", query.batch_size), ("seq", query.seq_len)):
-            column = {"batch": "batch_size", "seq": "seq_len"}.get(name, name)
+        sizes = (("parameters", "parameters"), ("batch", "batch_size"), ("seq", "seq_len"))
+        for name, column in sizes:
+            value = getattr(query, column)
             measured = [r[column] for r in family if r[column] is not None]
             if value is not None and measured and not min(measured) <= value <= max(measured):
                 found.append(f"{name} {value:,} outside the measured {min(measured):,}–{max(measured):,}")
