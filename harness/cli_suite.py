@@ -145,6 +145,8 @@ def suite(
         )
     except (RequestError, StoreError) as exc:
         raise fail(str(exc)) from None
+    if resume and plan.resume_run_id is None:  # say why nothing is continued (e.g. the config changed)
+        console.print(f"--resume: {plan.resume_note}")
     baseline_run = _resolve_baseline(loaded.db, baseline, threshold, fail_on_regression)
     if check:
         _print_check(plan)
