@@ -62,7 +62,7 @@ def test_worker_fault_is_recorded_and_other_jobs_complete(tmp_path: Path, fault,
     assert done.returncode == 0, done.stderr
     results = rows(db)
     failed = [r for r in results if r["engine"] == "onnxruntime"]
-    assert [r["status"] for r in failed] == [status, status]
+    assert [r["status"] for r in failed] == [status, status], failed[0]["error"]
     assert all(message in r["error"] for r in failed), failed[0]["error"]
     assert all(r["iterations"] is None for r in failed)  # no number was invented for them
     assert [r["status"] for r in results if r["engine"] == "torch"] == ["ok", "ok"]
