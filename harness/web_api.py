@@ -175,25 +175,13 @@ def build_result(
     if answer["status"] != "ok":
         return result_for(job, case, answer["status"], answer["error"], details=details, **extra)
     fields = {"samples_ms": answer["samples_ms"], "load_ms": answer["load_ms"], "first_run_ms": answer["first_run_ms"]}
+    names = [out["name"] for out in answer["outputs"]]  # the page's session.outputNames, in order
     try:
-        parity = compare(decode_outputs(answer["outputs"]), reference, "fp32")
+        parity = compare(decode_outputs(answer["outputs"]), reference, "fp32", names)
     except ValueError as exc:
         return result_for(job, case, "error", f"parity check failed: {exc}", details=details, **extra, **fields)
-    details["parity_tolerance"] = parity.tolerance
-    error = (
-        None if parity.matches else f"max_abs_diff {parity.max_abs_diff:.3g} exceeds tolerance {parity.tolerance:.3g}"
-    )
-    return result_for(
-        job,
-        case,
-        "ok" if parity.matches else "mismatch",
-        error,
-        details=details,
-        max_abs_diff=parity.max_abs_diff,
-        max_rel_diff=parity.max_rel_diff,
-        **extra,
-        **fields,
-    )
+    details |= parity.details
+    return result_for(job, case, parity.status, parity.error, details=details, **parity.fields, **extra, **fields)
 
 
 def _file_stem(name: str) -> str:

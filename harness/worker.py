@@ -87,12 +87,9 @@ def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: Pea
     if not reference:  # a file no reference engine could run: measured, not parity-checked
         details["parity"] = f"not checked: no reference ({job.prepared.reference})"
     elif case.mode == "inference":  # generated tokens and trained weights have no fixed reference
-        parity = compare(measured.outputs, reference, session.precision)
-        details["parity_tolerance"] = parity.tolerance
-        parity_fields = {"max_abs_diff": parity.max_abs_diff, "max_rel_diff": parity.max_rel_diff}
-        if not parity.matches:
-            status = "mismatch"
-            error = f"max_abs_diff {parity.max_abs_diff:.3g} exceeds tolerance {parity.tolerance:.3g}"
+        parity = compare(measured.outputs, reference, session.precision, job.prepared.output_names)
+        details |= parity.details
+        status, error, parity_fields = parity.status, parity.error, parity.fields
     return result_for(
         job,
         case,
