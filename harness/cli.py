@@ -284,7 +284,7 @@ def summary_table(rows: list[Result]) -> Table:
             r.case.key,
             r.status,
             f"{s.median_ms:.3f}" if s else "—",
-            f"{s.throughput_per_s:.1f}" if s else "—",
+            f"{s.throughput_per_s:.1f}" if s and s.throughput_per_s is not None else "—",
             f"{r.max_abs_diff:.2g}" if r.max_abs_diff is not None else "—",
             "; ".join(notes),
         )

@@ -213,6 +213,7 @@ def page_job(
         "iterations": request.iterations,
         "min_duration_ms": request.min_duration_s * 1000,
         "max_iterations": request.max_iterations,
+        "case": case.key,  # the page names the case whose session load a later case reuses
         "fault": fault,  # test-only
     }
 

@@ -78,3 +78,10 @@ def test_nan_or_inf_where_the_reference_is_finite_is_a_mismatch_naming_the_outpu
     assert not other.matches and "1 of 3 values differ where the reference is NaN/inf" in other.error
     # the tolerance's scale comes from the finite reference values, not from an infinite one
     assert compare([np.array([np.inf, 1.5, np.nan])], with_inf, "fp32").tolerance == pytest.approx(1e-3 + 1e-3)
+
+
+def test_a_zero_mean_leaves_throughput_and_cv_unmeasured() -> None:
+    """Samples of 0 ms (a timer that never advanced) give no items/s and no CV: None, stored NULL, never 0.0."""
+    s = summarize([0.0, 0.0, 0.0], batch_size=4)
+    assert s is not None and s.mean_ms == 0.0 and s.iterations == 3
+    assert s.throughput_per_s is None and s.cv is None and s.noisy is None

@@ -169,6 +169,27 @@ def test_faults_leave_rows_and_the_run_goes_on(web_cache: Path, tmp_path: Path) 
     assert fine["details"]["threads_effective"] == 4
 
 
+def test_bad_answers_fail_their_row_only(web_cache: Path, tmp_path: Path) -> None:
+    """A page whose clock stands still (0 ms samples) and one whose facts are malformed: each row an
+    `error` saying why, nothing of its numbers stored, and the run goes on (issue 11, items 3 and 11)."""
+    request = WebRequest(
+        models=["bert-tiny"], hardware=["wasm"], threads=[1, 2, 3], db_path=tmp_path / "a.duckdb", output_dir=None,
+        **QUICK,
+    )  # fmt: skip
+    summary = run_web(request, faults={"wasm:threads=1": "frozen_timer", "wasm:threads=2": "bad_facts"})
+    assert summary.counts == {"error": 2, "ok": 1}
+    run, rows, samples = stored(request.db_path)
+    assert run["status"] == "completed"
+    frozen, malformed, fine = (rows[f"wasm:threads={n}"] for n in (1, 2, 3))
+    assert "is 0 ms: a timer fault, performance.now() did not advance" in frozen["error"], frozen["error"]
+    assert "result.facts.node_placement must be an object of node counts" in malformed["error"], malformed["error"]
+    for failed in (frozen, malformed):
+        assert failed["status"] == "error" and failed["iterations"] is None and failed["throughput_per_s"] is None
+        assert samples[failed["provider"]] == []
+    assert fine["status"] == "ok" and all(s > 0 for s in samples["wasm:threads=3"])
+    assert fine["details"]["load_measured_with"] == "b1_s32_fp32"  # the page's session was loaded for this case
+
+
 def test_threads_dropped_without_cross_origin_isolation(web_cache: Path, tmp_path: Path) -> None:
     request = WebRequest(
         models=["bert-tiny"],

@@ -12,6 +12,7 @@ import base64
 import math
 import secrets
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -165,10 +166,58 @@ def _require(obj: dict[str, Any], key: str, kinds: tuple[type, ...], where: str 
     return value
 
 
-def _finite_ms(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-        raise PageResultError(f"{name} must be a finite number >= 0 (got {value!r})")
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _timed_ms(value: Any, name: str, timer_resolution_ms: Any) -> float:
+    """A duration from performance.now(): finite and > 0. Every run takes time, so 0 ms means the
+    clock did not advance across it: a timer fault (too coarse for the work, or frozen), not a figure."""
+    if not _is_number(value) or value < 0:
+        raise PageResultError(f"{name} must be a finite number > 0 (got {value!r})")
+    if value == 0:
+        resolution = f"{timer_resolution_ms:g} ms" if _is_number(timer_resolution_ms) else "unknown"
+        raise PageResultError(
+            f"{name} is 0 ms: a timer fault, performance.now() did not advance across the run (its resolution: "
+            f"{resolution}); nothing was measured"
+        )
     return float(value)
+
+
+# The facts the page reports (web/page/runner.mjs), checked like the rest of its answer: reports and
+# the matrix compute with them. (what a valid value is, in words; the check). Keys not listed pass as
+# they are (plain JSON values).
+FactCheck = tuple[str, Callable[[Any], bool]]
+_BOOLEAN: FactCheck = ("a boolean", lambda v: isinstance(v, bool))
+_COUNT: FactCheck = ("an integer >= 0", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0)
+_MS: FactCheck = ("a finite number >= 0", lambda v: _is_number(v) and v >= 0)
+_TEXT: FactCheck = ("a string", lambda v: isinstance(v, str))
+_OPTIONAL_TEXT: FactCheck = ("a string or null", lambda v: v is None or isinstance(v, str))
+_TEXTS: FactCheck = ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v))
+_OBJECT: FactCheck = ("an object or null", lambda v: v is None or isinstance(v, dict))
+_COUNTS: FactCheck = (
+    "an object of node counts (integers >= 0)",
+    lambda v: isinstance(v, dict) and all(_COUNT[1](n) for n in v.values()),
+)
+FACT_CHECKS: dict[str, FactCheck] = {
+    **dict.fromkeys(
+        ("cross_origin_isolated", "shared_array_buffer", "webassembly", "webgpu_api", "webnn_api", "threads_dropped"),
+        _BOOLEAN,
+    ),
+    **dict.fromkeys(("hardware_concurrency", "threads_requested", "threads_effective"), _COUNT),
+    **dict.fromkeys(("timer_resolution_ms", "runtime_init_ms", "fetch_ms"), _MS),
+    **dict.fromkeys(("user_agent", "bundle", "placement_method", "load_measured_with"), _TEXT),
+    **dict.fromkeys(("ort_web_version", "ort_common_version", "ep_check"), _OPTIONAL_TEXT),
+    **dict.fromkeys(("wasm_files", "input_names", "output_names", "console_warnings"), _TEXTS),
+    **dict.fromkeys(("probed_adapter", "adapter"), _OBJECT),
+    "node_placement": _COUNTS,
+}
+
+
+def _check_facts(facts: dict[str, Any]) -> None:
+    for key, (valid, check) in FACT_CHECKS.items():
+        if key in facts and not check(facts[key]):
+            raise PageResultError(f"result.facts.{key} must be {valid} (got {facts[key]!r:.200})")
 
 
 def _check_outputs(outputs: Any) -> None:
@@ -188,22 +237,25 @@ def _check_outputs(outputs: Any) -> None:
 
 
 def validate_page_result(result: Any, max_samples: int) -> dict[str, Any]:
-    """Check the page's answer: required keys, types, finite numbers, sample-count bounds."""
+    """Check the page's answer: required keys, types (facts included), durations finite and > 0,
+    sample-count bounds. A failure makes that job's row an `error` naming what was wrong."""
     if not isinstance(result, dict):
         raise PageResultError(f"the page returned {type(result).__name__}, not an object")
     status = _require(result, "status", (str,))
     if status not in RESULT_STATUSES:
         raise PageResultError(f"result.status '{status}' is not one of {RESULT_STATUSES}")
-    _require(result, "facts", (dict,))
+    facts = _require(result, "facts", (dict,))
+    _check_facts(facts)
     if status != "ok":
         _require(result, "error", (str,))
         return result
     samples = _require(result, "samples_ms", (list,))
     if not 1 <= len(samples) <= max_samples:
         raise PageResultError(f"result has {len(samples)} samples; expected 1..{max_samples}")
-    result["samples_ms"] = [_finite_ms(s, "samples_ms[]") for s in samples]
+    resolution = facts.get("timer_resolution_ms")
+    result["samples_ms"] = [_timed_ms(s, f"samples_ms[{i}]", resolution) for i, s in enumerate(samples)]
     for key in ("first_run_ms", "load_ms"):
-        result[key] = _finite_ms(_require(result, key, (int, float)), key)
+        result[key] = _timed_ms(_require(result, key, (int, float)), key, resolution)
     _check_outputs(result.get("outputs"))
     return result
 

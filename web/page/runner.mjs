@@ -205,7 +205,8 @@ async function getSession(job, rt) {
   const placement = job.ep === 'wasm' ? null : await nodePlacement(bytes, rt.option);
   started = performance.now();
   const session = await ort.InferenceSession.create(bytes, { executionProviders: [rt.option] });
-  const entry = { session, load_ms: performance.now() - started, fetch_ms, placement };
+  // Later jobs on this page reuse the session: their load_ms is this one, and they say whose it is.
+  const entry = { session, load_ms: performance.now() - started, fetch_ms, placement, load_case: job.case };
   sessions.set(job.model_url, entry);
   return entry;
 }
@@ -233,6 +234,11 @@ async function injectFault(fault) {
   if (fault === 'hang') for (;;); // blocks the page's main thread for good
   // Never settles, the page stays responsive: a stalled job, or one the driver kills the browser under.
   if (fault === 'stall' || fault === 'kill') await new Promise(() => {});
+  if (fault === 'frozen_timer') {
+    // A clock that never advances, for the rest of this page's life (a fresh page per setting).
+    const frozen = performance.now();
+    performance.now = () => frozen;
+  }
 }
 
 // first run (timed) -> warmup -> timed iterations until both the count and the duration are met,
@@ -295,8 +301,10 @@ export async function runJob(job) {
       fetch_ms: entry.fetch_ms,
       input_names: entry.session.inputNames,
       output_names: entry.session.outputNames,
+      load_measured_with: entry.load_case,
     });
     if (entry.placement) Object.assign(facts, entry.placement);
+    if (job.fault === 'bad_facts') facts.node_placement = { CPUExecutionProvider: 'many' }; // test-only
     facts.console_warnings = consoleWarnings();
     return {
       status: 'ok',
