@@ -1,11 +1,12 @@
 """The DuckDB store: schema, per-result commits with samples, and its refusals."""
 
+import re
 from pathlib import Path
 
 import duckdb
 import pytest
 
-from harness.result import Case, Result, Target
+from harness.result import Case, Result, ResultError, Target
 from harness.store import SCHEMA_VERSION, TABLES, StoreError, init_store, open_store
 
 
@@ -64,3 +65,28 @@ def test_corrupt_file_is_refused_clearly(db: Path) -> None:
     db.write_bytes(b"this is not a database" * 100)
     with pytest.raises(StoreError, match="cannot open"):
         open_store(db)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"samples_ms": [1.0, float("nan")]}, "samples_ms must hold finite numbers > 0 (1 do not, e.g. nan)"),
+        ({"samples_ms": [1.0, 0.0]}, "samples_ms must hold finite numbers > 0"),
+        ({"samples_ms": []}, "status 'ok' needs latency samples"),
+        ({"status": "fine"}, "status 'fine' is not one of ok"),
+        ({"status": "error"}, "status 'error' needs the reason in error"),
+        ({"load_ms": float("inf")}, "load_ms must be a finite number or None (got inf)"),
+        ({"max_abs_diff": float("nan")}, "max_abs_diff must be a finite number or None"),
+        ({"cpu_percent": True}, "cpu_percent must be a finite number or None (got True)"),
+        ({"model": ""}, "model must be a non-empty string"),
+    ],
+)
+def test_a_result_that_breaks_an_invariant_is_refused(changes: dict, message: str) -> None:
+    """Every Result built is checked (issue 11, item 11): no NaN, 0 ms or infinite figure, and no
+    `ok` row without samples, ever reaches the store; results from Ray nodes are checked again."""
+    fields = {
+        "model": "m", "family": "embedding", "weights": "random", "target": Target("cpu", "torch", "cpu"),
+        "case": Case(2, 16, "fp32"), "status": "ok", "samples_ms": [1.0, 2.0], "load_ms": 5.0,
+    } | changes  # fmt: skip
+    with pytest.raises(ResultError, match=re.escape(message)):
+        Result(**fields)

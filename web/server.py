@@ -247,7 +247,8 @@ def validate_page_result(result: Any, max_samples: int) -> dict[str, Any]:
     facts = _require(result, "facts", (dict,))
     _check_facts(facts)
     if status != "ok":
-        _require(result, "error", (str,))
+        if not _require(result, "error", (str,)).strip():
+            raise PageResultError(f"a '{status}' result must say why (result.error is empty)")
         return result
     samples = _require(result, "samples_ms", (list,))
     if not 1 <= len(samples) <= max_samples:

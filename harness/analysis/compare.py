@@ -42,6 +42,7 @@ from scipy import stats
 
 from harness.analysis.query import AnalysisError, Table, render_table
 from harness.report.data import case_label, mode_of, target_label
+from harness.result import MEASURED
 from harness.store import Store, StoreError, open_store
 
 KEY = ("model", "hardware", "engine", "provider", "batch_size", "seq_len", "precision", "mode", "new_tokens")
@@ -56,7 +57,6 @@ def case_key(row: dict[str, Any]) -> tuple:
     return tuple(case_fields(row).values())
 
 
-MEASURED = ("ok", "mismatch")
 FORMATS = ("md", "json", "html")
 ALPHA = 0.05
 CI_WIDTH_FACTOR = 4.0

@@ -31,9 +31,10 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from harness.analysis.compare import ALPHA, MEASURED, case_fields, case_key
+from harness.analysis.compare import ALPHA, case_fields, case_key
 from harness.analysis.query import AnalysisError, Table, render_table
 from harness.report.data import case_label, target_label
+from harness.result import MEASURED
 from harness.stats import nearest_rank
 from harness.store import Store, open_store
 
