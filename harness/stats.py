@@ -17,7 +17,7 @@ class Summary:
     median_ms: float
     min_ms: float
     max_ms: float
-    std_ms: float
+    std_ms: float | None  # None for a single sample: no spread was measured
     p90_ms: float
     p95_ms: float
     p99_ms: float
@@ -35,15 +35,16 @@ def summarize(samples_ms: list[float], batch_size: int, noise_cv: float = NOISE_
     """Summary statistics of one result's samples, or None when there are none.
 
     std is the sample standard deviation (n-1). Throughput is items per second over the whole
-    timed loop (batch / mean latency), the figure onnxruntime_perf_test reports. A mean of 0 (a
-    timer that never advanced) leaves the figures divided by it None: stored NULL, never 0.
+    timed loop (batch / mean latency), the figure onnxruntime_perf_test reports. What was not
+    measured is None (stored NULL), never 0: the spread of a single sample, and every figure
+    divided by a mean of 0 (a timer that never advanced).
     """
     if not samples_ms:
         return None
     values = np.asarray(samples_ms, dtype=np.float64)
     mean = float(values.mean())
-    std = float(values.std(ddof=1)) if len(values) > 1 else 0.0
-    cv = std / mean if mean > 0 else None
+    std = float(values.std(ddof=1)) if len(values) > 1 else None
+    cv = std / mean if std is not None and mean > 0 else None
     return Summary(
         iterations=len(values),
         mean_ms=mean,

@@ -80,8 +80,12 @@ def test_nan_or_inf_where_the_reference_is_finite_is_a_mismatch_naming_the_outpu
     assert compare([np.array([np.inf, 1.5, np.nan])], with_inf, "fp32").tolerance == pytest.approx(1e-3 + 1e-3)
 
 
-def test_a_zero_mean_leaves_throughput_and_cv_unmeasured() -> None:
-    """Samples of 0 ms (a timer that never advanced) give no items/s and no CV: None, stored NULL, never 0.0."""
+def test_what_the_samples_cannot_tell_is_none_not_zero() -> None:
+    """Samples of 0 ms (a timer that never advanced) give no items/s and no CV, one sample no spread:
+    None, stored NULL, never 0.0 (issue 11, item 3)."""
     s = summarize([0.0, 0.0, 0.0], batch_size=4)
     assert s is not None and s.mean_ms == 0.0 and s.iterations == 3
     assert s.throughput_per_s is None and s.cv is None and s.noisy is None
+    single = summarize([2.0], batch_size=1)
+    assert single is not None and single.std_ms is None and single.cv is None and single.noisy is None
+    assert single.throughput_per_s == pytest.approx(500.0)
