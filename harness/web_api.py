@@ -166,6 +166,7 @@ def _check_launch(request: WebRequest) -> None:
         "--headed": request.headed,
         "--browser-arg": bool(request.browser_args),
         "--browser-path": request.browser_path is not None,
+        "--browser": request.browser != "chromium",
     }
     if any(launch_only.values()):
         named = ", ".join(name for name, given in launch_only.items() if given)

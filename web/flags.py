@@ -134,16 +134,16 @@ class VirtualDisplay:
         try:
             command = ["Xvfb", "-displayfd", str(write_end), "-screen", "0", "1280x1024x24", "-nolisten", "tcp"]
             self.process = subprocess.Popen(command, pass_fds=(write_end,), stderr=subprocess.DEVNULL)
-            os.close(write_end)
-            write_end = -1
-            with os.fdopen(read_end, "rb") as pipe:
-                number = pipe.readline().strip()
+        except OSError:
+            os.close(read_end)
+            raise
         finally:
-            if write_end >= 0:
-                os.close(write_end)
+            os.close(write_end)  # Xvfb holds its own copy; EOF here once it exits
+        with os.fdopen(read_end, "rb") as pipe:
+            number = pipe.readline().strip()
         if not number:
             self.stop()
-            raise RuntimeError("Xvfb started but reported no display number")
+            raise RuntimeError("Xvfb exited without reporting a display number")
         self.display = f":{number.decode()}"
         return self.display
 
