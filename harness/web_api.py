@@ -361,7 +361,7 @@ async def _refusal(session: Any, setting: EpSetting, case: Case, request: WebReq
     --require-hardware-gpu, or fp16 on an adapter without shader-f16. Decided before any model is loaded."""
     from harness.web.adapter import adapter_details, webgpu_refusal
 
-    if setting.ep != "webgpu" or session.browser is None:  # no browser: the job's answer says why
+    if setting.ep != "webgpu" or session.browser is None:
         return None, {}
     report = await session.webgpu_adapter()
     return webgpu_refusal(report, case.precision, request.require_hardware_gpu), adapter_details(report)
@@ -370,11 +370,13 @@ async def _refusal(session: Any, setting: EpSetting, case: Case, request: WebReq
 async def _run_case(
     files: Any, session: Any, plan: WebPlan, prepared: PreparedModel, setting: EpSetting, case: Case, fault: str | None
 ) -> Result:
-    await session.ensure_started()  # a start failure is the job's answer, below
+    problem = await session.ensure_started()
     refusal, adapter = await _refusal(session, setting, case, plan.request)
     details = session.facts() | adapter  # the browser this job ran in, even if it is restarted after a failure
     details |= {"page_transport_origin": files.origin, "cross_origin_isolation_served": files.isolate}
     job = Job(prepared, setting.target, [], MeasureConfig())
+    if problem is not None:  # not started, or not reachable: tried once for this case
+        return result_for(job, case, "error", problem, details=details)
     if refusal is not None:
         return result_for(job, case, "unsupported", refusal, details=details)
     model, precision, conversion = precision_model(prepared.onnx_path, case.precision)
