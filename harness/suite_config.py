@@ -18,6 +18,7 @@ from harness.hardware import NATIVE_PLATFORMS
 from harness.native import ENGINES
 from harness.result import PRECISIONS
 from harness.specs import FAMILIES, load_specs
+from harness.web.flags import GPU_MODES
 from harness.web_api import WEB_HARDWARE
 
 DEFAULT_CONFIG = """\
@@ -50,6 +51,7 @@ include_web_platforms = true
 web_platforms = ["wasm"]               # wasm, webgpu, webnn
 web_threads = [1]
 browser = "chromium"                   # chrome, chromium, edge
+gpu = "auto"                           # browser: on (real WebGPU), off (software), auto (on with a GPU)
 
 [run]
 parallel = true                        # one worker per independent device (CPU work never overlaps)
@@ -83,6 +85,7 @@ class SuiteConfig:
     web_platforms: list[str]
     web_threads: list[int]
     browser: str
+    gpu: str
     parallel: bool
     generate_plots: bool
     update_compatibility_matrix: bool
@@ -112,6 +115,7 @@ KEY_TYPES: dict[str, type] = {
     "web_platforms": list,
     "web_threads": list,
     "browser": str,
+    "gpu": str,
     "parallel": bool,
     "generate_plots": bool,
     "update_compatibility_matrix": bool,
@@ -127,6 +131,7 @@ LIST_ITEMS: dict[str, tuple[type, tuple[str, ...] | None]] = {
     "engines": (str, ENGINES),
     "web_platforms": (str, WEB_HARDWARE),
 }
+CHOICES: dict[str, tuple[str, ...]] = {"gpu": GPU_MODES}  # string keys with a closed set of values
 
 
 def _parse(path: Path) -> dict[str, Any]:
@@ -162,6 +167,8 @@ def _check_type(path: Path, key: str, value: Any) -> Any:
         ok, value = True, float(value)
     if not ok:
         raise ConfigError(f"{path}: key '{key}' must be {expected.__name__}, got {type(value).__name__} {value!r}")
+    if key in CHOICES and value not in CHOICES[key]:
+        raise ConfigError(f"{path}: key '{key}': unknown value '{value}'; valid: {', '.join(CHOICES[key])}")
     if key in LIST_ITEMS:
         item_type, valid = LIST_ITEMS[key]
         for item in value:

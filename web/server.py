@@ -1,4 +1,11 @@
-"""The local HTTP server the benchmark page runs from: 127.0.0.1 only, a per-run token, a closed file set.
+"""Where the benchmark page loads from: a closed file set under a per-run token, with COOP/COEP.
+
+Two ways to deliver it, one file set (PageFiles):
+- PageServer: an aiohttp server on 127.0.0.1 (a random port), for a browser launched here.
+- RoutedPages: no port at all. Playwright's request routing answers the page's requests on a
+  fixed https origin (route.fulfill), so a remote browser (--browser-endpoint) that cannot open
+  a connection back to this machine gets the page, ORT-web, the model and the inputs through
+  the Playwright connection itself.
 
 Every response carries COOP/COEP so the page is cross-origin isolated: without it there is no
 SharedArrayBuffer (ORT-web silently drops to one wasm thread) and performance.now() is coarsened
@@ -10,12 +17,13 @@ from __future__ import annotations
 
 import base64
 import math
+import re
 import secrets
 import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 import numpy as np
 from aiohttp import web
@@ -23,11 +31,13 @@ from aiohttp import web
 PAGE_DIR = Path(__file__).parent / "page"
 DIST_DIR = Path(__file__).parent / "node_modules" / "onnxruntime-web" / "dist"
 SETUP_HINT = "run `make setup` (it runs `cd web && npm ci`)"
+ROUTED_ORIGIN = "https://accelharness.local"  # never resolved: every request to it is answered by a route
 
 MIME_TYPES = {
     ".html": "text/html",
     ".mjs": "text/javascript",
     ".js": "text/javascript",
+    ".json": "application/json",
     ".wasm": "application/wasm",
     ".onnx": "application/octet-stream",
     ".bin": "application/octet-stream",
@@ -57,24 +67,28 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-class PageServer:
-    """Serves /<token>/page/*, /<token>/ort/* and /<token>/job/* (the current job's files)."""
+class PageFiles:
+    """<origin>/<token>/page/*, /<token>/ort/* and /<token>/job/* (the current job's files); nothing else."""
+
+    transport = "none"
 
     def __init__(self, isolate: bool = True) -> None:
         # isolate=False exists to show what happens without cross-origin isolation (threads drop to 1).
         self.isolate = isolate
         self.token = secrets.token_urlsafe(24)
-        self.port = 0
         self._served = {
             "page": {p.name: p for p in PAGE_DIR.iterdir() if p.is_file()},
             "ort": dist_files(),
             "job": {},
         }
-        self._runner: web.AppRunner | None = None
+
+    @property
+    def origin(self) -> str:
+        raise NotImplementedError
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/{self.token}/"
+        return f"{self.origin}/{self.token}/"
 
     @property
     def page_url(self) -> str:
@@ -87,6 +101,52 @@ class PageServer:
                 raise ValueError(f"job file name '{name}' must be a plain file name")
         self._served["job"] = dict(files)
         return {name: f"{self.base_url}job/{name}" for name in files}
+
+    async def start(self) -> None:
+        """Ready to answer (a server binds its port here)."""
+
+    async def stop(self) -> None:
+        """Stop answering."""
+
+    async def attach(self, context: Any) -> None:
+        """Make a Playwright browser context reach the files (routes register here)."""
+
+    def headers(self, name: str | None = None) -> dict[str, str]:
+        """Every response's headers; with a file name, its Content-Type too."""
+        headers = dict(COMMON_HEADERS) | (ISOLATION_HEADERS if self.isolate else {})
+        if name is not None:
+            headers["Content-Type"] = MIME_TYPES.get(Path(unquote(name)).suffix, "application/octet-stream")
+        return headers
+
+    def _lookup(self, raw_path: str) -> tuple[int, Path | bytes | None]:
+        """(HTTP status, what to serve) for a raw request path; decoding is done here, once per layer."""
+        path = raw_path.split("?", 1)[0]
+        decoded = path
+        for _ in range(3):  # catch %2e%2e and %252e%252e alike
+            decoded = unquote(decoded)
+        parts = path.lstrip("/").split("/")
+        if not parts or not secrets.compare_digest(unquote(parts[0]).encode(), self.token.encode()):
+            return 403, None
+        if ".." in decoded.split("/") or "\\" in decoded or len(parts) != 3:
+            return 404, None
+        _, area, name = parts
+        found = self._served.get(area, {}).get(unquote(name))
+        return (200, found) if found is not None else (404, None)
+
+
+class PageServer(PageFiles):
+    """The files over HTTP on 127.0.0.1, for a browser launched on this machine."""
+
+    transport = "local HTTP server on 127.0.0.1"
+
+    def __init__(self, isolate: bool = True) -> None:
+        super().__init__(isolate)
+        self.port = 0
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def origin(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
     async def start(self) -> None:
         app = web.Application()
@@ -110,24 +170,7 @@ class PageServer:
             self._runner = None
 
     async def _add_headers(self, _request: web.Request, response: web.StreamResponse) -> None:
-        response.headers.update(COMMON_HEADERS)
-        if self.isolate:
-            response.headers.update(ISOLATION_HEADERS)
-
-    def _lookup(self, raw_path: str) -> tuple[int, Path | bytes | None]:
-        """(HTTP status, what to serve) for a raw request path; decoding is done here, once per layer."""
-        path = raw_path.split("?", 1)[0]
-        decoded = path
-        for _ in range(3):  # catch %2e%2e and %252e%252e alike
-            decoded = unquote(decoded)
-        parts = path.lstrip("/").split("/")
-        if not parts or not secrets.compare_digest(unquote(parts[0]).encode(), self.token.encode()):
-            return 403, None
-        if ".." in decoded.split("/") or "\\" in decoded or len(parts) != 3:
-            return 404, None
-        _, area, name = parts
-        found = self._served.get(area, {}).get(unquote(name))
-        return (200, found) if found is not None else (404, None)
+        response.headers.update(self.headers())
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         status, found = self._lookup(request.raw_path)
@@ -135,11 +178,62 @@ class PageServer:
             return web.Response(status=403, text="forbidden: missing or wrong token\n")
         if found is None:
             return web.Response(status=404, text="not found\n")
-        name = request.raw_path.split("?", 1)[0].rsplit("/", 1)[-1]
-        content_type = MIME_TYPES.get(Path(unquote(name)).suffix, "application/octet-stream")
+        headers = self.headers(request.raw_path.split("?", 1)[0].rsplit("/", 1)[-1])
         if isinstance(found, bytes):
-            return web.Response(body=found, content_type=content_type)
-        return web.FileResponse(found, headers={"Content-Type": content_type})
+            return web.Response(body=found, content_type=headers["Content-Type"])
+        return web.FileResponse(found, headers={"Content-Type": headers["Content-Type"]})
+
+
+class RoutedPages(PageFiles):
+    """The files through Playwright's request routing on ROUTED_ORIGIN: no port is opened anywhere.
+
+    One route.fulfill carries its whole body in one DevTools message, and Chromium takes time
+    quadratic in its size to read one (measured over CDP: 2 MB 1 s, 8 MB 10 s, 20 MB > 20 s), so
+    the page asks for large files in byte ranges of CHUNK_BYTES (page_url's ?chunk=), answered 206.
+    """
+
+    transport = f"Playwright request routing on {ROUTED_ORIGIN} (no local port)"
+    CHUNK_BYTES = 512 * 1024  # ~6 MB/s over CDP on this machine, against ~1 MB/s for 8 MB in one piece
+
+    @property
+    def origin(self) -> str:
+        return ROUTED_ORIGIN
+
+    @property
+    def page_url(self) -> str:
+        return f"{self.base_url}page/index.html?chunk={self.CHUNK_BYTES}"
+
+    async def attach(self, context: Any) -> None:
+        await context.route(f"{ROUTED_ORIGIN}/**", self._fulfill)
+
+    async def _fulfill(self, route: Any) -> None:
+        path = urlsplit(route.request.url).path
+        status, found = self._lookup(path)
+        if found is None:
+            text = "forbidden: missing or wrong token\n" if status == 403 else "not found\n"
+            await route.fulfill(status=status, headers=self.headers(), body=text)
+            return
+        headers = self.headers(path.rsplit("/", 1)[-1])
+        wanted = RANGE.fullmatch(route.request.headers.get("range", ""))
+        if wanted is None:
+            body = {"body": found} if isinstance(found, bytes) else {"path": str(found)}
+            await route.fulfill(status=200, headers=headers, **body)
+            return
+        size = len(found) if isinstance(found, bytes) else found.stat().st_size
+        start, end = int(wanted.group(1)), min(int(wanted.group(2)), size - 1)
+        headers["Content-Range"] = f"bytes {start}-{end}/{size}"
+        await route.fulfill(status=206, headers=headers, body=_read_range(found, start, end + 1))
+
+
+RANGE = re.compile(r"bytes=(\d+)-(\d+)")
+
+
+def _read_range(found: Path | bytes, start: int, end: int) -> bytes:
+    if isinstance(found, bytes):
+        return found[start:end]
+    with found.open("rb") as handle:
+        handle.seek(start)
+        return handle.read(end - start)
 
 
 # --- what the page returns ------------------------------------------------------------------------
@@ -207,9 +301,10 @@ FACT_CHECKS: dict[str, FactCheck] = {
     **dict.fromkeys(("hardware_concurrency", "threads_requested", "threads_effective"), _COUNT),
     **dict.fromkeys(("timer_resolution_ms", "runtime_init_ms", "fetch_ms"), _MS),
     **dict.fromkeys(("user_agent", "bundle", "placement_method", "load_measured_with"), _TEXT),
-    **dict.fromkeys(("ort_web_version", "ort_common_version", "ep_check"), _OPTIONAL_TEXT),
+    **dict.fromkeys(("ort_web_version", "ort_common_version", "ep_check", "wasm_binary"), _OPTIONAL_TEXT),
     **dict.fromkeys(("wasm_files", "input_names", "output_names", "console_warnings"), _TEXTS),
-    **dict.fromkeys(("probed_adapter", "adapter"), _OBJECT),
+    **dict.fromkeys(("probed_adapter", "adapter", "page_memory"), _OBJECT),
+    "device_features": ("a list of strings or null", lambda v: v is None or _TEXTS[1](v)),
     "node_placement": _COUNTS,
 }
 
