@@ -39,6 +39,7 @@ from harness.cli_common import (
     db_app,
     errors,
     fail,
+    given,
     int_list,
     split_list,
 )
@@ -49,6 +50,7 @@ from harness.store import DEFAULT_DB, StoreError, init_store
 
 @app.command()
 def native(
+    ctx: typer.Context,
     model: ModelOption = None,
     model_families: FamiliesOption = None,
     small_models: SmallOption = False,
@@ -69,7 +71,9 @@ def native(
     mode: Annotated[
         str, typer.Option(help="inference, generate (TTFT/TPOT; torch, ORT for GPT-2/LLaMA/Qwen2), training (torch).")
     ] = "inference",
-    new_tokens: Annotated[int, typer.Option(help="generate mode: tokens per sequence (min = max).")] = 16,
+    new_tokens: Annotated[
+        int, typer.Option(help="--mode generate only: tokens per sequence (min = max).")
+    ] = BenchmarkRequest.new_tokens,
     warmup: WarmupOption = 5,
     iterations: IterationsOption = 20,
     min_duration: MinDurationOption = 0.5,
@@ -80,6 +84,9 @@ def native(
     resume: ResumeOption = False,
 ) -> None:
     """Benchmark models on native backends (torch, ONNX Runtime, OpenVINO)."""
+    modes = split_list(mode) or ["inference"]
+    if "generate" not in modes and given(ctx, "new_tokens"):
+        raise fail(f"--new-tokens applies to --mode generate only (got --mode {mode}); add generate or drop it")
     request = BenchmarkRequest(
         models=split_list(model),
         model_families=split_list(model_families),
@@ -90,7 +97,7 @@ def native(
         batch_sizes=int_list("--batch-sizes", batch_sizes),
         sequence_lengths=int_list("--sequence-lengths", sequence_lengths),
         precision=precision,
-        modes=split_list(mode) or ["inference"],
+        modes=modes,
         new_tokens=new_tokens,
         warmup=warmup,
         iterations=iterations,
@@ -110,6 +117,7 @@ def native(
 
 @app.command()
 def web(
+    ctx: typer.Context,
     browser: Annotated[str, typer.Option(help="chrome, chromium or edge (chrome/edge fall back to Chromium).")] = (
         "chromium"
     ),
@@ -137,6 +145,8 @@ def web(
     """Benchmark the same ONNX files and inputs in headless Chromium via onnxruntime-web (wasm, webgpu, webnn)."""
     from harness.web_api import WebRequest, run_web, validate_web
 
+    if "webnn" not in (split_list(hardware) or []) and given(ctx, "webnn_device"):
+        raise fail(f"--webnn-device applies to webnn only (got --hardware {hardware}); add webnn or drop it")
     request = WebRequest(
         models=split_list(model),
         model_families=split_list(model_families),
@@ -145,7 +155,7 @@ def web(
         hardware=split_list(hardware) or [],
         browser=browser,
         browser_path=browser_path,
-        threads=int_list("--threads", threads),
+        threads=thread_counts(threads, hardware),
         webnn_device=webnn_device,
         batch_sizes=int_list("--batch-sizes", batch_sizes),
         sequence_lengths=int_list("--sequence-lengths", sequence_lengths),
@@ -202,7 +212,7 @@ def run(
     }
     native_request = BenchmarkRequest(hardware=split_list(hardware), **common)
     web_request = WebRequest(
-        hardware=split_list(web_hardware) or [], browser=browser, threads=int_list("--threads", threads), **common
+        hardware=split_list(web_hardware) or [], browser=browser, threads=thread_counts(threads, web_hardware), **common
     )
     try:
         plans = (validate(native_request), validate_web(web_request))
@@ -212,6 +222,14 @@ def run(
     run_id = resumed(db, "run", arguments, list(plans)) if resume else None
     total = sum(p.total_results for p in plans)
     run_with_progress(total, lambda on_result: run_both(native_request, web_request, on_result, plans, run_id))
+
+
+def thread_counts(threads: str, web_hardware: str) -> list[int]:
+    """--threads: each count is a wasm setting; webgpu and webnn run the first one only (their wasm fallback)."""
+    counts = int_list("--threads", threads)
+    if len(set(counts)) > 1 and "wasm" not in (split_list(web_hardware) or []):
+        raise fail(f"several --threads counts ({threads}) need wasm in the web hardware (webgpu/webnn run the first)")
+    return counts
 
 
 def resumed(db: Path, command: str, arguments: dict, plans: list) -> str | None:
