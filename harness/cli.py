@@ -39,6 +39,7 @@ from harness.cli_common import (
     db_app,
     errors,
     fail,
+    given,
     int_list,
     split_list,
 )
@@ -92,6 +93,7 @@ WebPrecisionOption = Annotated[
 
 @app.command()
 def native(
+    ctx: typer.Context,
     model: ModelOption = None,
     model_families: FamiliesOption = None,
     small_models: SmallOption = False,
@@ -112,7 +114,9 @@ def native(
     mode: Annotated[
         str, typer.Option(help="inference, generate (TTFT/TPOT; torch, ORT for GPT-2/LLaMA/Qwen2), training (torch).")
     ] = "inference",
-    new_tokens: Annotated[int, typer.Option(help="generate mode: tokens per sequence (min = max).")] = 16,
+    new_tokens: Annotated[
+        int, typer.Option(help="--mode generate only: tokens per sequence (min = max).")
+    ] = BenchmarkRequest.new_tokens,
     warmup: WarmupOption = 5,
     iterations: IterationsOption = 20,
     min_duration: MinDurationOption = 0.5,
@@ -123,6 +127,9 @@ def native(
     resume: ResumeOption = False,
 ) -> None:
     """Benchmark models on native backends (torch, ONNX Runtime, OpenVINO)."""
+    modes = split_list(mode) or ["inference"]
+    if "generate" not in modes and given(ctx, "new_tokens"):
+        raise fail(f"--new-tokens applies to --mode generate only (got --mode {mode}); add generate or drop it")
     request = BenchmarkRequest(
         models=split_list(model),
         model_families=split_list(model_families),
@@ -133,7 +140,7 @@ def native(
         batch_sizes=int_list("--batch-sizes", batch_sizes),
         sequence_lengths=int_list("--sequence-lengths", sequence_lengths),
         precision=precision,
-        modes=split_list(mode) or ["inference"],
+        modes=modes,
         new_tokens=new_tokens,
         warmup=warmup,
         iterations=iterations,
@@ -153,6 +160,7 @@ def native(
 
 @app.command()
 def web(
+    ctx: typer.Context,
     browser: Annotated[str, typer.Option(help="chrome, chromium or edge (chrome/edge fall back to Chromium).")] = (
         "chromium"
     ),
@@ -187,6 +195,8 @@ def web(
     here (headless, or --headed; --gpu profile) or remote (--browser-endpoint)."""
     from harness.web_api import WebRequest, run_web, validate_web
 
+    if "webnn" not in (split_list(hardware) or []) and given(ctx, "webnn_device"):
+        raise fail(f"--webnn-device applies to webnn only (got --hardware {hardware}); add webnn or drop it")
     request = WebRequest(
         models=split_list(model),
         model_families=split_list(model_families),
@@ -195,7 +205,7 @@ def web(
         hardware=split_list(hardware) or [],
         browser=browser,
         browser_path=browser_path,
-        threads=int_list("--threads", threads),
+        threads=thread_counts(threads, hardware),
         webnn_device=webnn_device,
         precision=precision,
         gpu=gpu,
@@ -269,7 +279,7 @@ def run(
     web_request = WebRequest(
         hardware=split_list(web_hardware) or [],
         browser=browser,
-        threads=int_list("--threads", threads),
+        threads=thread_counts(threads, web_hardware),
         gpu=gpu,
         headed=headed,
         browser_args=browser_arg or [],
@@ -285,6 +295,14 @@ def run(
     run_id = resumed(db, "run", arguments, list(plans)) if resume else None
     total = sum(p.total_results for p in plans)
     run_with_progress(total, lambda on_result: run_both(native_request, web_request, on_result, plans, run_id))
+
+
+def thread_counts(threads: str, web_hardware: str) -> list[int]:
+    """--threads: each count is a wasm setting; webgpu and webnn run the first one only (their wasm fallback)."""
+    counts = int_list("--threads", threads)
+    if len(set(counts)) > 1 and "wasm" not in (split_list(web_hardware) or []):
+        raise fail(f"several --threads counts ({threads}) need wasm in the web hardware (webgpu/webnn run the first)")
+    return counts
 
 
 def resumed(db: Path, command: str, arguments: dict, plans: list) -> str | None:

@@ -1,5 +1,6 @@
 """The DuckDB store: schema, per-result commits with samples, and its refusals."""
 
+import json
 import re
 from pathlib import Path
 
@@ -90,3 +91,44 @@ def test_a_result_that_breaks_an_invariant_is_refused(changes: dict, message: st
     } | changes  # fmt: skip
     with pytest.raises(ResultError, match=re.escape(message)):
         Result(**fields)
+
+
+def test_older_store_reads_as_migrated_and_is_left_unchanged(tmp_path: Path) -> None:
+    """A schema-1 file (an older accelharness) read by a reading command: every current column is there,
+    with the default its migration gives existing rows, and the file is not changed (no migration, no WAL)."""
+    from conftest import run_cli
+
+    from harness.store import SCHEMA
+
+    db = tmp_path / "v1.duckdb"
+    connection = duckdb.connect(str(db))
+    connection.execute(SCHEMA)
+    connection.execute("INSERT INTO schema_version VALUES (1, now())")
+    connection.execute("INSERT INTO runs (run_id, started_at, status, command) VALUES ('old', now(), 'completed', 'x')")
+    connection.execute(
+        "INSERT INTO results (result_id, run_id, created_at, model, family, weights, hardware, engine, batch_size, "
+        "requested_precision, precision, status) VALUES ('r', 'old', now(), 'm', 'embedding', 'random', 'cpu', "
+        "'torch', 1, 'fp32', 'fp32', 'ok')"
+    )
+    connection.close()
+    before = sorted((p.name, p.read_bytes()) for p in tmp_path.iterdir())
+    sql = "SELECT mode, new_tokens, result_key, suite_id FROM results JOIN runs USING (run_id)"
+    done = run_cli("query", "--sql", sql, "--format", "json", "--db", str(db))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [{"mode": "inference", "new_tokens": None, "result_key": None, "suite_id": None}]
+    with open_store(db, read_only=True) as store:
+        fresh = tmp_path / "fresh.duckdb"
+        with open_store(fresh) as current:
+            for table in TABLES:
+                shape = f"SELECT column_name, column_type FROM (DESCRIBE {table})"
+                assert store.query(shape) == current.query(shape)
+        fresh.unlink()
+    assert sorted((p.name, p.read_bytes()) for p in tmp_path.iterdir()) == before
+
+
+def test_newer_store_is_refused_for_reading_and_writing(db: Path) -> None:
+    with open_store(db) as store:
+        store.connection.execute("INSERT INTO schema_version VALUES (99, now())")
+    for read_only in (True, False):
+        with pytest.raises(StoreError, match=r"written by a newer accelharness \(schema version 99; this one reads"):
+            open_store(db, read_only=read_only)
