@@ -33,6 +33,8 @@ from harness.result import Case, Target
 from harness.specs import load_specs
 from harness.store import open_store
 from harness.web import driver
+from harness.web.eps import EPS
+from harness.web.flags import gpu_profile, launch_flags
 from harness.web.server import PageServer
 from harness.web_api import EpSetting, WebRequest, page_job
 
@@ -75,15 +77,15 @@ async def browser_rounds(
     await server.start()
     try:
         async with async_playwright() as playwright:
-            session = driver.BrowserSession(
-                playwright, driver.resolve_browser("chromium"), driver.launch_flags(["wasm"])
-            )
+            profile = gpu_profile("off")
+            source = driver.LocalBrowser(driver.resolve_browser("chromium"), launch_flags(["wasm"], profile), profile)
+            session = driver.BrowserSession(playwright, source, server)
             await session.ensure_started()
-            print(f"{session.choice.binary} {session.version}, ORT-web bundle {driver.BUNDLES['wasm']}")
+            print(f"{source.choice.binary} {session.version}, ORT-web bundle {EPS['wasm'].bundle}")
             job = page_job(server, prepared, setting, Case(1, 32, "fp32"), request)
-            bare_page = await session.browser.new_page()
+            bare_page = await session.context.new_page()
             await bare_page.goto(server.page_url)  # same origin: cross-origin isolated like the harness page
-            bare_args = {"bundle": driver.BUNDLES["wasm"], "base": server.base_url + "ort/", "job": job}
+            bare_args = {"bundle": EPS["wasm"].bundle, "base": server.base_url + "ort/", "job": job}
             harness_rounds: list[list[float]] = []
             bare_rounds: list[list[float]] = []
             for _ in range(args.rounds):

@@ -7,6 +7,7 @@ print(summary.run_id, summary.counts)
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -19,7 +20,7 @@ from harness.native.base import Availability
 from harness.prepare import PreparedModel, PrepareJob, prepare_isolated
 from harness.recording import Body, Emit, RunSummary, record_run
 from harness.result import MODES, PRECISIONS, Case, Result, Target, result_key
-from harness.specs import ModelSpec, SpecError, select_specs, spec_from_path
+from harness.specs import ModelSpec, SpecError, check_families, select_specs, spec_from_path
 from harness.store import DEFAULT_DB
 from harness.worker import Job, result_for, run_job
 
@@ -163,10 +164,17 @@ def _choose_targets(hardware: list[str] | None, engines: list[str]) -> list[tupl
 def check_selection(request: RunOptions) -> list[ModelSpec]:
     """The specs a request's --model / --model-families / --small-models / --model-path select."""
     try:
+        check_families(request.model_families)
         if request.model_path is not None:
+            _check_model_path_alone(request)
             families = request.model_families or [None]
             specs = [spec_from_path(Path(request.model_path), families[0])]
         else:
+            if request.small_models and request.models:
+                raise RequestError(
+                    "--small-models picks the tiny variant of each family and does nothing with --model "
+                    "(names are exact: e.g. bert-tiny); drop one of them"
+                )
             specs = select_specs(request.models, request.model_families, request.small_models)
     except SpecError as exc:
         raise RequestError(str(exc)) from exc
@@ -175,12 +183,37 @@ def check_selection(request: RunOptions) -> list[ModelSpec]:
     return specs
 
 
+def _check_model_path_alone(request: RunOptions) -> None:
+    """--model-path benchmarks one model: options that select others would be silently ignored."""
+    if request.models:
+        raise RequestError("--model-path benchmarks that one model; drop --model (or --model-path)")
+    if request.small_models:
+        raise RequestError("--small-models does nothing with --model-path; drop it")
+    if request.model_families and len(request.model_families) > 1:
+        raise RequestError(
+            f"with --model-path, --model-families is the one family to file the model under "
+            f"(got {', '.join(request.model_families)})"
+        )
+
+
+# The longest --timeout: beyond it a case is a hang, and asyncio/JS timers stop being exact.
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+
+
+def check_seconds(name: str, value: float, *, positive: bool, limit: float = math.inf) -> None:
+    """A duration option: a finite number of seconds, > 0 (positive) or >= 0, and at most `limit`."""
+    low_ok = value > 0 if positive else value >= 0
+    if not (math.isfinite(value) and low_ok and value <= limit):
+        bounds = f"{'> 0' if positive else '>= 0'}" + (f" and <= {limit:g}" if math.isfinite(limit) else "")
+        raise RequestError(f"{name} takes a finite number of seconds {bounds} (got {value:g})")
+
+
 def check_measuring(request: RunOptions) -> None:
     """The stop-rule and time-limit options every request shares."""
     if request.warmup < 0 or request.iterations < 1 or request.max_iterations < request.iterations:
         raise RequestError("need --warmup >= 0, --iterations >= 1 and --max-iterations >= --iterations")
-    if request.min_duration_s < 0 or request.timeout_s <= 0:
-        raise RequestError("need --min-duration >= 0 and --timeout > 0")
+    check_seconds("--min-duration", request.min_duration_s, positive=False)
+    check_seconds("--timeout", request.timeout_s, positive=True, limit=MAX_TIMEOUT_S)
 
 
 def check_db_path(path: Path) -> None:

@@ -39,16 +39,61 @@ from harness.cli_common import (
     db_app,
     errors,
     fail,
+    given,
     int_list,
     split_list,
 )
 from harness.recording import RunSummary, resume_point
 from harness.result import Result
 from harness.store import DEFAULT_DB, StoreError, init_store
+from harness.web.eps import WEB_HARDWARE, WEBNN_DEVICES
+
+WEB_EPS = ",".join(WEB_HARDWARE)
+# How the browser is launched (or reached): the same options on `web` and `run`.
+GpuOption = Annotated[
+    str,
+    typer.Option(
+        "--gpu",
+        help="Browser GPU profile: on (real WebGPU: Vulkan/ANGLE on Linux, D3D12/Metal elsewhere, no "
+        "--disable-gpu), off (software rendering), auto (on where the host shows a GPU). Recorded per row.",
+    ),
+]
+HeadedOption = Annotated[
+    bool,
+    typer.Option("--headed", help="A headful browser (on Xvfb without a DISPLAY): where headless forces software."),
+]
+BrowserArgOption = Annotated[
+    list[str] | None,
+    typer.Option("--browser-arg", help="A raw browser flag appended to the launch (repeatable); recorded per row."),
+]
+RequireGpuOption = Annotated[
+    bool,
+    typer.Option(
+        "--require-hardware-gpu",
+        help="webgpu cases on a software adapter (SwiftShader, llvmpipe, WARP) are `unsupported`, not run.",
+    ),
+]
+EndpointOption = Annotated[
+    str | None,
+    typer.Option(
+        "--browser-endpoint",
+        help="A remote browser: ws://… (Playwright browser server) or http://HOST:PORT (Chromium with "
+        "--remote-debugging-port). Everything reaches it through Playwright; no local port is opened.",
+    ),
+]
+WebPrecisionOption = Annotated[
+    str,
+    typer.Option(
+        "--precision",
+        help="Comma-separated: fp32, fp16 (webgpu needs the adapter's shader-f16), int8; the converted ONNX "
+        "files native ONNX Runtime runs. Each row records the precision that ran.",
+    ),
+]
 
 
 @app.command()
 def native(
+    ctx: typer.Context,
     model: ModelOption = None,
     model_families: FamiliesOption = None,
     small_models: SmallOption = False,
@@ -69,7 +114,9 @@ def native(
     mode: Annotated[
         str, typer.Option(help="inference, generate (TTFT/TPOT; torch, ORT for GPT-2/LLaMA/Qwen2), training (torch).")
     ] = "inference",
-    new_tokens: Annotated[int, typer.Option(help="generate mode: tokens per sequence (min = max).")] = 16,
+    new_tokens: Annotated[
+        int, typer.Option(help="--mode generate only: tokens per sequence (min = max).")
+    ] = BenchmarkRequest.new_tokens,
     warmup: WarmupOption = 5,
     iterations: IterationsOption = 20,
     min_duration: MinDurationOption = 0.5,
@@ -80,6 +127,9 @@ def native(
     resume: ResumeOption = False,
 ) -> None:
     """Benchmark models on native backends (torch, ONNX Runtime, OpenVINO)."""
+    modes = split_list(mode) or ["inference"]
+    if "generate" not in modes and given(ctx, "new_tokens"):
+        raise fail(f"--new-tokens applies to --mode generate only (got --mode {mode}); add generate or drop it")
     request = BenchmarkRequest(
         models=split_list(model),
         model_families=split_list(model_families),
@@ -90,7 +140,7 @@ def native(
         batch_sizes=int_list("--batch-sizes", batch_sizes),
         sequence_lengths=int_list("--sequence-lengths", sequence_lengths),
         precision=precision,
-        modes=split_list(mode) or ["inference"],
+        modes=modes,
         new_tokens=new_tokens,
         warmup=warmup,
         iterations=iterations,
@@ -110,11 +160,12 @@ def native(
 
 @app.command()
 def web(
+    ctx: typer.Context,
     browser: Annotated[str, typer.Option(help="chrome, chromium or edge (chrome/edge fall back to Chromium).")] = (
         "chromium"
     ),
     browser_path: Annotated[Path | None, typer.Option(help="The browser executable to use instead.")] = None,
-    hardware: Annotated[str, typer.Option(help="Comma-separated: wasm,webgpu,webnn.")] = "wasm,webgpu,webnn",
+    hardware: Annotated[str, typer.Option(help=f"Comma-separated: {WEB_EPS}.")] = WEB_EPS,
     model: ModelOption = None,
     model_families: FamiliesOption = None,
     small_models: SmallOption = False,
@@ -124,7 +175,13 @@ def web(
     threads: Annotated[
         str, typer.Option(help="Comma-separated wasm thread counts (webgpu/webnn use the first).")
     ] = "1",
-    webnn_device: Annotated[str, typer.Option(help="WebNN deviceType: cpu, gpu or npu.")] = "gpu",
+    webnn_device: Annotated[str, typer.Option(help=f"WebNN deviceType: {', '.join(WEBNN_DEVICES)}.")] = "gpu",
+    precision: WebPrecisionOption = "fp32",
+    gpu: GpuOption = "auto",
+    headed: HeadedOption = False,
+    browser_arg: BrowserArgOption = None,
+    require_hardware_gpu: RequireGpuOption = False,
+    browser_endpoint: EndpointOption = None,
     warmup: WarmupOption = 5,
     iterations: IterationsOption = 20,
     min_duration: MinDurationOption = 0.5,
@@ -134,9 +191,12 @@ def web(
     output_dir: OutputDirOption = Path("accelharness-results"),
     resume: ResumeOption = False,
 ) -> None:
-    """Benchmark the same ONNX files and inputs in headless Chromium via onnxruntime-web (wasm, webgpu, webnn)."""
+    """Benchmark the same ONNX files and inputs in Chromium via onnxruntime-web (wasm, webgpu, webnn): launched
+    here (headless, or --headed; --gpu profile) or remote (--browser-endpoint)."""
     from harness.web_api import WebRequest, run_web, validate_web
 
+    if "webnn" not in (split_list(hardware) or []) and given(ctx, "webnn_device"):
+        raise fail(f"--webnn-device applies to webnn only (got --hardware {hardware}); add webnn or drop it")
     request = WebRequest(
         models=split_list(model),
         model_families=split_list(model_families),
@@ -145,8 +205,14 @@ def web(
         hardware=split_list(hardware) or [],
         browser=browser,
         browser_path=browser_path,
-        threads=int_list("--threads", threads),
+        threads=thread_counts(threads, hardware),
         webnn_device=webnn_device,
+        precision=precision,
+        gpu=gpu,
+        headed=headed,
+        browser_args=browser_arg or [],
+        require_hardware_gpu=require_hardware_gpu,
+        browser_endpoint=browser_endpoint,
         batch_sizes=int_list("--batch-sizes", batch_sizes),
         sequence_lengths=int_list("--sequence-lengths", sequence_lengths),
         warmup=warmup,
@@ -171,9 +237,17 @@ def run(
     model_families: FamiliesOption = None,
     small_models: SmallOption = False,
     hardware: Annotated[str | None, typer.Option(help="Native hardware (default: every available).")] = None,
-    web_hardware: Annotated[str, typer.Option(help="Browser EPs: wasm,webgpu,webnn.")] = "wasm,webgpu,webnn",
+    web_hardware: Annotated[str, typer.Option(help=f"Browser EPs: {WEB_EPS}.")] = WEB_EPS,
     browser: Annotated[str, typer.Option(help="chrome, chromium or edge.")] = "chromium",
     threads: Annotated[str, typer.Option(help="wasm thread counts.")] = "1",
+    precision: Annotated[
+        str, typer.Option(help="Comma-separated: fp32, fp16, bf16, int8, auto (native and browser halves).")
+    ] = "fp32",
+    gpu: GpuOption = "auto",
+    headed: HeadedOption = False,
+    browser_arg: BrowserArgOption = None,
+    require_hardware_gpu: RequireGpuOption = False,
+    browser_endpoint: EndpointOption = None,
     batch_sizes: BatchOption = "1",
     sequence_lengths: SeqOption = "32",
     warmup: WarmupOption = 5,
@@ -199,10 +273,19 @@ def run(
         "timeout_s": timeout,
         "db_path": db,
         "output_dir": output_dir,
+        "precision": precision,
     }
     native_request = BenchmarkRequest(hardware=split_list(hardware), **common)
     web_request = WebRequest(
-        hardware=split_list(web_hardware) or [], browser=browser, threads=int_list("--threads", threads), **common
+        hardware=split_list(web_hardware) or [],
+        browser=browser,
+        threads=thread_counts(threads, web_hardware),
+        gpu=gpu,
+        headed=headed,
+        browser_args=browser_arg or [],
+        require_hardware_gpu=require_hardware_gpu,
+        browser_endpoint=browser_endpoint,
+        **common,
     )
     try:
         plans = (validate(native_request), validate_web(web_request))
@@ -212,6 +295,14 @@ def run(
     run_id = resumed(db, "run", arguments, list(plans)) if resume else None
     total = sum(p.total_results for p in plans)
     run_with_progress(total, lambda on_result: run_both(native_request, web_request, on_result, plans, run_id))
+
+
+def thread_counts(threads: str, web_hardware: str) -> list[int]:
+    """--threads: each count is a wasm setting; webgpu and webnn run the first one only (their wasm fallback)."""
+    counts = int_list("--threads", threads)
+    if len(set(counts)) > 1 and "wasm" not in (split_list(web_hardware) or []):
+        raise fail(f"several --threads counts ({threads}) need wasm in the web hardware (webgpu/webnn run the first)")
+    return counts
 
 
 def resumed(db: Path, command: str, arguments: dict, plans: list) -> str | None:
@@ -284,7 +375,7 @@ def summary_table(rows: list[Result]) -> Table:
             r.case.key,
             r.status,
             f"{s.median_ms:.3f}" if s else "—",
-            f"{s.throughput_per_s:.1f}" if s else "—",
+            f"{s.throughput_per_s:.1f}" if s and s.throughput_per_s is not None else "—",
             f"{r.max_abs_diff:.2g}" if r.max_abs_diff is not None else "—",
             "; ".join(notes),
         )

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 app = typer.Typer(
     help="Measured ML inference benchmarks: native backends and the browser, one DuckDB store.",
@@ -25,8 +26,17 @@ DbOption = Annotated[Path, typer.Option("--db", help="DuckDB file.")]
 
 def fail(message: str) -> typer.Exit:
     """Print a one-line error and return the exit for bad input (code 2)."""
-    errors.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    errors.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)  # [run] is not markup
     return typer.Exit(2)
+
+
+def given(ctx: typer.Context, *names: str) -> list[str]:
+    """The options among `names` (parameter names) the user passed, as their flags: an option left at
+    its default is not "given", so one that does nothing in the chosen mode is refused only when passed."""
+    flags = {param.name: param.opts[0] for param in ctx.command.params}
+    # By the enum's name: Typer runs on its own copy of click, whose ParameterSource is another class.
+    sources = {name: getattr(ctx.get_parameter_source(name), "name", None) for name in names}
+    return [flags[name] for name in names if sources[name] in ("COMMANDLINE", "ENVIRONMENT")]
 
 
 def split_list(value: str | None) -> list[str] | None:

@@ -12,19 +12,48 @@ from rich.table import Table
 
 from harness.api import RequestError
 from harness.cli import run_with_progress
-from harness.cli_common import app, console, fail, split_list
+from harness.cli_common import app, console, fail, given, split_list
 from harness.store import StoreError
 
 DEFAULT_CONFIG_PATH = Path("accelharness-suite.toml")
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)([dhm])$")
 UNITS = {"d": "days", "h": "hours", "m": "minutes"}
+MAX_AGE = timedelta(days=100 * 365)  # further back than any stored result; beyond it dates overflow
+# The seeds' modes that only read the store, and the options only a run uses: never both.
+REPORT_ONLY = ("plot_only", "update_matrix_only", "aggregate", "plot_comparison")
+RUN_ONLY = (
+    "models",
+    "hardware",
+    "resume",
+    "older_than",
+    "check",
+    "baseline",
+    "threshold",
+    "fail_on_regression",
+    "ray_address",
+)
 
 
 def parse_age(text: str) -> timedelta:
     match = DURATION.match(text.strip())
-    if not match:
-        raise fail(f"--older-than takes a number and a unit d, h or m, e.g. 30d or 12h (got '{text}')")
-    return timedelta(**{UNITS[match.group(2)]: float(match.group(1))})
+    try:
+        age = timedelta(**{UNITS[match.group(2)]: float(match.group(1))}) if match else None
+    except OverflowError:
+        age = None
+    if age is None or age > MAX_AGE:
+        raise fail(f"--older-than takes a number and a unit d, h or m up to 36500d, e.g. 30d or 12h (got '{text}')")
+    return age
+
+
+def _refuse_unused(ctx: typer.Context) -> None:
+    """An option that would do nothing with the others given is refused, never silently ignored."""
+    if given(ctx, "create_config") and (unused := given(ctx, *REPORT_ONLY, *RUN_ONLY)):
+        raise fail(f"--create-config only writes the config file; {', '.join(unused)} would do nothing: drop it")
+    modes = given(ctx, *REPORT_ONLY)
+    if modes and (unused := given(ctx, *RUN_ONLY)):
+        raise fail(f"{modes[0]} only reads the store and runs nothing; {', '.join(unused)} would do nothing: drop it")
+    if given(ctx, "threshold") and not given(ctx, "baseline"):
+        raise fail("--threshold applies to the comparison with --baseline RUN; pass --baseline or drop --threshold")
 
 
 def _report_only(
@@ -96,6 +125,7 @@ def _print_cluster_check(plan: object, address: str) -> None:
 
 @app.command()
 def suite(
+    ctx: typer.Context,
     config: Annotated[Path, typer.Option(help="The suite config (.toml, or .json).")] = DEFAULT_CONFIG_PATH,
     create_config: Annotated[bool, typer.Option(help="Write a commented default config to --config.")] = False,
     check: Annotated[bool, typer.Option(help="Verify prerequisites and print the plan; run nothing.")] = False,
@@ -125,9 +155,9 @@ def suite(
     ] = None,
 ) -> None:
     """Run a benchmark suite from a config file; resumable, independent devices side by side."""
-    from harness.suite import plan_suite, run_suite
     from harness.suite_config import ConfigError, load_config, write_default_config
 
+    _refuse_unused(ctx)
     try:
         if create_config:
             write_default_config(config)
@@ -139,10 +169,11 @@ def suite(
     if plot_only or update_matrix_only or aggregate or plot_comparison:
         _report_only(loaded.db, loaded.output_dir, plot_only, update_matrix_only, aggregate, plot_comparison)
         return
+    age = parse_age(older_than) if older_than else None
+    from harness.suite import plan_suite, run_suite  # imports torch: only once the options are known good
+
     try:
-        plan = plan_suite(
-            loaded, split_list(models), split_list(hardware), resume, parse_age(older_than) if older_than else None
-        )
+        plan = plan_suite(loaded, split_list(models), split_list(hardware), resume, age)
     except (RequestError, StoreError) as exc:
         raise fail(str(exc)) from None
     if resume and plan.resume_run_id is None:  # say why nothing is continued (e.g. the config changed)

@@ -268,19 +268,50 @@ class _Tracked:
         for row in _rows(self.job, missing, "error", message):
             emit(row)
 
+    def unknown(self, item: Any) -> str | None:
+        """Why a streamed item does not stand for one of this job's unreported cases, or None."""
+        if not isinstance(item, Result):
+            return f"a {type(item).__name__}, not a Result"
+        if not (isinstance(item.model, str) and isinstance(item.target, Target) and isinstance(item.case, Case)):
+            return "a Result without a model name, Target and Case"
+        expected = {result_key(self.job.spec.name, t, c) for t, c in self.job.expected()}
+        if item.key not in expected - self.reported:
+            return f"a result for {item.key}, which is not one of its cases still to report"
+        return None
+
+    def checked(self, result: Result) -> Result:
+        """The result as it came, or an `error` row for its case naming the invariants it breaks:
+        it was built on another machine and arrived unpickled, never through Result.__post_init__."""
+        problems = result.problems()
+        if not problems:
+            return result
+        node = result.details.get("ray_node") if isinstance(result.details, dict) else None
+        node = node if isinstance(node, dict) else {}
+        where = f"Ray node {node.get('hostname', '?')} ({node.get('node_ip', '?')})"
+        message = f"the result from {where} failed validation on the driver: {'; '.join(problems)}"
+        (row,) = _rows(self.job, [(result.target, result.case)], "error", message)
+        row.details["ray_node"] = node
+        return row
+
 
 def _take_next(ray: Any, generator: Any, tracked: _Tracked, emit: Emit) -> bool:
-    """Emit the generator's next Result; False once its task has ended (its leftovers recorded)."""
+    """Emit the generator's next Result, checked again here; False once its task has ended (its
+    leftovers recorded) or sent something that is not one of its cases' results (then it is stopped)."""
+    label = tracked.job.label
     try:
         result = ray.get(next(generator))
     except StopIteration:
-        tracked.finish(emit, f"the Ray task for {tracked.job.label} ended without reporting this case")
+        tracked.finish(emit, f"the Ray task for {label} ended without reporting this case")
         return False
     except ray.exceptions.RayError as exc:
-        tracked.finish(emit, f"the Ray task for {tracked.job.label} failed: {failure_text(exc)}")
+        tracked.finish(emit, f"the Ray task for {label} failed: {failure_text(exc)}")
+        return False
+    if (unknown := tracked.unknown(result)) is not None:
+        ray.cancel(generator, force=True)
+        tracked.finish(emit, f"the Ray task for {label} sent {unknown}; stopped, its other results are not trusted")
         return False
     tracked.reported.add(result.key)
-    emit(result)
+    emit(tracked.checked(result))
     return True
 
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from harness.native import ENGINES, get_backend
 from harness.native.base import Availability
 from harness.result import Target
+from harness.web.eps import WEB_HARDWARE
 
 NATIVE_PLATFORMS = ("cpu", "cuda", "rocm", "mps", "openvino", "qnn", "directml")
-WEB_PLATFORMS = ("webnn", "webgpu", "wasm")
-PLATFORMS = NATIVE_PLATFORMS + WEB_PLATFORMS
+PLATFORMS = NATIVE_PLATFORMS + WEB_HARDWARE  # the browser platforms are the browser EP table's
 
 
 @dataclass(frozen=True)

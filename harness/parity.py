@@ -1,8 +1,15 @@
-"""Output parity against the torch fp32 reference, with a tolerance per precision that ran."""
+"""Output parity against the torch fp32 reference, with a tolerance per precision that ran.
+
+A NaN or an infinity never compares as small: an element that is non-finite on one side and
+finite on the other is a mismatch however close the rest is, and the row names the output and
+counts them. The differences and the tolerance's scale come from the elements finite on both sides.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -21,26 +28,99 @@ TOLERANCES: dict[str, tuple[float, float]] = {
 
 
 @dataclass(frozen=True)
+class NonFinite:
+    """One output's elements whose finiteness disagrees with the reference."""
+
+    output: str
+    size: int  # elements in the output
+    nan: int  # NaN here, finite in the reference
+    inf: int  # ±inf here, finite in the reference
+    against_non_finite: int  # the reference is NaN/±inf and this output holds something else
+
+    @property
+    def text(self) -> str:
+        parts = []
+        if self.nan or self.inf:
+            parts.append(
+                f"{self.nan + self.inf} of {self.size} values non-finite ({self.nan} NaN, {self.inf} inf) "
+                "where the reference is finite"
+            )
+        if self.against_non_finite:
+            parts.append(f"{self.against_non_finite} of {self.size} values differ where the reference is NaN/inf")
+        return f"output '{self.output}': " + "; ".join(parts)
+
+
+@dataclass(frozen=True)
 class Parity:
-    max_abs_diff: float
-    max_rel_diff: float  # max_abs_diff relative to max |reference|
+    # Over the elements finite on both sides; None when non-finite values disagree (the difference is unbounded).
+    max_abs_diff: float | None
+    max_rel_diff: float | None  # max_abs_diff relative to max |reference|
     tolerance: float
     matches: bool
+    non_finite: tuple[NonFinite, ...] = ()
+
+    @property
+    def status(self) -> str:
+        return "ok" if self.matches else "mismatch"
+
+    @property
+    def error(self) -> str | None:
+        """Why the outputs do not match, or None when they do."""
+        if self.non_finite:
+            return "; ".join(item.text for item in self.non_finite)
+        if not self.matches:
+            return f"max_abs_diff {self.max_abs_diff:.3g} exceeds tolerance {self.tolerance:.3g}"
+        return None
+
+    @property
+    def fields(self) -> dict[str, float | None]:
+        """The Result fields the comparison fills."""
+        return {"max_abs_diff": self.max_abs_diff, "max_rel_diff": self.max_rel_diff}
+
+    @property
+    def details(self) -> dict[str, Any]:
+        found: dict[str, Any] = {"parity_tolerance": self.tolerance}
+        if self.non_finite:
+            found["non_finite_outputs"] = [asdict(item) for item in self.non_finite]
+        return found
 
 
-def compare(outputs: list[np.ndarray], reference: list[np.ndarray], precision: str) -> Parity:
-    """Compare every output with the reference; shapes must agree."""
+def _non_finite(name: str, got: np.ndarray, want: np.ndarray) -> NonFinite | None:
+    got_finite, want_finite = np.isfinite(got), np.isfinite(want)
+    here = ~got_finite & want_finite
+    # equal infinities, or NaN against NaN, agree
+    agree = (got == want) | (np.isnan(got) & np.isnan(want))
+    there = ~want_finite & ~agree
+    if not here.any() and not there.any():
+        return None
+    nan = int(np.isnan(got[here]).sum())
+    return NonFinite(name, int(got.size), nan, int(here.sum()) - nan, int(there.sum()))
+
+
+def compare(
+    outputs: list[np.ndarray], reference: list[np.ndarray], precision: str, names: Sequence[str] = ()
+) -> Parity:
+    """Compare every output with the reference; shapes must agree. names label the outputs in
+    messages (the model's output names, in order); without them the i-th output is '#i'."""
     if len(outputs) != len(reference):
         raise ValueError(f"{len(outputs)} outputs against {len(reference)} reference outputs")
-    max_abs, scale = 0.0, 0.0
-    for got, want in zip(outputs, reference, strict=True):
+    max_abs, scale, non_finite = 0.0, 0.0, []
+    for i, (got, want) in enumerate(zip(outputs, reference, strict=True)):
         got = np.asarray(got, dtype=np.float64)
         want = np.asarray(want, dtype=np.float64)
         if got.shape != want.shape:
             raise ValueError(f"output shape {got.shape} differs from the reference's {want.shape}")
-        max_abs = max(max_abs, float(np.max(np.abs(got - want))) if got.size else 0.0)
-        scale = max(scale, float(np.max(np.abs(want))) if want.size else 0.0)
+        if (problem := _non_finite(names[i] if i < len(names) else f"#{i}", got, want)) is not None:
+            non_finite.append(problem)
+        both = np.isfinite(got) & np.isfinite(want)
+        if both.any():
+            max_abs = max(max_abs, float(np.max(np.abs(got[both] - want[both]))))
+        finite_want = want[np.isfinite(want)]
+        if finite_want.size:
+            scale = max(scale, float(np.max(np.abs(finite_want))))
     atol, rtol = TOLERANCES.get(precision, TOLERANCES["fp32"])
     tolerance = atol + rtol * scale
+    if non_finite:
+        return Parity(None, None, tolerance, False, tuple(non_finite))
     max_rel = max_abs / scale if scale > 0 else max_abs
     return Parity(max_abs, max_rel, tolerance, bool(max_abs <= tolerance))

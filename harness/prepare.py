@@ -43,6 +43,7 @@ class PreparedModel:
     skipped: dict[CaseShape, str] = field(default_factory=dict)  # case → why it cannot run
     onnx_past_path: Path | None = None  # the export with past key/values, for ONNX generation
     onnx_past_error: str | None = None  # why there is none when it was asked for
+    output_names: tuple[str, ...] = ()  # the reference outputs' names, in order (parity messages name them)
 
     def load_case(self, shape: CaseShape) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
         with np.load(self.case_files[shape]) as data:
@@ -171,6 +172,7 @@ def _prepared(
         export=_export_facts(outcome),
         case_files=case_files,
         skipped=skipped,
+        output_names=job.spec.outputs,
     )
 
 
@@ -208,6 +210,7 @@ def _prepare_onnx_file(job: PrepareJob) -> PreparedModel:
         reference=reference,
         parameters=None,
         export={"exporter": "file"},
+        output_names=tuple(o.name for o in session.get_outputs()) if session is not None else (),
     )
     case_dir = _case_dir(digest)
     for batch, seq in job.shapes:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from numbers import Real
 from typing import Any
 
 STATUSES = ("ok", "unsupported", "error", "timeout", "oom", "mismatch")
@@ -24,6 +26,20 @@ class Target:
 
 
 MODES = ("inference", "generate", "training")
+MEASURED = ("ok", "mismatch")  # statuses whose row holds timings
+SAMPLE_FIELDS = ("samples_ms", "ttft_samples_ms", "tpot_samples_ms")
+NUMBER_FIELDS = (
+    "load_ms", "first_run_ms", "memory_load_mb", "memory_peak_mb", "device_memory_peak_mb", "max_abs_diff",
+    "max_rel_diff", "load_avg_1m", "cpu_percent", "compile_ms", "energy_j_per_item",
+)  # fmt: skip
+
+
+class ResultError(ValueError):
+    """A Result breaks an invariant: it must not be stored as it is."""
+
+
+def _is_finite(value: Any) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True)
@@ -80,7 +96,34 @@ class Result:
         return result_key(self.model, self.target, self.case)
 
     def __post_init__(self) -> None:
-        if self.status not in STATUSES:
-            raise ValueError(f"status '{self.status}' is not one of {STATUSES}")
-        if self.precision is None:
+        if self.precision is None and isinstance(self.case, Case):
             self.precision = self.case.precision
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ResultError naming every broken invariant. __post_init__ checks each Result built
+        here; one that arrives unpickled (from a Ray node) skipped that and is checked again."""
+        if problems := self.problems():
+            raise ResultError("; ".join(problems))
+
+    def problems(self) -> list[str]:
+        found = [f"{name} must be a non-empty string" for name in ("model", "family", "weights", "precision")
+                 if not isinstance(getattr(self, name), str) or not getattr(self, name)]  # fmt: skip
+        if not isinstance(self.target, Target) or not isinstance(self.case, Case):
+            found.append("target and case must be a Target and a Case")
+        if self.status not in STATUSES:
+            found.append(f"status {self.status!r} is not one of {', '.join(STATUSES)}")
+        elif self.status != "ok" and not (isinstance(self.error, str) and self.error.strip()):
+            found.append(f"status '{self.status}' needs the reason in error")
+        for name in SAMPLE_FIELDS:
+            values = getattr(self, name)
+            bad = [v for v in values if not _is_finite(v) or v <= 0] if isinstance(values, list) else [values]
+            if bad:
+                found.append(f"{name} must hold finite numbers > 0 ({len(bad)} do not, e.g. {bad[0]!r})")
+        if self.status in MEASURED and not self.samples_ms:
+            found.append(f"status '{self.status}' needs latency samples")
+        found += [f"{name} must be a finite number or None (got {getattr(self, name)!r})" for name in NUMBER_FIELDS
+                  if getattr(self, name) is not None and not _is_finite(getattr(self, name))]  # fmt: skip
+        if not isinstance(self.details, dict):
+            found.append("details must be a dict")
+        return found

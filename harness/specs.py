@@ -202,6 +202,7 @@ def spec_from_path(path: Path, family: str | None) -> ModelSpec:
     if path.is_file():
         if path.suffix != ".onnx":
             raise SpecError(f"--model-path {path}: expected an .onnx file or an HF model directory")
+        check_onnx_file(path)
         return ModelSpec(
             name=path.stem,
             family=family or "embedding",
@@ -215,9 +216,11 @@ def spec_from_path(path: Path, family: str | None) -> ModelSpec:
         )
     config_file = path / "config.json"
     try:
-        config = json.loads(config_file.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # ValueError: bad JSON, or bytes that are not UTF-8
         raise SpecError(f"--model-path {path}: cannot read config.json ({exc})") from exc
+    if not isinstance(config, dict):
+        raise SpecError(f"--model-path {path}: config.json must hold a JSON object, got {type(config).__name__}")
     model_type = config.get("model_type")
     template = next((s for s in load_specs().values() if s.model_type == model_type), None)
     if template is None:
@@ -240,12 +243,29 @@ def spec_from_path(path: Path, family: str | None) -> ModelSpec:
     )
 
 
-def select_specs(names: list[str] | None, families: list[str] | None, small: bool) -> list[ModelSpec]:
-    """Resolve --model / --model-families / --small-models into specs, or raise SpecError."""
-    specs = load_specs()
+def check_onnx_file(path: Path) -> None:
+    """Refuse a file that is not an ONNX model (truncated, empty, another format) before a run
+    exists. onnx's checker reads the file itself (models over 2 GB, external data) and checks
+    the graph's structure; operators it has no schema for (custom domains) are left to the engines."""
+    import onnx
+
+    try:
+        onnx.checker.check_model(str(path))
+    except (onnx.checker.ValidationError, OSError) as exc:  # also raised for bytes that are not a protobuf
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        raise SpecError(f"--model-path {path} is not a valid ONNX model (onnx.checker: {first})") from exc
+
+
+def check_families(families: list[str] | None) -> None:
     for family in families or []:
         if family not in FAMILIES:
             raise SpecError(f"unknown model family '{family}'; valid: {', '.join(FAMILIES)}")
+
+
+def select_specs(names: list[str] | None, families: list[str] | None, small: bool) -> list[ModelSpec]:
+    """Resolve --model / --model-families / --small-models into specs, or raise SpecError."""
+    specs = load_specs()
+    check_families(families)
     if names:
         unknown = [n for n in names if n not in specs]
         if unknown:

@@ -17,13 +17,13 @@ class Summary:
     median_ms: float
     min_ms: float
     max_ms: float
-    std_ms: float
+    std_ms: float | None  # None for a single sample: no spread was measured
     p90_ms: float
     p95_ms: float
     p99_ms: float
-    cv: float
-    throughput_per_s: float
-    noisy: bool
+    cv: float | None  # None when the mean is 0: a ratio to nothing is not measured
+    throughput_per_s: float | None  # None when the mean is 0 (no item takes no time)
+    noisy: bool | None
 
 
 def nearest_rank(samples: np.ndarray, percent: float) -> float:
@@ -35,14 +35,16 @@ def summarize(samples_ms: list[float], batch_size: int, noise_cv: float = NOISE_
     """Summary statistics of one result's samples, or None when there are none.
 
     std is the sample standard deviation (n-1). Throughput is items per second over the whole
-    timed loop (batch / mean latency), the figure onnxruntime_perf_test reports.
+    timed loop (batch / mean latency), the figure onnxruntime_perf_test reports. What was not
+    measured is None (stored NULL), never 0: the spread of a single sample, and every figure
+    divided by a mean of 0 (a timer that never advanced).
     """
     if not samples_ms:
         return None
     values = np.asarray(samples_ms, dtype=np.float64)
     mean = float(values.mean())
-    std = float(values.std(ddof=1)) if len(values) > 1 else 0.0
-    cv = std / mean if mean > 0 else 0.0
+    std = float(values.std(ddof=1)) if len(values) > 1 else None
+    cv = std / mean if std is not None and mean > 0 else None
     return Summary(
         iterations=len(values),
         mean_ms=mean,
@@ -54,8 +56,8 @@ def summarize(samples_ms: list[float], batch_size: int, noise_cv: float = NOISE_
         p95_ms=nearest_rank(values, 95),
         p99_ms=nearest_rank(values, 99),
         cv=cv,
-        throughput_per_s=batch_size * 1000.0 / mean if mean > 0 else 0.0,
-        noisy=cv > noise_cv,
+        throughput_per_s=batch_size * 1000.0 / mean if mean > 0 else None,
+        noisy=cv > noise_cv if cv is not None else None,
     )
 
 
@@ -65,8 +67,9 @@ def summarize_generation(result: Any) -> dict[str, float | None]:
     if not result.ttft_samples_ms or not result.samples_ms or not result.case.new_tokens:
         return {}
     generated = result.case.batch_size * result.case.new_tokens
+    mean = float(np.mean(result.samples_ms))
     return {
         "ttft_ms": float(np.median(result.ttft_samples_ms)),
         "tpot_ms": float(np.median(result.tpot_samples_ms)) if result.tpot_samples_ms else None,
-        "tokens_per_s": generated * 1000.0 / float(np.mean(result.samples_ms)),
+        "tokens_per_s": generated * 1000.0 / mean if mean > 0 else None,
     }

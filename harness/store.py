@@ -6,6 +6,7 @@ arrives, so an interrupted run keeps everything it finished. Samples go in throu
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import uuid
@@ -107,21 +108,44 @@ class Store:
     # --- schema -------------------------------------------------------------------------------
     def ensure_schema(self) -> None:
         """Create the tables on first use and apply any migrations the file has not had."""
+        version = _stored_version(self.connection)
+        _refuse_newer(self.path, version)
         self.connection.execute(SCHEMA)
-        row = self.connection.execute("SELECT max(version) FROM schema_version").fetchone()
-        version = row[0] if row and row[0] is not None else 1
-        if version > SCHEMA_VERSION:
-            raise StoreError(
-                f"{self.path} has schema version {version}; this accelharness knows up to {SCHEMA_VERSION}"
-            )
-        if row is None or row[0] is None:
+        if version is None:
             self.connection.execute("INSERT INTO schema_version VALUES (1, ?)", [_now()])
-        for target in range(version + 1, SCHEMA_VERSION + 1):
+        for target in range((version or 1) + 1, SCHEMA_VERSION + 1):
             self.connection.execute("BEGIN TRANSACTION")
             for statement in MIGRATIONS[target]:
                 self.connection.execute(statement)
             self.connection.execute("INSERT INTO schema_version VALUES (?, ?)", [target, _now()])
             self.connection.execute("COMMIT")
+
+    def read_as_current(self) -> None:
+        """A read-only open: refuse a newer schema, and show an older file as if it were migrated,
+        through temporary views that add the missing columns with their defaults. The file is not
+        changed; the next command that writes to it migrates it in place."""
+        version = _stored_version(self.connection)
+        if version is None:
+            raise StoreError(f"{self.path} is not an accelharness store (it has no schema version)")
+        _refuse_newer(self.path, version)
+        if version == SCHEMA_VERSION:
+            return
+        catalog = _quoted(self.connection.execute("SELECT current_database()").fetchone()[0])
+        stored: dict[str, set[str]] = {}
+        for table, column in self.connection.execute(
+            "SELECT table_name, column_name FROM duckdb_columns() WHERE database_name = current_database()"
+        ).fetchall():
+            stored.setdefault(table, set()).add(column)
+        for table, columns in _current_columns().items():
+            if table not in stored:
+                raise StoreError(f"{self.path} is not an accelharness store (it has no '{table}' table)")
+            select = ", ".join(
+                _quoted(name) if name in stored[table] else f"CAST({default or 'NULL'} AS {kind}) AS {_quoted(name)}"
+                for name, kind, default in columns
+            )
+            self.connection.execute(
+                f"CREATE TEMP VIEW {_quoted(table)} AS SELECT {select} FROM {catalog}.main.{_quoted(table)}"
+            )
 
     # --- writes -------------------------------------------------------------------------------
     def start_run(
@@ -338,6 +362,43 @@ def as_stored(arguments: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(arguments, default=str))
 
 
+def _stored_version(connection: duckdb.DuckDBPyConnection) -> int | None:
+    """The file's schema version; None for a file without one (new, or not an accelharness store)."""
+    try:
+        row = connection.execute("SELECT max(version) FROM schema_version").fetchone()
+    except duckdb.CatalogException:
+        return None
+    return row[0] if row else None
+
+
+def _refuse_newer(path: Path, version: int | None) -> None:
+    if version is not None and version > SCHEMA_VERSION:
+        raise StoreError(
+            f"{path} was written by a newer accelharness (schema version {version}; this one reads versions "
+            f"1-{SCHEMA_VERSION}): upgrade accelharness to use it"
+        )
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+@functools.cache
+def _current_columns() -> dict[str, list[tuple[str, str, str | None]]]:
+    """Each table's (column, type, default) in a file of this version: SCHEMA and every migration,
+    applied to an empty database in memory, so the columns are never listed twice."""
+    with duckdb.connect() as memory:
+        Store(memory, Path(":memory:")).ensure_schema()
+        rows = memory.execute(
+            "SELECT table_name, column_name, data_type, column_default FROM duckdb_columns() "
+            "WHERE database_name = current_database() ORDER BY table_name, column_index"
+        ).fetchall()
+    columns: dict[str, list[tuple[str, str, str | None]]] = {}
+    for table, name, kind, default in rows:
+        columns.setdefault(table, []).append((name, kind, default))
+    return columns
+
+
 def _open(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
     try:
         return duckdb.connect(str(path), read_only=read_only)
@@ -356,13 +417,20 @@ def _open(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
 
 
 def open_store(path: Path = DEFAULT_DB, read_only: bool = False) -> Store:
-    """Open (and on first write use, create) the store at `path`."""
+    """Open (and on first write use, create or migrate) the store at `path`. Read-only, a file of an
+    older schema reads as migrated (the file unchanged); a newer one is refused."""
     path = Path(path)
     if read_only and not path.exists():
         raise StoreError(f"no database at {path}; run a benchmark first or pass --db")
     store = Store(_open(path, read_only), path)
-    if not read_only:
-        store.ensure_schema()
+    try:
+        if read_only:
+            store.read_as_current()
+        else:
+            store.ensure_schema()
+    except BaseException:
+        store.close()
+        raise
     return store
 
 

@@ -116,7 +116,11 @@ def suite_requests(
         if native_hw
         else None
     )
-    web = WebRequest(**shared, hardware=web_hw, browser=config.browser, threads=config.web_threads) if web_hw else None
+    web = (
+        WebRequest(**shared, hardware=web_hw, browser=config.browser, threads=config.web_threads, gpu=config.gpu)
+        if web_hw
+        else None
+    )
     if native is None and web is None:
         raise RequestError(f"--hardware {','.join(hardware or [])} leaves nothing to run")
     return native, web

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import json
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from harness.api import RequestError
+from harness.api import MAX_TIMEOUT_S, RequestError, check_seconds
 from harness.hardware import NATIVE_PLATFORMS
 from harness.native import ENGINES
 from harness.result import PRECISIONS
 from harness.specs import FAMILIES, load_specs
+from harness.web.flags import GPU_MODES
 from harness.web_api import WEB_HARDWARE
 
 DEFAULT_CONFIG = """\
@@ -50,6 +52,7 @@ include_web_platforms = true
 web_platforms = ["wasm"]               # wasm, webgpu, webnn
 web_threads = [1]
 browser = "chromium"                   # chrome, chromium, edge
+gpu = "auto"                           # browser: on (real WebGPU), off (software), auto (on with a GPU)
 
 [run]
 parallel = true                        # one worker per independent device (CPU work never overlaps)
@@ -83,6 +86,7 @@ class SuiteConfig:
     web_platforms: list[str]
     web_threads: list[int]
     browser: str
+    gpu: str
     parallel: bool
     generate_plots: bool
     update_compatibility_matrix: bool
@@ -112,11 +116,16 @@ KEY_TYPES: dict[str, type] = {
     "web_platforms": list,
     "web_threads": list,
     "browser": str,
+    "gpu": str,
     "parallel": bool,
     "generate_plots": bool,
     "update_compatibility_matrix": bool,
     "db": str,
     "output_dir": str,
+}
+SECONDS: dict[str, dict[str, Any]] = {  # the float keys: durations, checked like --min-duration / --timeout
+    "min_duration_s": {"positive": False},
+    "timeout": {"positive": True, "limit": MAX_TIMEOUT_S},
 }
 LIST_ITEMS: dict[str, tuple[type, tuple[str, ...] | None]] = {
     "batch_sizes": (int, None),
@@ -127,30 +136,54 @@ LIST_ITEMS: dict[str, tuple[type, tuple[str, ...] | None]] = {
     "engines": (str, ENGINES),
     "web_platforms": (str, WEB_HARDWARE),
 }
+CHOICES: dict[str, tuple[str, ...]] = {"gpu": GPU_MODES}  # string keys with a closed set of values
 
 
 def _parse(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text()
+        text = path.read_bytes().decode("utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read suite config {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}): "
+            "a suite config is a TOML or JSON text file"
+        ) from exc
     try:
-        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
+        data = json.loads(text, object_pairs_hook=_unique_keys(path)) if path.suffix == ".json" else tomllib.loads(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError, RecursionError) as exc:
         kind = "JSON" if path.suffix == ".json" else "TOML (use a .json name for JSON)"
         raise ConfigError(f"{path} is not valid {kind}: {exc}") from exc
     return _flatten(path, data)
 
 
+def _unique_keys(path: Path) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
+    """json.loads keeps the last of two equal keys; TOML refuses them, and so does this."""
+
+    def build(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        built: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in built:
+                raise ConfigError(f"{path}: key '{key}' is set twice in one object; keep one")
+            built[key] = value
+        return built
+
+    return build
+
+
 def _flatten(path: Path, data: Any) -> dict[str, Any]:
+    """The sections' keys lifted to the top level; a key set in two places is refused, naming both."""
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a table/object of keys, got {type(data).__name__}")
     flat: dict[str, Any] = {}
-    for key, value in data.items():
-        if key in SECTIONS and isinstance(value, dict):
-            flat.update(value)
-        else:
-            flat[key] = value
+    where: dict[str, str] = {}
+    for section, table in data.items():
+        lifted = table if section in SECTIONS and isinstance(table, dict) else {section: table}
+        place = f"in [{section}]" if lifted is table else "at the top level"
+        for key, value in lifted.items():
+            if key in flat:
+                raise ConfigError(f"{path}: key '{key}' is set twice, {where[key]} and {place}; keep one")
+            flat[key], where[key] = value, place
     return flat
 
 
@@ -162,6 +195,13 @@ def _check_type(path: Path, key: str, value: Any) -> Any:
         ok, value = True, float(value)
     if not ok:
         raise ConfigError(f"{path}: key '{key}' must be {expected.__name__}, got {type(value).__name__} {value!r}")
+    if key in CHOICES and value not in CHOICES[key]:
+        raise ConfigError(f"{path}: key '{key}': unknown value '{value}'; valid: {', '.join(CHOICES[key])}")
+    if key in SECONDS:
+        try:
+            check_seconds(f"key '{key}'", value, **SECONDS[key])
+        except RequestError as exc:
+            raise ConfigError(f"{path}: {exc}") from exc
     if key in LIST_ITEMS:
         item_type, valid = LIST_ITEMS[key]
         for item in value:
@@ -177,6 +217,11 @@ def _check_type(path: Path, key: str, value: Any) -> Any:
 def _check_families(path: Path, families: dict[str, Any]) -> dict[str, list[str]]:
     specs = load_specs()
     for family, names in families.items():
+        if family in KEY_TYPES:  # TOML: a key written below the [model_families] header belongs to it
+            raise ConfigError(
+                f"{path}: [model_families] holds '{family}', a top-level key, not a family (in TOML every key "
+                "below a [table] header belongs to that table): move it above the [model_families] header"
+            )
         if family not in FAMILIES:
             raise ConfigError(f"{path}: model_families: unknown family '{family}'; valid: {', '.join(FAMILIES)}")
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
@@ -200,6 +245,8 @@ def load_config(path: Path) -> SuiteConfig:
     valid = [f.name for f in fields(SuiteConfig) if f.name != "source"]
     values = _flatten(Path("DEFAULT_CONFIG"), tomllib.loads(DEFAULT_CONFIG))
     for key, value in data.items():
+        if key in FAMILIES:
+            raise ConfigError(f"{path}: '{key}' is a model family: list its models under [model_families]")
         if key not in KEY_TYPES:
             raise ConfigError(f"{path}: unknown key '{key}'; valid keys: {', '.join(valid)}")
         values[key] = _check_type(path, key, value)

@@ -78,6 +78,7 @@ def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: Pea
     feeds, reference = job.prepared.load_case((case.batch_size, case.seq_len))
     measured = _run_mode(job, session, case, feeds, rss)
     items = (1 + job.measure.warmup + len(measured.samples_ms)) * case.batch_size
+    load = dict(load_facts)  # load_ms and memory_load_mb as fields, whose load they are in details
     details = dict(session.facts) | {
         "process_cpu_percent": measured.process_cpu_percent,
         "input_shapes": {k: list(v.shape) for k, v in feeds.items()},
@@ -85,16 +86,14 @@ def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: Pea
         "nvml_used_mb": measured.nvml_used_mb,
         "energy_source": measured.energy_source,  # the sensor, or why there is none
     }
+    details |= load.pop("details")
     status, error, parity_fields = "ok", None, {}
     if not reference:  # a file no reference engine could run: measured, not parity-checked
         details["parity"] = f"not checked: no reference ({job.prepared.reference})"
     elif case.mode == "inference":  # generated tokens and trained weights have no fixed reference
-        parity = compare(measured.outputs, reference, session.precision)
-        details["parity_tolerance"] = parity.tolerance
-        parity_fields = {"max_abs_diff": parity.max_abs_diff, "max_rel_diff": parity.max_rel_diff}
-        if not parity.matches:
-            status = "mismatch"
-            error = f"max_abs_diff {parity.max_abs_diff:.3g} exceeds tolerance {parity.tolerance:.3g}"
+        parity = compare(measured.outputs, reference, session.precision, job.prepared.output_names)
+        details |= parity.details
+        status, error, parity_fields = parity.status, parity.error, parity.fields
     return result_for(
         job,
         case,
@@ -115,7 +114,7 @@ def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: Pea
         compile_ms=getattr(session, "compile_ms", None),
         details=details,
         **parity_fields,
-        **load_facts,
+        **load,
     )
 
 
@@ -172,7 +171,12 @@ def benchmark_job(job: Job) -> Iterator[Result]:
             for case in cases:
                 yield result_for(job, case, status, message)
             continue
-        load_facts = {"load_ms": (time.perf_counter() - started) * 1000, "memory_load_mb": rss_mb() - before_mb}
+        load_facts = {
+            "load_ms": (time.perf_counter() - started) * 1000,
+            "memory_load_mb": rss_mb() - before_mb,
+            # one load serves every case of the group: each row carries its figures and says so
+            "details": {"load_measured_with": first.key, "load_shared_by": len(cases)},
+        }
         for case in cases:
             try:
                 yield _measure_case(job, session, case, load_facts, rss)

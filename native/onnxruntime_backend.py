@@ -179,10 +179,10 @@ def model_for_precision(onnx_path: Path, precision: str) -> tuple[Path, str, dic
     """(model file, precision it runs in, conversion facts): the fp32 export, or its int8 / fp16
     conversion. ORT has no bf16 conversion to offer, and a conversion that fails is the reason
     the precision is unsupported."""
-    from harness.export import VARIANT_CONVERTERS, precision_variant
-
     if precision in ("fp32", "auto"):
         return onnx_path, "fp32", {}
+    from harness.export import VARIANT_CONVERTERS, precision_variant  # imports torch: only for a conversion
+
     if precision not in VARIANT_CONVERTERS:
         raise UnsupportedError(
             f"onnxruntime: no {precision} model: the harness converts the export to int8 (dynamic "

@@ -19,10 +19,12 @@ CLI = [sys.executable, "-m", "harness.cli"]
 QUICK = ["--iterations", "5", "--warmup", "1", "--min-duration", "0"]
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run the real CLI in a subprocess."""
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 600, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
+    """Run the real CLI in a subprocess (in `cwd`, where relative default paths such as the DB land)."""
     return subprocess.run(
-        [*CLI, *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+        [*CLI, *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}, cwd=cwd
     )
 
 

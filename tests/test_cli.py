@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import onnx
@@ -10,28 +11,126 @@ from conftest import QUICK, run_cli
 from onnx import TensorProto, helper
 from test_native_run import rows
 
+from harness.store import open_store
+
+
+def _tiny_onnx(path: Path) -> None:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "sequence"])
+    graph = helper.make_graph([helper.make_node("Tanh", ["x"], ["y"])], "tanh", [x], [y])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), path)
+
+
+def _truncated_onnx(path: Path) -> None:
+    _tiny_onnx(path)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _newer_store(path: Path) -> None:
+    with open_store(path) as store:
+        store.start_run("native", {}, {})
+        store.connection.execute("INSERT INTO schema_version VALUES (99, now())")
+
+
+def _model_dir_with_binary_config(path: Path) -> None:
+    path.mkdir()
+    (path / "config.json").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
+
+
+def _text(text: str | bytes) -> Callable[[Path], None]:
+    return lambda path: path.write_bytes(text if isinstance(text, bytes) else text.encode())
+
+
+SUITE = '[model_families]\nembedding = ["bert-tiny"]\n'
+# "@NAME" in a case's arguments: a file (or directory) the test writes first with this builder, passed by path.
+INPUT_FILES: dict[str, Callable[[Path], None]] = {
+    "tanh.onnx": _tiny_onnx,
+    "garbage.onnx": _text(b"these bytes are not an ONNX model \x00\xff\xfe" * 4),
+    "truncated.onnx": _truncated_onnx,
+    "empty.onnx": _text(b""),
+    "my-model": _model_dir_with_binary_config,
+    "newer.duckdb": _newer_store,
+    "suite.toml": _text(SUITE),
+    "inf-timeout.toml": _text("timeout = inf\n" + SUITE),
+    "nan.json": _text('{"model_families": {"embedding": ["bert-tiny"]}, "min_duration_s": NaN}'),
+    "latin1.toml": _text(b'name = "caf\xe9"\n' + SUITE.encode()),
+    "binary.toml": _text(b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03\xcb\x48\xcd\xc9\xc9\x07\x00"),
+    "twice.toml": _text("timeout = 60\n[run]\ntimeout = 30\n" + SUITE),
+    "below-header.toml": _text(SUITE + "batch_sizes = [2]\n"),
+}
+# Small runs, so a case a regression lets through fails in seconds instead of benchmarking every model.
+NATIVE = ["native", "--model", "bert-tiny", "--hardware", "cpu", "--engines", "onnxruntime", "--iterations", "3"]
+WEB = ["web", "--model", "bert-tiny", "--hardware", "wasm", "--iterations", "3"]
+RUN = ["run", "--model", "bert-tiny", "--hardware", "cpu", "--web-hardware", "wasm", "--iterations", "3"]
+SUITE_CHECK = ["suite", "--check", "--config"]
+TIMEOUT_RANGE = "--timeout takes a finite number of seconds > 0 and <= 604800"
+NOT_ONNX = "is not a valid ONNX model (onnx.checker: "
+
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--model", "bert-giant"], "unknown model 'bert-giant'; valid: all-minilm-l6-v2, bert-base-uncased"),
-        (["--hardware", "tpu"], "unknown native hardware 'tpu'; valid: cpu, cuda"),
-        (["--model-families", "robots"], "unknown model family 'robots'; valid: embedding"),
-        (["--batch-sizes", "0"], "--batch-sizes must be integers >= 1"),
-        (["--batch-sizes", "-1"], "--batch-sizes must be integers >= 1"),
-        (["--batch-sizes", "two"], "--batch-sizes takes comma-separated integers"),
-        (["--engines", "tensorflow"], "unknown engine 'tensorflow'; valid: torch, onnxruntime, openvino"),
-        (["--precision", "fp8"], "unknown precision 'fp8'; valid: fp32"),
-        (["--model-path", "/nonexistent/model.onnx"], "no such file or directory"),
+        (["native", "--model", "bert-giant"], "unknown model 'bert-giant'; valid: all-minilm-l6-v2, bert-base-uncased"),
+        (["native", "--hardware", "tpu"], "unknown native hardware 'tpu'; valid: cpu, cuda"),
+        (["native", "--model-families", "robots"], "unknown model family 'robots'; valid: embedding"),
+        (["native", "--batch-sizes", "0"], "--batch-sizes must be integers >= 1"),
+        (["native", "--batch-sizes", "-1"], "--batch-sizes must be integers >= 1"),
+        (["native", "--batch-sizes", "two"], "--batch-sizes takes comma-separated integers"),
+        (["native", "--engines", "tensorflow"], "unknown engine 'tensorflow'; valid: torch, onnxruntime, openvino"),
+        (["native", "--precision", "fp8"], "unknown precision 'fp8'; valid: fp32"),
+        (["native", "--model-path", "/nonexistent/model.onnx"], "no such file or directory"),
+        # Durations: finite and in range, on every command and in the suite config.
+        ([*NATIVE, "--timeout", "nan"], f"{TIMEOUT_RANGE} (got nan)"),
+        ([*NATIVE, "--timeout", "inf"], f"{TIMEOUT_RANGE} (got inf)"),
+        ([*NATIVE, "--timeout", "0"], f"{TIMEOUT_RANGE} (got 0)"),
+        ([*NATIVE, "--min-duration", "inf"], "--min-duration takes a finite number of seconds >= 0 (got inf)"),
+        ([*NATIVE, "--min-duration", "nan"], "--min-duration takes a finite number of seconds >= 0 (got nan)"),
+        ([*WEB, "--timeout", "inf"], f"{TIMEOUT_RANGE} (got inf)"),
+        ([*RUN, "--min-duration", "nan"], "--min-duration takes a finite number of seconds >= 0 (got nan)"),
+        ([*SUITE_CHECK, "@inf-timeout.toml"], "key 'timeout' takes a finite number of seconds > 0"),
+        ([*SUITE_CHECK, "@nan.json"], "key 'min_duration_s' takes a finite number of seconds >= 0 (got nan)"),
+        ([*SUITE_CHECK, "@suite.toml", "--older-than", "99999999999d"], "--older-than takes a number and a unit"),
+        # An option that would do nothing with the others given.
+        ([*NATIVE, "--new-tokens", "8"], "--new-tokens applies to --mode generate only (got --mode inference)"),
+        (["native", "--model", "bert-tiny", "--small-models"], "--small-models picks the tiny variant of each fam"),
+        (["native", "--model-path", "@tanh.onnx", "--model", "bert-tiny"], "--model-path benchmarks that one model"),
+        ([*WEB, "--webnn-device", "cpu"], "--webnn-device applies to webnn only (got --hardware wasm)"),
+        (
+            [*WEB, "--hardware", "webgpu", "--threads", "1,2"],
+            "several --threads counts (1,2) need wasm in the web hardware",
+        ),
+        ([*SUITE_CHECK, "@suite.toml", "--threshold", "10%"], "--threshold applies to the comparison with --b"),
+        (["suite", "--plot-only", "latest", "--models", "vision"], "--plot-only only reads the store and runs nothing"),
+        # Model files.
+        (["native", "--model-path", "@tanh.onnx", "--model-families", "robots"], "unknown model family 'robots'; v"),
+        (["native", "--model-path", "@garbage.onnx"], NOT_ONNX),
+        (["native", "--model-path", "@truncated.onnx"], NOT_ONNX),
+        (["native", "--model-path", "@empty.onnx"], NOT_ONNX),
+        (["native", "--model-path", "@my-model"], "cannot read config.json ('utf-8' codec can't decode byte 0x89"),
+        # Suite config files.
+        ([*SUITE_CHECK, "@latin1.toml"], "latin1.toml is not UTF-8 text (byte 0xe9 at offset 11)"),
+        ([*SUITE_CHECK, "@binary.toml"], "binary.toml is not UTF-8 text (byte 0x8b at offset 1)"),
+        ([*SUITE_CHECK, "@twice.toml"], "key 'timeout' is set twice, at the top level and in [run]; keep one"),
+        ([*SUITE_CHECK, "@below-header.toml"], "[model_families] holds 'batch_sizes', a top-level key"),
+        # A store written by a newer accelharness.
+        (["report", "--db", "@newer.duckdb"], "newer.duckdb was written by a newer accelharness (schema version 99;"),
     ],
 )
 def test_bad_input_exits_2_and_writes_nothing(tmp_path: Path, args: list[str], message: str) -> None:
-    db = tmp_path / "never.duckdb"
-    done = run_cli("native", *args, "--db", str(db), "--output-dir", str(tmp_path / "out"))
-    assert done.returncode == 2
+    """Run in tmp_path, so every default path (the DB, the output dir) lands there: nothing may appear or change."""
+    for arg in args:
+        if arg.startswith("@"):
+            INPUT_FILES[arg[1:]](tmp_path / arg[1:])
+    before = _tree(tmp_path)
+    done = run_cli(*(str(tmp_path / a[1:]) if a.startswith("@") else a for a in args), cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
     assert message in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
-    assert not db.exists() and not (tmp_path / "out").exists()
+    assert _tree(tmp_path) == before
+
+
+def _tree(root: Path) -> dict[Path, bytes | None]:
+    return {path: path.read_bytes() if path.is_file() else None for path in root.rglob("*")}
 
 
 def test_report_for_missing_db_exits_2(tmp_path: Path) -> None:
@@ -45,13 +144,6 @@ def test_hardware_lists_every_seed_platform() -> None:
     for platform in ("cpu", "cuda", "rocm", "mps", "openvino", "qnn", "webnn", "webgpu", "wasm"):
         assert f"│ {platform} " in done.stdout
     assert "CPU:" in done.stdout and "memory" in done.stdout
-
-
-def _tiny_onnx(path: Path) -> None:
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence"])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "sequence"])
-    graph = helper.make_graph([helper.make_node("Tanh", ["x"], ["y"])], "tanh", [x], [y])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), path)
 
 
 def test_any_onnx_file_runs_with_inputs_from_its_signature(tmp_path: Path) -> None:

@@ -289,3 +289,26 @@ def test_verdict_rule(ratio: float, low: float, high: float, p: float, noisy: bo
     from harness.analysis.compare import verdict
 
     assert verdict(ratio, low, high, p, noisy, threshold=0.10)[0] == expected
+
+
+def test_compare_and_history_keep_modes_and_new_tokens_apart(tmp_path: Path) -> None:
+    """Inference, training and generate rows of one model and target, generate at 8 and 16 tokens,
+    stored in a different order in each run: every case compared with itself only (issue 11, item 2)."""
+    from test_decide import seed_modes
+
+    from harness.analysis.history import history
+
+    db = tmp_path / "modes.duckdb"
+    a, b = seed_modes(db)["runs"]
+    result = compare_runs(db, a, b)
+    assert len(result.rows) == 2 * 4 * 3 * 4 + 2  # inference + training per model/target/batch, and 2 generate cases
+    generated = [r for r in result.rows if "gen" in r.case]
+    assert [r.ratio for r in generated] == [pytest.approx(1.0)] * 2  # 8 tokens against 8, 16 against 16
+    keys = [(r.model, r.target, r.batch_size, r.mode, r.new_tokens) for r in result.rows]
+    assert len(set(keys)) == len(keys)
+    generate = {r.new_tokens: r for r in result.rows if r.mode == "generate"}
+    assert set(generate) == {8, 16} and generate[8].case == "b1 s32 gen8"
+    assert {r.verdict for r in result.rows if r.status_a == "ok"} == {"unchanged"}  # the same samples both times
+    series = history(db, "m1", "latency_p50_ms", {"engine": "torch", "batch_size": 1})
+    assert sorted(s.case for s in series.series) == ["b1 s32", "b1 s32 gen16", "b1 s32 gen8", "b1 s32 training"]
+    assert not any(s.steps for s in series.series)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -155,3 +157,90 @@ def test_recommend_cli_prints_primary_and_backing(db: Path, tmp_path: Path) -> N
     done = run_cli("recommend", "--create-map", str(selection), "--db", str(db))
     assert done.returncode == 0, done.stderr
     assert "embedding/small/batch4/inference" in selection.read_text()
+
+
+# --- modes are kept apart (issue 11, item 2) ------------------------------------------------------------
+
+TORCH = Target("cpu", "torch", "cpu")
+TRAINING_ONLY_ON_TORCH = "training mode runs on torch only: the {} session has no training support"
+
+
+def spread(ms: float) -> list[float]:
+    """Eight distinct samples around ms (identical in every run that seeds them)."""
+    return [ms * (1 + 0.01 * k) for k in range(8)]
+
+
+def _mode_rows(model: str, parameters: float, target: Target, factor: float, memory: float) -> Iterator[Result]:
+    """One model on one target: inference at four batch sizes, and training (10x, torch only) beside it."""
+    details = {"parameters": int(parameters)}
+    for batch in (1, 2, 4, 8):
+        ms = true_latency(parameters, batch, factor)
+        case = Case(batch, 32, "fp32")
+        yield Result(model, "embedding", "random", target, case, "ok", samples_ms=spread(ms), memory_peak_mb=memory,
+                     details=details)  # fmt: skip
+        case = Case(batch, 32, "fp32", "training")
+        if target.engine == "torch":
+            yield Result(model, "embedding", "random", target, case, "ok", samples_ms=spread(10 * ms),
+                         memory_peak_mb=3 * memory, details=details)  # fmt: skip
+        else:
+            why = TRAINING_ONLY_ON_TORCH.format(target.engine)
+            yield Result(model, "embedding", "random", target, case, "unsupported", why, details=details)
+
+
+def seed_modes(db: Path) -> dict[str, Any]:
+    """Two runs holding inference, training and generate rows of the same models and targets.
+
+    Training steps are 10x an inference on torch and unsupported elsewhere; torch also generates 8
+    and 16 tokens for m1 (50 and 100 ms), stored in opposite orders in the two runs. Returns the run
+    ids and the inference rows' result ids."""
+    ids: dict[str, Any] = {"runs": [], "inference": set()}
+    with open_store(db) as store:
+        for tokens in ((8, 16), (16, 8)):
+            run_id = store.start_run("native", {}, {})
+            ids["runs"].append(run_id)
+            for model, parameters in MODELS.items():
+                for target, (factor, memory) in TARGETS.items():
+                    for row in _mode_rows(model, parameters, target, factor, memory):
+                        result_id = store.add_result(run_id, row, None)
+                        ids["inference"] |= {result_id} if row.case.mode == "inference" else set()
+            for new_tokens in tokens:
+                case = Case(1, 32, "fp32", "generate", new_tokens)
+                row = Result("m1", "embedding", "random", TORCH, case, "ok", samples_ms=spread(6.25 * new_tokens),
+                             details={"parameters": int(MODELS["m1"])})  # fmt: skip
+                store.add_result(run_id, row, None)
+            store.finish_run(run_id, "completed")
+    return ids
+
+
+@pytest.fixture(scope="module")
+def mixed_modes(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    db = tmp_path_factory.mktemp("modes") / "modes.duckdb"
+    return db, seed_modes(db)
+
+
+def test_recommend_reads_only_the_mode_asked_for(mixed_modes: tuple[Path, dict[str, Any]]) -> None:
+    db, ids = mixed_modes
+    inference = recommend(db, model="m2", batch_size=2)
+    ranked = [inference.primary, *inference.fallbacks]
+    assert {c.target for c in ranked} == {"cpu/torch", "cpu/onnxruntime:CPUExecutionProvider", "openvino/openvino:CPU"}
+    for candidate in ranked:  # every figure from the inference rows, none from a training step
+        assert candidate.source == "measured" and set(candidate.evidence) <= ids["inference"]
+        assert candidate.compatibility == 1.0  # ORT's unsupported training steps are not inference failures
+    by_target = {c.target: c for c in ranked}
+    assert by_target["cpu/torch"].latency_ms == pytest.approx(np.median(spread(true_latency(4e6, 2, 3.0))))
+    assert inference.primary.target == "cpu/onnxruntime:CPUExecutionProvider"
+    training = recommend(db, model="m2", batch_size=2, mode="training")
+    assert training.primary.target == "cpu/torch" and training.fallbacks == []
+    assert training.primary.latency_ms == pytest.approx(np.median(spread(10 * true_latency(4e6, 2, 3.0))))
+    assert any("never ran ok" in line and "training mode runs on torch only" in line for line in training.excluded)
+
+
+def test_predict_learns_each_mode_from_its_own_rows(mixed_modes: tuple[Path, dict[str, Any]]) -> None:
+    db, _ = mixed_modes
+    rows = training_rows(db)
+    assert len(rows) == 2 * len(MODELS) * len(TARGETS) * 4  # both runs' inference rows, nothing else
+    target = Target("cpu", "torch", "cpu")
+    query = Query("m3", "embedding", int(16e6), target.hardware, target.engine, target.provider, 4, 32)
+    (row,) = predict(db, [query]).rows
+    assert row["measured_latency_p50_ms"] == pytest.approx(np.median(spread(true_latency(16e6, 4, 3.0))))
+    assert len(training_rows(db, "training")) == 2 * len(MODELS) * 4  # torch's training steps only

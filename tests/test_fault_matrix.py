@@ -7,6 +7,7 @@ bad CLI values (unknown model/hardware, batch 0/-1) in test_cli.py; README's rel
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import onnx
 import psutil
 import pytest
@@ -252,6 +254,45 @@ def test_unsupported_operator_is_recorded_per_engine(tmp_path: Path) -> None:
     found = {r["engine"]: r for r in rows(db)}
     assert found["onnxruntime"]["status"] == "unsupported" and "NoSuchOp" in found["onnxruntime"]["error"]
     assert found["openvino"]["status"] == "unsupported" and "No conversion rule" in found["openvino"]["error"]
+
+
+def overflowing_layernorm(path: Path) -> Path:
+    """y = LayerNorm(x·1e4·1e4): finite in fp32; in fp16 the 1e8-sized input is inf before ORT's CPU
+    LayerNormalization (a real fp16 kernel there), so every output is NaN."""
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 8])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", 8])
+    scale = onnx.numpy_helper.from_array(np.full([8], 1e4, np.float32), "scale")
+    gamma = onnx.numpy_helper.from_array(np.ones([8], np.float32), "gamma")
+    nodes = [
+        helper.make_node("Mul", ["x", "scale"], ["a"]),
+        helper.make_node("Mul", ["a", "scale"], ["b"]),
+        helper.make_node("LayerNormalization", ["b", "gamma"], ["y"], axis=-1),
+    ]
+    graph = helper.make_graph(nodes, "overflow", [x], [y], [scale, gamma])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), path)
+    return path
+
+
+def test_nan_outputs_are_a_mismatch_naming_the_output(tmp_path: Path) -> None:
+    """A real fp16 ONNX Runtime run whose outputs are all NaN while the fp32 reference is finite:
+    `mismatch`, the output named and its non-finite values counted, no max_abs_diff invented."""
+    model = overflowing_layernorm(tmp_path / "overflow.onnx")
+    db = tmp_path / "n.duckdb"
+    where = ["--db", str(db), "--output-dir", str(tmp_path / "out")]
+    done = run_cli(
+        "native", "--model-path", str(model), "--engines", "onnxruntime", "--hardware", "cpu",
+        "--precision", "fp32,fp16", "--batch-sizes", "2", *QUICK, *where,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    found = {r["precision"]: r for r in rows(db)}
+    assert found["fp32"]["status"] == "ok", found["fp32"]["error"]
+    fp16 = found["fp16"]
+    assert fp16["status"] == "mismatch", fp16
+    assert fp16["error"] == "output 'y': 16 of 16 values non-finite (16 NaN, 0 inf) where the reference is finite"
+    assert fp16["max_abs_diff"] is None and fp16["max_rel_diff"] is None
+    details = json.loads(fp16["details"])
+    assert details["non_finite_outputs"] == [{"output": "y", "size": 16, "nan": 16, "inf": 0, "against_non_finite": 0}]
+    assert fp16["iterations"] >= 5  # the latencies were measured; the row says they belong to a wrong answer
 
 
 @pytest.fixture

@@ -226,3 +226,25 @@ def test_update_matrix_only_rebuilds_the_files_from_the_db(db: Path, seeded: dic
 def test_matrix_of_a_missing_db_exits_2(tmp_path: Path) -> None:
     done = run_cli("matrix", "--db", str(tmp_path / "none.duckdb"), "--update-matrix-only")
     assert done.returncode == 2 and "no database" in done.stderr
+
+
+def test_training_and_generation_get_their_own_columns(db: Path) -> None:
+    """ORT cannot take a training step; that must not turn its inference cell `unsupported` (issue 11, item 2)."""
+    from test_decide import seed_modes
+
+    seed_modes(db)
+    matrix = build_matrix(load_rows(db))
+    assert matrix["targets"] == [
+        "cpu/torch", "cpu/onnxruntime", "openvino/openvino:CPU",
+        "cpu/torch (generate)",
+        "cpu/torch (training)", "cpu/onnxruntime (training)", "openvino/openvino:CPU (training)",
+    ]  # fmt: skip
+    cells = matrix["models"]["m2"]["cells"]
+    assert cells["cpu/onnxruntime"]["status"] == "compatible" and cells["cpu/onnxruntime"]["cases"] == 4
+    assert cells["cpu/onnxruntime"]["speedup"] == pytest.approx(3.0)  # torch's inference ÷ ORT's, no training step
+    assert cells["cpu/onnxruntime (training)"]["status"] == "unsupported"
+    assert cells["cpu/torch (training)"]["rating"] == "baseline"
+    assert "cpu/torch (generate)" not in cells and matrix["models"]["m1"]["cells"]["cpu/torch (generate)"]["cases"] == 2
+    family = matrix["families"]["embedding"]["cells"]
+    assert family["openvino/openvino:CPU"]["status"] == "compatible"
+    assert family["openvino/openvino:CPU (training)"]["counts"] == {"unsupported": 16}

@@ -4,6 +4,7 @@ migration they needed."""
 from __future__ import annotations
 
 import json
+from dataclasses import astuple
 from pathlib import Path
 
 import duckdb
@@ -183,6 +184,40 @@ def test_energy_is_measured_or_says_why_not(modes_db: Path) -> None:
             assert r["energy_j_per_item"] is None and source.startswith("unsupported: ")
         else:
             assert r["energy_j_per_item"] > 0 and source.startswith("rapl:")
+
+
+def test_a_failed_counter_read_stores_no_energy(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A sensor read that fails at either end of the loop leaves no joules and says why; before, a
+    failed NVML read counted as 0 mJ (issue 11, item 3). RAPL: a powercap tree whose counter file
+    vanishes. NVML needs an NVIDIA GPU, so its counter reads are replayed (probe, start, end)."""
+    import harness.energy
+
+    def failed(sensor: str, when: str) -> tuple[None, str]:
+        return None, f"not measured: the {sensor} energy counter failed to read at the {when} of the loop"
+
+    domain = tmp_path / "intel-rapl:0"
+    domain.mkdir()
+    (domain / "energy_uj").write_text("1000000\n")
+    monkeypatch.setattr(harness.energy, "POWERCAP", tmp_path)
+    rapl = EnergyMeter()
+    assert rapl.unavailable is None
+    rapl.start()
+    (domain / "energy_uj").write_text("3500000\n")
+    assert astuple(rapl.stop()) == (2.5, "rapl:intel-rapl:0")
+    rapl.start()
+    (domain / "energy_uj").unlink()
+    assert astuple(rapl.stop()) == failed("RAPL", "end")
+
+    def nvml(*reads: int | None) -> tuple:
+        replay = iter(reads)
+        monkeypatch.setattr(EnergyMeter, "_nvml_mj", lambda self: next(replay))
+        meter = EnergyMeter(nvidia_device=0)
+        meter.start()
+        return astuple(meter.stop())
+
+    assert nvml(100, 5000, 9000) == (4.0, "nvml:0")
+    assert nvml(100, None, 9000) == failed("NVML", "start")  # not 9 J: the energy since the driver loaded
+    assert nvml(100, 5000, None) == failed("NVML", "end")  # not -5 J
 
 
 def test_bad_mode_and_new_tokens_exit_2(tmp_path: Path) -> None:

@@ -64,6 +64,18 @@ def test_every_engine_stores_ok_rows_with_samples_and_parity(bert_run) -> None:
         assert count == r["iterations"]
 
 
+def test_one_load_per_job_is_stated_on_every_row(bert_run) -> None:
+    """Each job loads its model once for both batch sizes: both rows carry that load's figures, and
+    say it was measured with the first case and shared by two (issue 11, item 3)."""
+    db, _, _ = bert_run
+    for engine in ("torch", "onnxruntime", "openvino"):
+        b1, b2 = (r for r in rows(db) if r["engine"] == engine)
+        assert (b1["load_ms"], b1["memory_load_mb"]) == (b2["load_ms"], b2["memory_load_mb"])
+        for r in (b1, b2):
+            details = json.loads(r["details"])
+            assert (details["load_measured_with"], details["load_shared_by"]) == ("b1_s16_fp32", 2), engine
+
+
 def test_openvino_fp32_is_forced_and_recorded(bert_run) -> None:
     db, _, _ = bert_run
     ov = [r for r in rows(db) if r["engine"] == "openvino"]

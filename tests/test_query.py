@@ -207,3 +207,24 @@ def test_export_one_table_and_bad_input(store, tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["results.parquet"]
     bad = run_cli("export", "--format", "xlsx", "--out", str(tmp_path), "--db", str(db))
     assert bad.returncode == 2 and "unknown export format 'xlsx'; valid: parquet, csv" in bad.stderr
+
+
+def test_best_hardware_and_compatibility_keep_modes_apart(tmp_path: Path) -> None:
+    """A training step (10x, torch only) is never the 'best' inference target, nor counted with it."""
+    from test_decide import seed_modes
+
+    from harness.analysis.query import run_report
+
+    db = tmp_path / "modes.duckdb"
+    _, run_b = seed_modes(db)["runs"]
+    best = run_report(db, "best-hardware", run_b).rows
+    at_b2 = [r for r in best if r["model"] == "m2" and r["batch_size"] == 2]
+    assert len(at_b2) == 2  # the fastest inference target, and the fastest training one
+    m2_b2 = {(r["mode"], r["new_tokens"]): r for r in at_b2}
+    assert set(m2_b2) == {("inference", None), ("training", None)}
+    assert m2_b2[("inference", None)]["target"] == "cpu/onnxruntime:CPUExecutionProvider"
+    assert m2_b2[("training", None)]["target"] == "cpu/torch" and m2_b2[("training", None)]["ok_targets"] == 1
+    assert {r["new_tokens"] for r in best if r["mode"] == "generate"} == {8, 16}
+    counts = {(r["mode"], r["target"]): r for r in run_report(db, "compatibility", run_b).rows}
+    assert counts[("inference", "cpu/onnxruntime:CPUExecutionProvider")]["ok"] == 16
+    assert counts[("training", "cpu/onnxruntime:CPUExecutionProvider")]["unsupported"] == 16

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import time
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -118,6 +119,52 @@ def test_a_task_that_dies_leaves_error_rows_for_the_cases_it_never_reported(clus
     assert emitted[0].details["ray_node"]["node_id"] == node_offering("cpu")
     assert "Ray task for bert-tiny cpu/torch failed" in (emitted[1].error or "")
     assert "died" in (emitted[1].error or "").lower()
+
+
+@dataclasses.dataclass(frozen=True)
+class LyingJob(NativeJob):
+    """Streams results that break Result's invariants, as a node running other code could: a NaN
+    sample, an unknown status, an `ok` without samples; then an object that is not a Result at all.
+    They are altered after construction, since unpickling on the driver skips __post_init__ too."""
+
+    def body(self) -> Body:
+        def body(emit: Emit) -> None:
+            cases = [case for _, case in self.expected()]
+            made = [Result(self.spec.name, self.spec.family, "random", self.target, c, "ok", samples_ms=[1.0])
+                    for c in cases]  # fmt: skip
+            made[0].samples_ms = [1.0, float("nan")]
+            made[1].status = "great"
+            made[2].samples_ms = []
+            for result in made[:3]:
+                emit(result)
+            emit(types.SimpleNamespace(status="ok", samples_ms=[1.0], details={}))  # type: ignore[arg-type]
+            time.sleep(60)  # the driver stops the task once it has seen the stranger
+
+        return body
+
+
+def test_results_from_nodes_are_validated_again_on_the_driver(cluster: Cluster, tmp_path: Path) -> None:
+    """Each broken result becomes an `error` row for its case saying why; the task that sent a
+    non-Result is stopped and its remaining case recorded (issue 11, item 11)."""
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the worker cannot import this test module
+    config = load_config(write_config(tmp_path, "lying", ["cpu"], ["torch"], web=False))
+    plan = plan_suite(config)
+    plan.native.request.batch_sizes = [1, 2, 3, 4]
+    (native,) = plan_jobs(plan)
+    emitted: list[Result] = []
+    started = time.monotonic()
+    stream_jobs(ray, [LyingJob(native.plan, native.spec, native.target)], emitted.append)
+    assert time.monotonic() - started < 50  # stopped at the dict, not after the task's minute
+    assert [(r.case.batch_size, r.status) for r in emitted] == [(1, "error"), (2, "error"), (3, "error"), (4, "error")]
+    for row in emitted:
+        row.validate()  # what reaches the store holds every invariant
+    nan, great, empty, stranger = (r.error or "" for r in emitted)
+    assert "failed validation on the driver: samples_ms must hold finite numbers > 0 (1 do not, e.g. nan)" in nan
+    assert "status 'great' is not one of ok, unsupported" in great
+    assert "status 'ok' needs latency samples" in empty
+    assert "sent a SimpleNamespace, not a Result; stopped, its other results are not trusted" in stranger
+    assert emitted[0].details["ray_node"]["node_id"] == node_offering("cpu")
+    assert emitted[0].samples_ms == [] and emitted[0].weights == "unknown"  # nothing of the broken result is kept
 
 
 def test_missing_ray_and_an_unreachable_cluster_are_input_errors(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -56,3 +56,36 @@ def test_parity_tolerance_depends_on_precision() -> None:
 def test_parity_rejects_shape_disagreement() -> None:
     with pytest.raises(ValueError, match="shape"):
         compare([np.zeros((2, 3))], [np.zeros((3, 2))], "fp32")
+
+
+def test_nan_or_inf_where_the_reference_is_finite_is_a_mismatch_naming_the_output() -> None:
+    """max(0.0, nan) is 0.0: a NaN must never pass as a difference of zero (issue 11, item 1)."""
+    reference = [np.array([[1.0, 2.0], [3.0, 4.0]], dtype=np.float32), np.array([0.5, 0.25], dtype=np.float32)]
+    got = [reference[0].copy(), np.array([np.nan, np.inf], dtype=np.float32)]
+    parity = compare(got, reference, "fp16", names=["last_hidden_state", "pooler_output"])
+    assert not parity.matches and parity.status == "mismatch"
+    assert parity.max_abs_diff is None and parity.max_rel_diff is None  # unbounded, not the finite part's 0.0
+    assert [(n.output, n.nan, n.inf, n.size) for n in parity.non_finite] == [("pooler_output", 1, 1, 2)]
+    expected = "output 'pooler_output': 2 of 2 values non-finite (1 NaN, 1 inf) where the reference is finite"
+    assert parity.error == expected
+    assert parity.details["non_finite_outputs"][0]["output"] == "pooler_output"
+    everywhere = compare([np.full((2, 2), np.nan)], reference[:1], "fp32")  # all NaN: no finite pair at all
+    assert not everywhere.matches and "output '#0': 4 of 4 values non-finite (4 NaN, 0 inf)" in everywhere.error
+    # the reference's own non-finite values: the same value agrees, anything else is counted
+    with_inf = [np.array([np.inf, 1.0, np.nan], dtype=np.float32)]
+    assert compare([with_inf[0].copy()], with_inf, "fp32").matches
+    other = compare([np.array([5.0, 1.0, np.nan])], with_inf, "fp32")
+    assert not other.matches and "1 of 3 values differ where the reference is NaN/inf" in other.error
+    # the tolerance's scale comes from the finite reference values, not from an infinite one
+    assert compare([np.array([np.inf, 1.5, np.nan])], with_inf, "fp32").tolerance == pytest.approx(1e-3 + 1e-3)
+
+
+def test_what_the_samples_cannot_tell_is_none_not_zero() -> None:
+    """Samples of 0 ms (a timer that never advanced) give no items/s and no CV, one sample no spread:
+    None, stored NULL, never 0.0 (issue 11, item 3)."""
+    s = summarize([0.0, 0.0, 0.0], batch_size=4)
+    assert s is not None and s.mean_ms == 0.0 and s.iterations == 3
+    assert s.throughput_per_s is None and s.cv is None and s.noisy is None
+    single = summarize([2.0], batch_size=1)
+    assert single is not None and single.std_ms is None and single.cv is None and single.noisy is None
+    assert single.throughput_per_s == pytest.approx(500.0)

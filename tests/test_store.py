@@ -1,11 +1,13 @@
 """The DuckDB store: schema, per-result commits with samples, and its refusals."""
 
+import json
+import re
 from pathlib import Path
 
 import duckdb
 import pytest
 
-from harness.result import Case, Result, Target
+from harness.result import Case, Result, ResultError, Target
 from harness.store import SCHEMA_VERSION, TABLES, StoreError, init_store, open_store
 
 
@@ -64,3 +66,69 @@ def test_corrupt_file_is_refused_clearly(db: Path) -> None:
     db.write_bytes(b"this is not a database" * 100)
     with pytest.raises(StoreError, match="cannot open"):
         open_store(db)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"samples_ms": [1.0, float("nan")]}, "samples_ms must hold finite numbers > 0 (1 do not, e.g. nan)"),
+        ({"samples_ms": [1.0, 0.0]}, "samples_ms must hold finite numbers > 0"),
+        ({"samples_ms": []}, "status 'ok' needs latency samples"),
+        ({"status": "fine"}, "status 'fine' is not one of ok"),
+        ({"status": "error"}, "status 'error' needs the reason in error"),
+        ({"load_ms": float("inf")}, "load_ms must be a finite number or None (got inf)"),
+        ({"max_abs_diff": float("nan")}, "max_abs_diff must be a finite number or None"),
+        ({"cpu_percent": True}, "cpu_percent must be a finite number or None (got True)"),
+        ({"model": ""}, "model must be a non-empty string"),
+    ],
+)
+def test_a_result_that_breaks_an_invariant_is_refused(changes: dict, message: str) -> None:
+    """Every Result built is checked (issue 11, item 11): no NaN, 0 ms or infinite figure, and no
+    `ok` row without samples, ever reaches the store; results from Ray nodes are checked again."""
+    fields = {
+        "model": "m", "family": "embedding", "weights": "random", "target": Target("cpu", "torch", "cpu"),
+        "case": Case(2, 16, "fp32"), "status": "ok", "samples_ms": [1.0, 2.0], "load_ms": 5.0,
+    } | changes  # fmt: skip
+    with pytest.raises(ResultError, match=re.escape(message)):
+        Result(**fields)
+
+
+def test_older_store_reads_as_migrated_and_is_left_unchanged(tmp_path: Path) -> None:
+    """A schema-1 file (an older accelharness) read by a reading command: every current column is there,
+    with the default its migration gives existing rows, and the file is not changed (no migration, no WAL)."""
+    from conftest import run_cli
+
+    from harness.store import SCHEMA
+
+    db = tmp_path / "v1.duckdb"
+    connection = duckdb.connect(str(db))
+    connection.execute(SCHEMA)
+    connection.execute("INSERT INTO schema_version VALUES (1, now())")
+    connection.execute("INSERT INTO runs (run_id, started_at, status, command) VALUES ('old', now(), 'completed', 'x')")
+    connection.execute(
+        "INSERT INTO results (result_id, run_id, created_at, model, family, weights, hardware, engine, batch_size, "
+        "requested_precision, precision, status) VALUES ('r', 'old', now(), 'm', 'embedding', 'random', 'cpu', "
+        "'torch', 1, 'fp32', 'fp32', 'ok')"
+    )
+    connection.close()
+    before = sorted((p.name, p.read_bytes()) for p in tmp_path.iterdir())
+    sql = "SELECT mode, new_tokens, result_key, suite_id FROM results JOIN runs USING (run_id)"
+    done = run_cli("query", "--sql", sql, "--format", "json", "--db", str(db))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [{"mode": "inference", "new_tokens": None, "result_key": None, "suite_id": None}]
+    with open_store(db, read_only=True) as store:
+        fresh = tmp_path / "fresh.duckdb"
+        with open_store(fresh) as current:
+            for table in TABLES:
+                shape = f"SELECT column_name, column_type FROM (DESCRIBE {table})"
+                assert store.query(shape) == current.query(shape)
+        fresh.unlink()
+    assert sorted((p.name, p.read_bytes()) for p in tmp_path.iterdir()) == before
+
+
+def test_newer_store_is_refused_for_reading_and_writing(db: Path) -> None:
+    with open_store(db) as store:
+        store.connection.execute("INSERT INTO schema_version VALUES (99, now())")
+    for read_only in (True, False):
+        with pytest.raises(StoreError, match=r"written by a newer accelharness \(schema version 99; this one reads"):
+            open_store(db, read_only=read_only)

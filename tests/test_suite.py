@@ -126,7 +126,8 @@ def test_device_groups_keep_host_work_serial() -> None:
 
 
 def test_a_result_is_never_stored_twice(tmp_path: Path) -> None:
-    result = Result("m", "vision", "random", Target("cpu", "torch", "cpu"), Case(1, None, "fp32"), "ok")
+    case = Case(1, None, "fp32")
+    result = Result("m", "vision", "random", Target("cpu", "torch", "cpu"), case, "ok", samples_ms=[1.0])
     with open_store(tmp_path / "d.duckdb") as store:
         run_id = store.start_run("test", {}, {})
         store.add_result(run_id, result, None)

@@ -18,6 +18,7 @@ import pytest
 
 from harness.store import open_store
 from harness.web import driver
+from harness.web.flags import gpu_profile, launch_flags
 from harness.web_api import EpSetting, WebRequest, run_web, validate_web
 
 pytestmark = pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="needs Chromium at /usr/bin/chromium")
@@ -72,8 +73,14 @@ def test_wasm_row_is_measured_and_matches_the_reference(all_eps: tuple) -> None:
     assert details["timer_resolution_ms"] < 0.05  # isolated: 5 µs, not 100 µs
     assert details["browser_version"] and details["browser"] == "chromium" and details["browser_fallback"] is None
     assert details["browser_binary"] == "/usr/lib/chromium/chromium"  # the Debian wrapper is skipped
-    assert details["flags"] == list(driver.BASE_FLAGS)
+    assert details["flags"] == launch_flags(["wasm"], gpu_profile("auto"))  # no GPU here: --gpu auto is off
+    assert (details["gpu_profile"], details["gpu_profile_requested"]) == ("off", "auto")
+    assert "no /dev/dri/renderD*" in details["gpu_profile_reason"]
     assert "--enable-unsafe-webgpu" in details["browser_command_line"]
+    # the launched browser's renderer (and GPU) processes during the timed loop, and the page's own figure
+    assert row["memory_peak_mb"] > 0 and "renderer" in details["memory_covers"]
+    assert set(details["memory_processes"]) == {"renderer", "gpu-process"} and details["memory_samples"] >= 2
+    assert details["page_memory_mb"] > 0 and "measureUserAgentSpecificMemory" in details["page_memory_covers"]
     assert summary.reports and all(p.exists() for p in summary.reports)
 
 
@@ -82,8 +89,10 @@ def test_webgpu_runs_on_swiftshader_flagged_as_fallback(all_eps: tuple) -> None:
     row = rows["webgpu"]
     assert row["status"] == "ok", row["error"]
     details = row["details"]
-    assert details["fallback_adapter"] is True
+    assert details["fallback_adapter"] is True and details["adapter_class"] == "software"
     assert details["adapter"]["architecture"] == "swiftshader"
+    assert details["probed_adapter"]["description"] == details["adapter"]["description"]
+    assert row["memory_peak_mb"] > 0 and details["memory_peak_by_type_mb"]["gpu-process"] > 0
     assert details["node_placement"].get("WebGpuExecutionProvider", 0) > 0
     assert details["wasm_build"] == "ort-wasm-simd-threaded.asyncify.wasm"
 
@@ -125,9 +134,9 @@ def test_wasm_outputs_match_native_onnxruntime(web_cache: Path) -> None:
         await server.start()
         try:
             async with async_playwright() as playwright:
-                session = driver.BrowserSession(
-                    playwright, driver.resolve_browser("chromium"), driver.launch_flags(["wasm"])
-                )
+                profile = gpu_profile("off")
+                source = driver.LocalBrowser(driver.resolve_browser("chromium"), launch_flags(["wasm"], profile))
+                session = driver.BrowserSession(playwright, source, server)
                 try:
                     job = page_job(server, prepared, EpSetting("wasm", 1), Case(1, 32, "fp32"), WebRequest(**QUICK))
                     return await session.run_job(server.page_url, "native-check", job, 60)
@@ -167,6 +176,27 @@ def test_faults_leave_rows_and_the_run_goes_on(web_cache: Path, tmp_path: Path) 
     assert fine["status"] == "ok" and len(samples["wasm:threads=4"]) >= 5
     assert fine["details"]["browser_restarts"] == 2  # once after the hang, once after the kill
     assert fine["details"]["threads_effective"] == 4
+
+
+def test_bad_answers_fail_their_row_only(web_cache: Path, tmp_path: Path) -> None:
+    """A page whose clock stands still (0 ms samples) and one whose facts are malformed: each row an
+    `error` saying why, nothing of its numbers stored, and the run goes on (issue 11, items 3 and 11)."""
+    request = WebRequest(
+        models=["bert-tiny"], hardware=["wasm"], threads=[1, 2, 3], db_path=tmp_path / "a.duckdb", output_dir=None,
+        **QUICK,
+    )  # fmt: skip
+    summary = run_web(request, faults={"wasm:threads=1": "frozen_timer", "wasm:threads=2": "bad_facts"})
+    assert summary.counts == {"error": 2, "ok": 1}
+    run, rows, samples = stored(request.db_path)
+    assert run["status"] == "completed"
+    frozen, malformed, fine = (rows[f"wasm:threads={n}"] for n in (1, 2, 3))
+    assert "is 0 ms: a timer fault, performance.now() did not advance" in frozen["error"], frozen["error"]
+    assert "result.facts.node_placement must be an object of node counts" in malformed["error"], malformed["error"]
+    for failed in (frozen, malformed):
+        assert failed["status"] == "error" and failed["iterations"] is None and failed["throughput_per_s"] is None
+        assert samples[failed["provider"]] == []
+    assert fine["status"] == "ok" and all(s > 0 for s in samples["wasm:threads=3"])
+    assert fine["details"]["load_measured_with"] == "b1_s32_fp32"  # the page's session was loaded for this case
 
 
 def test_threads_dropped_without_cross_origin_isolation(web_cache: Path, tmp_path: Path) -> None:

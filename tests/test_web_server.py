@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import math
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -164,3 +165,49 @@ def test_valid_answers_pass() -> None:
 def test_malformed_answers_are_rejected(bad: object) -> None:
     with pytest.raises(PageResultError):
         validate_page_result(bad, 10)
+
+
+@pytest.mark.parametrize(
+    ("samples", "first_run_ms", "where"),
+    [([1.0, 0.0, 1.2], 5.0, "samples_ms[1]"), ([1.0], 0, "first_run_ms"), ([0.0, 0.0], 0.0, "samples_ms[0]")],
+)
+def test_zero_ms_durations_are_a_timer_fault(samples: list, first_run_ms: float, where: str) -> None:
+    """performance.now() that did not advance across a run measured nothing: the row is an error saying so."""
+    bad = answer(samples_ms=samples, first_run_ms=first_run_ms, facts={"timer_resolution_ms": 0.1})
+    with pytest.raises(PageResultError, match=rf"{re.escape(where)} is 0 ms: a timer fault.*resolution: 0.1 ms"):
+        validate_page_result(bad, 10)
+
+
+@pytest.mark.parametrize(
+    ("facts", "message"),
+    [
+        ({"node_placement": {"CPUExecutionProvider": "many"}}, "facts.node_placement must be an object of node counts"),
+        ({"node_placement": [3]}, "facts.node_placement must be an object of node counts"),
+        ({"console_warnings": "[warn] x"}, "facts.console_warnings must be a list of strings"),
+        ({"console_warnings": [1, 2]}, "facts.console_warnings must be a list of strings"),
+        ({"wasm_files": None}, "facts.wasm_files must be a list of strings"),
+        ({"threads_effective": "4"}, "facts.threads_effective must be an integer >= 0"),
+        ({"threads_dropped": 0}, "facts.threads_dropped must be a boolean"),
+        ({"adapter": "SwiftShader"}, "facts.adapter must be an object or null"),
+        ({"timer_resolution_ms": -1}, "facts.timer_resolution_ms must be a finite number >= 0"),
+        ({"ort_web_version": 1.3}, "facts.ort_web_version must be a string or null"),
+    ],
+)
+def test_malformed_facts_fail_the_answer(facts: dict, message: str) -> None:
+    """Facts are type-checked like the rest of the answer, an error answer's too (issue 11, item 11)."""
+    for bad in (answer(facts=facts), {"status": "error", "error": "boom", "facts": facts}):
+        with pytest.raises(PageResultError, match=re.escape(message)):
+            validate_page_result(bad, 10)
+
+
+def test_well_formed_facts_and_unknown_keys_pass() -> None:
+    facts = {
+        "node_placement": {"WebGpuExecutionProvider": 40, "CPUExecutionProvider": 2},
+        "console_warnings": ["[warn] x"],
+        "adapter": None,
+        "probed_adapter": {"vendor": "google", "isFallbackAdapter": True},
+        "threads_effective": 4,
+        "timer_resolution_ms": 0.005,
+        "a_fact_added_later": {"anything": [1, "two"]},
+    }
+    assert validate_page_result(answer(facts=facts), 10)["facts"] == facts

@@ -1,8 +1,11 @@
-"""Find the browser, launch it headless through Playwright, and run page jobs under a time limit.
+"""Find or reach the browser, open it through Playwright, and run page jobs under a time limit.
 
-The page times everything itself; this module only hands it a job and reads the answer. A page
-that does not answer within the timeout, or a browser that crashes or disconnects, becomes a
-`timeout`/`error` answer and the browser is restarted, so one bad job never ends the run.
+A browser is either launched here (LocalBrowser: the binary, the GPU profile's flags, headless or
+headed) or reached at --browser-endpoint (RemoteBrowser: a Playwright browser server over ws://,
+or a Chromium with remote debugging over http://). The page times everything itself; this module
+only hands it a job and reads the answer. A page that does not answer within the timeout, or a
+browser that crashes or disconnects, becomes a `timeout`/`error` answer and the browser is
+restarted (or reconnected), so one bad job never ends the run.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shutil
 import signal
 import threading
@@ -18,10 +22,15 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import psutil
 
-from harness.web.server import PageResultError, PageServer, SetupError, validate_page_result
+from harness.web.adapter import adapter_name, classify_adapter
+from harness.web.browser_memory import LoopMemory
+from harness.web.eps import WEB_HARDWARE
+from harness.web.flags import GpuProfile, VirtualDisplay, gpu_profile, launch_flags, needs_virtual_display
+from harness.web.server import PageFiles, PageResultError, RoutedPages, SetupError, validate_page_result
 
 BROWSERS = ("chrome", "chromium", "edge")
 CANDIDATES: dict[str, tuple[str, ...]] = {
@@ -33,30 +42,14 @@ CANDIDATES: dict[str, tuple[str, ...]] = {
 # --enable-gpu-rasterization, extensions...); the binary they exec is launched instead, so the flag
 # list recorded with each row is the one the browser got.
 REAL_BINARIES = ("chrome", "msedge", "chromium", "/usr/lib/chromium/chromium", "/usr/lib/chromium-browser/chromium")
-
-BASE_FLAGS = (
-    "--no-sandbox",
-    "--disable-gpu",  # SwiftShader still serves WebGPU with it; drop it (and add Vulkan/ANGLE flags) on a real GPU
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--enable-unsafe-webgpu",
-)
-EP_FLAGS: dict[str, tuple[str, ...]] = {
-    "wasm": (),
-    "webgpu": (),
-    "webnn": ("--enable-features=WebMachineLearningNeuralNetwork",),
-}
-# One bundle per EP, each the import ORT's docs give for it. The wasm EP gets the plain
-# (non-asyncify) build: on bert-tiny the JSEP/asyncify builds ran the same wasm EP 2-6x slower.
-BUNDLES = {"wasm": "ort.wasm.min.mjs", "webgpu": "ort.webgpu.min.mjs", "webnn": "ort.all.min.mjs"}
+ENDPOINT_SCHEMES = {"ws": "connect", "wss": "connect", "http": "connect_over_cdp", "https": "connect_over_cdp"}
 PAGE_READY_MS = 30_000
+CONNECT_TIMEOUT_MS = 30_000
 CLOSE_TIMEOUT_S = 10.0
 KILL_FAULT_DELAY_S = 1.0
 DEATH_GRACE_S = 2.0  # how long a crashed/killed browser may take to finish dying
 PROBE_TIMEOUT_S = 60.0
+LOOP_MARK = "accelharnessLoopMark"  # the binding the page calls at its timed loop's start and end
 
 T = TypeVar("T")
 
@@ -125,13 +118,6 @@ def resolve_browser(browser: str, browser_path: Path | str | None = None) -> Bro
     raise BrowserNotFound(f"no {browser} browser found (looked for {looked}); pass --browser-path")
 
 
-def launch_flags(eps: list[str] | tuple[str, ...]) -> list[str]:
-    flags = list(BASE_FLAGS)
-    for ep in eps:
-        flags += [f for f in EP_FLAGS[ep] if f not in flags]
-    return flags
-
-
 def _browser_processes() -> dict[int, list[str]]:
     """Our descendant browser main processes (Playwright talks to them over a pipe)."""
     found = {}
@@ -143,60 +129,213 @@ def _browser_processes() -> dict[int, list[str]]:
     return found
 
 
-class BrowserSession:
-    """One launched browser and the page the current (EP, threads) setting runs in."""
+class LocalBrowser:
+    """A browser this harness launches: the binary, its flags (GPU profile, EPs, --browser-arg), headless
+    or headed (on a virtual display when the host has none)."""
 
-    def __init__(self, playwright: Any, choice: BrowserChoice, flags: list[str]) -> None:
-        self.playwright = playwright
+    def __init__(
+        self,
+        choice: BrowserChoice,
+        flags: list[str],
+        profile: GpuProfile | None = None,
+        headed: bool = False,
+        browser_args: tuple[str, ...] = (),
+    ) -> None:
         self.choice = choice
         self.flags = flags
-        self.browser: Any = None
-        self.version = ""
+        self.profile = profile or gpu_profile("off")
+        self.headed = headed
+        self.browser_args = browser_args
         self.pid: int | None = None
         self.command_line: list[str] = []
-        self.restarts = 0
-        self._page: Any = None
-        self._page_key: object = None
+        self._display: VirtualDisplay | None = None
 
-    async def start(self) -> None:
+    @property
+    def memory_pid(self) -> int | None:
+        return self.pid
+
+    async def open(self, playwright: Any) -> Any:
+        env = None
+        if self.headed and needs_virtual_display():
+            self._display = VirtualDisplay()
+            env = {**os.environ, "DISPLAY": self._display.start()}
         before = set(_browser_processes())
-        self.browser = await self.playwright.chromium.launch(
-            executable_path=str(self.choice.binary), headless=True, args=self.flags
+        browser = await playwright.chromium.launch(
+            executable_path=str(self.choice.binary), headless=not self.headed, args=self.flags, env=env
         )
-        self.version = self.browser.version
         new = {pid: cmd for pid, cmd in _browser_processes().items() if pid not in before}
         self.pid, self.command_line = next(iter(new.items()), (None, []))
+        return browser
 
-    async def close(self) -> None:
-        self._page, self._page_key = None, None
-        if self.browser is not None:
-            try:
-                await asyncio.wait_for(self.browser.close(), CLOSE_TIMEOUT_S)
-            except Exception:  # a wedged browser: make sure the process is gone
-                self.kill()
-            self.browser = None
+    async def close(self, browser: Any) -> None:
+        try:
+            await asyncio.wait_for(browser.close(), CLOSE_TIMEOUT_S)
+        except Exception:  # a wedged browser: make sure the process is gone
+            self.kill()
+        if self._display is not None:
+            self._display.stop()
+            self._display = None
 
     def kill(self) -> None:
         if self.pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
 
-    def alive(self) -> bool:
+    def alive(self, _browser: Any) -> bool:
         try:
             return self.pid is not None and psutil.Process(self.pid).status() != psutil.STATUS_ZOMBIE
         except psutil.Error:
             return False
 
+    def start_failure(self, exc: BaseException) -> str:
+        return f"the browser failed to start: {_first_line(exc)}"
+
+    def lost(self) -> str:
+        return f"browser process {self.pid} is gone (crashed or killed); "
+
+    restarting = "browser restarted"
+
+    def facts(self) -> dict[str, Any]:
+        display = self._display.display if self._display else os.environ.get("DISPLAY")
+        return {
+            "browser": self.choice.kind,
+            "browser_requested": self.choice.requested,
+            "browser_binary": str(self.choice.binary),
+            "browser_found_as": self.choice.found,
+            "browser_fallback": self.choice.fallback,
+            "flags": self.flags,
+            "browser_args": list(self.browser_args),
+            "browser_command_line": self.command_line,
+            "gpu_profile": self.profile.name,
+            "gpu_profile_requested": self.profile.requested,
+            "gpu_profile_reason": self.profile.reason,
+            "headed": self.headed,
+            "display": (f"Xvfb {display} (virtual, no GPU)" if self._display else display) if self.headed else None,
+        }
+
+
+async def _reported_command_line(browser: Any) -> tuple[list[str] | None, str]:
+    """The command line a browser reports about itself, and where it came from (or why there is none)."""
+    try:
+        cdp = await browser.new_browser_cdp_session()
+        try:
+            answer = await cdp.send("Browser.getBrowserCommandLine")
+            return list(answer["arguments"]), "CDP Browser.getBrowserCommandLine"
+        finally:
+            await cdp.detach()
+    except Exception as exc:  # e.g. "--enable-automation not set": read chrome://version instead
+        cdp_error = _first_line(exc)
+    context = await browser.new_context()
+    try:
+        page = await context.new_page()
+        await page.goto("chrome://version")
+        text = (await page.inner_text("#command_line")).strip()
+        return re.split(r"\s+(?=--)", text), f"chrome://version (CDP said: {cdp_error})"
+    except Exception as exc:
+        return None, f"not reported: CDP said {cdp_error}; chrome://version: {_first_line(exc)}"
+    finally:
+        await context.close()
+
+
+class RemoteBrowser:
+    """A browser somewhere else (a lab machine, a device farm): ws:// is a Playwright browser server
+    (BrowserType.connect), http:// a Chromium with remote debugging (connect_over_cdp). Its flags are its
+    own: the rows record the command line it reports."""
+
+    memory_pid = None  # its processes are not on this machine
+
+    def __init__(self, endpoint: str) -> None:
+        parts = urlsplit(endpoint)
+        self.endpoint = endpoint
+        self.method = ENDPOINT_SCHEMES[parts.scheme]
+        self.host = parts.hostname or "?"
+        # scheme://host:port only: a device farm's endpoint path or query may carry an access key
+        self.shown = f"{parts.scheme}://{self.host}" + (f":{parts.port}" if parts.port else "")
+        self.command_line: list[str] | None = None
+        self.command_line_source = "not asked yet"
+
+    async def open(self, playwright: Any) -> Any:
+        connect = getattr(playwright.chromium, self.method)
+        browser = await connect(self.endpoint, timeout=CONNECT_TIMEOUT_MS)
+        self.command_line, self.command_line_source = await _reported_command_line(browser)
+        return browser
+
+    async def close(self, browser: Any) -> None:
+        """Disconnect (the contexts this harness made are closed); the remote browser keeps running."""
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(browser.close(), CLOSE_TIMEOUT_S)
+
+    def kill(self) -> None:
+        """A remote browser is not ours to kill."""
+
+    def alive(self, browser: Any) -> bool:
+        return browser is not None and browser.is_connected()
+
+    def start_failure(self, exc: BaseException) -> str:
+        return f"cannot connect to the remote browser at {self.shown}: {_first_line(exc)}"
+
+    def lost(self) -> str:
+        return f"the remote browser at {self.shown} disconnected; "
+
+    restarting = "reconnecting for the next job"
+
+    def facts(self) -> dict[str, Any]:
+        return {
+            "browser": "remote",
+            "browser_endpoint": self.shown,
+            "browser_endpoint_host": self.host,
+            "browser_connection": f"Playwright {self.method}",
+            "browser_command_line": self.command_line,
+            "browser_command_line_source": self.command_line_source,
+            "flags": None,  # not ours: see browser_command_line
+            "gpu_profile": None,
+            "gpu_profile_reason": "a remote browser runs with the flags it was started with (browser_command_line)",
+        }
+
+
+BrowserSource = LocalBrowser | RemoteBrowser
+
+
+class BrowserSession:
+    """One browser (launched or remote), the context its pages load from, and the current setting's page."""
+
+    def __init__(self, playwright: Any, source: BrowserSource, files: PageFiles) -> None:
+        self.playwright = playwright
+        self.source = source
+        self.files = files
+        self.browser: Any = None
+        self.context: Any = None
+        self.version = ""
+        self.restarts = 0
+        self._page: Any = None
+        self._page_key: object = None
+        self._adapter: dict[str, Any] | None = None
+        self._memory: LoopMemory | None = None
+        self._memory_result: dict[str, Any] | None = None
+
+    async def start(self) -> None:
+        self.browser = await self.source.open(self.playwright)
+        self.version = self.browser.version
+        self.context = await self.browser.new_context()
+        await self.files.attach(self.context)
+
+    async def close(self) -> None:
+        self._page, self._page_key, self._adapter, self.context = None, None, None, None
+        self._stop_memory()
+        if self.browser is not None:
+            await self.source.close(self.browser)
+            self.browser = None
+
     async def alive_after_failure(self) -> bool:
         """Whether the browser survived a failed call. Playwright sees the pipe close while the kernel is still
         tearing a killed process down, so give it a moment to turn into a zombie before believing it lives."""
         deadline = asyncio.get_running_loop().time() + DEATH_GRACE_S
-        while self.alive() and asyncio.get_running_loop().time() < deadline:
+        while self.source.alive(self.browser) and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.05)
-        return self.alive()
+        return self.source.alive(self.browser)
 
     async def restart(self) -> None:
-        """Close this browser; the next job starts a fresh one (ensure_started)."""
+        """Close this browser; the next job starts (or connects to) a fresh one (ensure_started)."""
         await self.close()
         self.restarts += 1
 
@@ -208,8 +347,10 @@ class BrowserSession:
         try:
             await self.start()
         except Exception as exc:
+            if self.browser is not None:
+                await self.source.close(self.browser)
             self.browser = None
-            return f"the browser failed to start: {_first_line(exc)}"
+            return self.source.start_failure(exc)
         return None
 
     async def page(self, url: str, key: object) -> Any:
@@ -219,52 +360,82 @@ class BrowserSession:
         if self._page is not None:
             with contextlib.suppress(Exception):
                 await self._page.close()
-        self._page = await self.browser.new_page()
+        self._page = await self.context.new_page()
+        if self.source.memory_pid is not None:  # a browser launched here: its memory during the timed loop
+            await self._page.expose_function(LOOP_MARK, self._loop_mark)
         await self._page.goto(url)
         await self._page.wait_for_function("window.accelharnessReady === true", timeout=PAGE_READY_MS)
         self._page_key = key
         return self._page
 
+    def _loop_mark(self, mark: str) -> None:
+        """The page's timed loop starts ('start') or ends ('end'): outside the timed region."""
+        if mark == "start" and self.source.memory_pid is not None:
+            self._stop_memory()
+            self._memory = LoopMemory(self.source.memory_pid)
+            self._memory.start()
+        elif mark == "end" and self._memory is not None:
+            self._memory_result = self._memory.stop()
+            self._memory = None
+
+    def _stop_memory(self) -> None:
+        if self._memory is not None:
+            self._memory.stop()
+            self._memory = None
+
+    async def webgpu_adapter(self) -> dict[str, Any]:
+        """The page's adapterReport() (adapter.info, features, limits), once per browser start."""
+        if self._adapter is None:
+            try:
+                page = await self.page(self.files.page_url, "adapter-probe")
+                report = page.evaluate("() => window.accelharness.adapterReport()")
+                self._adapter = await asyncio.wait_for(report, PROBE_TIMEOUT_S)
+            except Exception as exc:  # the job itself will fail and say why
+                return {"available": False, "error": f"adapter probe failed: {_first_line(exc)}"}
+        return self._adapter
+
     async def run_job(self, url: str, key: object, job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        """The page's validated answer, or a synthesized timeout/error answer (the browser is then restarted)."""
+        """The page's validated answer (with `browser_memory`, the launched browser's peak during the timed
+        loop), or a synthesized timeout/error answer (the browser is then restarted)."""
         problem = await self.ensure_started()
         if problem is not None:
             return _failure("error", problem)
         killer = None
         stage = "loading the benchmark page"
+        self._memory_result = None
         try:
             page = await asyncio.wait_for(self.page(url, key), timeout_s)
             stage = "running the job"
             if job.get("fault") == "kill":  # test-only: SIGKILL the browser while the page is mid-job
-                killer = asyncio.get_running_loop().call_later(KILL_FAULT_DELAY_S, self.kill)
+                killer = asyncio.get_running_loop().call_later(KILL_FAULT_DELAY_S, self.source.kill)
             raw = await asyncio.wait_for(page.evaluate("job => window.accelharness.runJob(job)", job), timeout_s)
         except TimeoutError:
             await self.restart()
-            return _failure("timeout", f"no answer within --timeout {timeout_s:g}s while {stage}; browser restarted")
+            why = f"no answer within --timeout {timeout_s:g}s while {stage}; {self.source.restarting}"
+            return _failure("timeout", why)
         except Exception as exc:  # Playwright's TargetClosedError, 'Target crashed', a page that never loads...
             survived = await self.alive_after_failure()
-            gone = "" if survived else f"browser process {self.pid} is gone (crashed or killed); "
+            gone = "" if survived else self.source.lost()
             await self.restart()
-            return _failure("error", f"the browser failed while {stage}: {gone}{_first_line(exc)}; browser restarted")
+            return _failure(
+                "error", f"the browser failed while {stage}: {gone}{_first_line(exc)}; {self.source.restarting}"
+            )
         finally:
             if killer is not None:
                 killer.cancel()
+            self._stop_memory()  # a loop that never reached its end mark
         try:
-            return validate_page_result(raw, job["max_iterations"])
+            answer = validate_page_result(raw, job["max_iterations"])
         except PageResultError as exc:
             return _failure("error", f"the page's answer failed validation: {exc}")
+        answer["browser_memory"] = self._memory_result
+        return answer
 
     def facts(self) -> dict[str, Any]:
-        return {
-            "browser": self.choice.kind,
-            "browser_requested": self.choice.requested,
+        return self.source.facts() | {
             "browser_version": self.version,
-            "browser_binary": str(self.choice.binary),
-            "browser_found_as": self.choice.found,
-            "browser_fallback": self.choice.fallback,
-            "flags": self.flags,
-            "browser_command_line": self.command_line,
             "browser_restarts": self.restarts,
+            "page_transport": self.files.transport,
         }
 
 
@@ -302,21 +473,19 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
 async def _probe(choice: BrowserChoice, device_type: str) -> dict[str, Any]:
     from playwright.async_api import async_playwright
 
-    server = PageServer()
-    await server.start()
-    try:
-        async with async_playwright() as playwright:
-            session = BrowserSession(playwright, choice, launch_flags(list(EP_FLAGS)))
-            try:
-                await session.start()
-                page = await session.page(server.page_url, "probe")
-                probing = page.evaluate("d => window.accelharness.probe(d)", device_type)
-                facts = await asyncio.wait_for(probing, PROBE_TIMEOUT_S)
-                return facts | session.facts()
-            finally:
-                await session.close()
-    finally:
-        await server.stop()
+    files = RoutedPages()  # no port: the probe page arrives through Playwright's routing
+    async with async_playwright() as playwright:
+        profile = gpu_profile("auto")  # what a run with default options launches
+        source = LocalBrowser(choice, launch_flags(WEB_HARDWARE, profile), profile)
+        session = BrowserSession(playwright, source, files)
+        try:
+            await session.start()
+            page = await session.page(files.page_url, "probe")
+            probing = page.evaluate("d => window.accelharness.probe(d)", device_type)
+            facts = await asyncio.wait_for(probing, PROBE_TIMEOUT_S)
+            return facts | session.facts()
+        finally:
+            await session.close()
 
 
 @cache
@@ -335,22 +504,12 @@ def _webgpu_verdict(facts: dict[str, Any]) -> tuple[bool, str, str | None]:
     webgpu = facts.get("webgpu") or {}
     if not webgpu.get("available"):
         return False, webgpu.get("error") or "no WebGPU adapter", None
-    adapter = webgpu.get("adapter") or {}
-    name = " ".join(str(adapter.get(k)) for k in ("vendor", "architecture", "description") if adapter.get(k))
-    if is_fallback_adapter(adapter):
-        return True, f"adapter {name or '?'} is a fallback/software adapter: correctness only, not GPU speed", name
-    return True, f"adapter {name or '?'}", name
-
-
-def is_fallback_adapter(adapter: dict[str, Any] | None) -> bool:
-    """A software or fallback WebGPU adapter (SwiftShader, llvmpipe, WARP) runs 100-300x slower than a GPU."""
-    if not adapter:
-        return False
-    text = " ".join(str(adapter.get(k, "")) for k in ("vendor", "architecture", "description", "device")).lower()
-    return adapter.get("isFallbackAdapter") is True or any(s in text for s in SOFTWARE_ADAPTERS)
-
-
-SOFTWARE_ADAPTERS = ("swiftshader", "llvmpipe", "lavapipe", "microsoft basic render", "warp")
+    verdict = classify_adapter(webgpu.get("info"))
+    name = adapter_name(webgpu.get("info") or {})
+    if verdict is not None and verdict.software:
+        why = f"a software (fallback) adapter: {verdict.why}"
+        return True, f"adapter '{name}' is {why}; correctness only, not GPU speed", name
+    return True, f"adapter '{name}' (hardware)", name
 
 
 def platform_verdicts(browser: str = "chromium") -> list[tuple[str, bool, str, str | None]]:
@@ -358,7 +517,7 @@ def platform_verdicts(browser: str = "chromium") -> list[tuple[str, bool, str, s
     facts = probe_browser(browser)
     if not facts.get("ok"):
         return [(p, False, facts["error"], None) for p in ("webnn", "webgpu", "wasm")]
-    where = f"{facts['browser']} {facts['browser_version']} ({facts['browser_binary']})"
+    where = f"{facts['browser']} {facts['browser_version']} ({facts['browser_binary']}, --gpu {facts['gpu_profile']})"
     isolated = facts.get("cross_origin_isolated")
     wasm_reason = f"{where}: WebAssembly, crossOriginIsolated={str(isolated).lower()}" + (
         ", threads available" if isolated and facts.get("shared_array_buffer") else ", single thread only"

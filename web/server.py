@@ -1,4 +1,11 @@
-"""The local HTTP server the benchmark page runs from: 127.0.0.1 only, a per-run token, a closed file set.
+"""Where the benchmark page loads from: a closed file set under a per-run token, with COOP/COEP.
+
+Two ways to deliver it, one file set (PageFiles):
+- PageServer: an aiohttp server on 127.0.0.1 (a random port), for a browser launched here.
+- RoutedPages: no port at all. Playwright's request routing answers the page's requests on a
+  fixed https origin (route.fulfill), so a remote browser (--browser-endpoint) that cannot open
+  a connection back to this machine gets the page, ORT-web, the model and the inputs through
+  the Playwright connection itself.
 
 Every response carries COOP/COEP so the page is cross-origin isolated: without it there is no
 SharedArrayBuffer (ORT-web silently drops to one wasm thread) and performance.now() is coarsened
@@ -10,11 +17,13 @@ from __future__ import annotations
 
 import base64
 import math
+import re
 import secrets
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 import numpy as np
 from aiohttp import web
@@ -22,11 +31,13 @@ from aiohttp import web
 PAGE_DIR = Path(__file__).parent / "page"
 DIST_DIR = Path(__file__).parent / "node_modules" / "onnxruntime-web" / "dist"
 SETUP_HINT = "run `make setup` (it runs `cd web && npm ci`)"
+ROUTED_ORIGIN = "https://accelharness.local"  # never resolved: every request to it is answered by a route
 
 MIME_TYPES = {
     ".html": "text/html",
     ".mjs": "text/javascript",
     ".js": "text/javascript",
+    ".json": "application/json",
     ".wasm": "application/wasm",
     ".onnx": "application/octet-stream",
     ".bin": "application/octet-stream",
@@ -56,24 +67,28 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-class PageServer:
-    """Serves /<token>/page/*, /<token>/ort/* and /<token>/job/* (the current job's files)."""
+class PageFiles:
+    """<origin>/<token>/page/*, /<token>/ort/* and /<token>/job/* (the current job's files); nothing else."""
+
+    transport = "none"
 
     def __init__(self, isolate: bool = True) -> None:
         # isolate=False exists to show what happens without cross-origin isolation (threads drop to 1).
         self.isolate = isolate
         self.token = secrets.token_urlsafe(24)
-        self.port = 0
         self._served = {
             "page": {p.name: p for p in PAGE_DIR.iterdir() if p.is_file()},
             "ort": dist_files(),
             "job": {},
         }
-        self._runner: web.AppRunner | None = None
+
+    @property
+    def origin(self) -> str:
+        raise NotImplementedError
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/{self.token}/"
+        return f"{self.origin}/{self.token}/"
 
     @property
     def page_url(self) -> str:
@@ -86,6 +101,52 @@ class PageServer:
                 raise ValueError(f"job file name '{name}' must be a plain file name")
         self._served["job"] = dict(files)
         return {name: f"{self.base_url}job/{name}" for name in files}
+
+    async def start(self) -> None:
+        """Ready to answer (a server binds its port here)."""
+
+    async def stop(self) -> None:
+        """Stop answering."""
+
+    async def attach(self, context: Any) -> None:
+        """Make a Playwright browser context reach the files (routes register here)."""
+
+    def headers(self, name: str | None = None) -> dict[str, str]:
+        """Every response's headers; with a file name, its Content-Type too."""
+        headers = dict(COMMON_HEADERS) | (ISOLATION_HEADERS if self.isolate else {})
+        if name is not None:
+            headers["Content-Type"] = MIME_TYPES.get(Path(unquote(name)).suffix, "application/octet-stream")
+        return headers
+
+    def _lookup(self, raw_path: str) -> tuple[int, Path | bytes | None]:
+        """(HTTP status, what to serve) for a raw request path; decoding is done here, once per layer."""
+        path = raw_path.split("?", 1)[0]
+        decoded = path
+        for _ in range(3):  # catch %2e%2e and %252e%252e alike
+            decoded = unquote(decoded)
+        parts = path.lstrip("/").split("/")
+        if not parts or not secrets.compare_digest(unquote(parts[0]).encode(), self.token.encode()):
+            return 403, None
+        if ".." in decoded.split("/") or "\\" in decoded or len(parts) != 3:
+            return 404, None
+        _, area, name = parts
+        found = self._served.get(area, {}).get(unquote(name))
+        return (200, found) if found is not None else (404, None)
+
+
+class PageServer(PageFiles):
+    """The files over HTTP on 127.0.0.1, for a browser launched on this machine."""
+
+    transport = "local HTTP server on 127.0.0.1"
+
+    def __init__(self, isolate: bool = True) -> None:
+        super().__init__(isolate)
+        self.port = 0
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def origin(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
     async def start(self) -> None:
         app = web.Application()
@@ -109,24 +170,7 @@ class PageServer:
             self._runner = None
 
     async def _add_headers(self, _request: web.Request, response: web.StreamResponse) -> None:
-        response.headers.update(COMMON_HEADERS)
-        if self.isolate:
-            response.headers.update(ISOLATION_HEADERS)
-
-    def _lookup(self, raw_path: str) -> tuple[int, Path | bytes | None]:
-        """(HTTP status, what to serve) for a raw request path; decoding is done here, once per layer."""
-        path = raw_path.split("?", 1)[0]
-        decoded = path
-        for _ in range(3):  # catch %2e%2e and %252e%252e alike
-            decoded = unquote(decoded)
-        parts = path.lstrip("/").split("/")
-        if not parts or not secrets.compare_digest(unquote(parts[0]).encode(), self.token.encode()):
-            return 403, None
-        if ".." in decoded.split("/") or "\\" in decoded or len(parts) != 3:
-            return 404, None
-        _, area, name = parts
-        found = self._served.get(area, {}).get(unquote(name))
-        return (200, found) if found is not None else (404, None)
+        response.headers.update(self.headers())
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         status, found = self._lookup(request.raw_path)
@@ -134,11 +178,62 @@ class PageServer:
             return web.Response(status=403, text="forbidden: missing or wrong token\n")
         if found is None:
             return web.Response(status=404, text="not found\n")
-        name = request.raw_path.split("?", 1)[0].rsplit("/", 1)[-1]
-        content_type = MIME_TYPES.get(Path(unquote(name)).suffix, "application/octet-stream")
+        headers = self.headers(request.raw_path.split("?", 1)[0].rsplit("/", 1)[-1])
         if isinstance(found, bytes):
-            return web.Response(body=found, content_type=content_type)
-        return web.FileResponse(found, headers={"Content-Type": content_type})
+            return web.Response(body=found, content_type=headers["Content-Type"])
+        return web.FileResponse(found, headers={"Content-Type": headers["Content-Type"]})
+
+
+class RoutedPages(PageFiles):
+    """The files through Playwright's request routing on ROUTED_ORIGIN: no port is opened anywhere.
+
+    One route.fulfill carries its whole body in one DevTools message, and Chromium takes time
+    quadratic in its size to read one (measured over CDP: 2 MB 1 s, 8 MB 10 s, 20 MB > 20 s), so
+    the page asks for large files in byte ranges of CHUNK_BYTES (page_url's ?chunk=), answered 206.
+    """
+
+    transport = f"Playwright request routing on {ROUTED_ORIGIN} (no local port)"
+    CHUNK_BYTES = 512 * 1024  # ~6 MB/s over CDP on this machine, against ~1 MB/s for 8 MB in one piece
+
+    @property
+    def origin(self) -> str:
+        return ROUTED_ORIGIN
+
+    @property
+    def page_url(self) -> str:
+        return f"{self.base_url}page/index.html?chunk={self.CHUNK_BYTES}"
+
+    async def attach(self, context: Any) -> None:
+        await context.route(f"{ROUTED_ORIGIN}/**", self._fulfill)
+
+    async def _fulfill(self, route: Any) -> None:
+        path = urlsplit(route.request.url).path
+        status, found = self._lookup(path)
+        if found is None:
+            text = "forbidden: missing or wrong token\n" if status == 403 else "not found\n"
+            await route.fulfill(status=status, headers=self.headers(), body=text)
+            return
+        headers = self.headers(path.rsplit("/", 1)[-1])
+        wanted = RANGE.fullmatch(route.request.headers.get("range", ""))
+        if wanted is None:
+            body = {"body": found} if isinstance(found, bytes) else {"path": str(found)}
+            await route.fulfill(status=200, headers=headers, **body)
+            return
+        size = len(found) if isinstance(found, bytes) else found.stat().st_size
+        start, end = int(wanted.group(1)), min(int(wanted.group(2)), size - 1)
+        headers["Content-Range"] = f"bytes {start}-{end}/{size}"
+        await route.fulfill(status=206, headers=headers, body=_read_range(found, start, end + 1))
+
+
+RANGE = re.compile(r"bytes=(\d+)-(\d+)")
+
+
+def _read_range(found: Path | bytes, start: int, end: int) -> bytes:
+    if isinstance(found, bytes):
+        return found[start:end]
+    with found.open("rb") as handle:
+        handle.seek(start)
+        return handle.read(end - start)
 
 
 # --- what the page returns ------------------------------------------------------------------------
@@ -165,10 +260,59 @@ def _require(obj: dict[str, Any], key: str, kinds: tuple[type, ...], where: str 
     return value
 
 
-def _finite_ms(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-        raise PageResultError(f"{name} must be a finite number >= 0 (got {value!r})")
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _timed_ms(value: Any, name: str, timer_resolution_ms: Any) -> float:
+    """A duration from performance.now(): finite and > 0. Every run takes time, so 0 ms means the
+    clock did not advance across it: a timer fault (too coarse for the work, or frozen), not a figure."""
+    if not _is_number(value) or value < 0:
+        raise PageResultError(f"{name} must be a finite number > 0 (got {value!r})")
+    if value == 0:
+        resolution = f"{timer_resolution_ms:g} ms" if _is_number(timer_resolution_ms) else "unknown"
+        raise PageResultError(
+            f"{name} is 0 ms: a timer fault, performance.now() did not advance across the run (its resolution: "
+            f"{resolution}); nothing was measured"
+        )
     return float(value)
+
+
+# The facts the page reports (web/page/runner.mjs), checked like the rest of its answer: reports and
+# the matrix compute with them. (what a valid value is, in words; the check). Keys not listed pass as
+# they are (plain JSON values).
+FactCheck = tuple[str, Callable[[Any], bool]]
+_BOOLEAN: FactCheck = ("a boolean", lambda v: isinstance(v, bool))
+_COUNT: FactCheck = ("an integer >= 0", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0)
+_MS: FactCheck = ("a finite number >= 0", lambda v: _is_number(v) and v >= 0)
+_TEXT: FactCheck = ("a string", lambda v: isinstance(v, str))
+_OPTIONAL_TEXT: FactCheck = ("a string or null", lambda v: v is None or isinstance(v, str))
+_TEXTS: FactCheck = ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v))
+_OBJECT: FactCheck = ("an object or null", lambda v: v is None or isinstance(v, dict))
+_COUNTS: FactCheck = (
+    "an object of node counts (integers >= 0)",
+    lambda v: isinstance(v, dict) and all(_COUNT[1](n) for n in v.values()),
+)
+FACT_CHECKS: dict[str, FactCheck] = {
+    **dict.fromkeys(
+        ("cross_origin_isolated", "shared_array_buffer", "webassembly", "webgpu_api", "webnn_api", "threads_dropped"),
+        _BOOLEAN,
+    ),
+    **dict.fromkeys(("hardware_concurrency", "threads_requested", "threads_effective"), _COUNT),
+    **dict.fromkeys(("timer_resolution_ms", "runtime_init_ms", "fetch_ms"), _MS),
+    **dict.fromkeys(("user_agent", "bundle", "placement_method", "load_measured_with"), _TEXT),
+    **dict.fromkeys(("ort_web_version", "ort_common_version", "ep_check", "wasm_binary"), _OPTIONAL_TEXT),
+    **dict.fromkeys(("wasm_files", "input_names", "output_names", "console_warnings"), _TEXTS),
+    **dict.fromkeys(("probed_adapter", "adapter", "page_memory"), _OBJECT),
+    "device_features": ("a list of strings or null", lambda v: v is None or _TEXTS[1](v)),
+    "node_placement": _COUNTS,
+}
+
+
+def _check_facts(facts: dict[str, Any]) -> None:
+    for key, (valid, check) in FACT_CHECKS.items():
+        if key in facts and not check(facts[key]):
+            raise PageResultError(f"result.facts.{key} must be {valid} (got {facts[key]!r:.200})")
 
 
 def _check_outputs(outputs: Any) -> None:
@@ -188,22 +332,26 @@ def _check_outputs(outputs: Any) -> None:
 
 
 def validate_page_result(result: Any, max_samples: int) -> dict[str, Any]:
-    """Check the page's answer: required keys, types, finite numbers, sample-count bounds."""
+    """Check the page's answer: required keys, types (facts included), durations finite and > 0,
+    sample-count bounds. A failure makes that job's row an `error` naming what was wrong."""
     if not isinstance(result, dict):
         raise PageResultError(f"the page returned {type(result).__name__}, not an object")
     status = _require(result, "status", (str,))
     if status not in RESULT_STATUSES:
         raise PageResultError(f"result.status '{status}' is not one of {RESULT_STATUSES}")
-    _require(result, "facts", (dict,))
+    facts = _require(result, "facts", (dict,))
+    _check_facts(facts)
     if status != "ok":
-        _require(result, "error", (str,))
+        if not _require(result, "error", (str,)).strip():
+            raise PageResultError(f"a '{status}' result must say why (result.error is empty)")
         return result
     samples = _require(result, "samples_ms", (list,))
     if not 1 <= len(samples) <= max_samples:
         raise PageResultError(f"result has {len(samples)} samples; expected 1..{max_samples}")
-    result["samples_ms"] = [_finite_ms(s, "samples_ms[]") for s in samples]
+    resolution = facts.get("timer_resolution_ms")
+    result["samples_ms"] = [_timed_ms(s, f"samples_ms[{i}]", resolution) for i, s in enumerate(samples)]
     for key in ("first_run_ms", "load_ms"):
-        result[key] = _finite_ms(_require(result, key, (int, float)), key)
+        result[key] = _timed_ms(_require(result, key, (int, float)), key, resolution)
     _check_outputs(result.get("outputs"))
     return result
 

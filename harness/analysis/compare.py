@@ -1,6 +1,7 @@
 """`accelharness compare A B`: per benchmark case, did run B get slower or faster than run A?
 
-Cases match on (model, hardware, engine, provider, batch_size, seq_len, precision). For a case
+Cases match on (model, hardware, engine, provider, batch_size, seq_len, precision, mode, new_tokens):
+an inference row is never compared with a training step or a generate() call. For a case
 measured in both runs (status ok or mismatch) the effect is the ratio of medians B/A of the raw
 samples, with a 95% percentile-bootstrap CI (scipy.stats.bootstrap, 2000 resamples of each run's
 samples independently, fixed seed) and a two-sided Mann-Whitney U p-value. With threshold t:
@@ -40,23 +41,22 @@ import numpy as np
 from scipy import stats
 
 from harness.analysis.query import AnalysisError, Table, render_table
-from harness.report.data import case_label, target_label
+from harness.report.data import case_label, mode_of, target_label
+from harness.result import MEASURED
 from harness.store import Store, StoreError, open_store
 
-KEY = ("model", "hardware", "engine", "provider", "batch_size", "seq_len", "precision")
+KEY = ("model", "hardware", "engine", "provider", "batch_size", "seq_len", "precision", "mode", "new_tokens")
+
+
+def case_fields(row: dict[str, Any]) -> dict[str, Any]:
+    """What identifies a case across runs: KEY's values (generate rows differ by their new tokens too)."""
+    return {k: row.get(k) for k in KEY} | {"mode": mode_of(row)}
 
 
 def case_key(row: dict[str, Any]) -> tuple:
-    """KEY plus the benchmark mode where the store has one (inference vs generation rows must not collide)."""
-    return (*(row[k] for k in KEY), row.get("mode"))
+    return tuple(case_fields(row).values())
 
 
-def case_text(row: dict[str, Any]) -> str:
-    mode = row.get("mode")
-    return case_label(row) + (f" {mode}" if mode and mode != "inference" else "")
-
-
-MEASURED = ("ok", "mismatch")
 FORMATS = ("md", "json", "html")
 ALPHA = 0.05
 CI_WIDTH_FACTOR = 4.0
@@ -75,6 +75,8 @@ class ComparisonRow:
     batch_size: int
     seq_len: int | None
     precision: str
+    mode: str
+    new_tokens: int | None
     target: str
     case: str
     status_a: str | None
@@ -242,9 +244,9 @@ def _row(
     base = rb or ra
     assert base is not None
     row = ComparisonRow(
-        **{k: base[k] for k in KEY},
+        **case_fields(base),
         target=target_label(base),
-        case=case_text(base),
+        case=case_label(base),
         status_a=ra["status"] if ra else None,
         status_b=rb["status"] if rb else None,
         verdict="",

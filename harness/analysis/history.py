@@ -1,6 +1,6 @@
 """`accelharness history --model M`: one metric over runs, per series, with step changes flagged.
 
-A series is one case (model, hardware, engine, provider, batch_size, seq_len, precision); its
+A series is one case (model, hardware, engine, provider, batch_size, seq_len, precision, mode, new_tokens); its
 points are that case's rows, one per run, ordered by the run's started_at. Only measured rows
 (status ok or mismatch) carry a value and serve as baseline; the others are listed with their status.
 
@@ -31,9 +31,10 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from harness.analysis.compare import ALPHA, KEY, MEASURED, case_key, case_text
+from harness.analysis.compare import ALPHA, case_fields, case_key
 from harness.analysis.query import AnalysisError, Table, render_table
-from harness.report.data import target_label
+from harness.report.data import case_label, target_label
+from harness.result import MEASURED
 from harness.stats import nearest_rank
 from harness.store import Store, open_store
 
@@ -114,7 +115,7 @@ def _group(store: Store, rows: list[dict[str, Any]], metric: str) -> list[tuple[
     for row in rows:
         key = case_key(row)
         if key not in grouped:
-            series = Series(row["model"], target_label(row), case_text(row), {k: row[k] for k in KEY})
+            series = Series(row["model"], target_label(row), case_label(row), case_fields(row))
             grouped[key] = (series, {})
         measured = row["status"] in MEASURED
         value = _value(store, row, metric) if measured else None

@@ -2,7 +2,9 @@
 
 Rows are model families and models; columns are targets (hardware/engine, e.g. cpu/onnxruntime,
 wasm/onnxruntime-web; an engine that is its own platform, OpenVINO, adds the device:
-openvino/openvino:CPU). The latest result per (model, target, case) counts, where a case is the batch
+openvino/openvino:CPU). Training and generation results get columns of their own, e.g. `cpu/torch
+(training)`: whether a target can take an optimizer step says nothing about its inference, and the
+other way round. The latest result per (model, target, case) counts, where a case is the batch
 size, sequence length, requested precision and provider. A cell's class is the most serious class
 among its cases (SEVERITY), and its rating comes from the geometric mean, over the cell's ok cases, of
 cpu/torch p50 ÷ target p50 for the same model and inputs (RATING_THRESHOLDS). Every cell lists its
@@ -21,7 +23,8 @@ from typing import Any
 
 from scipy.stats import gmean
 
-from harness.report.data import ALL_RUNS, BASELINE, baselines, case_key, case_label, details_of, flags, speedup
+from harness.report.data import ALL_RUNS, BASELINE, baselines, case_key, case_label, details_of, flags, mode_of, speedup
+from harness.result import MODES
 from harness.store import open_store
 
 MATRIX_JSON, MATRIX_MD = "compatibility_matrix.json", "compatibility_matrix.md"
@@ -71,8 +74,16 @@ UNSUPPORTED_OP_PATTERNS = [
 
 
 def matrix_target(row: dict[str, Any]) -> str:
+    """The row's column: the target, and the mode when it is not inference."""
     label = f"{row['hardware']}/{row['engine']}"
-    return f"{label}:{row['provider']}" if row["hardware"] == row["engine"] and row.get("provider") else label
+    label = f"{label}:{row['provider']}" if row["hardware"] == row["engine"] and row.get("provider") else label
+    mode = mode_of(row)
+    return label if mode == "inference" else f"{label} ({mode})"
+
+
+def _column_order(row: dict[str, Any]) -> tuple[int, bool, str]:
+    """Inference columns first, then each mode's; within a mode, cpu/torch first."""
+    return (MODES.index(mode_of(row)), (row["hardware"], row["engine"]) != BASELINE, matrix_target(row))
 
 
 def classify(row: dict[str, Any]) -> str:
@@ -156,7 +167,8 @@ def build_matrix(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The matrix (plain data, as written to compatibility_matrix.json) from result rows of the store."""
     rows = latest_results(rows)
     base = baselines(rows)
-    targets = sorted({matrix_target(r) for r in rows}, key=lambda t: (t != BASELINE_LABEL, t))
+    targets = [column for *_, column in sorted({_column_order(r) for r in rows})]
+    baseline_columns = {matrix_target(r) for r in rows if (r["hardware"], r["engine"]) == BASELINE}
     by_model: dict[tuple[str, str], dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     by_family: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for row in sorted(rows, key=lambda r: (r["batch_size"], r["seq_len"] or 0, str(r["provider"]))):
@@ -164,7 +176,7 @@ def build_matrix(rows: list[dict[str, Any]]) -> dict[str, Any]:
         by_family[row["family"]][matrix_target(row)].append(row)
 
     def cells(groups: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-        return {t: asdict(_cell(groups[t], base, t == BASELINE_LABEL)) for t in targets if t in groups}
+        return {t: asdict(_cell(groups[t], base, t in baseline_columns)) for t in targets if t in groups}
 
     return {
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -208,7 +220,8 @@ def matrix_markdown(matrix: dict[str, Any]) -> str:
         "# Compatibility Matrix",
         "",
         f"From {matrix['results']} measured results (the latest per model, target and case) of "
-        f"{len(matrix['runs'])} run(s); generated {matrix['generated_at']}.",
+        f"{len(matrix['runs'])} run(s); generated {matrix['generated_at']}. Training and generation "
+        "results have their own columns, `target (mode)`.",
         f"Rating: speedup vs {matrix['baseline']} p50 on the same model and inputs ({thresholds}, low below).",
         "",
     ]

@@ -108,17 +108,17 @@ def _from_regressed(target: str, row: dict[str, Any], value: float) -> float:
     return row["batch_size"] / value if target == "throughput_per_s" else value
 
 
-def training_rows(db_path: Path) -> list[dict[str, Any]]:
-    """Every ok row with a known parameter count (inference mode)."""
+def training_rows(db_path: Path, mode: str = "inference") -> list[dict[str, Any]]:
+    """Every ok row of one mode with a known parameter count: a training step or a generate() call
+    is not a forward pass, so each mode is learned from its own rows only."""
     sql = f"""
         SELECT model, family, hardware, engine, provider, precision, batch_size, seq_len,
                CAST(details->>'$.parameters' AS BIGINT) AS parameters, {", ".join(TARGETS)}
         FROM results
-        WHERE status = 'ok' AND details->>'$.parameters' IS NOT NULL
-          AND coalesce(details->>'$.mode', 'inference') = 'inference'
+        WHERE status = 'ok' AND details->>'$.parameters' IS NOT NULL AND mode = ?
     """
     with open_store(db_path, read_only=True) as store:
-        return [r for r in store.query(sql) if all(r[t] and r[t] > 0 for t in TARGETS)]
+        return [r for r in store.query(sql, [mode]) if all(r[t] and r[t] > 0 for t in TARGETS)]
 
 
 class Predictor:

@@ -151,14 +151,14 @@ LATEST_COLUMNS = [
 
 BEST_SQL = """
 WITH ranked AS (
-    SELECT model, batch_size, seq_len, precision, hardware, engine, provider, latency_p50_ms, noisy,
-           row_number() OVER w_sorted AS rank, count(*) OVER w AS ok_targets,
+    SELECT model, mode, new_tokens, batch_size, seq_len, precision, hardware, engine, provider, latency_p50_ms,
+           noisy, row_number() OVER w_sorted AS rank, count(*) OVER w AS ok_targets,
            max(latency_p50_ms) OVER w AS slowest_p50_ms
     FROM results WHERE run_id = ? AND status = 'ok'
-    WINDOW w AS (PARTITION BY model, batch_size, seq_len, precision),
+    WINDOW w AS (PARTITION BY model, mode, new_tokens, batch_size, seq_len, precision),
            w_sorted AS (w ORDER BY latency_p50_ms, hardware, engine, provider)
 )
-SELECT * EXCLUDE (rank) FROM ranked WHERE rank = 1 ORDER BY model, batch_size, seq_len, precision
+SELECT * EXCLUDE (rank) FROM ranked WHERE rank = 1 ORDER BY model, mode, new_tokens, batch_size, seq_len, precision
 """
 
 
@@ -173,23 +173,25 @@ def _best_hardware(store: Any, run_id: str) -> Table:
     rows = store.query(BEST_SQL, [run_id])
     for row in rows:
         row["target"] = target_label(row)
-    columns = ["model", "batch_size", "seq_len", "precision", "target", "latency_p50_ms", "noisy", "ok_targets"]
-    note = "Fastest target with status ok by median latency, per model and case."
+    columns = ["model", "mode", "batch_size", "seq_len", "precision", "target", "latency_p50_ms", "noisy", "ok_targets"]
+    note = "Fastest target with status ok by median latency, per model, mode and case."
     return Table(f"Best hardware in run {run_id}", [*columns, "slowest_p50_ms"], rows, [note])
 
 
 def _compatibility(store: Any, run_id: str) -> Table:
     counts = store.query(
-        "SELECT family, hardware, engine, provider, status, count(*) AS n FROM results WHERE run_id = ? "
-        "GROUP BY ALL ORDER BY family, hardware, engine, provider",
+        "SELECT family, mode, hardware, engine, provider, status, count(*) AS n FROM results WHERE run_id = ? "
+        "GROUP BY ALL ORDER BY family, mode, hardware, engine, provider",
         [run_id],
     )
-    table: dict[tuple[str, str], dict[str, Any]] = {}
+    table: dict[tuple[str, str, str], dict[str, Any]] = {}
     for row in counts:
-        key = (row["family"], target_label(row))
-        entry = table.setdefault(key, {"family": key[0], "target": key[1], **dict.fromkeys(STATUSES, 0)})
+        key = (row["family"], row["mode"], target_label(row))
+        entry = table.setdefault(
+            key, {"family": key[0], "mode": key[1], "target": key[2], **dict.fromkeys(STATUSES, 0)}
+        )
         entry[row["status"]] = entry.get(row["status"], 0) + row["n"]
-    return Table(f"Compatibility in run {run_id}", ["family", "target", *STATUSES], list(table.values()))
+    return Table(f"Compatibility in run {run_id}", ["family", "mode", "target", *STATUSES], list(table.values()))
 
 
 def _regressions(db_path: Path, threshold: float) -> Table:

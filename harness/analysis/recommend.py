@@ -35,6 +35,8 @@ TASK_FAMILIES = {
     "image-to-text": "multimodal",
 }
 SIZE_CLASSES = ((100e6, "small"), (1e9, "medium"), (float("inf"), "large"))
+# A generate() call's time depends on how many tokens it makes, which the predictor does not model.
+RECOMMEND_MODES = ("inference", "training")
 
 
 @dataclass(frozen=True)
@@ -71,16 +73,15 @@ class Recommendation:
     weights: ScoreWeights
 
 
-def _latest_rows(db_path: Path, models: list[str]) -> list[dict[str, Any]]:
-    """The latest row per (model, target, batch, seq) for these models, any status."""
+def _latest_rows(db_path: Path, models: list[str], mode: str) -> list[dict[str, Any]]:
+    """The latest row per (model, target, batch, seq, precision) of one mode for these models, any status."""
     sql = """
-        SELECT * FROM results WHERE model IN (SELECT unnest(?))
-          AND coalesce(details->>'$.mode', 'inference') = 'inference'
+        SELECT * FROM results WHERE model IN (SELECT unnest(?)) AND mode = ?
         QUALIFY row_number() OVER (PARTITION BY model, hardware, engine, provider, batch_size, seq_len, precision
                                    ORDER BY created_at DESC) = 1
     """
     with open_store(db_path, read_only=True) as store:
-        return store.query(sql, [models])
+        return store.query(sql, [models, mode])
 
 
 def _family_models(db_path: Path, family: str) -> list[str]:
@@ -117,10 +118,16 @@ def _measured_candidates(rows: list[dict[str, Any]], batch: int) -> tuple[dict[t
 
 
 def _predicted_candidates(
-    db_path: Path, model: str, batch: int, seq: int | None, known: set[tuple], family_compat: dict[tuple, float]
+    db_path: Path,
+    model: str,
+    batch: int,
+    seq: int | None,
+    mode: str,
+    known: set[tuple],
+    family_compat: dict[tuple, float],
 ) -> tuple[dict[tuple, Candidate], list[str]]:
     try:
-        predictor = Predictor(training_rows(db_path))
+        predictor = Predictor(training_rows(db_path, mode))
     except InsufficientData as exc:
         return {}, [f"no predictions: {exc}"]
     family, parameters = model_facts(db_path, model)
@@ -159,8 +166,8 @@ def _score(candidates: list[Candidate], weights: ScoreWeights) -> None:
         ) / total
 
 
-def _family_compatibility(db_path: Path, family: str) -> dict[tuple, float]:
-    rows = _latest_rows(db_path, _family_models(db_path, family))
+def _family_compatibility(db_path: Path, family: str, mode: str) -> dict[tuple, float]:
+    rows = _latest_rows(db_path, _family_models(db_path, family), mode)
     shares: dict[tuple, list[bool]] = {}
     for r in rows:
         shares.setdefault((r["hardware"], r["engine"], r["provider"]), []).append(r["status"] == "ok")
@@ -178,19 +185,26 @@ def recommend(
     hardware: list[str] | None = None,
     weights: ScoreWeights | None = None,
 ) -> Recommendation:
-    """Rank the targets for a model (or a family's measured models) at a batch size."""
+    """Rank the targets for a model (or a family's measured models) at a batch size, from the rows
+    of one mode (inference or training) only."""
     weights = weights or ScoreWeights()
-    if mode != "inference":
-        raise InsufficientData(f"no {mode}-mode measurements in the store to recommend from")
+    if mode not in RECOMMEND_MODES:
+        raise ValueError(f"recommend ranks one of the modes {', '.join(RECOMMEND_MODES)}, not '{mode}'")
     family = family or (TASK_FAMILIES.get(task) if task else None)
     if model is None and family is None:
         raise ValueError(f"give --model, --model-family or a known --task ({', '.join(sorted(TASK_FAMILIES))})")
     models = [model] if model else _family_models(db_path, family or "")
-    candidates, excluded = _measured_candidates(_latest_rows(db_path, models), batch_size)
+    candidates, excluded = _measured_candidates(_latest_rows(db_path, models, mode), batch_size)
     if model is not None:
         family = family or model_facts(db_path, model)[0]
         predicted, notes = _predicted_candidates(
-            db_path, model, batch_size, seq_len, set(candidates), _family_compatibility(db_path, family)
+            db_path,
+            model,
+            batch_size,
+            seq_len,
+            mode,
+            set(candidates),
+            _family_compatibility(db_path, family, mode),
         )
         candidates |= predicted
         excluded += notes
@@ -217,13 +231,16 @@ def selection_map(db_path: Path, weights: ScoreWeights | None = None) -> dict[st
     """family × size class × batch × mode → the recommended target, from the store's measured models."""
     with open_store(db_path, read_only=True) as store:
         combos = store.query(
-            "SELECT DISTINCT family, model, CAST(details->>'$.parameters' AS BIGINT) AS parameters, batch_size "
-            "FROM results WHERE status = 'ok' AND details->>'$.parameters' IS NOT NULL ORDER BY ALL"
+            "SELECT DISTINCT family, model, CAST(details->>'$.parameters' AS BIGINT) AS parameters, batch_size, "
+            "mode FROM results WHERE status = 'ok' AND details->>'$.parameters' IS NOT NULL "
+            "AND mode IN (SELECT unnest(?)) ORDER BY ALL",
+            [list(RECOMMEND_MODES)],
         )
     selection: dict[str, Any] = {}
     for combo in combos:
-        result = recommend(db_path, model=combo["model"], batch_size=combo["batch_size"], weights=weights)
-        key = f"{combo['family']}/{size_class(combo['parameters'])}/batch{combo['batch_size']}/inference"
+        batch, mode = combo["batch_size"], combo["mode"]
+        result = recommend(db_path, model=combo["model"], batch_size=batch, mode=mode, weights=weights)
+        key = f"{combo['family']}/{size_class(combo['parameters'])}/batch{batch}/{mode}"
         selection.setdefault(key, {})[combo["model"]] = (
             {"target": result.primary.target, "score": round(result.primary.score, 3), "source": result.primary.source}
             if result.primary

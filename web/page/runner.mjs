@@ -3,6 +3,14 @@
 // Everything timed is timed here with performance.now(); Python only sends jobs and reads answers.
 
 const ORT_BASE = new URL('../ort/', import.meta.url).href;
+// The one table of browser EPs (web/page/eps.json, read by Python too): bundle, setup, placement, check.
+const EPS = await (await fetch(new URL('eps.json', import.meta.url))).json();
+const PAGE_MEMORY_TIMEOUT_MS = 2000;
+// Set (?chunk=BYTES) when files arrive through Playwright's routing from a remote browser: one large
+// route.fulfill over a DevTools connection takes time quadratic in its size (8 MB: 10 s), so large
+// files are fetched as byte ranges of this size instead.
+const CHUNK_BYTES = Number(new URLSearchParams(location.search).get('chunk') ?? 0);
+const PARALLEL_RANGES = 4;
 const LOG_LIMIT = 5000;
 const logs = [];
 captureConsole();
@@ -25,20 +33,6 @@ const TYPED_ARRAYS = {
   uint16: Uint16Array,
   uint8: Uint8Array,
   bool: Uint8Array,
-};
-
-// How the page makes sure the EP it asked for is the one that ran (ORT-web does not say so itself).
-const EP_CHECKS = {
-  wasm:
-    "executionProviders: ['wasm'] only; ort.env.wasm.numThreads read back after start-up " +
-    '(ORT resets it to 1 when it cannot start threads)',
-  webgpu:
-    "navigator.gpu.requestAdapter() probed first; executionProviders: ['webgpu'] only (with one EP, ORT-web " +
-    "fails instead of switching backends); adapterInfo of ORT's own GPUDevice read back; node placement from " +
-    "ORT's verbose log",
-  webnn:
-    "navigator.ml.createContext({deviceType}) made here and handed to ORT as the session's MLContext; " +
-    "executionProviders: ['webnn'] only; node placement from ORT's verbose log",
 };
 
 let ort = null;
@@ -76,15 +70,39 @@ function fromBase64(text) {
   return Uint8Array.from(atob(text), (c) => c.charCodeAt(0));
 }
 
+async function fetchRange(url, start, end) {
+  const response = await fetch(url, { headers: { Range: `bytes=${start}-${end - 1}` } });
+  if (!response.ok) throw new Error(`GET ${url} (bytes ${start}-${end - 1}) answered ${response.status}`);
+  return response;
+}
+
 async function fetchBytes(url) {
-  const response = await fetch(url);
-  if (!response.ok) throw new Error(`GET ${url} answered ${response.status}`);
-  return new Uint8Array(await response.arrayBuffer());
+  if (!CHUNK_BYTES) {
+    const response = await fetch(url);
+    if (!response.ok) throw new Error(`GET ${url} answered ${response.status}`);
+    return new Uint8Array(await response.arrayBuffer());
+  }
+  const first = await fetchRange(url, 0, CHUNK_BYTES);
+  const head = new Uint8Array(await first.arrayBuffer());
+  if (first.status !== 206) return head; // the whole file in one answer
+  const bytes = new Uint8Array(Number(first.headers.get('Content-Range').split('/')[1]));
+  bytes.set(head, 0);
+  const starts = [];
+  for (let start = CHUNK_BYTES; start < bytes.length; start += CHUNK_BYTES) starts.push(start);
+  for (let i = 0; i < starts.length; i += PARALLEL_RANGES) {
+    const batch = starts.slice(i, i + PARALLEL_RANGES).map(async (start) => {
+      const part = await fetchRange(url, start, Math.min(start + CHUNK_BYTES, bytes.length));
+      bytes.set(new Uint8Array(await part.arrayBuffer()), start);
+    });
+    await Promise.all(batch);
+  }
+  return bytes;
 }
 
 function adapterInfo(info) {
   if (!info) return null;
-  const fields = ['vendor', 'architecture', 'device', 'description', 'isFallbackAdapter', 'subgroupMinSize'];
+  // type, driver and backend exist with --enable-webgpu-developer-features (the harness's launches set it)
+  const fields = ['vendor', 'architecture', 'device', 'description', 'isFallbackAdapter', 'type', 'driver', 'backend'];
   return Object.fromEntries(fields.filter((k) => info[k] !== undefined).map((k) => [k, info[k]]));
 }
 
@@ -126,6 +144,18 @@ async function requestAdapter() {
   return { adapter, info };
 }
 
+// What decides what can run on the adapter: its own description, every feature, the size limits.
+export async function adapterReport() {
+  try {
+    const { adapter, info } = await requestAdapter();
+    const limits = { maxBufferSize: adapter.limits.maxBufferSize };
+    limits.maxStorageBufferBindingSize = adapter.limits.maxStorageBufferBindingSize;
+    return { available: true, info, features: [...adapter.features].sort(), limits };
+  } catch (e) {
+    return { available: false, error: errorText(e) };
+  }
+}
+
 async function createMLContext(deviceType) {
   if (!('ml' in navigator)) {
     throw new Unsupported('navigator.ml is undefined: WebNN is not enabled in this browser');
@@ -140,17 +170,18 @@ async function createMLContext(deviceType) {
 // The EP option for the one EP the job asks for. WebGPU and WebNN are probed first so a missing
 // adapter or context is reported as 'unsupported' with the browser's own words.
 async function executionProvider(job) {
-  if (job.ep === 'wasm') return { option: 'wasm', facts: {} };
-  if (job.ep === 'webgpu') {
-    const { info } = await requestAdapter();
-    return { option: 'webgpu', facts: { probed_adapter: info } };
+  const setup = EPS[job.ep]?.setup;
+  if (setup === 'wasm') return { option: job.ep, facts: {} };
+  if (setup === 'webgpu-adapter') {
+    await requestAdapter();
+    return { option: job.ep, facts: {} };
   }
-  if (job.ep === 'webnn') {
+  if (setup === 'webnn-context') {
     // Passing our own MLContext makes ORT use exactly this device type, with no silent default.
     const context = await createMLContext(job.device_type);
-    return { option: { name: 'webnn', deviceType: job.device_type, context }, facts: {} };
+    return { option: { name: job.ep, deviceType: job.device_type, context }, facts: {} };
   }
-  throw new Error(`unknown execution provider '${job.ep}'`);
+  throw new Error(`unknown execution provider '${job.ep}' (not in eps.json)`);
 }
 
 async function startRuntime(job) {
@@ -161,8 +192,10 @@ async function startRuntime(job) {
     return runtime;
   }
   if (!ort) {
-    ort = await import(ORT_BASE + job.bundle);
+    ort = await import(ORT_BASE + EPS[job.ep].bundle);
     ort.env.wasm.wasmPaths = ORT_BASE; // served locally, never a CDN
+    // The binary this bundle runs, fetched here (in ranges when routed) and handed to ORT.
+    ort.env.wasm.wasmBinary = await fetchBytes(ORT_BASE + EPS[job.ep].wasm_binary);
     ort.env.wasm.numThreads = job.threads;
     ort.env.wasm.proxy = false; // a proxy worker would put a postMessage hop inside every timed run
   }
@@ -171,8 +204,23 @@ async function startRuntime(job) {
   const init = await ort.InferenceSession.create(fromBase64(INIT_MODEL_B64), { executionProviders: [ep.option] });
   const init_ms = performance.now() - started;
   await init.release();
+  checkWasmBinary(job);
   runtime = { ep: job.ep, threads: job.threads, option: ep.option, init_ms, facts: ep.facts };
   return runtime;
+}
+
+// The glue code ORT loaded must belong to the binary the table gave it (X.mjs runs X.wasm).
+function checkWasmBinary(job) {
+  const binary = EPS[job.ep].wasm_binary;
+  const glue = wasmFiles().filter((n) => n.endsWith('.mjs'));
+  if (glue.length && !glue.includes(binary.replace(/\.wasm$/, '.mjs'))) {
+    throw new Error(`ORT loaded ${glue.join(', ')} but eps.json gives ${job.ep} the binary ${binary}`);
+  }
+}
+
+function wasmFiles() {
+  const loaded = performance.getEntriesByType('resource').map((e) => e.name.split('/').pop());
+  return loaded.filter((n) => /^ort-wasm.*\.(wasm|mjs)$/.test(n));
 }
 
 // Which EP each node went to. ORT-web, like native ORT, silently places nodes its EP cannot run on
@@ -202,10 +250,11 @@ async function getSession(job, rt) {
   let started = performance.now();
   const bytes = await fetchBytes(job.model_url);
   const fetch_ms = performance.now() - started;
-  const placement = job.ep === 'wasm' ? null : await nodePlacement(bytes, rt.option);
+  const placement = EPS[job.ep].node_placement ? await nodePlacement(bytes, rt.option) : null;
   started = performance.now();
   const session = await ort.InferenceSession.create(bytes, { executionProviders: [rt.option] });
-  const entry = { session, load_ms: performance.now() - started, fetch_ms, placement };
+  // Later jobs on this page reuse the session: their load_ms is this one, and they say whose it is.
+  const entry = { session, load_ms: performance.now() - started, fetch_ms, placement, load_case: job.case };
   sessions.set(job.model_url, entry);
   return entry;
 }
@@ -233,6 +282,11 @@ async function injectFault(fault) {
   if (fault === 'hang') for (;;); // blocks the page's main thread for good
   // Never settles, the page stays responsive: a stalled job, or one the driver kills the browser under.
   if (fault === 'stall' || fault === 'kill') await new Promise(() => {});
+  if (fault === 'frozen_timer') {
+    // A clock that never advances, for the rest of this page's life (a fresh page per setting).
+    const frozen = performance.now();
+    performance.now = () => frozen;
+  }
 }
 
 // first run (timed) -> warmup -> timed iterations until both the count and the duration are met,
@@ -245,35 +299,71 @@ async function measure(session, feeds, job) {
   const outputs = session.outputNames.map((name) => encodeTensor(name, first[name]));
   for (let i = 0; i < job.warmup; i++) await session.run(feeds);
   const samples = [];
+  await loopMark('start');
   const deadline = performance.now() + job.min_duration_ms;
   while (samples.length < job.max_iterations && (samples.length < job.iterations || performance.now() < deadline)) {
     t0 = performance.now();
     await session.run(feeds);
     samples.push(performance.now() - t0);
   }
+  await loopMark('end');
   return { first_run_ms, samples, outputs };
+}
+
+// A browser the harness launched samples its processes' memory between these marks (a Playwright
+// binding, awaited outside the timed region); a remote browser has no binding.
+async function loopMark(mark) {
+  if (typeof window.accelharnessLoopMark === 'function') await window.accelharnessLoopMark(mark);
+}
+
+// The page's own memory as the browser measures it (JS heaps, DOM, shared; cross-origin isolated
+// pages only). A launched browser answers at once (ForceEagerMeasureMemory); others may wait for
+// their next GC, so this gives up after PAGE_MEMORY_TIMEOUT_MS.
+async function pageMemory() {
+  if (!self.crossOriginIsolated || !performance.measureUserAgentSpecificMemory) {
+    return { error: 'performance.measureUserAgentSpecificMemory needs a cross-origin isolated page' };
+  }
+  let timer;
+  const late = new Promise((resolve) => {
+    timer = setTimeout(() => resolve(null), PAGE_MEMORY_TIMEOUT_MS);
+  });
+  try {
+    const measured = await Promise.race([performance.measureUserAgentSpecificMemory(), late]);
+    if (!measured) return { error: `no answer within ${PAGE_MEMORY_TIMEOUT_MS} ms (the browser waits for a GC)` };
+    const by_type = {};
+    for (const part of measured.breakdown) {
+      const kind = part.types.join('+') || 'unattributed';
+      by_type[kind] = (by_type[kind] ?? 0) + part.bytes;
+    }
+    return { bytes: measured.bytes, by_type };
+  } catch (e) {
+    return { error: errorText(e) };
+  } finally {
+    clearTimeout(timer);
+  }
 }
 
 async function runtimeFacts(job, rt) {
   const facts = {
     ort_web_version: ort?.env.versions.web ?? null,
     ort_common_version: ort?.env.versions.common ?? null,
-    bundle: job.bundle,
+    bundle: EPS[job.ep]?.bundle ?? null,
     threads_requested: job.threads,
-    ep_check: EP_CHECKS[job.ep] ?? null,
+    ep_check: EPS[job.ep]?.check ?? null,
   };
   if (!ort || !rt) return facts;
   // ORT resets env.wasm.numThreads to 1 when it cannot start threads (no SharedArrayBuffer).
   facts.threads_effective = ort.env.wasm.numThreads;
   facts.threads_dropped = job.threads > 1 && ort.env.wasm.numThreads < job.threads;
-  const loaded = performance.getEntriesByType('resource').map((e) => e.name.split('/').pop());
-  facts.wasm_files = loaded.filter((n) => /^ort-wasm.*\.(wasm|mjs)$/.test(n));
+  facts.wasm_files = wasmFiles();
+  facts.wasm_binary = EPS[job.ep].wasm_binary;
   facts.runtime_init_ms = rt.init_ms;
   Object.assign(facts, rt.facts);
   if (job.ep === 'webgpu') {
     // The device ORT actually runs on (its adapterInfo), not just the adapter we probed.
     const device = await ort.env.webgpu.device;
     facts.adapter = adapterInfo(device?.adapterInfo);
+    facts.device_features = device ? [...device.features].sort() : null; // shader-f16 here: ORT enabled fp16
   }
   return facts;
 }
@@ -295,8 +385,11 @@ export async function runJob(job) {
       fetch_ms: entry.fetch_ms,
       input_names: entry.session.inputNames,
       output_names: entry.session.outputNames,
+      load_measured_with: entry.load_case,
     });
     if (entry.placement) Object.assign(facts, entry.placement);
+    if (job.fault === 'bad_facts') facts.node_placement = { CPUExecutionProvider: 'many' }; // test-only
+    facts.page_memory = await pageMemory();
     facts.console_warnings = consoleWarnings();
     return {
       status: 'ok',
@@ -316,12 +409,7 @@ export async function runJob(job) {
 // What `accelharness hardware` reports for the browser platforms: no ORT, just the browser's APIs.
 export async function probe(deviceType) {
   const facts = await environmentFacts();
-  try {
-    const { info } = await requestAdapter();
-    facts.webgpu = { available: true, adapter: info };
-  } catch (e) {
-    facts.webgpu = { available: false, error: errorText(e) };
-  }
+  facts.webgpu = await adapterReport();
   try {
     await createMLContext(deviceType);
     facts.webnn = { available: true, device_type: deviceType };
@@ -331,5 +419,5 @@ export async function probe(deviceType) {
   return facts;
 }
 
-window.accelharness = { runJob, probe };
+window.accelharness = { runJob, probe, adapterReport };
 window.accelharnessReady = true;
