@@ -218,7 +218,9 @@ def test_a_stop_in_one_device_group_stops_them_all(stop: str) -> None:
     workers: list[int] = []
     running = threading.Event()
     emitted: list[Result] = []
-    result = Result("m", "vision", "random", Target("cuda", "torch", "cuda"), Case(1, None, "fp32"), "ok")
+    result = Result(
+        "m", "vision", "random", Target("cuda", "torch", "cuda"), Case(1, None, "fp32"), "ok", samples_ms=[1.0]
+    )
 
     def hanging_group(emit: Emit) -> None:
         run_isolated(report_pid_then_hang, None, 600, lambda pid: (workers.append(pid), running.set()))
