@@ -4,8 +4,9 @@ from harness import load_config, plan_suite, run_suite
 summary = run_suite(plan_suite(load_config(Path("suite.toml")), resume=True))
 
 A suite has an id (its config's `name`). --resume continues the suite's last run if it did not
-complete (Ctrl-C leaves it 'interrupted', kill -9 leaves it 'running'), running only the result
-keys it does not hold; --older-than re-runs only the keys the suite has not measured recently.
+complete (Ctrl-C leaves it 'interrupted', kill -9 leaves it 'running') and was started with the same
+config, running only the result keys it does not hold; --older-than re-runs only the keys the
+suite has not measured recently.
 """
 
 from __future__ import annotations
