@@ -176,6 +176,8 @@ def suite(
         plan = plan_suite(loaded, split_list(models), split_list(hardware), resume, age)
     except (RequestError, StoreError) as exc:
         raise fail(str(exc)) from None
+    if resume and plan.resume_run_id is None:  # say why nothing is continued (e.g. the config changed)
+        console.print(f"--resume: {plan.resume_note}")
     baseline_run = _resolve_baseline(loaded.db, baseline, threshold, fail_on_regression)
     if check:
         _print_check(plan)

@@ -7,6 +7,7 @@ The TorchScript exporter is used only when dynamo fails, and that is recorded.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -154,11 +155,21 @@ def export_cached(
 
     if (hit := cached_export(target_dir)) is not None:
         return hit
-    target = target_dir / "model.onnx"
-    names = list(module.input_names)
-    args = tuple(torch.from_numpy(feeds[n]) for n in names)
+    args = tuple(torch.from_numpy(feeds[n]) for n in module.input_names)
     target_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target_dir.parent, prefix=".staging-"))
+    try:
+        return _export_staged(staging, target_dir, module, args, feeds, shapes, axes)
+    finally:  # renamed into place, failed or interrupted: no staging directory is left behind
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _export_staged(
+    staging: Path, target_dir: Path, module: Any, args: tuple, feeds: dict[str, np.ndarray], shapes: dict, axes: dict
+) -> ExportOutcome:
+    import torch
+
+    names = list(module.input_names)
     started = time.perf_counter()
     dynamo_error = None
     try:
@@ -191,18 +202,15 @@ def export_cached(
             check_runs_at_batch_1(staging / "model.onnx", feeds)
             exporter = "torchscript"
     except Exception as exc:
-        shutil.rmtree(staging, ignore_errors=True)
         error = f"ONNX export failed: dynamo: {dynamo_error}; torchscript: {_short(exc)}"
         return ExportOutcome(None, None, False, None, error, dynamo_error)
     export_s = time.perf_counter() - started
     (staging / "meta.json").write_text(
         json.dumps({"exporter": exporter, "dynamo_error": dynamo_error, "export_s": export_s, "opset": OPSET})
     )
-    try:
+    with contextlib.suppress(OSError):  # another process won the race: use its file
         os.replace(staging, target_dir)  # atomic: a concurrent or killed export never leaves half a file
-    except OSError:
-        shutil.rmtree(staging, ignore_errors=True)  # another process won the race; use its file
-    return ExportOutcome(target, exporter, False, export_s, None, dynamo_error)
+    return ExportOutcome(target_dir / "model.onnx", exporter, False, export_s, None, dynamo_error)
 
 
 @dataclass(frozen=True)
@@ -265,16 +273,14 @@ def precision_variant(onnx_path: Path, precision: str) -> VariantOutcome:
         return VariantOutcome(target, meta["info"], True, None)
     target_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target_dir.parent, prefix=".staging-"))
-    started = time.perf_counter()
     try:
+        started = time.perf_counter()
         info = VARIANT_CONVERTERS[precision](onnx_path, staging / "model.onnx")
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    convert_s = time.perf_counter() - started
-    (staging / "meta.json").write_text(json.dumps({"info": info, "source": str(onnx_path), "convert_s": convert_s}))
-    try:
-        os.replace(staging, target_dir)  # atomic, as for the fp32 export
-    except OSError:
+        convert_s = time.perf_counter() - started
+        meta = {"info": info, "source": str(onnx_path), "convert_s": convert_s}
+        (staging / "meta.json").write_text(json.dumps(meta))
+        with contextlib.suppress(OSError):
+            os.replace(staging, target_dir)  # atomic, as for the fp32 export
+    finally:
         shutil.rmtree(staging, ignore_errors=True)
     return VariantOutcome(target, info, False, convert_s)

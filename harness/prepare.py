@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
+import os
+import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -60,11 +62,22 @@ class PrepareJob:
     with_past: bool = False
 
 
+def write_atomically(path: Path, write: Callable[[IO[bytes]], object]) -> None:
+    """Write `path` through a uniquely named temp file beside it, renamed into place: two preparers
+    of one model (two device groups) never share a temp file, none reads half a file, and an
+    interrupted write leaves no temp file behind."""
+    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as file:
+            write(file)
+        os.replace(temp, path)
+    finally:
+        Path(temp).unlink(missing_ok=True)
+
+
 def _save_case(path: Path, feeds: dict[str, np.ndarray], reference: list[np.ndarray]) -> None:
     arrays = {f"in:{k}": v for k, v in feeds.items()} | {f"ref:{i}": r for i, r in enumerate(reference)}
-    tmp = path.with_suffix(".tmp.npz")
-    np.savez(tmp, **arrays)
-    tmp.replace(path)
+    write_atomically(path, lambda file: np.savez(file, **arrays))
 
 
 def _prepare_spec_model(job: PrepareJob) -> PreparedModel:
@@ -136,7 +149,7 @@ def _build_and_prepare(job: PrepareJob, case_dir: Path) -> PreparedModel:
         prepared.onnx_past_path, prepared.onnx_past_error = past.path, past.error
         prepared.export["past"] = _export_facts(past)
     facts = {"parameters": parameters, "max_sequence_length": limit}
-    (case_dir / MODEL_FACTS).write_text(json.dumps(facts))  # what _prepare_from_cache needs next time
+    write_atomically(case_dir / MODEL_FACTS, lambda file: file.write(json.dumps(facts).encode()))  # for the next run
     return prepared
 
 

@@ -18,7 +18,7 @@ from typing import Any
 from harness.hardware import hardware_rows
 from harness.provenance import host_facts
 from harness.result import Result
-from harness.store import open_store
+from harness.store import StoreError, open_store
 
 Emit = Callable[[Result], None]
 Body = Callable[[Emit], None]
@@ -60,7 +60,7 @@ def record_run(
     from several threads (parallel device groups), so commits are serialised here."""
     host = host_facts()
     counts: Counter[str] = Counter()
-    commit_lock = threading.Lock()
+    commit_lock = threading.Lock()  # every write: each result, closing the run, closing the file
     with open_store(Path(db_path)) as store:
         if resume_run_id is None:
             run_id = store.start_run(command, arguments, host, suite_id)
@@ -68,22 +68,31 @@ def record_run(
         else:
             run_id = resume_run_id
             store.reopen_run(run_id)
+        closed = threading.Event()
 
         def emit(result: Result) -> None:
             result.details.setdefault("load_avg_at_run_start", host["load_avg_at_start"])
             with commit_lock:
+                if closed.is_set():  # a body's thread outlived the run: never write into a closed run
+                    raise StoreError(f"run {run_id} is closed; the result for {result.key} was not stored")
                 result_id = store.add_result(run_id, result, host["git_sha"])
                 counts[result.status] += 1
                 if on_result is not None:
                     on_result(result, result_id)
 
+        def close(status: str) -> None:
+            with commit_lock:
+                closed.set()
+                store.finish_run(run_id, status)
+                store.close()
+
         try:
             for body in bodies:
                 body(emit)
         except BaseException:
-            store.finish_run(run_id, "interrupted")
+            close("interrupted")
             raise
-        store.finish_run(run_id, "completed")
+        close("completed")
     summary = RunSummary(run_id, Path(db_path), dict(counts))
     if output_dir is not None:
         summary.write_reports(lambda: write_outputs(Path(db_path), run_id, Path(output_dir)), Path(output_dir))

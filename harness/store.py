@@ -83,6 +83,10 @@ class StoreError(RuntimeError):
     """The database cannot be used (locked by another writer, corrupt, newer schema)."""
 
 
+class StoreLockedError(StoreError):
+    """Another process has the database file open (DuckDB allows one writer, or readers only)."""
+
+
 def _now() -> datetime:
     return datetime.now(UTC).replace(tzinfo=None)
 
@@ -156,7 +160,7 @@ class Store:
                 run_id,
                 _now(),
                 command,
-                json.dumps(arguments, default=str),
+                json.dumps(as_stored(arguments)),
                 host.get("git_sha"),
                 host.get("harness_version"),
                 host.get("hostname"),
@@ -300,16 +304,20 @@ class Store:
             raise StoreError(f"no run '{selector}' in {self.path}; recent runs: {', '.join(recent) or 'none'}")
         return selector
 
-    def unfinished_run(self, suite_id: str) -> str | None:
-        """The suite's latest run when it did not complete (Ctrl-C: interrupted; kill -9: still 'running')."""
+    def unfinished_run(self, suite_id: str) -> tuple[str, dict[str, Any]] | None:
+        """The suite's latest run and its arguments, when it did not complete (Ctrl-C: interrupted;
+        kill -9: still 'running')."""
         rows = self.query(
-            "SELECT run_id, status FROM runs WHERE suite_id = ? ORDER BY started_at DESC LIMIT 1", [suite_id]
+            "SELECT run_id, status, arguments FROM runs WHERE suite_id = ? ORDER BY started_at DESC LIMIT 1",
+            [suite_id],
         )
-        return rows[0]["run_id"] if rows and rows[0]["status"] != "completed" else None
+        if not rows or rows[0]["status"] == "completed":
+            return None
+        return rows[0]["run_id"], json.loads(rows[0]["arguments"])
 
     def unfinished_run_like(self, command: str, arguments: dict[str, Any]) -> str | None:
         """The latest run of `command` with exactly these arguments, when it did not complete."""
-        expected = json.loads(json.dumps(arguments, default=str))  # as start_run stored them
+        expected = as_stored(arguments)
         for row in self.query(
             "SELECT run_id, status, arguments FROM runs WHERE command = ? ORDER BY started_at DESC", [command]
         ):
@@ -347,6 +355,11 @@ class Store:
             "SELECT latency_ms FROM samples WHERE result_id = ? ORDER BY iteration", [result_id]
         ).fetchall()
         return [r[0] for r in rows]
+
+
+def as_stored(arguments: dict[str, Any]) -> dict[str, Any]:
+    """Arguments as start_run stores them (JSON, paths as strings), to compare with a stored run's."""
+    return json.loads(json.dumps(arguments, default=str))
 
 
 def _stored_version(connection: duckdb.DuckDBPyConnection) -> int | None:
@@ -394,7 +407,7 @@ def _open(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
         if "lock" in message.lower():
             holder = re.search(r"PID (\d+)", message)
             who = f"PID {holder.group(1)}" if holder else "another process"
-            raise StoreError(
+            raise StoreLockedError(
                 f"database {path} is locked by {who} (one writer per file: wait for it to finish, or use "
                 f"another --db); DuckDB said: {message}"
             ) from exc
@@ -422,11 +435,24 @@ def open_store(path: Path = DEFAULT_DB, read_only: bool = False) -> Store:
 
 
 def init_store(path: Path, overwrite: bool) -> None:
-    """`accelharness db init`: create the schema; with overwrite, start from an empty file."""
+    """`accelharness db init`: create the schema; with overwrite, start from an empty file.
+
+    The old file is deleted only while this process holds DuckDB's write lock on it: a file another
+    process has open (writing, or reading) is refused with that process's PID, never deleted."""
     path = Path(path)
-    if overwrite:
-        for suffix in ("", ".wal"):
-            Path(str(path) + suffix).unlink(missing_ok=True)
+    if overwrite and path.exists():
+        try:
+            holding = _open(path, read_only=False)
+        except StoreLockedError:
+            raise
+        except StoreError:  # not a DuckDB file (corrupt): no DuckDB process can have it open
+            holding = None
+        try:
+            for suffix in ("", ".wal"):
+                Path(str(path) + suffix).unlink(missing_ok=True)
+        finally:
+            if holding is not None:
+                holding.close()
     with open_store(path):
         pass
 

@@ -4,26 +4,30 @@ from harness import load_config, plan_suite, run_suite
 summary = run_suite(plan_suite(load_config(Path("suite.toml")), resume=True))
 
 A suite has an id (its config's `name`). --resume continues the suite's last run if it did not
-complete (Ctrl-C leaves it 'interrupted', kill -9 leaves it 'running'), running only the result
-keys it does not hold; --older-than re-runs only the keys the suite has not measured recently.
+complete (Ctrl-C leaves it 'interrupted', kill -9 leaves it 'running') and was started with the same
+config, running only the result keys it does not hold; --older-than re-runs only the keys the
+suite has not measured recently.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import shutil
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from harness.api import BenchmarkRequest, Plan, RequestError, execute_native, validate
 from harness.export import cache_root
+from harness.isolation import Stopped, stop_when
 from harness.recording import Body, Emit, RunSummary, record_run
 from harness.result import Result, Target
 from harness.specs import FAMILIES, load_specs
-from harness.store import StoreError, open_store
+from harness.store import StoreError, as_stored, open_store
 from harness.suite_config import SuiteConfig
 from harness.web_api import WEB_HARDWARE, WebPlan, WebRequest, execute_web, validate_web
 
@@ -50,6 +54,7 @@ class SuitePlan:
     native: Plan | None
     web: WebPlan | None
     resume_run_id: str | None  # the unfinished run --resume continues; None: a new run
+    resume_note: str = ""  # with --resume: the run it continues, or why it starts a new one
 
     @property
     def total_results(self) -> int:
@@ -122,16 +127,35 @@ def suite_requests(
     return native, web
 
 
-def _done_keys(config: SuiteConfig, resume: bool, older_than: timedelta | None) -> tuple[frozenset[str], str | None]:
-    """The keys to skip, and the run to continue (--resume) — read from the store before anything is written."""
-    if not (resume or older_than) or not Path(config.db).exists():
-        return frozenset(), None
+def _done_keys(
+    config: SuiteConfig, resume: bool, older_than: timedelta | None
+) -> tuple[frozenset[str], str | None, str]:
+    """The keys to skip, the run to continue (--resume), and what --resume decided — read from the
+    store before anything is written."""
+    if not (resume or older_than):
+        return frozenset(), None, ""
+    if not Path(config.db).exists():
+        return frozenset(), None, f"no database at {config.db} yet; starting a new run"
     with open_store(Path(config.db), read_only=True) as store:
         if older_than is not None:
             since = datetime.now(UTC).replace(tzinfo=None) - older_than
-            return frozenset(store.fresh_keys(config.name, since)), None
-        run_id = store.unfinished_run(config.name)
-        return (frozenset(store.result_keys(run_id)), run_id) if run_id else (frozenset(), None)
+            return frozenset(store.fresh_keys(config.name, since)), None, ""
+        unfinished = store.unfinished_run(config.name)
+        if unfinished is None:
+            return frozenset(), None, f"suite '{config.name}' has no unfinished run in {config.db}; starting a new run"
+        run_id, arguments = unfinished
+        if changes := config_changes(arguments.get("config", {}), config):
+            why = f"run {run_id} was started with another config ({'; '.join(changes)}); starting a new run"
+            return frozenset(), None, why
+        return frozenset(store.result_keys(run_id)), run_id, f"continuing run {run_id}"
+
+
+def config_changes(stored: dict[str, Any], config: SuiteConfig) -> list[str]:
+    """How `config` differs from the config a run stored ("key: then → now"); where the file lies
+    (`source`) is not part of it."""
+    now = as_stored(dataclasses.asdict(config))
+    keys = [k for k in now if k != "source" and stored.get(k) != now[k]]
+    return [f"{key}: {stored.get(key)} → {now[key]}" for key in keys]
 
 
 def plan_suite(
@@ -150,12 +174,12 @@ def plan_suite(
         web = validate_web(web_request) if web_request else None
     except RequestError as exc:
         raise RequestError(f"{config.source or 'suite config'}: {exc}") from exc
-    done, resume_run_id = _done_keys(config, resume, older_than)
+    done, resume_run_id, resume_note = _done_keys(config, resume, older_than)
     if native is not None:
         native.done = done
     if web is not None:
         web.done = done
-    return SuitePlan(config, native, web, resume_run_id)
+    return SuitePlan(config, native, web, resume_run_id, resume_note)
 
 
 def _group_body(plan: SuitePlan, targets: list[Target]) -> Body:
@@ -176,19 +200,49 @@ def _group_body(plan: SuitePlan, targets: list[Target]) -> Body:
 
 
 def _parallel(bodies: list[Body]) -> Body:
-    """Run the groups' bodies side by side; the first failure (or Ctrl-C) ends the run."""
+    """Run the groups' bodies side by side, each in its own thread.
+
+    The first failure, or Ctrl-C, stops every group: their workers are killed, nothing more is
+    recorded (a stop is never an outcome), and every thread is joined before the failure goes on,
+    so the run is closed `interrupted` with no thread still writing, and --resume runs exactly the
+    cases that have no row."""
     if len(bodies) == 1:
         return bodies[0]
 
     def body(emit: Emit) -> None:
+        stop = threading.Event()
+
+        def emit_until_stopped(result: Result) -> None:
+            if stop.is_set():  # e.g. a browser the terminal's Ctrl-C also reached: not this case's outcome
+                raise Stopped
+            emit(result)
+
+        def group(each: Body) -> None:
+            with stop_when(stop):
+                each(emit_until_stopped)
+
         pool = ThreadPoolExecutor(max_workers=len(bodies), thread_name_prefix="device-group")
+        futures = [pool.submit(group, each) for each in bodies]
         try:
-            for future in [pool.submit(b, emit) for b in bodies]:
-                future.result()
+            wait(futures, return_when=FIRST_EXCEPTION)  # Ctrl-C lands here, in the main thread
         finally:
-            pool.shutdown(wait=False, cancel_futures=True)
+            stop.set()
+            _join(pool)
+        failures = [f.exception() for f in futures if not isinstance(f.exception(), Stopped | None)]
+        if failures:
+            raise failures[0]  # type: ignore[misc]
 
     return body
+
+
+def _join(pool: ThreadPoolExecutor) -> None:
+    """Wait for every group's thread; a second Ctrl-C does not abandon them (they are already stopping)."""
+    while True:
+        try:
+            pool.shutdown(wait=True)
+            return
+        except KeyboardInterrupt:
+            continue
 
 
 def run_suite(

@@ -9,6 +9,8 @@ from __future__ import annotations
 import ctypes
 import os
 import resource
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -117,12 +119,14 @@ def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: Pea
 
 
 FAULT_ENV = "ACCELHARNESS_INJECT_FAULT"
+GRANDCHILD_MARK = "accelharness-fault-grandchild"  # in the grandchild fault's command line, for tests to find it
 
 
 def inject_fault(job: Job) -> None:
     """Testing hook: ACCELHARNESS_INJECT_FAULT=KIND[:MODEL[:ENGINE]] makes this worker fail for real.
 
-    KIND is segfault, abort, hang or oom (an address-space limit, then an allocation past it).
+    KIND is segfault, abort, hang, oom (an address-space limit, then an allocation past it) or
+    grandchild (start a sleeping child process, as an engine's helper might, then hang).
     The fault matrix tests use it to prove a crash, hang or OOM leaves a correct row and the run goes on.
     """
     kind, model, engine = ([*os.environ.get(FAULT_ENV, "").split(":"), "", ""])[:3]
@@ -132,7 +136,9 @@ def inject_fault(job: Job) -> None:
         ctypes.string_at(0)
     elif kind == "abort":
         os.abort()
-    elif kind == "hang":
+    elif kind in ("hang", "grandchild"):
+        if kind == "grandchild":
+            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)", GRANDCHILD_MARK])
         while True:
             time.sleep(3600)
     elif kind == "oom":

@@ -26,6 +26,10 @@ from onnx import helper
 from test_native_run import rows
 from test_suite import small_config
 
+from harness.prepare import PrepareJob, prepare_isolated
+from harness.specs import load_specs
+from harness.worker import GRANDCHILD_MARK
+
 
 @pytest.mark.parametrize(
     ("fault", "status", "message"),
@@ -60,7 +64,7 @@ def test_worker_fault_is_recorded_and_other_jobs_complete(tmp_path: Path, fault,
     assert done.returncode == 0, done.stderr
     results = rows(db)
     failed = [r for r in results if r["engine"] == "onnxruntime"]
-    assert [r["status"] for r in failed] == [status, status]
+    assert [r["status"] for r in failed] == [status, status], failed[0]["error"]
     assert all(message in r["error"] for r in failed), failed[0]["error"]
     assert all(r["iterations"] is None for r in failed)  # no number was invented for them
     assert [r["status"] for r in results if r["engine"] == "torch"] == ["ok", "ok"]
@@ -320,3 +324,93 @@ def test_disk_full_output_dir_keeps_the_results(tmp_path: Path, full_disk: Path)
     assert "No space left on device" in stderr and "accelharness report --run" in stderr, done.stderr
     assert [r["status"] for r in rows(db)] == ["ok"]
     assert rows(db, "SELECT status FROM runs") == [{"status": "completed"}]
+
+
+def test_db_init_overwrite_refuses_a_file_in_use(tmp_path: Path) -> None:
+    """`db init --overwrite` takes the file's lock before deleting anything: held by another process, it
+    refuses (exit 2, naming that process) and the holder's data stays; free, it starts an empty file."""
+    db = tmp_path / "held.duckdb"
+    holding = (
+        f"import duckdb, time; c = duckdb.connect({str(db)!r}); c.execute('CREATE TABLE mine AS SELECT 42 AS x');"
+        " print('held', flush=True); time.sleep(120)"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", holding], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        refused = run_cli("db", "init", "--overwrite", "--db", str(db))
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert f"is locked by PID {holder.pid}" in " ".join(refused.stderr.split()), refused.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+    assert rows(db, "SELECT x FROM mine") == [{"x": 42}]  # the holder's data is still there
+    done = run_cli("db", "init", "--overwrite", "--db", str(db))
+    assert done.returncode == 0, done.stderr
+    assert rows(db, "SELECT count(*) AS n FROM information_schema.tables WHERE table_name = 'mine'") == [{"n": 0}]
+
+
+def test_ctrl_c_in_a_parallel_suite_records_no_interrupt_then_resume_runs_the_rest(tmp_path: Path) -> None:
+    """Two device groups (cpu, and cuda whose rows say it is absent) in two threads. Ctrl-C stops both:
+    no row says KeyboardInterrupt, no worker or worker log is left, the run is `interrupted`, and
+    --resume runs exactly the keys without a row."""
+    config = small_config(tmp_path, hardware=("cpu", "cuda"))
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    running = CliProcess("suite", "--config", str(config), env={**HANG_VIT_ON_TORCH, "TMPDIR": str(temp)})
+    running.wait_for("stored bert-tiny cpu/onnxruntime")  # next on the host group: vit-tiny on torch, hanging
+    time.sleep(3)
+    processes = psutil.Process(running.process.pid).children(recursive=True)
+    os.killpg(running.process.pid, signal.SIGINT)
+    assert running.process.wait(60) == 130, "".join(running.lines)
+    _gone, alive = psutil.wait_procs(processes, timeout=10)
+    assert not alive, f"left running: {alive}"
+    assert not list(temp.glob("accelharness-worker-*")), list(temp.iterdir())
+    db = tmp_path / "t.duckdb"
+    assert rows(db, "SELECT status FROM runs") == [{"status": "interrupted"}]
+    before = rows(db, "SELECT * FROM results")
+    assert {r["status"] for r in before} <= {"ok", "unsupported"}, [r["error"] for r in before]
+    resumed = CliProcess("suite", "--config", str(config), "--resume")
+    assert resumed.process.wait(600) == 0, "".join(resumed.lines)
+    assert f"{10 - len(before)} results still to run" in "".join(resumed.lines)
+    after = rows(db, "SELECT * FROM results")
+    assert len(after) == len({r["result_key"] for r in after}) == 10
+    assert [r["status"] for r in after if r["hardware"] == "cpu"] == ["ok"] * 4
+    assert not any("KeyboardInterrupt" in (r["error"] or "") for r in after)
+    assert rows(db, "SELECT status FROM runs") == [{"status": "completed"}]
+
+
+def _descendant_with(running: CliProcess, mark: str, timeout_s: float = 300) -> psutil.Process:
+    """The process with `mark` in its command line that the running CLI started, directly or not."""
+    deadline = time.monotonic() + timeout_s
+    while running.process.poll() is None and time.monotonic() < deadline:
+        for process in psutil.Process(running.process.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if mark in process.cmdline():
+                    return process
+        time.sleep(0.2)
+    raise AssertionError(f"no process '{mark}' under the CLI:\n" + "".join(running.lines))
+
+
+@pytest.mark.parametrize("end", ["timeout", "kill -9"])
+def test_what_a_worker_started_dies_with_it(tmp_path: Path, end: str) -> None:
+    """The worker's whole process group goes: a process the engine started (the `grandchild` fault)
+    dies at the job's timeout, and when the CLI itself is killed with -9."""
+    prepared, _ = prepare_isolated(PrepareJob(load_specs()["bert-tiny"], [(1, 32)]), 600)
+    assert prepared is not None  # in the export cache now: only the hang meets --timeout
+    db = tmp_path / "g.duckdb"
+    where = ["--db", str(db), "--output-dir", str(tmp_path / "out")]
+    args = ["native", "--model", "bert-tiny", "--engines", "onnxruntime", *QUICK, "--timeout", "20", *where]
+    running = CliProcess(*args, env={"ACCELHARNESS_INJECT_FAULT": "grandchild:bert-tiny:onnxruntime"})
+    grandchild = _descendant_with(running, GRANDCHILD_MARK)
+    if end == "kill -9":
+        running.process.kill()
+        running.process.wait(60)
+    else:
+        assert running.process.wait(300) == 0, "".join(running.lines)
+        assert [r["status"] for r in rows(db)] == ["timeout"]
+    _gone, alive = psutil.wait_procs([grandchild], timeout=10)
+    try:
+        assert not alive, f"{grandchild} outlived its worker"
+    finally:
+        for process in alive:
+            process.kill()

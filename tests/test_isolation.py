@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import ctypes
 import os
+import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from harness.isolation import run_isolated
@@ -104,3 +107,125 @@ def test_worker_sees_the_callers_environment_and_directory_now(
     assert run_isolated(what_the_worker_sees, None, 60, seen.append, uses_torch=uses_torch).status == "finished"
     # A forked worker starts with torch imported; a spawned one does not pay for it.
     assert seen == [(str(tmp_path), str(tmp_path), uses_torch)]
+
+
+def report_pid_then_hang(_: object) -> Iterator[int]:
+    yield os.getpid()
+    time.sleep(600)
+
+
+@START
+def test_sigkill_from_another_process_is_error_not_oom(uses_torch: bool) -> None:
+    """kill -9 of a worker (a user, a scheduler's cancel) is not the kernel's OOM killer: `error`, saying so."""
+    outcome = run_isolated(
+        report_pid_then_hang, None, 60, lambda pid: os.kill(pid, signal.SIGKILL), uses_torch=uses_torch
+    )
+    assert outcome.status == "error", outcome.message
+    assert "SIGKILL" in outcome.message and "not the kernel's out-of-memory killer" in outcome.message
+
+
+def allocate_until_killed(_: object) -> Iterator[str]:
+    yield "allocating"
+    hoard = []
+    while True:
+        hoard.append(bytearray(64 * 2**20))  # zero-filled: every page is touched
+
+
+@pytest.fixture
+def memory_cgroup() -> Iterator[Path]:
+    """A child memory cgroup (v1 or v2) limited to 768 MiB; its cgroup.procs. Needs a writable cgroupfs."""
+    created = None
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            base, limit_file = Path("/sys/fs/cgroup/memory") / path.lstrip("/"), "memory.limit_in_bytes"
+        elif controllers == "":
+            base, limit_file = Path("/sys/fs/cgroup") / path.lstrip("/"), "memory.max"
+        else:
+            continue
+        try:
+            created = base / f"accelharness-test-{os.getpid()}"
+            created.mkdir()
+            (created / limit_file).write_text(str(768 * 2**20))
+            (created / "cgroup.procs").stat()
+            break
+        except OSError:
+            if created is not None and created.exists():
+                created.rmdir()
+            created = None
+    if created is None:
+        pytest.skip("no writable memory cgroup here to run a job out of memory in")
+    try:
+        yield created / "cgroup.procs"
+    finally:
+        deadline = time.monotonic() + 30
+        while (created / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        created.rmdir()
+
+
+def test_kernel_oom_kill_is_oom(memory_cgroup: Path) -> None:
+    """A worker the kernel's OOM killer ends (its cgroup's oom_kill count rises) is `oom`."""
+    script = (
+        "import os, sys\n"
+        f"open({str(memory_cgroup)!r}, 'w').write(str(os.getpid()))\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from harness.isolation import run_isolated\n"
+        "from test_isolation import allocate_until_killed\n"
+        "outcome = run_isolated(allocate_until_killed, None, 120, lambda _: None)\n"
+        "print(outcome.status)\n"
+        "print(outcome.message)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    status, message = done.stdout.split("\n", 1)
+    assert status == "oom", message
+    assert "out-of-memory killer (oom_kill in " in message
+
+
+def start_a_child_then(then: str) -> Iterator[int]:
+    """As an engine might (a compiler pool, a helper server): start a process, then hang or finish."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    yield child.pid
+    if then == "hang":
+        time.sleep(600)
+
+
+@START
+@pytest.mark.parametrize("then", ["hang", "finish"])
+def test_what_a_worker_started_dies_with_it(uses_torch: bool, then: str) -> None:
+    """The worker's whole process group is killed: at the timeout, and after a short grace once it is done."""
+    pids: list[int] = []
+    outcome = run_isolated(start_a_child_then, then, 8, pids.append, uses_torch=uses_torch)
+    assert outcome.status == ("timeout" if then == "hang" else "finished"), outcome.message
+    child = psutil.Process(pids[0]) if psutil.pid_exists(pids[0]) else None
+    _, alive = psutil.wait_procs([child] if child else [], timeout=10)
+    try:
+        assert not alive, f"the worker's child {pids[0]} outlived it"
+    finally:
+        for process in alive:
+            process.kill()
+
+
+def readme_api_example() -> str:
+    """The README's Python API example, with a quick workload (ONNX Runtime only, 3 iterations)."""
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme[readme.index("## Python API") :]
+    example = section[section.index("```python\n") + len("```python\n") : section.index("```\n", 10)]
+    assert "iterations=50," in example and "run_native(" in example and "__main__" not in example
+    return example.replace("iterations=50,", 'engines=["onnxruntime"], iterations=3, warmup=0, min_duration_s=0,')
+
+
+@pytest.mark.parametrize("way", ["script", "stdin", "command"])
+def test_readme_api_example_runs_as_written(tmp_path: Path, way: str) -> None:
+    """`python bench.py` with no `if __name__ == "__main__"` guard, the same fed on stdin, and a notebook-like
+    `python -c`: workers never re-run the caller's main module, so every row is measured, none is an error."""
+    script = tmp_path / "bench.py"
+    script.write_text(readme_api_example())
+    command = {"script": [sys.executable, "bench.py"], "stdin": [sys.executable, "-"]}
+    command["command"] = [sys.executable, "-c", script.read_text()]
+    with script.open() as stdin:
+        done = subprocess.run(command[way], stdin=stdin, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "{'ok': 2}" in done.stdout, done.stdout + done.stderr
+    assert (tmp_path / "reports").is_dir()

@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
+import numpy as np
+import psutil
 import pytest
 from conftest import run_cli
 from test_native_run import rows
 
+from harness.isolation import run_isolated
+from harness.prepare import _save_case
+from harness.recording import Emit
 from harness.result import Case, Result, Target
 from harness.store import StoreError, open_store
-from harness.suite import device_group, plan_suite, run_suite
+from harness.suite import _parallel, device_group, plan_suite, run_suite
 from harness.suite_config import DEFAULT_CONFIG, load_config
 
 SMALL = """
@@ -172,3 +183,88 @@ def test_two_device_groups_run_side_by_side_into_one_run(tmp_path: Path) -> None
     stored = rows(plan.config.db)
     assert {(r["hardware"], r["status"]) for r in stored} == {("cpu", "ok"), ("cuda", "unsupported")}
     assert len({r["result_key"] for r in stored}) == len(stored) == summary.counts["ok"] + summary.counts["unsupported"]
+
+
+def test_resume_after_the_config_changed_starts_a_new_run_and_says_why(tmp_path: Path) -> None:
+    """--resume continues the suite's unfinished run only if it was started with this config."""
+    path = small_config(tmp_path, engines=("onnxruntime",), families={"embedding": ["bert-tiny"]})
+    config = load_config(path)
+    with open_store(config.db) as store:  # what kill -9 leaves: a run still 'running', no results
+        arguments = {"suite": config.name, "config": dataclasses.asdict(config)}
+        unfinished = store.start_run("suite", arguments, {}, config.name)
+    checked = run_cli("suite", "--config", str(path), "--resume", "--check")
+    assert checked.returncode == 0 and f"continuing run {unfinished}" in checked.stdout, checked.stderr
+    path.write_text(path.read_text().replace("benchmark_iterations = 5", "benchmark_iterations = 3"))
+    done = run_cli("suite", "--config", str(path), "--resume")
+    assert done.returncode == 0, done.stderr
+    said = " ".join(done.stdout.split())
+    assert f"run {unfinished} was started with another config (benchmark_iterations: 5 → 3)" in said, said
+    assert "starting a new run" in said
+    runs = rows(config.db, "SELECT run_id, status FROM runs ORDER BY started_at")
+    assert [r["status"] for r in runs] == ["running", "completed"]  # the old run is left as it was
+    assert {r["run_id"] for r in rows(config.db)} == {runs[1]["run_id"]}
+
+
+def report_pid_then_hang(_: object) -> Iterator[int]:
+    yield os.getpid()
+    time.sleep(600)
+
+
+@pytest.mark.parametrize("stop", ["failure", "ctrl-c"])
+def test_a_stop_in_one_device_group_stops_them_all(stop: str) -> None:
+    """Real threads and a real worker: when one device group fails, or Ctrl-C reaches the main thread,
+    the other group's worker is killed, its thread is joined before the exception goes on, and nothing
+    more is emitted (an interrupt is never recorded as an outcome)."""
+    workers: list[int] = []
+    running = threading.Event()
+    emitted: list[Result] = []
+    result = Result(
+        "m", "vision", "random", Target("cuda", "torch", "cuda"), Case(1, None, "fp32"), "ok", samples_ms=[1.0]
+    )
+
+    def hanging_group(emit: Emit) -> None:
+        run_isolated(report_pid_then_hang, None, 600, lambda pid: (workers.append(pid), running.set()))
+        emit(result)  # only if the hang ended: a stopped group never gets here
+
+    def stopping_group(emit: Emit) -> None:
+        assert running.wait(120)
+        if stop == "failure":
+            raise RuntimeError("this device group failed")
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C: Python raises KeyboardInterrupt in the main thread
+
+    with pytest.raises(RuntimeError if stop == "failure" else KeyboardInterrupt):
+        _parallel([hanging_group, stopping_group])(emitted.append)
+    still = [t.name for t in threading.enumerate() if t.name.startswith("device-group")]
+    worker = psutil.Process(workers[0]) if psutil.pid_exists(workers[0]) else None
+    try:
+        assert not still, f"device-group threads still running: {still}"
+        assert worker is None or not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE
+        assert emitted == []
+    finally:
+        if worker is not None and worker.is_running():
+            worker.kill()
+
+
+def test_two_preparers_of_one_case_never_share_a_temp_file(tmp_path: Path) -> None:
+    """Two device groups preparing one model write the same case file at once: each through its own
+    temp file, renamed into place, so neither fails or leaves half a file, and no temp file remains."""
+    path = tmp_path / "b1_s16.npz"
+    feeds = {"input_ids": np.arange(256 * 1024, dtype=np.int64).reshape(1, -1)}
+    failures: list[BaseException] = []
+
+    def prepare_repeatedly() -> None:
+        try:
+            for _ in range(100):
+                _save_case(path, feeds, [np.ones((1, 64), np.float32)])
+        except BaseException as exc:
+            failures.append(exc)
+
+    groups = [threading.Thread(target=prepare_repeatedly) for _ in range(2)]
+    for group in groups:
+        group.start()
+    for group in groups:
+        group.join()
+    assert not failures, failures[0]
+    assert list(tmp_path.iterdir()) == [path]
+    with np.load(path) as data:
+        assert (data["in:input_ids"] == feeds["input_ids"]).all()
