@@ -92,15 +92,23 @@ def timed_runs(run: Callable[[], object], iterations: int) -> float:
 
 # --- ONNX Runtime's trace (native and web) -----------------------------------------------------------
 KERNEL_SUFFIX = "_kernel_time"
+GPU_KERNEL_CATEGORY = "Api"  # WebGPU EP kernel times from timestamp queries: "node&OpType&Program"
+HOST_WAIT = "host time (includes waiting for queued GPU work)"
 
 
 def ort_trace_ops(events: Iterable[dict[str, Any]], skip_runs: int, requested: str | None = None) -> list[OpTime]:
     """Per-node times from an ONNX Runtime profile (Chrome trace JSON), leaving out the first
     `skip_runs` runs (a new session's first run allocates its buffers). Nodes an optimizer fused are
     named after the node they grew from ("node_MatMul_94/MatMulScaleFusion/"): that node is their
-    source. `requested`: the provider asked for; a node on another one is a fallback."""
+    source. `requested`: the provider asked for; a node on another one is a fallback.
+
+    A node on a GPU EP returns as soon as its work is queued, so where the trace holds the EP's own
+    kernel times (ORT's WebGPU EP, with timestamp-query) those replace the node's host time. A GPU
+    node without kernels (MemcpyToHost) keeps its host time, which includes waiting for the queue,
+    and says so in its kernel column."""
     events = list(events)
-    runs = sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])[skip_runs:]
+    all_runs = sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])
+    runs = all_runs[skip_runs:]
     if not runs:
         return []
     start, end = runs[0]["ts"], runs[-1]["ts"] + runs[-1]["dur"]
@@ -109,11 +117,20 @@ def ort_trace_ops(events: Iterable[dict[str, Any]], skip_runs: int, requested: s
         name = event.get("name", "")
         if event.get("cat") != "Node" or not name.endswith(KERNEL_SUFFIX) or not start <= event["ts"] <= end:
             continue
-        node = name.removesuffix(KERNEL_SUFFIX)
         args = event.get("args", {})
-        entry = found.setdefault(node, {"op": args.get("op_name", "?"), "ep": args.get("provider"), "n": 0, "us": 0})
+        entry = found.setdefault(
+            name.removesuffix(KERNEL_SUFFIX),
+            {"op": args.get("op_name", "?"), "ep": args.get("provider"), "n": 0, "us": 0},
+        )
         entry["n"] += 1
         entry["us"] += event.get("dur", 0)
+    gpu = _gpu_kernels(events, len(all_runs), skip_runs)
+    gpu_eps = {found[node]["ep"] for node in gpu if node in found}
+    for node, entry in found.items():
+        if node in gpu:
+            entry |= gpu[node]
+        elif entry["ep"] in gpu_eps:
+            entry["programs"] = HOST_WAIT
     return [
         OpTime(
             node=node,
@@ -121,11 +138,28 @@ def ort_trace_ops(events: Iterable[dict[str, Any]], skip_runs: int, requested: s
             provider=entry["ep"],
             calls=entry["n"],
             total_ms=entry["us"] / 1000,
+            kernel=entry.get("programs"),
             sources=(node.split("/")[0],),
             fallback=requested is not None and entry["ep"] is not None and entry["ep"] != requested,
         )
         for node, entry in found.items()
     ]
+
+
+def _gpu_kernels(events: list[dict[str, Any]], runs: int, skip_runs: int) -> dict[str, dict[str, Any]]:
+    """Per node, its GPU kernels' dispatches and time. Their timestamps are on the GPU's clock, so the
+    skipped runs' share is left out by order: every run dispatches the same kernels."""
+    kernels = [e for e in events if e.get("cat") == GPU_KERNEL_CATEGORY and e.get("name", "").count("&") >= 2]
+    kernels = kernels[len(kernels) * skip_runs // runs :] if runs else []
+    found: dict[str, dict[str, Any]] = {}
+    for event in kernels:
+        node, _, program = event["name"].split("&", 2)
+        entry = found.setdefault(node, {"n": 0, "us": 0, "programs": []})
+        entry["n"] += 1
+        entry["us"] += event.get("dur", 0)
+        if program not in entry["programs"]:
+            entry["programs"].append(program)
+    return {node: entry | {"programs": ", ".join(entry["programs"])} for node, entry in found.items()}
 
 
 # --- classes of executed operators --------------------------------------------------------------------
