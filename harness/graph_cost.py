@@ -114,6 +114,16 @@ class GraphCost:
     def bytes(self) -> float:
         return sum(n.bytes or 0.0 for n in self.nodes)
 
+    def work_by_class(self) -> dict[str, list[float]]:
+        """Per op class: [FLOPs, bytes, nodes], what the operator predictor prices (JSON-ready)."""
+        work: dict[str, list[float]] = {}
+        for node in self.nodes:
+            entry = work.setdefault(node.op_class, [0.0, 0.0, 0])
+            entry[0] += node.flops or 0.0
+            entry[1] += node.bytes or 0.0
+            entry[2] += 1
+        return work
+
 
 def op_class(op_type: str, weighted: bool) -> str:
     """The class an ONNX op type belongs to, as the operator predictor groups costs."""

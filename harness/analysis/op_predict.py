@@ -21,8 +21,11 @@ what lets a fit on some models carry to another.
 
 from __future__ import annotations
 
+import json
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from scipy.optimize import nnls
@@ -139,3 +142,30 @@ def mape(pairs: Iterable[tuple[Observation, float]]) -> float:
     """Mean absolute percentage error, as a fraction."""
     errors = [abs(guess - o.latency_ms) / o.latency_ms for o, guess in pairs]
     return float(np.mean(errors)) if errors else float("nan")
+
+
+# --- from the store --------------------------------------------------------------------------------------
+TargetKey = tuple[str, str, str]  # (hardware, engine, provider)
+
+OBSERVATIONS_SQL = """
+SELECT r.result_id, r.model, r.hardware, r.engine, r.provider, r.batch_size, r.seq_len, r.latency_p50_ms,
+       r.details->'$.graph_work' AS graph_work, o.op_class, sum(o.total_ms / o.iterations) AS class_ms
+FROM results r JOIN operators o USING (result_id)
+WHERE r.status = 'ok' AND r.mode = 'inference' AND r.latency_p50_ms > 0 AND r.details->'$.graph_work' IS NOT NULL
+GROUP BY ALL
+"""
+
+
+def observations(store: Any) -> dict[TargetKey, list[Observation]]:
+    """Every profiled ok inference result with its graph's work, per target (hardware, engine, provider)."""
+    rows: dict[str, dict[str, Any]] = {}
+    for row in store.query(OBSERVATIONS_SQL):
+        entry = rows.setdefault(row["result_id"], row | {"classes": {}})
+        entry["classes"][row["op_class"]] = row["class_ms"]
+    found: dict[TargetKey, list[Observation]] = defaultdict(list)
+    for row in rows.values():
+        work = {name: Work(*values) for name, values in json.loads(row["graph_work"]).items()}
+        found[(row["hardware"], row["engine"], row["provider"])].append(
+            Observation(row["model"], row["batch_size"], row["seq_len"], row["latency_p50_ms"], work, row["classes"])
+        )
+    return dict(found)
