@@ -149,6 +149,9 @@ def test_exported_bert_tiny_linear_layers(bert_tiny_export: Path, batch: int, se
     assert cost.unknown_shapes == 0
     linear = sum(n.flops or 0 for n in cost.nodes if n.op_class == "matmul")
     assert linear == 2 * batch * seq * 2 * (4 * 128 * 128 + 2 * 128 * 512)
+    work = cost.work_by_class()  # what the operator predictor prices: [FLOPs, bytes, nodes] per class
+    assert work["matmul"][0] == linear and work["matmul"][2] == 2 * 6  # 6 weight MatMuls per layer
+    assert sum(w[2] for w in work.values()) == len(cost.nodes)
     attention = sum(n.flops or 0 for n in cost.nodes if n.op_class == "matmul_act")
     assert attention == 2 * 2 * (2 * batch * 2 * seq * seq * 64)  # layers × (QKᵀ, AV) × 2·b·heads·s²·d
 
