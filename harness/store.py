@@ -18,10 +18,11 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from harness.result import Result
-from harness.stats import summarize, summarize_generation
+from harness.core.records import Result
+from harness.core.stats import summarize, summarize_generation
 
 DEFAULT_DB = Path("accelharness.duckdb")
+ALL_RUNS = "all"  # the run selector for every run in the store
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL, applied_at TIMESTAMP NOT NULL);

@@ -34,7 +34,7 @@ from conftest import CLI, run_cli
 from onnx import TensorProto, helper, numpy_helper
 
 from harness.analysis.compare import compare_runs, resolve_selector
-from harness.analysis.query import AnalysisError
+from harness.analysis.tables import AnalysisError
 from harness.store import open_store
 
 WIDTH = 192

@@ -7,7 +7,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from harness.result import Case, Result, ResultError, Target
+from harness.core.records import Case, Result, ResultError, Target
 from harness.store import SCHEMA_VERSION, TABLES, StoreError, init_store, open_store
 
 

@@ -40,9 +40,9 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from harness.analysis.query import AnalysisError, Table, render_table
-from harness.report.data import case_label, mode_of, target_label
-from harness.result import MEASURED
+from harness.analysis.tables import AnalysisError, Table, render_table
+from harness.core.labels import case_label, mode_of, target_label
+from harness.core.records import MEASURED
 from harness.store import Store, StoreError, open_store
 
 KEY = ("model", "hardware", "engine", "provider", "batch_size", "seq_len", "precision", "mode", "new_tokens")

@@ -1,25 +1,15 @@
-"""`accelharness`: parse, validate, call the API. No benchmarking logic lives here."""
+"""The commands that benchmark: native, web and run (both halves as one run). They parse, validate and
+call the API; no benchmarking logic lives here."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
-from rich.table import Table
 
-from harness.api import BenchmarkRequest, RequestError, run_native, validate
-from harness.cli_common import (
+from harness.cli.common import (
     BatchOption,
     DbOption,
     FamiliesOption,
@@ -34,18 +24,17 @@ from harness.cli_common import (
     SmallOption,
     TimeoutOption,
     WarmupOption,
-    app,
     console,
-    db_app,
-    errors,
     fail,
     given,
     int_list,
     split_list,
 )
-from harness.recording import RunSummary, resume_point
-from harness.result import Result
-from harness.store import DEFAULT_DB, StoreError, init_store
+from harness.cli.progress import run_with_progress
+from harness.run.native import run_native
+from harness.run.plan import BenchmarkRequest, RequestError, validate
+from harness.run.recording import resume_point
+from harness.store import DEFAULT_DB, StoreError
 from harness.web.eps import WEB_HARDWARE, WEBNN_DEVICES
 
 WEB_EPS = ",".join(WEB_HARDWARE)
@@ -91,7 +80,6 @@ WebPrecisionOption = Annotated[
 ]
 
 
-@app.command()
 def native(
     ctx: typer.Context,
     model: ModelOption = None,
@@ -158,7 +146,6 @@ def native(
     run_with_progress(plan.total_results, lambda on_result: run_native(request, on_result, plan, run_id))
 
 
-@app.command()
 def web(
     ctx: typer.Context,
     browser: Annotated[str, typer.Option(help="chrome, chromium or edge (chrome/edge fall back to Chromium).")] = (
@@ -193,7 +180,7 @@ def web(
 ) -> None:
     """Benchmark the same ONNX files and inputs in Chromium via onnxruntime-web (wasm, webgpu, webnn): launched
     here (headless, or --headed; --gpu profile) or remote (--browser-endpoint)."""
-    from harness.web_api import WebRequest, run_web, validate_web
+    from harness.run.web import WebRequest, run_web, validate_web
 
     if "webnn" not in (split_list(hardware) or []) and given(ctx, "webnn_device"):
         raise fail(f"--webnn-device applies to webnn only (got --hardware {hardware}); add webnn or drop it")
@@ -231,7 +218,6 @@ def web(
     run_with_progress(plan.total_results, lambda on_result: run_web(request, on_result, plan, resume_run_id=run_id))
 
 
-@app.command()
 def run(
     model: ModelOption = None,
     model_families: FamiliesOption = None,
@@ -259,7 +245,8 @@ def run(
     resume: ResumeOption = False,
 ) -> None:
     """Native backends and the browser as one run: one report with both side by side."""
-    from harness.web_api import WebRequest, both_arguments, run_both, validate_web
+    from harness.run.both import both_arguments, run_both
+    from harness.run.web import WebRequest, validate_web
 
     common = {
         "models": split_list(model),
@@ -316,156 +303,3 @@ def resumed(db: Path, command: str, arguments: dict, plans: list) -> str | None:
     else:
         console.print(f"--resume: continuing run {run_id}; {sum(p.total_results for p in plans)} results still to run")
     return run_id
-
-
-def run_with_progress(total: int, start: Callable[[Callable[[Result, str], None]], RunSummary]) -> RunSummary:
-    """Run with a progress bar (ETA) fed by each committed result, then print the summary."""
-    rows: list[Result] = []
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("eta"),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, console=console) as progress:
-        task = progress.add_task("benchmarking", total=total)
-
-        def on_result(result: Result, _result_id: str) -> None:
-            rows.append(result)
-            progress.update(task, advance=1, description=f"{result.model} {result.target.label}")
-            if not console.is_terminal:  # logs and CI: a line per stored result instead of a live bar
-                console.print(
-                    f"[{len(rows)}/{total}] stored {result.model} {result.target.label} {result.case.key}: "
-                    f"{result.status}",
-                    highlight=False,
-                )
-
-        try:
-            summary = start(on_result)
-        except StoreError as exc:
-            raise fail(str(exc)) from None
-    console.print(summary_table(rows))
-    console.print(f"run [bold]{summary.run_id}[/bold] → {summary.db_path}: {summary.counts}")
-    for path in summary.reports:
-        console.print(f"  report: {path}")
-    if summary.report_error:
-        errors.print(f"[red]error:[/red] {summary.report_error}", highlight=False, soft_wrap=True)
-        raise typer.Exit(1)
-    return summary
-
-
-def summary_table(rows: list[Result]) -> Table:
-    from harness.report.data import flags
-    from harness.stats import summarize
-
-    table = Table(title="Results")
-    for name in ("model", "target", "case", "status", "p50 ms", "items/s", "max |diff|", "note"):
-        table.add_column(name, overflow="fold")
-    for r in rows:
-        s = summarize(r.samples_ms, r.case.batch_size)
-        marked = {"status": r.status, "precision": r.precision, "requested_precision": r.case.precision}
-        marked |= {"noisy": bool(s and s.noisy), "latency_cv": s.cv if s else None, "details": r.details}
-        notes = flags(marked)  # the same warnings the reports put next to the number
-        notes += [r.error.splitlines()[0][:100]] if r.error else []
-        table.add_row(
-            r.model,
-            r.target.label,
-            r.case.key,
-            r.status,
-            f"{s.median_ms:.3f}" if s else "—",
-            f"{s.throughput_per_s:.1f}" if s and s.throughput_per_s is not None else "—",
-            f"{r.max_abs_diff:.2g}" if r.max_abs_diff is not None else "—",
-            "; ".join(notes),
-        )
-    return table
-
-
-@app.command("hardware")
-def hardware_command() -> None:
-    """List every platform with available yes/no and the reason, plus CPU, memory and GPUs."""
-    from harness.hardware import detect_platforms, hardware_rows
-    from harness.provenance import host_facts
-
-    host = host_facts()
-    console.print(
-        f"CPU: {host['cpu_model']} — {host['cpu_physical_cores']} cores / {host['cpu_cores']} threads; "
-        f"memory {host['memory_gb']} GB"
-    )
-    gpus = {r["device_name"] for r in hardware_rows() if r["platform"] in ("cuda", "rocm") and r["device_name"]}
-    console.print(f"GPUs: {', '.join(sorted(gpus)) or 'none detected'}")
-    table = Table()
-    for name in ("platform", "available", "reason"):
-        table.add_column(name, overflow="fold")
-    for status in detect_platforms():
-        table.add_row(status.platform, "yes" if status.available else "no", status.reason)
-    console.print(table)
-
-
-ENGINE_STATUS_SQL = """
-WITH latest AS (
-    SELECT model, engine, results.status,
-           dense_rank() OVER (PARTITION BY model, engine ORDER BY started_at DESC, run_id DESC) AS k
-    FROM results JOIN runs USING (run_id))
-SELECT model, engine, status, count(*) AS n FROM latest WHERE k = 1 GROUP BY ALL ORDER BY model, engine, status
-"""
-
-
-def engine_statuses(db: Path) -> dict[str, str]:
-    """model → "engine: status×count …" from each engine's latest run of it; empty without a DB."""
-    from harness.store import open_store
-
-    if not db.exists():
-        return {}
-    with open_store(db, read_only=True) as store:
-        rows = store.query(ENGINE_STATUS_SQL)
-    cells: dict[str, dict[str, list[str]]] = {}
-    for r in rows:
-        cells.setdefault(r["model"], {}).setdefault(r["engine"], []).append(f"{r['status']}×{r['n']}")
-    return {m: "; ".join(f"{e}: {' '.join(s)}" for e, s in by_engine.items()) for m, by_engine in cells.items()}
-
-
-@app.command()
-def models(db: DbOption = DEFAULT_DB) -> None:
-    """List the model specs: family, variant, architecture, inputs, parameters (counted on the meta
-    device, nothing allocated) and, from --db if it exists, each engine's statuses in its latest run."""
-    from harness.specs import load_specs
-    from harness.workload import count_parameters
-
-    try:
-        statuses = engine_statuses(db)
-    except StoreError as exc:
-        raise fail(str(exc)) from None
-    table = Table()
-    for name in ("model", "family", "variant", "architecture", "inputs", "parameters"):
-        table.add_column(name, no_wrap=True)
-    table.add_column(f"engines ({db.name})", overflow="fold")
-    for spec in sorted(load_specs().values(), key=lambda s: (s.family, s.name)):
-        try:
-            parameters = f"{count_parameters(spec):,}"
-        except Exception as exc:  # a spec transformers cannot build: say so, list the rest
-            parameters = f"cannot build: {exc}"[:80]
-        row = (spec.name, spec.family, spec.variant, spec.architecture, spec.inputs.kind, parameters)
-        table.add_row(*row, statuses.get(spec.name, "—"))
-    console.print(table)
-
-
-@db_app.command("init")
-def db_init(
-    db: DbOption = DEFAULT_DB,
-    overwrite: Annotated[bool, typer.Option(help="Delete the existing file first.")] = False,
-) -> None:
-    """Create the schema (idempotent)."""
-    try:
-        init_store(db, overwrite)
-    except StoreError as exc:
-        raise fail(str(exc)) from None
-    console.print(f"schema ready in {db}")
-
-
-# The analysis and suite commands register themselves on the same app.
-from harness import cli_analysis, cli_suite  # noqa: E402, F401
-
-if __name__ == "__main__":
-    app()

@@ -10,9 +10,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from harness.api import RequestError
-from harness.cli import run_with_progress
-from harness.cli_common import app, console, fail, given, split_list
+from harness.cli.common import console, fail, given, split_list
+from harness.cli.progress import run_with_progress
+from harness.run.plan import RequestError
 from harness.store import StoreError
 
 DEFAULT_CONFIG_PATH = Path("accelharness-suite.toml")
@@ -67,7 +67,7 @@ def _report_only(
     """The seeds' modes that only read the store: plots, the matrix, aggregates, a before/after plot."""
     from harness.analysis import compare
     from harness.analysis.matrix import update_matrix
-    from harness.analysis.query import AnalysisError
+    from harness.analysis.tables import AnalysisError
     from harness.report import write_reports
 
     written: list[Path] = []
@@ -88,7 +88,7 @@ def _report_only(
 
 
 def _print_check(plan: object) -> None:
-    from harness.suite import SuitePlan, check_prerequisites
+    from harness.suite.plan import SuitePlan, check_prerequisites
 
     assert isinstance(plan, SuitePlan)
     checks = Table(title="Prerequisites")
@@ -113,8 +113,8 @@ def _print_check(plan: object) -> None:
 
 
 def _print_cluster_check(plan: object, address: str) -> None:
-    from harness.distributed import print_cluster_check
-    from harness.suite import SuitePlan
+    from harness.suite.plan import SuitePlan
+    from harness.suite.ray import print_cluster_check
 
     assert isinstance(plan, SuitePlan)
     try:
@@ -123,7 +123,6 @@ def _print_cluster_check(plan: object, address: str) -> None:
         raise fail(str(exc)) from None
 
 
-@app.command()
 def suite(
     ctx: typer.Context,
     config: Annotated[Path, typer.Option(help="The suite config (.toml, or .json).")] = DEFAULT_CONFIG_PATH,
@@ -155,7 +154,7 @@ def suite(
     ] = None,
 ) -> None:
     """Run a benchmark suite from a config file; resumable, independent devices side by side."""
-    from harness.suite_config import ConfigError, load_config, write_default_config
+    from harness.suite.config import ConfigError, load_config, write_default_config
 
     _refuse_unused(ctx)
     try:
@@ -170,7 +169,8 @@ def suite(
         _report_only(loaded.db, loaded.output_dir, plot_only, update_matrix_only, aggregate, plot_comparison)
         return
     age = parse_age(older_than) if older_than else None
-    from harness.suite import plan_suite, run_suite  # imports torch: only once the options are known good
+    from harness.suite.plan import plan_suite  # imports torch: only once the options are known good
+    from harness.suite.run import run_suite
 
     try:
         plan = plan_suite(loaded, split_list(models), split_list(hardware), resume, age)
@@ -203,7 +203,7 @@ def suite(
 def _resolve_baseline(db: Path, baseline: str | None, threshold: str, fail_on_regression: bool) -> str | None:
     """The baseline's run id, resolved before the run (so 'latest' means the run before this one)."""
     from harness.analysis.compare import parse_threshold, resolve_selector
-    from harness.analysis.query import AnalysisError
+    from harness.analysis.tables import AnalysisError
     from harness.store import open_store
 
     if baseline is None:

@@ -1,4 +1,4 @@
-"""What every command module shares: the Typer apps, consoles and argument helpers."""
+"""What every command module shares: the consoles, the argument helpers and the options."""
 
 from __future__ import annotations
 
@@ -9,13 +9,6 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-app = typer.Typer(
-    help="Measured ML inference benchmarks: native backends and the browser, one DuckDB store.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-)
-db_app = typer.Typer(help="Manage the DuckDB store.", no_args_is_help=True)
-app.add_typer(db_app, name="db")
 console = Console()
 if not console.is_terminal:  # logs and CI: rich would fold every table to 80 columns
     console.width = 160
