@@ -201,7 +201,7 @@ def load_rows(db_path: Path, run: str = ALL_RUNS) -> list[dict[str, Any]]:
     with open_store(db_path, read_only=True) as store:
         if run == ALL_RUNS:
             return store.query("SELECT * FROM results")
-        return store.results(store.resolve_run(run))
+        return [row for run_id in store.resolve_runs(run) for row in store.results(run_id)]
 
 
 def matrix_markdown(matrix: dict[str, Any]) -> str:

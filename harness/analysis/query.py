@@ -135,10 +135,8 @@ def run_report(db_path: Path, report: str, run: str = "latest", threshold: float
         raise AnalysisError(f"unknown report '{report}'; valid: {', '.join(REPORTS)}")
     if report == "regressions":
         return _regressions(db_path, threshold)
-    from harness.analysis.compare import resolve_selector
-
     with open_store(db_path, read_only=True) as store:
-        run_id = resolve_selector(store, run)
+        run_id = store.resolve_run(run)
         builder = {"latest": _latest, "best-hardware": _best_hardware, "compatibility": _compatibility}[report]
         return builder(store, run_id)
 

@@ -9,7 +9,18 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from harness.cli.common import DbOption, console, errors, fail, int_list, split_list
+from harness.cli.common import (
+    RUN_SELECTOR,
+    DbOption,
+    OutputDirOption,
+    RunOption,
+    RunsOption,
+    console,
+    errors,
+    fail,
+    int_list,
+    split_list,
+)
 from harness.store import DEFAULT_DB, StoreError
 
 AnalysisFormat = Annotated[str, typer.Option("--format", help="md, json or html.")]
@@ -17,9 +28,9 @@ OutOption = Annotated[Path | None, typer.Option("--out", help="Write here instea
 
 
 def report(
-    run: Annotated[str, typer.Option(help="RUN_ID, 'latest' or 'all' (every run in the DB).")] = "latest",
+    run: RunsOption = "latest",
     db: DbOption = DEFAULT_DB,
-    output_dir: Annotated[Path, typer.Option(help="Where the reports go.")] = Path("accelharness-results"),
+    output_dir: OutputDirOption = Path("accelharness-results"),
     fmt: Annotated[
         str | None, typer.Option("--format", help="Comma-separated: html,md,json,csv (default all).")
     ] = None,
@@ -49,8 +60,8 @@ def report(
 
 def matrix(
     db: DbOption = DEFAULT_DB,
-    output_dir: Annotated[Path, typer.Option(help="Where the matrix files go.")] = Path("accelharness-results"),
-    run: Annotated[str, typer.Option(help="RUN_ID, 'latest' or 'all' (latest result per cell).")] = "all",
+    output_dir: OutputDirOption = Path("accelharness-results"),
+    run: RunsOption = "all",
     update_matrix_only: Annotated[
         bool, typer.Option(help="Only rebuild the files from the DB (no table printed); nothing is run.")
     ] = False,
@@ -197,7 +208,7 @@ def emit(text: str, out: Path | None) -> None:
 
 
 def compare_command(
-    runs: Annotated[list[str] | None, typer.Argument(help="A B: RUN_ID, latest, previous, latest-on-<branch>.")] = None,
+    runs: Annotated[list[str] | None, typer.Argument(help=f"A B, each {RUN_SELECTOR}.")] = None,
     baseline: Annotated[str | None, typer.Option(help="A, e.g. latest-on-main; then pass only B.")] = None,
     threshold: Annotated[str, typer.Option(help="Smallest change that counts: 5% or 0.05.")] = "5%",
     quantile: Annotated[float, typer.Option(help="Statistic: 0.5 = median; 0.25 resists load spikes.")] = 0.5,
@@ -263,9 +274,7 @@ def history_command(
 def query_command(
     report: Annotated[str | None, typer.Option(help="latest, best-hardware, compatibility or regressions.")] = None,
     sql: Annotated[str | None, typer.Option(help="One read-only SELECT over runs/hardware/results/samples.")] = None,
-    run: Annotated[str, typer.Option(help="Run for latest/best-hardware/compatibility (selector or RUN_ID).")] = (
-        "latest"
-    ),
+    run: RunOption = "latest",
     threshold: Annotated[str, typer.Option(help="Threshold for the regressions report: 5% or 0.05.")] = "5%",
     fmt: Annotated[str, typer.Option("--format", help="md, csv, json or html.")] = "md",
     out: OutOption = None,

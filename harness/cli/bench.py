@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -70,6 +70,15 @@ EndpointOption = Annotated[
         "--remote-debugging-port). Everything reaches it through Playwright; no local port is opened.",
     ),
 ]
+BrowserOption = Annotated[
+    str, typer.Option("--browser", help="chrome, chromium or edge (chrome/edge fall back to Chromium).")
+]
+BrowserPathOption = Annotated[
+    Path | None, typer.Option("--browser-path", help="The browser executable to use instead.")
+]
+ThreadsOption = Annotated[
+    str, typer.Option("--threads", help="Comma-separated wasm thread counts (webgpu/webnn use the first).")
+]
 WebPrecisionOption = Annotated[
     str,
     typer.Option(
@@ -118,25 +127,15 @@ def native(
     modes = split_list(mode) or ["inference"]
     if "generate" not in modes and given(ctx, "new_tokens"):
         raise fail(f"--new-tokens applies to --mode generate only (got --mode {mode}); add generate or drop it")
+    shared = run_options(model, model_families, small_models, model_path, batch_sizes, sequence_lengths,
+                         warmup, iterations, min_duration, max_iterations, timeout, db, output_dir)  # fmt: skip
     request = BenchmarkRequest(
-        models=split_list(model),
-        model_families=split_list(model_families),
-        small_models=small_models,
-        model_path=model_path,
         hardware=split_list(hardware),
         engines=split_list(engines),
-        batch_sizes=int_list("--batch-sizes", batch_sizes),
-        sequence_lengths=int_list("--sequence-lengths", sequence_lengths),
         precision=precision,
         modes=modes,
         new_tokens=new_tokens,
-        warmup=warmup,
-        iterations=iterations,
-        min_duration_s=min_duration,
-        max_iterations=max_iterations,
-        timeout_s=timeout,
-        db_path=db,
-        output_dir=output_dir,
+        **shared,
     )
     try:
         plan = validate(request)
@@ -148,10 +147,8 @@ def native(
 
 def web(
     ctx: typer.Context,
-    browser: Annotated[str, typer.Option(help="chrome, chromium or edge (chrome/edge fall back to Chromium).")] = (
-        "chromium"
-    ),
-    browser_path: Annotated[Path | None, typer.Option(help="The browser executable to use instead.")] = None,
+    browser: BrowserOption = "chromium",
+    browser_path: BrowserPathOption = None,
     hardware: Annotated[str, typer.Option(help=f"Comma-separated: {WEB_EPS}.")] = WEB_EPS,
     model: ModelOption = None,
     model_families: FamiliesOption = None,
@@ -159,9 +156,7 @@ def web(
     model_path: ModelPathOption = None,
     batch_sizes: BatchOption = "1",
     sequence_lengths: SeqOption = "32",
-    threads: Annotated[
-        str, typer.Option(help="Comma-separated wasm thread counts (webgpu/webnn use the first).")
-    ] = "1",
+    threads: ThreadsOption = "1",
     webnn_device: Annotated[str, typer.Option(help=f"WebNN deviceType: {', '.join(WEBNN_DEVICES)}.")] = "gpu",
     precision: WebPrecisionOption = "fp32",
     gpu: GpuOption = "auto",
@@ -184,31 +179,16 @@ def web(
 
     if "webnn" not in (split_list(hardware) or []) and given(ctx, "webnn_device"):
         raise fail(f"--webnn-device applies to webnn only (got --hardware {hardware}); add webnn or drop it")
+    shared = run_options(model, model_families, small_models, model_path, batch_sizes, sequence_lengths,
+                         warmup, iterations, min_duration, max_iterations, timeout, db, output_dir)  # fmt: skip
     request = WebRequest(
-        models=split_list(model),
-        model_families=split_list(model_families),
-        small_models=small_models,
-        model_path=model_path,
         hardware=split_list(hardware) or [],
-        browser=browser,
-        browser_path=browser_path,
-        threads=thread_counts(threads, hardware),
         webnn_device=webnn_device,
         precision=precision,
-        gpu=gpu,
-        headed=headed,
-        browser_args=browser_arg or [],
-        require_hardware_gpu=require_hardware_gpu,
-        browser_endpoint=browser_endpoint,
-        batch_sizes=int_list("--batch-sizes", batch_sizes),
-        sequence_lengths=int_list("--sequence-lengths", sequence_lengths),
-        warmup=warmup,
-        iterations=iterations,
-        min_duration_s=min_duration,
-        max_iterations=max_iterations,
-        timeout_s=timeout,
-        db_path=db,
-        output_dir=output_dir,
+        **browser_options(
+            browser, browser_path, threads, hardware, gpu, headed, browser_arg, require_hardware_gpu, browser_endpoint
+        ),
+        **shared,
     )
     try:
         plan = validate_web(request)
@@ -222,10 +202,12 @@ def run(
     model: ModelOption = None,
     model_families: FamiliesOption = None,
     small_models: SmallOption = False,
+    model_path: ModelPathOption = None,
     hardware: Annotated[str | None, typer.Option(help="Native hardware (default: every available).")] = None,
     web_hardware: Annotated[str, typer.Option(help=f"Browser EPs: {WEB_EPS}.")] = WEB_EPS,
-    browser: Annotated[str, typer.Option(help="chrome, chromium or edge.")] = "chromium",
-    threads: Annotated[str, typer.Option(help="wasm thread counts.")] = "1",
+    browser: BrowserOption = "chromium",
+    browser_path: BrowserPathOption = None,
+    threads: ThreadsOption = "1",
     precision: Annotated[
         str, typer.Option(help="Comma-separated: fp32, fp16, bf16, int8, auto (native and browser halves).")
     ] = "fp32",
@@ -239,6 +221,7 @@ def run(
     warmup: WarmupOption = 5,
     iterations: IterationsOption = 20,
     min_duration: MinDurationOption = 0.5,
+    max_iterations: MaxIterationsOption = 10_000,
     timeout: TimeoutOption = 300.0,
     db: DbOption = DEFAULT_DB,
     output_dir: OutputDirOption = Path("accelharness-results"),
@@ -248,31 +231,24 @@ def run(
     from harness.run.both import both_arguments, run_both
     from harness.run.web import WebRequest, validate_web
 
-    common = {
-        "models": split_list(model),
-        "model_families": split_list(model_families),
-        "small_models": small_models,
-        "batch_sizes": int_list("--batch-sizes", batch_sizes),
-        "sequence_lengths": int_list("--sequence-lengths", sequence_lengths),
-        "warmup": warmup,
-        "iterations": iterations,
-        "min_duration_s": min_duration,
-        "timeout_s": timeout,
-        "db_path": db,
-        "output_dir": output_dir,
-        "precision": precision,
-    }
-    native_request = BenchmarkRequest(hardware=split_list(hardware), **common)
+    shared = run_options(model, model_families, small_models, model_path, batch_sizes, sequence_lengths,
+                         warmup, iterations, min_duration, max_iterations, timeout, db, output_dir)  # fmt: skip
+    native_request = BenchmarkRequest(hardware=split_list(hardware), precision=precision, **shared)
     web_request = WebRequest(
         hardware=split_list(web_hardware) or [],
-        browser=browser,
-        threads=thread_counts(threads, web_hardware),
-        gpu=gpu,
-        headed=headed,
-        browser_args=browser_arg or [],
-        require_hardware_gpu=require_hardware_gpu,
-        browser_endpoint=browser_endpoint,
-        **common,
+        precision=precision,
+        **browser_options(
+            browser,
+            browser_path,
+            threads,
+            web_hardware,
+            gpu,
+            headed,
+            browser_arg,
+            require_hardware_gpu,
+            browser_endpoint,
+        ),
+        **shared,
     )
     try:
         plans = (validate(native_request), validate_web(web_request))
@@ -282,6 +258,63 @@ def run(
     run_id = resumed(db, "run", arguments, list(plans)) if resume else None
     total = sum(p.total_results for p in plans)
     run_with_progress(total, lambda on_result: run_both(native_request, web_request, on_result, plans, run_id))
+
+
+def run_options(
+    model: str | None,
+    model_families: str | None,
+    small_models: bool,
+    model_path: Path | None,
+    batch_sizes: str,
+    sequence_lengths: str,
+    warmup: int,
+    iterations: int,
+    min_duration: float,
+    max_iterations: int,
+    timeout: float,
+    db: Path,
+    output_dir: Path,
+) -> dict[str, Any]:
+    """The RunOptions every benchmark command takes (the model selection, cases, stop rule, store), parsed."""
+    return {
+        "models": split_list(model),
+        "model_families": split_list(model_families),
+        "small_models": small_models,
+        "model_path": model_path,
+        "batch_sizes": int_list("--batch-sizes", batch_sizes),
+        "sequence_lengths": int_list("--sequence-lengths", sequence_lengths),
+        "warmup": warmup,
+        "iterations": iterations,
+        "min_duration_s": min_duration,
+        "max_iterations": max_iterations,
+        "timeout_s": timeout,
+        "db_path": db,
+        "output_dir": output_dir,
+    }
+
+
+def browser_options(
+    browser: str,
+    browser_path: Path | None,
+    threads: str,
+    web_hardware: str,
+    gpu: str,
+    headed: bool,
+    browser_arg: list[str] | None,
+    require_hardware_gpu: bool,
+    browser_endpoint: str | None,
+) -> dict[str, Any]:
+    """How `web` and `run` launch (or reach) the browser, parsed."""
+    return {
+        "browser": browser,
+        "browser_path": browser_path,
+        "threads": thread_counts(threads, web_hardware),
+        "gpu": gpu,
+        "headed": headed,
+        "browser_args": browser_arg or [],
+        "require_hardware_gpu": require_hardware_gpu,
+        "browser_endpoint": browser_endpoint,
+    }
 
 
 def thread_counts(threads: str, web_hardware: str) -> list[int]:

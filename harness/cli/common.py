@@ -15,6 +15,11 @@ if not console.is_terminal:  # logs and CI: rich would fold every table to 80 co
 errors = Console(stderr=True)
 
 DbOption = Annotated[Path, typer.Option("--db", help="DuckDB file.")]
+OutputDirOption = Annotated[Path, typer.Option("--output-dir", help="Where the reports and the matrix go.")]
+# The one run-selector grammar (harness.store.Store.resolve_run), for every option that names a run.
+RUN_SELECTOR = "latest, previous, latest-on-<branch>, a run id or its start, or a suite name"
+RunOption = Annotated[str, typer.Option("--run", help=f"The run: {RUN_SELECTOR}.")]
+RunsOption = Annotated[str, typer.Option("--run", help=f"The run ({RUN_SELECTOR}), RUN,RUN,… for several, or all.")]
 
 
 def fail(message: str) -> typer.Exit:
@@ -63,7 +68,6 @@ MaxIterationsOption = Annotated[int, typer.Option("--max-iterations", help="Cap 
 TimeoutOption = Annotated[
     float, typer.Option("--timeout", help="Seconds a worker or page may go without finishing a case.")
 ]
-OutputDirOption = Annotated[Path, typer.Option("--output-dir", help="Where the reports go.")]
 ResumeOption = Annotated[
     bool,
     typer.Option(

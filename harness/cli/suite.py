@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from harness.cli.common import console, fail, given, split_list
+from harness.cli.common import RUN_SELECTOR, console, fail, given, split_list
 from harness.cli.progress import run_with_progress
 from harness.run.plan import RequestError
 from harness.store import StoreError
@@ -19,6 +20,7 @@ DEFAULT_CONFIG_PATH = Path("accelharness-suite.toml")
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)([dhm])$")
 UNITS = {"d": "days", "h": "hours", "m": "minutes"}
 MAX_AGE = timedelta(days=100 * 365)  # further back than any stored result; beyond it dates overflow
+STORE = ("db", "output_dir")  # override the config's db and output_dir, for a run and the report-only modes
 # The seeds' modes that only read the store, and the options only a run uses: never both.
 REPORT_ONLY = ("plot_only", "update_matrix_only", "aggregate", "plot_comparison")
 RUN_ONLY = (
@@ -47,7 +49,7 @@ def parse_age(text: str) -> timedelta:
 
 def _refuse_unused(ctx: typer.Context) -> None:
     """An option that would do nothing with the others given is refused, never silently ignored."""
-    if given(ctx, "create_config") and (unused := given(ctx, *REPORT_ONLY, *RUN_ONLY)):
+    if given(ctx, "create_config") and (unused := given(ctx, *REPORT_ONLY, *RUN_ONLY, *STORE)):
         raise fail(f"--create-config only writes the config file; {', '.join(unused)} would do nothing: drop it")
     modes = given(ctx, *REPORT_ONLY)
     if modes and (unused := given(ctx, *RUN_ONLY)):
@@ -134,14 +136,16 @@ def suite(
     older_than: Annotated[
         str | None, typer.Option(help="A new run of only what the suite measured longer ago, e.g. 30d.")
     ] = None,
-    plot_only: Annotated[str | None, typer.Option(help="Only write RUN's HTML report with plots.")] = None,
-    update_matrix_only: Annotated[bool, typer.Option(help="Only rebuild the compatibility matrix.")] = False,
-    aggregate: Annotated[str | None, typer.Option(help="Only write one report over RUN,RUN,….")] = None,
-    plot_comparison: Annotated[
-        tuple[str, str] | None, typer.Option(help="Only plot run B against run A (two RUN ids).")
+    db: Annotated[Path | None, typer.Option("--db", help="DuckDB file (default: the config's db).")] = None,
+    output_dir: Annotated[
+        Path | None, typer.Option("--output-dir", help="Where the reports and the matrix go (default: the config's).")
     ] = None,
+    plot_only: Annotated[str | None, typer.Option(help=f"Only write RUN's HTML report ({RUN_SELECTOR}).")] = None,
+    update_matrix_only: Annotated[bool, typer.Option(help="Only rebuild the compatibility matrix.")] = False,
+    aggregate: Annotated[str | None, typer.Option(help="Only write one report over RUN,RUN,… (or all).")] = None,
+    plot_comparison: Annotated[tuple[str, str] | None, typer.Option(help="Only plot run B against run A.")] = None,
     baseline: Annotated[
-        str | None, typer.Option(help="After the run, compare it with this run: RUN_ID, latest, latest-on-<branch>.")
+        str | None, typer.Option(help=f"After the run, compare it with this run: {RUN_SELECTOR}.")
     ] = None,
     threshold: Annotated[str, typer.Option(help="With --baseline: the smallest change that counts.")] = "5%",
     fail_on_regression: Annotated[bool, typer.Option(help="With --baseline: exit 1 if a case regressed.")] = False,
@@ -165,6 +169,7 @@ def suite(
         loaded = load_config(config)
     except ConfigError as exc:
         raise fail(str(exc)) from None
+    loaded = dataclasses.replace(loaded, db=db or loaded.db, output_dir=output_dir or loaded.output_dir)
     if plot_only or update_matrix_only or aggregate or plot_comparison:
         _report_only(loaded.db, loaded.output_dir, plot_only, update_matrix_only, aggregate, plot_comparison)
         return
@@ -202,7 +207,7 @@ def suite(
 
 def _resolve_baseline(db: Path, baseline: str | None, threshold: str, fail_on_regression: bool) -> str | None:
     """The baseline's run id, resolved before the run (so 'latest' means the run before this one)."""
-    from harness.analysis.compare import parse_threshold, resolve_selector
+    from harness.analysis.compare import parse_threshold
     from harness.analysis.tables import AnalysisError
     from harness.store import open_store
 
@@ -216,8 +221,8 @@ def _resolve_baseline(db: Path, baseline: str | None, threshold: str, fail_on_re
         raise fail(str(exc)) from None
     try:
         with open_store(db, read_only=True) as store:
-            return resolve_selector(store, baseline, Path.cwd())
-    except (AnalysisError, StoreError) as exc:
+            return store.resolve_run(baseline, Path.cwd())
+    except StoreError as exc:
         raise fail(f"--baseline {baseline}: {exc}") from None
 
 

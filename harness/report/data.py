@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.store import ALL_RUNS, Store, open_store
+from harness.store import Store, open_store
 
 
 @dataclass
@@ -50,9 +50,4 @@ def load_run_report(db_path: Path, run_selector: str) -> RunReport:
 def load_run_reports(db_path: Path, run_selector: str) -> list[RunReport]:
     """One RunReport for RUN_ID or 'latest', one per run for 'RUN,RUN,…'; for 'all', every run, oldest first."""
     with open_store(db_path, read_only=True) as store:
-        if run_selector != ALL_RUNS:
-            return [_load(store, store.resolve_run(selector)) for selector in run_selector.split(",")]
-        run_ids = [r["run_id"] for r in store.query("SELECT run_id FROM runs ORDER BY started_at")]
-        if not run_ids:
-            store.resolve_run("latest")  # raises the usual "has no runs yet"
-        return [_load(store, run_id) for run_id in run_ids]
+        return [_load(store, run_id) for run_id in store.resolve_runs(run_selector)]
