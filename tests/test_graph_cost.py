@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from tiny_prepared import prepared
 
-from harness.graph_cost import graph_cost
+from harness.core.graph_cost import graph_cost
 
 F32 = 4  # bytes per float32
 

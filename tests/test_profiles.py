@@ -7,11 +7,11 @@ from typing import Any
 import pytest
 from tiny_prepared import prepared
 
-from harness.graph_cost import GraphCost, graph_cost
+from harness.core.graph_cost import GraphCost, graph_cost
+from harness.core.profiles import Profile, operator_rows, ort_trace_ops
+from harness.core.records import Target
 from harness.native import get_backend
 from harness.native.base import LoadRequest
-from harness.profiles import Profile, operator_rows, ort_trace_ops
-from harness.result import Target
 
 CASE = (2, 16)
 TARGETS = {

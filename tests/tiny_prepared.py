@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import functools
 
-from harness.prepare import PreparedModel, PrepareJob, prepare_model
-from harness.specs import load_specs
+from harness.prepare.prepared import PreparedModel, PrepareJob, prepare_model
+from harness.prepare.specs import load_specs
 
 SHAPES = ((1, 8), (2, 16))
 

@@ -8,7 +8,7 @@ additive roofline with a per-call overhead:
     t_class = flops · a + bytes · b + nodes · c        (a = 1/compute rate, b = 1/bandwidth)
 
 with a, b, c ≥ 0 fitted on that class's profiled time across every profiled case of the target.
-The work (flops, bytes, nodes) comes from the case's ONNX graph (harness.graph_cost), never from the
+The work (flops, bytes, nodes) comes from the case's ONNX graph (harness.core.graph_cost), never from the
 profile, so a model that was never run is predicted from its graph alone. The classes' times sum to
 the operator time; the end-to-end latency adds what lies between operators, calibrated per target:
 

@@ -16,7 +16,7 @@ from html import escape
 from itertools import pairwise
 from typing import Any
 
-from harness.report.data import case_label, details_of, target_label
+from harness.core.labels import case_label, details_of, target_label
 
 TOP_TYPES = 7  # op types drawn apart in a bar; the rest share one segment
 RATIO_ROWS = 12
