@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 from scipy.optimize import nnls
 
-CLASSES = ("matmul", "matmul_act", "conv", "norm", "softmax", "elementwise", "data", "other")
+from harness.core.op_types import CLASSES
+
 FEATURES = ("gflops", "mb", "nodes")  # the fit's units: ms per GFLOP, per MB moved, per node
 MIN_MODELS = 2  # a fit needs profiles of at least this many models of the target
 

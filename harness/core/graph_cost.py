@@ -25,12 +25,11 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper, shape_inference
 
+from harness.core.op_types import CONVS, ELEMENTWISE, MATMULS, MOVES, POOLS, REDUCTIONS, op_class
+
 # Weights larger than this keep only their dims for inference: a base model's 500 MB are not copied.
 STRIPPED_BYTES = 4096
 
-# Two inputs' product, 2 FLOPs per multiply-add.
-MATMULS = frozenset({"MatMul", "MatMulInteger", "QLinearMatMul", "Gemm", "FusedMatMul"})
-CONVS = frozenset({"Conv", "ConvInteger", "QLinearConv", "ConvTranspose", "FusedConv", "NhwcConv"})
 # FLOPs per element: normalisations read their input a few times (mean, variance, scale, shift).
 PER_ELEMENT = {
     "Softmax": 5,
@@ -44,28 +43,6 @@ PER_ELEMENT = {
     "BatchNormalization": 2,
     "MeanVarianceNormalization": 8,
 }
-NORMS = frozenset(PER_ELEMENT) - {"Softmax", "LogSoftmax"}
-# One operation per output element.
-ELEMENTWISE = frozenset([
-    "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Reciprocal", "Exp", "Log", "Erf", "Tanh", "Sigmoid", "Relu",
-    "LeakyRelu", "Elu", "Selu", "Gelu", "FastGelu", "BiasGelu", "QuickGelu", "HardSigmoid", "HardSwish", "Mish",
-    "Softplus", "Softsign", "Neg", "Abs", "Max", "Min", "Mean", "Sum", "Where", "Clip", "Equal", "Less", "Greater",
-    "LessOrEqual", "GreaterOrEqual", "And", "Or", "Not", "Xor", "IsNaN", "IsInf", "Sign", "Floor", "Ceil", "Round",
-    "Cos", "Sin", "Tan", "Mod", "PRelu", "BitShift", "Resize", "Upsample", "Trilu", "CumSum", "Dropout",
-])  # fmt: skip
-# One operation per input element.
-REDUCTIONS = frozenset([
-    "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceSumSquare",
-    "ReduceLogSumExp", "ArgMax", "ArgMin", "GlobalAveragePool", "GlobalMaxPool", "TopK",
-])  # fmt: skip
-POOLS = frozenset({"MaxPool", "AveragePool", "LpPool"})
-# Data movement and shape arithmetic: no FLOPs, only bytes.
-MOVES = frozenset([
-    "Shape", "Size", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Transpose", "Concat", "Split",
-    "Slice", "Gather", "GatherElements", "GatherND", "ScatterND", "ScatterElements", "Expand", "Tile", "Pad", "Cast",
-    "CastLike", "Constant", "ConstantOfShape", "Range", "DepthToSpace", "SpaceToDepth", "OneHot", "NonZero",
-    "EyeLike",
-])  # fmt: skip
 METADATA_ONLY = frozenset({"Shape", "Size"})  # they read a tensor's dims, not its data
 
 
@@ -123,23 +100,6 @@ class GraphCost:
             entry[1] += node.bytes or 0.0
             entry[2] += 1
         return work
-
-
-def op_class(op_type: str, weighted: bool) -> str:
-    """The class an ONNX op type belongs to, as the operator predictor groups costs."""
-    if op_type in MATMULS:
-        return "matmul" if weighted else "matmul_act"
-    if op_type in CONVS:
-        return "conv"
-    if op_type in NORMS:
-        return "norm"
-    if op_type in ("Softmax", "LogSoftmax"):
-        return "softmax"
-    if op_type in ELEMENTWISE or op_type in REDUCTIONS or op_type in POOLS:
-        return "elementwise"
-    if op_type in MOVES:
-        return "data"
-    return "other"
 
 
 def node_flops(

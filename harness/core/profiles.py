@@ -22,9 +22,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from harness.core.graph_cost import GraphCost, NodeCost, op_class
+from harness.core.op_types import executed_class
+
+if TYPE_CHECKING:  # the counts come from harness.core.graph_cost, which imports onnx
+    from harness.core.graph_cost import GraphCost, NodeCost
 
 PROFILE_ITERATIONS = 5  # profiled iterations after the timed loop: per-node times are stable by then
 
@@ -160,51 +163,6 @@ def _gpu_kernels(events: list[dict[str, Any]], runs: int, skip_runs: int) -> dic
         if program not in entry["programs"]:
             entry["programs"].append(program)
     return {node: entry | {"programs": ", ".join(entry["programs"])} for node, entry in found.items()}
-
-
-# --- classes of executed operators --------------------------------------------------------------------
-# OpenVINO layer types (its runtime model's names) by the class harness.core.graph_cost gives ONNX ops.
-OPENVINO_CLASSES = {
-    "matmul": ("FullyConnected", "FullyConnectedCompressed", "Gemm"),
-    "matmul_act": ("MatMul", "ScaledDotProductAttention", "ScaledDotProductAttentionWithKVCache", "SDPA"),
-    "conv": ("Convolution", "GroupConvolution", "Deconvolution", "BinaryConvolution", "ConvolutionBackpropData"),
-    "norm": ("MVN", "NormalizeL2", "RMS", "BatchNormInference"),
-    "softmax": ("Softmax", "LogSoftmax", "SoftMax"),
-    "elementwise": ("Eltwise", "Subgraph", "Math", "Reduce", "Pooling", "Interpolate", "Select", "Power"),
-    "data": (
-        "Reorder", "Reshape", "Transpose", "Concatenation", "Gather", "StridedSlice", "ShapeOf", "Convert",
-        "Broadcast", "Split", "Tile", "Pad", "Input", "Output", "Parameter", "Result", "Const", "Range",
-        "ScatterUpdate", "Squeeze", "Unsqueeze", "Slice", "GatherND",
-    ),
-}  # fmt: skip
-# aten ops (torch.profiler rows): exact names, then name prefixes for families of kernels.
-ATEN_CLASSES = {
-    "matmul": ("aten::addmm", "aten::mm", "aten::linear", "aten::_addmm_activation"),
-    "matmul_act": ("aten::bmm", "aten::baddbmm", "aten::matmul"),
-    "conv": ("aten::convolution", "aten::_convolution", "aten::mkldnn_convolution", "aten::conv2d", "aten::conv1d"),
-    "norm": ("aten::native_layer_norm", "aten::layer_norm", "aten::batch_norm", "aten::native_batch_norm"),
-    "softmax": ("aten::_softmax", "aten::softmax", "aten::_log_softmax"),
-    "data": (
-        "aten::view", "aten::reshape", "aten::transpose", "aten::permute", "aten::contiguous", "aten::copy_",
-        "aten::clone", "aten::cat", "aten::index_select", "aten::embedding", "aten::slice", "aten::select",
-        "aten::expand", "aten::unsqueeze", "aten::squeeze", "aten::to", "aten::_to_copy", "aten::empty",
-        "aten::as_strided", "aten::t", "aten::split", "aten::chunk", "aten::index", "aten::_unsafe_view",
-        "aten::empty_like", "aten::zeros", "aten::ones", "aten::full", "aten::arange", "aten::detach",
-    ),
-}  # fmt: skip
-ATEN_PREFIXES = {"aten::_scaled_dot_product": "matmul_act", "aten::_nnpack": "conv", "aten::slow_conv": "conv"}
-
-
-def executed_class(op_type: str) -> str:
-    """The class of an operator as an engine names it, when no ONNX node stands behind it."""
-    if op_type.startswith("aten::"):
-        exact = next((name for name, ops in ATEN_CLASSES.items() if op_type in ops), None)
-        prefixed = next((name for prefix, name in ATEN_PREFIXES.items() if op_type.startswith(prefix)), None)
-        return exact or prefixed or "elementwise"
-    onnx_class = op_class(op_type, weighted=True)  # an ONNX or ORT contrib op type that no graph node matched
-    if onnx_class != "other":
-        return onnx_class
-    return next((name for name, types in OPENVINO_CLASSES.items() if op_type in types), "other")
 
 
 def operator_rows(profile: Profile, costs: GraphCost | None) -> list[OperatorRow]:
