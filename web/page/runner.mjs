@@ -341,6 +341,12 @@ async function profileRuns(entry, rt, feeds, job) {
   }
 }
 
+// A profile that fails costs the row its profile, never its measurement.
+function profileError(e) {
+  traceLines = null;
+  return { error: `profiling failed: ${errorText(e)}` };
+}
+
 async function missingTimestamps(job) {
   if (EPS[job.ep].setup !== 'webgpu-adapter') return null;
   const device = await ort.env.webgpu.device;
@@ -441,7 +447,8 @@ export async function runJob(job) {
     const feeds = await makeFeeds(job);
     await injectFault(job.fault);
     const measured = await measure(entry.session, feeds, job);
-    const profile = job.profile_iterations > 0 ? await profileRuns(entry, rt, feeds, job) : null;
+    const asked = job.profile_iterations > 0;
+    const profile = asked ? await profileRuns(entry, rt, feeds, job).catch(profileError) : null;
     Object.assign(facts, await runtimeFacts(job, rt), {
       fetch_ms: entry.fetch_ms,
       input_names: entry.session.inputNames,
@@ -458,7 +465,7 @@ export async function runJob(job) {
       first_run_ms: measured.first_run_ms,
       load_ms: entry.load_ms,
       outputs: measured.outputs,
-      profile,
+      ...(profile && { profile }),
       facts,
     };
   } catch (e) {
