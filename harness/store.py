@@ -83,7 +83,7 @@ MIGRATIONS: dict[int, list[str]] = {
         # --profile: per-operator rows of a result, summed over its profiled iterations (harness.core.profiles)
         """CREATE TABLE IF NOT EXISTS operators (
             result_id VARCHAR NOT NULL, node VARCHAR NOT NULL, op_type VARCHAR NOT NULL, op_class VARCHAR NOT NULL,
-            provider VARCHAR, kernel VARCHAR, iterations INTEGER NOT NULL, calls INTEGER NOT NULL,
+            provider VARCHAR, kernel VARCHAR, profile_iterations INTEGER NOT NULL, calls INTEGER NOT NULL,
             total_ms DOUBLE NOT NULL, share DOUBLE NOT NULL, flops DOUBLE, bytes DOUBLE, fallback BOOLEAN NOT NULL
         )""",
     ],

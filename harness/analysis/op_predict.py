@@ -150,7 +150,7 @@ TargetKey = tuple[str, str, str]  # (hardware, engine, provider)
 
 OBSERVATIONS_SQL = """
 SELECT r.result_id, r.model, r.hardware, r.engine, r.provider, r.batch_size, r.seq_len, r.latency_p50_ms,
-       r.details->'$.graph_work' AS graph_work, o.op_class, sum(o.total_ms / o.iterations) AS class_ms
+       r.details->'$.graph_work' AS graph_work, o.op_class, sum(o.total_ms / o.profile_iterations) AS class_ms
 FROM results r JOIN operators o USING (result_id)
 WHERE r.status = 'ok' AND r.mode = 'inference' AND r.latency_p50_ms > 0 AND r.details->'$.graph_work' IS NOT NULL
 GROUP BY ALL

@@ -272,8 +272,12 @@ def history_command(
 
 
 def query_command(
-    report: Annotated[str | None, typer.Option(help="latest, best-hardware, compatibility or regressions.")] = None,
-    sql: Annotated[str | None, typer.Option(help="One read-only SELECT over runs/hardware/results/samples.")] = None,
+    report: Annotated[
+        str | None, typer.Option(help="latest, best-hardware, compatibility, regressions or ops (--profile runs).")
+    ] = None,
+    sql: Annotated[
+        str | None, typer.Option(help="One read-only SELECT over runs/hardware/results/samples/operators.")
+    ] = None,
     run: RunOption = "latest",
     threshold: Annotated[str, typer.Option(help="Threshold for the regressions report: 5% or 0.05.")] = "5%",
     fmt: Annotated[str, typer.Option("--format", help="md, csv, json or html.")] = "md",
@@ -301,7 +305,7 @@ def query_command(
 def export_command(
     out: Annotated[Path, typer.Option("--out", help="Directory for <table>.parquet / <table>.csv.")],
     fmt: Annotated[str, typer.Option("--format", help="parquet or csv.")] = "parquet",
-    table: Annotated[str, typer.Option(help="results, samples, runs, hardware or all.")] = "all",
+    table: Annotated[str, typer.Option(help="results, samples, runs, hardware, operators or all.")] = "all",
     db: DbOption = DEFAULT_DB,
 ) -> None:
     """Export store tables to Parquet or CSV (read-only)."""

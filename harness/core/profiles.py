@@ -76,7 +76,7 @@ class OperatorRow:
     op_class: str
     provider: str | None
     kernel: str | None
-    iterations: int  # profiled iterations the calls and time are summed over
+    profile_iterations: int  # the profiled iterations the calls and time are summed over
     calls: int
     total_ms: float
     share: float  # of the profiled iterations' operator time; a result's shares sum to 1
@@ -179,7 +179,7 @@ def operator_rows(profile: Profile, costs: GraphCost | None) -> list[OperatorRow
                 op_class=_class_of(op, behind),
                 provider=op.provider,
                 kernel=op.kernel,
-                iterations=profile.iterations,
+                profile_iterations=profile.iterations,
                 calls=op.calls,
                 total_ms=op.total_ms,
                 share=op.total_ms / total if total > 0 else 0.0,

@@ -9,7 +9,6 @@ Op types with nodes that ran on a fallback provider are marked wherever they app
 
 from __future__ import annotations
 
-import hashlib
 from collections import defaultdict
 from dataclasses import dataclass
 from html import escape
@@ -55,7 +54,7 @@ def op_type_times(operators: list[dict[str, Any]]) -> list[TypeTime]:
     sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0, 0])
     for row in operators:
         entry = sums[row["op_type"]]
-        entry[0] += row["total_ms"] / row["iterations"]
+        entry[0] += row["total_ms"] / row["profile_iterations"]
         entry[1] += row["share"]
         entry[2] += 1
         entry[3] += bool(row["fallback"])
@@ -63,8 +62,14 @@ def op_type_times(operators: list[dict[str, Any]]) -> list[TypeTime]:
     return sorted(times, key=lambda t: -t.ms)
 
 
-def _color(op_type: str) -> str:
-    return PALETTE[int(hashlib.sha256(op_type.encode()).hexdigest(), 16) % len(PALETTE)]
+def _colors(operators: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
+    """One color per op type across the section, the palette given out by total share (largest first)."""
+    weight: dict[str, float] = defaultdict(float)
+    for rows in operators.values():
+        for row in rows:
+            weight[row["op_type"]] += row["share"]
+    ranked = sorted(weight, key=lambda name: (-weight[name], name))
+    return {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(ranked)}
 
 
 def _segment(label: str, share: float, color: str, tip: str, fallback: bool) -> str:
@@ -73,13 +78,13 @@ def _segment(label: str, share: float, color: str, tip: str, fallback: bool) -> 
     return f'<span{kind} style="width:{share * 100:.2f}%;background:{color}" title="{escape(tip)}">{text}</span>'
 
 
-def _bar(types: list[TypeTime]) -> str:
+def _bar(types: list[TypeTime], colors: dict[str, str]) -> str:
     segments = []
     for t in types[:TOP_TYPES]:
         mark = f"; {t.fallback_nodes} of {t.nodes} nodes on a fallback provider" if t.fallback_nodes else ""
         tip = f"{t.op_type}: {t.share:.1%} of operator time, {t.ms:.3g} ms per iteration, {t.nodes} node(s){mark}"
         segments.append(
-            _segment(t.op_type + (" ⚠" if t.fallback_nodes else ""), t.share, _color(t.op_type), tip, bool(mark))
+            _segment(t.op_type + (" ⚠" if t.fallback_nodes else ""), t.share, colors[t.op_type], tip, bool(mark))
         )
     rest = types[TOP_TYPES:]
     if rest:
@@ -102,6 +107,7 @@ def _coverage(details: dict[str, Any]) -> str:
 def breakdown_html(results: list[dict[str, Any]], operators: dict[str, list[dict[str, Any]]]) -> str:
     """Per profiled result, where the time goes; a result whose profile could not be taken says why."""
     by_model: dict[str, list[str]] = defaultdict(list)
+    colors = _colors(operators)
     for row in results:
         details = details_of(row)
         profile = details.get("profile")
@@ -111,7 +117,7 @@ def breakdown_html(results: list[dict[str, Any]], operators: dict[str, list[dict
             fallback = sum(t.fallback_nodes for t in types)
             note = _coverage(details) + (f"; {fallback} node(s) on a fallback provider (⚠)" if fallback else "")
             by_model[row["model"]].append(
-                f'<div class="oplabel">{escape(label)}<br><small>{escape(note)}</small></div>{_bar(types)}'
+                f'<div class="oplabel">{escape(label)}<br><small>{escape(note)}</small></div>{_bar(types, colors)}'
             )
         elif profile and profile.get("error"):
             reason = f"not profiled: {profile['error']}"

@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from harness.core.profiles import OperatorRow, Profile, operator_rows, ort_trace_ops
+from harness.core.profiles import GPU_KERNEL_CATEGORY, OperatorRow, Profile, operator_rows, ort_trace_ops
 
 
 def profiled_fields(
@@ -67,4 +67,10 @@ def page_profile(answer: Any, requested: str) -> tuple[Profile | None, str | Non
     if not ops:
         return None, "ORT-web's trace held no node events for the profiled runs"
     method = "onnxruntime-web session enableProfiling (its trace, printed on the console)"
-    return Profile(ops, iterations, float(wall_ms), method), None
+    facts = {}
+    if any(e.get("cat") == GPU_KERNEL_CATEGORY for e in events):
+        facts["gpu_timing"] = (
+            "GPU nodes timed on the GPU (timestamp-query), the rest on the host; a host wait for the GPU "
+            "(MemcpyToHost) overlaps the kernels it waits for, so operator time can exceed the wall time"
+        )
+    return Profile(ops, iterations, float(wall_ms), method, facts), None
