@@ -23,6 +23,7 @@ import numpy as np
 from harness.core.parity import compare
 from harness.core.records import Case, Result, Target
 from harness.native.base import UnsupportedError
+from harness.prepare.graph_work import GraphWork, count_graph
 from harness.prepare.prepared import PreparedModel, PrepareJob, prepare_model
 from harness.run.isolation import Outcome, classify, run_isolated, start_method
 from harness.run.measure import MeasureConfig, Measurement, measure, measure_generation, measure_training
@@ -191,6 +192,16 @@ def run_job(job: Job, timeout_s: float, emit: Callable[[Result], None]) -> None:
                     job.target, case, status, outcome.message or "worker finished without reporting this case"
                 )
             )
+
+
+def count_isolated(job: PrepareJob, timeout_s: float) -> GraphWork:
+    """A model's graph work per case (harness.prepare.graph_work), counted in a child process: the
+    exporter runs there when the export is not cached. Raises RuntimeError saying why it failed."""
+    found: list[GraphWork] = []
+    outcome = run_isolated(count_graph, job, timeout_s, found.append, uses_torch=not job.spec.is_onnx_file)
+    if not found:
+        raise RuntimeError(f"counting {job.spec.name}'s graph failed ({outcome.status}): {outcome.message}")
+    return found[0]
 
 
 def prepare_isolated(job: PrepareJob, timeout_s: float) -> tuple[PreparedModel | None, Outcome]:
