@@ -25,12 +25,14 @@ import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from scipy.optimize import nnls
 
 from harness.core.op_types import CLASSES
+from harness.store import open_store
 
 FEATURES = ("gflops", "mb", "nodes")  # the fit's units: ms per GFLOP, per MB moved, per node
 MIN_MODELS = 2  # a fit needs profiles of at least this many models of the target
@@ -62,6 +64,7 @@ class Observation:
     latency_ms: float  # measured end to end (the timed loop's median)
     work: Mapping[str, Work]  # per class, from the ONNX graph at this case's shapes
     class_ms: Mapping[str, float]  # per class, profiled time per iteration
+    result_id: str | None = None  # the stored result it comes from
 
 
 @dataclass(frozen=True)
@@ -146,11 +149,12 @@ def mape(pairs: Iterable[tuple[Observation, float]]) -> float:
 
 
 # --- from the store --------------------------------------------------------------------------------------
-TargetKey = tuple[str, str, str]  # (hardware, engine, provider)
+TargetKey = tuple[str, str, str, str]  # (hardware, engine, provider, precision): each has its own costs
 
 OBSERVATIONS_SQL = """
-SELECT r.result_id, r.model, r.hardware, r.engine, r.provider, r.batch_size, r.seq_len, r.latency_p50_ms,
-       r.details->'$.graph_work' AS graph_work, o.op_class, sum(o.total_ms / o.profile_iterations) AS class_ms
+SELECT r.result_id, r.model, r.hardware, r.engine, r.provider, r.precision, r.batch_size, r.seq_len,
+       r.latency_p50_ms, r.details->'$.graph_work' AS graph_work, o.op_class,
+       sum(o.total_ms / o.profile_iterations) AS class_ms
 FROM results r JOIN operators o USING (result_id)
 WHERE r.status = 'ok' AND r.mode = 'inference' AND r.latency_p50_ms > 0 AND r.details->'$.graph_work' IS NOT NULL
 GROUP BY ALL
@@ -158,7 +162,7 @@ GROUP BY ALL
 
 
 def observations(store: Any) -> dict[TargetKey, list[Observation]]:
-    """Every profiled ok inference result with its graph's work, per target (hardware, engine, provider)."""
+    """Every profiled ok inference result with its graph's work, per target and precision."""
     rows: dict[str, dict[str, Any]] = {}
     for row in store.query(OBSERVATIONS_SQL):
         entry = rows.setdefault(row["result_id"], row | {"classes": {}})
@@ -166,7 +170,92 @@ def observations(store: Any) -> dict[TargetKey, list[Observation]]:
     found: dict[TargetKey, list[Observation]] = defaultdict(list)
     for row in rows.values():
         work = {name: Work(*values) for name, values in json.loads(row["graph_work"]).items()}
-        found[(row["hardware"], row["engine"], row["provider"])].append(
-            Observation(row["model"], row["batch_size"], row["seq_len"], row["latency_p50_ms"], work, row["classes"])
-        )
+        key = (row["hardware"], row["engine"], row["provider"], row["precision"])
+        found[key].append(
+            Observation(
+                row["model"], row["batch_size"], row["seq_len"], row["latency_p50_ms"], work, row["classes"],
+                row["result_id"],
+            )
+        )  # fmt: skip
     return dict(found)
+
+
+@dataclass
+class TargetFit:
+    """One target's operator model (None when too few models were profiled on it) and its held-out error."""
+
+    target: TargetKey
+    observations: list[Observation]
+    model: OperatorModel | None
+    held_out: list[tuple[Observation, float]]  # leave-one-model-out predictions (needs 3 models)
+    why_not: str | None = None  # why there is no model, or no held-out error
+
+    @property
+    def mape(self) -> float | None:
+        return mape(self.held_out) if self.held_out else None
+
+    @property
+    def models(self) -> list[str]:
+        return sorted({o.model for o in self.observations})
+
+
+def fit_targets(db_path: Path) -> dict[TargetKey, TargetFit]:
+    """Every profiled target's operator model, fitted on all its profiles, with its LOMO error."""
+    with open_store(db_path, read_only=True) as store:
+        found = observations(store)
+    fits = {}
+    for target, rows in sorted(found.items()):
+        try:
+            model = fit(rows)
+        except NotEnoughProfiles as exc:
+            fits[target] = TargetFit(target, rows, None, [], str(exc))
+            continue
+        if len({o.model for o in rows}) > MIN_MODELS:
+            fits[target] = TargetFit(target, rows, model, leave_one_model_out(rows))
+        else:
+            why = f"a held-out error needs profiles of {MIN_MODELS + 1} models (each fit leaves one out)"
+            fits[target] = TargetFit(target, rows, model, [], why)
+    return fits
+
+
+@dataclass
+class MethodErrors:
+    """One target's held-out latency error by each method, on the same profiled results."""
+
+    target: TargetKey
+    rows: int
+    models: int
+    operators: float | None  # leave-one-model-out MAPE of the operator predictor
+    log_linear: float | None  # ... and of the log-linear fit, trained on the same results
+    notes: list[str] = field(default_factory=list)
+
+
+def compare_methods(db_path: Path) -> list[MethodErrors]:
+    """Per profiled target, both predictors' leave-one-model-out MAPE for latency on the same data:
+    the results with profiles. The log-linear fit learns across targets (as it always does), from
+    those results only, and its held-out predictions are scored per target."""
+    from harness.analysis.predict import InsufficientData, Predictor, training_rows
+
+    fits = fit_targets(db_path)
+    profiled = {o.result_id for f in fits.values() for o in f.observations}
+    same = [r for r in training_rows(db_path) if r["result_id"] in profiled]
+    try:
+        old = Predictor(same)
+        old_why = None
+    except InsufficientData as exc:
+        old, old_why = None, str(exc)
+    errors = []
+    for target, found in fits.items():
+        notes = [f"operators: {found.why_not}"] if found.why_not else []
+        log_linear = None
+        if old is not None:
+            pairs = [
+                (row["latency_p50_ms"], guess)
+                for row, guess in zip(old.rows, old.held_out["latency_p50_ms"], strict=True)
+                if (row["hardware"], row["engine"], row["provider"], row["precision"]) == target
+            ]
+            log_linear = float(np.mean([abs(g - y) / y for y, g in pairs])) if pairs else None
+        else:
+            notes.append(f"log-linear: {old_why}")
+        errors.append(MethodErrors(target, len(found.observations), len(found.models), found.mape, log_linear, notes))
+    return errors
