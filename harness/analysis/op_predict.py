@@ -156,7 +156,7 @@ SELECT r.result_id, r.model, r.hardware, r.engine, r.provider, r.precision, r.ba
        r.latency_p50_ms, r.details->'$.graph_work' AS graph_work, o.op_class,
        sum(o.total_ms / o.profile_iterations) AS class_ms
 FROM results r JOIN operators o USING (result_id)
-WHERE r.status = 'ok' AND r.mode = 'inference' AND r.latency_p50_ms > 0 AND r.details->'$.graph_work' IS NOT NULL
+WHERE r.status = 'ok' AND r.mode = 'inference' AND r.latency_p50_ms > 0 AND (r.details->'$.graph_work') IS NOT NULL
 GROUP BY ALL
 """
 
@@ -216,46 +216,3 @@ def fit_targets(db_path: Path) -> dict[TargetKey, TargetFit]:
             why = f"a held-out error needs profiles of {MIN_MODELS + 1} models (each fit leaves one out)"
             fits[target] = TargetFit(target, rows, model, [], why)
     return fits
-
-
-@dataclass
-class MethodErrors:
-    """One target's held-out latency error by each method, on the same profiled results."""
-
-    target: TargetKey
-    rows: int
-    models: int
-    operators: float | None  # leave-one-model-out MAPE of the operator predictor
-    log_linear: float | None  # ... and of the log-linear fit, trained on the same results
-    notes: list[str] = field(default_factory=list)
-
-
-def compare_methods(db_path: Path) -> list[MethodErrors]:
-    """Per profiled target, both predictors' leave-one-model-out MAPE for latency on the same data:
-    the results with profiles. The log-linear fit learns across targets (as it always does), from
-    those results only, and its held-out predictions are scored per target."""
-    from harness.analysis.predict import InsufficientData, Predictor, training_rows
-
-    fits = fit_targets(db_path)
-    profiled = {o.result_id for f in fits.values() for o in f.observations}
-    same = [r for r in training_rows(db_path) if r["result_id"] in profiled]
-    try:
-        old = Predictor(same)
-        old_why = None
-    except InsufficientData as exc:
-        old, old_why = None, str(exc)
-    errors = []
-    for target, found in fits.items():
-        notes = [f"operators: {found.why_not}"] if found.why_not else []
-        log_linear = None
-        if old is not None:
-            pairs = [
-                (row["latency_p50_ms"], guess)
-                for row, guess in zip(old.rows, old.held_out["latency_p50_ms"], strict=True)
-                if (row["hardware"], row["engine"], row["provider"], row["precision"]) == target
-            ]
-            log_linear = float(np.mean([abs(g - y) / y for y, g in pairs])) if pairs else None
-        else:
-            notes.append(f"log-linear: {old_why}")
-        errors.append(MethodErrors(target, len(found.observations), len(found.models), found.mape, log_linear, notes))
-    return errors
