@@ -19,7 +19,7 @@ from harness.native import ENGINES
 from harness.prepare.specs import FAMILIES, load_specs
 from harness.run.hardware import NATIVE_PLATFORMS
 from harness.run.plan import MAX_TIMEOUT_S, RequestError, check_seconds
-from harness.run.web import WEB_HARDWARE
+from harness.web.eps import WEB_HARDWARE
 from harness.web.flags import GPU_MODES
 
 DEFAULT_CONFIG = """\
