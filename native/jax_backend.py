@@ -28,16 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from harness.core.records import Target
-from harness.native.base import (
-    Availability,
-    Capabilities,
-    Clock,
-    DeviceByHardware,
-    HostMemory,
-    LoadRequest,
-    UnsupportedError,
-)
+from harness.core.records import Target, UnsupportedError
+from harness.native.base import Availability, Capabilities, Clock, DeviceByHardware, HostMemory, LoadRequest
 
 INSTALL_HINT = "pip install 'accelharness[jax]'"
 # harness hardware name → JAX platform name (the target's provider)

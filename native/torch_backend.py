@@ -15,16 +15,8 @@ import torch
 import transformers
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from harness.core.records import Target
-from harness.native.base import (
-    Availability,
-    Capabilities,
-    Clock,
-    DeviceByHardware,
-    HostMemory,
-    LoadRequest,
-    UnsupportedError,
-)
+from harness.core.records import Target, UnsupportedError
+from harness.native.base import Availability, Capabilities, Clock, DeviceByHardware, HostMemory, LoadRequest
 from harness.prepare.workload import build_module, input_names
 
 # Parameter and floating-input dtype per requested precision. int8 is dynamic quantization:
