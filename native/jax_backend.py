@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from harness.core.records import Target
-from harness.native.base import Availability, Clock, HostMemory, LoadRequest, UnsupportedError
+from harness.core.records import Target, UnsupportedError
+from harness.native.base import Availability, Capabilities, Clock, DeviceByHardware, HostMemory, LoadRequest
 
 INSTALL_HINT = "pip install 'accelharness[jax]'"
 # harness hardware name → JAX platform name (the target's provider)
@@ -146,8 +146,11 @@ def _device_name(device: Any) -> str:
     return device.device_kind
 
 
-class JaxBackend:
+class JaxBackend(DeviceByHardware):
     engine = "jax"
+    # ports the torch module's weights (no ONNX file); its worker is spawned: jax and torch in one process
+    # only for the port, never the fork server's preloaded torch
+    capabilities = Capabilities(needs_onnx=False, runs_onnx_files=False)
 
     def targets(self) -> list[Target]:
         return [Target(hardware, "jax", name) for hardware, name in PLATFORMS.items()]

@@ -16,8 +16,8 @@ import transformers
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from harness.core.profiles import OpTime, Profile, timed_runs
-from harness.core.records import Target
-from harness.native.base import Availability, Clock, HostMemory, LoadRequest, UnsupportedError
+from harness.core.records import Target, UnsupportedError
+from harness.native.base import Availability, Capabilities, Clock, DeviceByHardware, HostMemory, LoadRequest
 from harness.prepare.workload import build_module, input_names
 
 # Parameter and floating-input dtype per requested precision. int8 is dynamic quantization:
@@ -176,8 +176,12 @@ def _device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine()
 
 
-class TorchBackend:
+class TorchBackend(DeviceByHardware):
     engine = "torch"
+    # builds the module itself; generates with transformers' generate(); trains (forward + backward + step)
+    capabilities = Capabilities(
+        modes=("inference", "generate", "training"), needs_onnx=False, runs_onnx_files=False, worker_needs_torch=True
+    )
 
     def targets(self) -> list[Target]:
         return [Target(hw, "torch", device) for hw, device in HARDWARE_DEVICES.items()]

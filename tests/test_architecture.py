@@ -1,5 +1,6 @@
 """The house rules the import graph must keep (ARCHITECTURE.md): no import cycle, function-level
-imports included; analysis never imports report. Pure source analysis: nothing is imported or run."""
+imports included; analysis never imports report; and no module outside native/ special-cases a
+native engine by name. Pure source analysis: nothing is imported or run."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import ast
 from pathlib import Path
 
 import pytest
+
+from harness.native import ENGINES
 
 ROOT = Path(__file__).resolve().parent.parent
 # native/ and web/ live at the top level but install as harness.native and harness.web (pyproject).
@@ -101,3 +104,30 @@ def test_core_imports_no_other_part(graph) -> None:
 def test_the_store_knows_no_reader(graph) -> None:
     readers = ("harness.analysis", "harness.report", "harness.cli", "harness.run", "harness.suite")
     assert sorted(t for t in reachable(graph, "harness.store") if t.startswith(readers)) == []
+
+
+def engine_comparisons(source: str, where: str) -> list[str]:
+    """`x == "torch"`, `engine in ("torch", "jax")` and the like: code that branches on an engine's name."""
+
+    def names(node: ast.expr) -> set[str]:
+        items = node.elts if isinstance(node, ast.Tuple | ast.List | ast.Set) else [node]
+        return {i.value for i in items if isinstance(i, ast.Constant) and i.value in ENGINES}
+
+    found = []
+    for node in ast.walk(ast.parse(source, where)):
+        if isinstance(node, ast.Compare) and (hit := set().union(*map(names, [node.left, *node.comparators]))):
+            found.append(f"{where}:{node.lineno} compares with {', '.join(sorted(hit))}")
+    return found
+
+
+def test_the_engine_check_finds_a_branch_on_an_engine_name() -> None:
+    source = 'if target.engine == "torch":\n    pass\nok = engine not in ("onnxruntime", "cpu")\nlabel = "torch"\n'
+    assert engine_comparisons(source, "x.py") == ["x.py:1 compares with torch", "x.py:3 compares with onnxruntime"]
+
+
+def test_no_module_outside_native_branches_on_an_engine_name() -> None:
+    """Engine knowledge lives on the Backend protocol (native/base.py): a new engine is one file in native/
+    and one registry line, and nothing else names it (BASELINE and the label rule hold names as data)."""
+    outside = [*(ROOT / "harness").rglob("*.py"), *(ROOT / "web").glob("*.py")]
+    hits = [hit for path in outside for hit in engine_comparisons(path.read_text(), str(path.relative_to(ROOT)))]
+    assert hits == []

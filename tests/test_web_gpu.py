@@ -210,8 +210,8 @@ def test_require_hardware_gpu_refuses_the_software_adapter_before_loading_anythi
 def test_fp16_in_the_browser(tmp_path: Path) -> None:
     """webgpu fp16 needs the adapter's shader-f16 (SwiftShader here has none: `unsupported`, saying so);
     wasm runs the same fp16 file native ORT runs, checked at the fp16 tolerance."""
-    from harness.prepare.export import precision_variant
     from harness.prepare.prepared import PrepareJob, prepare_model
+    from harness.prepare.variants import precision_variant
 
     request = WebRequest(
         models=["bert-tiny"], hardware=["wasm", "webgpu"], precision="fp16", db_path=tmp_path / "h.duckdb", **QUICK

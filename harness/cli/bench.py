@@ -32,6 +32,7 @@ from harness.cli.common import (
     split_list,
 )
 from harness.cli.progress import run_with_progress
+from harness.native import DEFAULT_ENGINES, ENGINES
 from harness.run.native import run_native
 from harness.run.plan import BenchmarkRequest, RequestError, validate
 from harness.run.recording import resume_point
@@ -99,7 +100,9 @@ def native(
     hardware: Annotated[
         str | None, typer.Option(help="cpu,cuda,rocm,mps,openvino,qnn,directml (default: available)")
     ] = None,
-    engines: Annotated[str | None, typer.Option(help="torch,onnxruntime,openvino,jax (default: all but jax)")] = None,
+    engines: Annotated[
+        str | None, typer.Option(help=f"{','.join(ENGINES)} (default: {','.join(DEFAULT_ENGINES)})")
+    ] = None,
     batch_sizes: BatchOption = "1",
     sequence_lengths: SeqOption = "32",
     precision: Annotated[

@@ -39,6 +39,10 @@ NUMBER_FIELDS = (
 )  # fmt: skip
 
 
+class UnsupportedError(RuntimeError):
+    """This model, precision or mode cannot run on this target here; recorded as status `unsupported`."""
+
+
 class ResultError(ValueError):
     """A Result breaks an invariant: it must not be stored as it is."""
 

@@ -254,7 +254,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _case_dir(key: str) -> Path:
-    from harness.prepare.export import cache_root
+    from harness.prepare.cache import cache_root
 
     directory = cache_root() / "cases" / key
     directory.mkdir(parents=True, exist_ok=True)

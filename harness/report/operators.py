@@ -137,8 +137,9 @@ def breakdown_html(results: list[dict[str, Any]], operators: dict[str, list[dict
 
 
 def _order(row: dict[str, Any]) -> tuple[int, str]:
-    """Native CPU first, then wasm, then the rest: each target is set against the one before it."""
-    if row["hardware"] == "cpu" and row["engine"] == "onnxruntime":
+    """Native CPU first, then wasm, then the rest: each target is set against the one before it (the rows
+    are all ONNX Runtime's, native or in the page)."""
+    if row["hardware"] == "cpu":
         return (0, "")
     return (1, "") if row["hardware"] == "wasm" else (2, target_label(row))
 

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from harness.core.records import UnsupportedError
+
 LOG_TAIL_LINES = 12
 # What the fork server imports once: a spawned worker spent ~2.5 s of every job importing these.
 TORCH_PRELOAD = [
@@ -93,8 +95,6 @@ def stopping() -> bool:
 
 def classify(exc: BaseException) -> tuple[str, str]:
     """The status and one-paragraph message a failure is recorded with."""
-    from harness.native.base import UnsupportedError
-
     message = "".join(traceback.format_exception_only(exc)).strip()[:2000]
     text = message.lower()
     if isinstance(exc, MemoryError) or "outofmemory" in type(exc).__name__.lower() or "out of memory" in text:

@@ -12,6 +12,7 @@ from dataclasses import asdict
 
 from harness.core.profiles import PROFILE_ITERATIONS
 from harness.core.records import Case, Result, Target
+from harness.native import capabilities
 from harness.native.base import Availability
 from harness.prepare.prepared import PreparedModel, PrepareJob, unprepared_result
 from harness.prepare.specs import ModelSpec
@@ -36,7 +37,7 @@ def _skip_reason(prepared: PreparedModel, target: Target, availability: Availabi
         return availability.reason
     if skip := prepared.skipped.get((case.batch_size, case.seq_len)):
         return skip
-    if target.engine not in ("torch", "jax") and prepared.onnx_path is None:  # jax ports the torch weights
+    if capabilities(target.engine).needs_onnx and prepared.onnx_path is None:
         return prepared.onnx_error
     return None
 
@@ -55,7 +56,7 @@ def _run_model(plan: Plan, spec: ModelSpec, emit: Callable[[Result], None]) -> N
     )
     for target, availability in plan.targets:
         cases = plan.remaining(spec, target)
-        if target.engine == "torch" and spec.is_onnx_file:
+        if spec.is_onnx_file and not capabilities(target.engine).runs_onnx_files:
             for case in cases:
                 emit(unprepared_result(spec, target, case, "unsupported", "not applicable: the model is an .onnx file"))
         elif prepared is None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.core.records import MODES, PRECISIONS, Case, Target, result_key
-from harness.native import DEFAULT_ENGINES, ENGINES
+from harness.native import DEFAULT_ENGINES, ENGINES, capabilities
 from harness.native.base import Availability
 from harness.prepare.specs import ModelSpec, SpecError, check_families, select_specs, spec_from_path
 from harness.run.hardware import NATIVE_PLATFORMS, native_targets
@@ -63,21 +63,18 @@ class Plan:
     done: frozenset[str] = frozenset()  # result keys a resumed run already holds: never run twice
 
     def cases(self, spec: ModelSpec, target: Target | None = None) -> list[Case]:
-        """The cases of a spec on a target (all targets when None). Generation is planned for
-        generative architectures on torch, and for the decoder-only ones (GPT-2, LLaMA, Qwen2) on
-        onnxruntime too, as a KV-cache loop on their export with past key/values; encoder-decoder
-        models (T5, Whisper) and LLaVA have no such export and generate on torch only, and
-        OpenVINO has no decoder loop. Training runs on torch only. Combinations that don't apply
-        are not planned rather than recorded."""
+        """The cases of a spec on a target (all targets when None). Each mode is planned on the engines
+        whose capabilities list it: generation for generative architectures only, and on an engine whose
+        generation runs the export with past key/values only for the models that have one (the
+        decoder-only GPT-2, LLaMA, Qwen2; not T5, Whisper or LLaVA). Combinations that don't apply are
+        not planned rather than recorded."""
         seqs: list[int | None] = list(self.request.sequence_lengths) if spec.inputs.uses_sequence else [None]
         cases = []
         for mode in self.request.modes:
             if mode == "generate" and not spec.is_generative:
                 continue
-            if mode != "inference" and target is not None and target.engine != "torch":
-                onnx_generates = mode == "generate" and target.engine == "onnxruntime" and spec.has_past_export
-                if not onnx_generates:
-                    continue
+            if target is not None and not capabilities(target.engine).plans(mode, spec.has_past_export):
+                continue
             tokens = self.request.new_tokens if mode == "generate" else None
             cases += [
                 Case(b, s, p, mode, tokens)
@@ -88,12 +85,12 @@ class Plan:
         return cases
 
     def exports_past(self, spec: ModelSpec) -> bool:
-        """Whether preparing the spec needs its export with past key/values: an available
-        onnxruntime target generates with it."""
+        """Whether preparing the spec needs its export with past key/values: an available target
+        generates with it."""
         return any(
             case.mode == "generate"
             for target, availability in self.targets
-            if target.engine == "onnxruntime" and availability.ok
+            if capabilities(target.engine).generate_needs_past_export and availability.ok
             for case in self.cases(spec, target)
         )
 
@@ -133,7 +130,7 @@ def validate(request: BenchmarkRequest) -> Plan:
     if request.new_tokens < 1:
         raise RequestError(f"--new-tokens must be >= 1 (got {request.new_tokens})")
     check_measuring(request)
-    engines = request.engines or list(DEFAULT_ENGINES)  # jax runs when named: it serves two architectures
+    engines = request.engines or list(DEFAULT_ENGINES)  # an opt-in engine runs when named
     for engine in engines:
         if engine not in ENGINES:
             raise RequestError(f"unknown engine '{engine}'; valid: {', '.join(ENGINES)}")

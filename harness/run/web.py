@@ -25,9 +25,10 @@ import psutil
 
 from harness.core.parity import compare
 from harness.core.profiles import PROFILE_ITERATIONS
-from harness.core.records import PRECISIONS, Case, Result, Target, result_key
+from harness.core.records import PRECISIONS, Case, Result, Target, UnsupportedError, result_key
 from harness.prepare.prepared import PreparedModel, PrepareJob, unprepared_result
 from harness.prepare.specs import ModelSpec
+from harness.prepare.variants import model_for_precision
 from harness.run.isolation import UNSUPPORTED_OPERATOR
 from harness.run.plan import (
     RequestError,
@@ -73,14 +74,14 @@ class WebRequest(RunOptions):
 class EpSetting:
     ep: str
     threads: int
-    device_type: str | None = None  # WebNN deviceType
+    device_type: str | None = None  # for an EP that takes one (WebNN's deviceType)
 
     @property
     def provider(self) -> str:
         # Threads are part of the wasm provider so 1 and 2 threads are distinct report columns.
-        if self.ep == "wasm":
-            return f"wasm:threads={self.threads}"
-        return f"webnn:{self.device_type}" if self.ep == "webnn" else self.ep
+        if EPS[self.ep].runs_threads:
+            return f"{self.ep}:threads={self.threads}"
+        return f"{self.ep}:{self.device_type}" if self.device_type else self.ep
 
     @property
     def target(self) -> Target:
@@ -133,10 +134,11 @@ def _settings(request: WebRequest) -> list[EpSetting]:
     for ep in WEB_HARDWARE:  # a fixed order: one browser launch per EP
         if ep not in request.hardware:
             continue
-        if ep == "wasm":
-            settings += [EpSetting("wasm", t) for t in dict.fromkeys(request.threads)]
+        if EPS[ep].runs_threads:
+            settings += [EpSetting(ep, t) for t in dict.fromkeys(request.threads)]
         else:  # ops the GPU/NPU EP cannot run fall back to wasm with this many threads
-            settings.append(EpSetting(ep, request.threads[0], request.webnn_device if ep == "webnn" else None))
+            device_type = request.webnn_device if EPS[ep].device_types else None
+            settings.append(EpSetting(ep, request.threads[0], device_type))
     return settings
 
 
@@ -217,12 +219,12 @@ def _page_details(facts: dict[str, Any], setting: EpSetting, probed: dict[str, A
     details = dict(facts)
     details["console_warnings"] = [ANSI.sub("", line) for line in facts.get("console_warnings", [])]
     details["wasm_build"] = facts.get("wasm_binary")  # checked by the page against the glue ORT loaded
-    if setting.ep == "webgpu":  # the adapter ORT's device runs on, else the one probed before the job
+    if EPS[setting.ep].gpu_adapter:  # the adapter ORT's device runs on, else the one probed before the job
         verdict = classify_adapter(facts.get("adapter") or probed.get("probed_adapter"))
         if verdict is not None:
             details |= {"adapter_class": verdict.kind, "adapter_class_why": verdict.why}
         details["fallback_adapter"] = verdict is not None and verdict.software
-    if setting.ep == "webnn":
+    if setting.device_type:
         details["webnn_device_type"] = setting.device_type
     placement = facts.get("node_placement")
     if placement:  # ORT's own CPU EP nodes inside the wasm runtime
@@ -306,9 +308,6 @@ def _file_stem(name: str) -> str:
 def precision_model(onnx_path: Path, precision: str) -> tuple[Path | None, str, dict[str, Any]]:
     """(model file, precision it runs in, conversion facts) — the same file native ORT runs for that
     precision (cached as <key>-<precision> next to the export) — or (None, precision, {'why': …})."""
-    from harness.native.base import UnsupportedError
-    from harness.native.onnxruntime_backend import model_for_precision
-
     try:
         return model_for_precision(onnx_path, precision)
     except UnsupportedError as exc:
@@ -358,7 +357,7 @@ async def _refusal(session: Any, setting: EpSetting, case: Case, request: WebReq
     --require-hardware-gpu, or fp16 on an adapter without shader-f16. Decided before any model is loaded."""
     from harness.web.adapter import adapter_details, webgpu_refusal
 
-    if setting.ep != "webgpu" or session.browser is None:
+    if not EPS[setting.ep].gpu_adapter or session.browser is None:
         return None, {}
     report = await session.webgpu_adapter()
     return webgpu_refusal(report, case.precision, request.require_hardware_gpu), adapter_details(report)

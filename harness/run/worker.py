@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from harness.core.parity import compare
-from harness.core.records import Case, Result, Target
-from harness.native.base import UnsupportedError
+from harness.core.records import Case, Result, Target, UnsupportedError
+from harness.native import capabilities
 from harness.prepare.graph_work import GraphWork, count_graph
 from harness.prepare.prepared import PreparedModel, PrepareJob, prepare_model
 from harness.run.isolation import Outcome, classify, run_isolated, start_method
@@ -46,13 +46,12 @@ def _run_mode(job: Job, session: Any, case: Case, feeds: dict[str, np.ndarray], 
         return measure_generation(session, feeds, job.measure, case.new_tokens or 1, rss)
     if case.mode == "training" and hasattr(session, "train_step"):
         return measure_training(session, feeds, job.measure, rss)
-    engine = job.target.engine
-    if case.mode == "training":
-        raise UnsupportedError(f"training mode runs on torch only: the {engine} session has no training support")
-    if engine != "onnxruntime":
-        raise UnsupportedError(f"generate mode runs on torch and onnxruntime only: {engine} has no decoder loop")
-    why = job.prepared.onnx_past_error or "only decoder-only models (GPT-2, LLaMA, Qwen2) have one"
-    raise UnsupportedError(f"generate mode on onnxruntime needs the ONNX export with past key/values: {why}")
+    engine, can = job.target.engine, capabilities(job.target.engine)
+    if case.mode == "generate" and case.mode in can.modes and can.generate_needs_past_export:
+        why = job.prepared.onnx_past_error or "only decoder-only models (GPT-2, LLaMA, Qwen2) have one"
+        raise UnsupportedError(f"generate mode on {engine} needs the ONNX export with past key/values: {why}")
+    runs = ", ".join(can.modes)
+    raise UnsupportedError(f"{case.mode} mode: the {engine} session has no {case.mode} support ({engine} runs {runs})")
 
 
 def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: PeakRss) -> Result:
@@ -176,7 +175,7 @@ def benchmark_job(job: Job) -> Iterator[Result]:
 def run_job(job: Job, timeout_s: float, emit: Callable[[Result], None]) -> None:
     """Run a job in a worker; emit every case's Result, including those the worker never reached."""
     reported: set[str] = set()
-    uses_torch = job.target.engine == "torch"
+    uses_torch = capabilities(job.target.engine).worker_needs_torch
 
     def on_result(result: Result) -> None:
         reported.add(result.case.key)

@@ -15,14 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.records import PRECISIONS
-from harness.native import ENGINES
+from harness.native import DEFAULT_ENGINES, ENGINES
 from harness.prepare.specs import FAMILIES, load_specs
 from harness.run.hardware import NATIVE_PLATFORMS
 from harness.run.plan import MAX_TIMEOUT_S, RequestError, check_seconds
-from harness.run.web import WEB_HARDWARE
+from harness.web.eps import WEB_HARDWARE
 from harness.web.flags import GPU_MODES
 
-DEFAULT_CONFIG = """\
+DEFAULT_CONFIG = f"""\
 # accelharness suite config. Run: accelharness suite --config THIS_FILE [--check] [--resume]
 # Every key is optional; an unknown key is an error.
 
@@ -35,7 +35,7 @@ warmup_iterations = 5            # untimed runs after the first run
 benchmark_iterations = 20        # minimum timed iterations ...
 min_duration_s = 0.5             # ... and minimum seconds of them
 timeout = 600                    # seconds a worker or page may take per case
-precision = ["fp32"]             # fp32, fp16, bf16, int8, auto
+precision = ["fp32"]             # {", ".join(PRECISIONS)}
 profile = false                  # per-operator profiles after each inference case's timed loop
 
 # family -> models (`accelharness models` lists them; the -tiny variants build in seconds)
@@ -47,10 +47,10 @@ audio = ["wav2vec2-tiny"]
 multimodal = ["clip-tiny"]
 
 [hardware]
-hardware_types = ["cpu", "openvino"]   # native: cpu, cuda, rocm, mps, openvino, qnn, directml
-engines = []                           # torch, onnxruntime, openvino, jax; empty = all but jax
+hardware_types = ["cpu", "openvino"]   # native: {", ".join(NATIVE_PLATFORMS)}
+engines = []                           # {", ".join(ENGINES)}; empty = {", ".join(DEFAULT_ENGINES)}
 include_web_platforms = true
-web_platforms = ["wasm"]               # wasm, webgpu, webnn
+web_platforms = ["wasm"]               # {", ".join(WEB_HARDWARE)}
 web_threads = [1]
 browser = "chromium"                   # chrome, chromium, edge
 gpu = "auto"                           # browser: on (real WebGPU), off (software), auto (on with a GPU)

@@ -17,12 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.records import Target
-from harness.prepare.export import cache_root
+from harness.native import get_backend
+from harness.prepare.cache import cache_root
 from harness.prepare.specs import FAMILIES, load_specs
 from harness.run.plan import BenchmarkRequest, Plan, RequestError, validate
-from harness.run.web import WEB_HARDWARE, WebPlan, WebRequest, validate_web
+from harness.run.web import WebPlan, WebRequest, validate_web
 from harness.store import StoreError, as_stored, open_store
 from harness.suite.config import SuiteConfig
+from harness.web.eps import WEB_HARDWARE
 
 HOST = "host-cpu"
 WEB_TARGET_HARDWARE = set(WEB_HARDWARE)
@@ -34,11 +36,11 @@ def device_group(target: Target) -> str:
 
     Everything that computes on the host's cores (torch and ORT on CPU, OpenVINO CPU, and headless
     Chromium, whose WebGPU is SwiftShader on those same cores) is one group, so no CPU timing is
-    polluted by another job; a CUDA device, an NPU or an OpenVINO GPU is its own group."""
-    host_providers = ("CPU", "OpenVINOExecutionProvider")  # OpenVINO's ORT EP defaults to the CPU
-    if target.hardware in ("cpu", *WEB_TARGET_HARDWARE) or target.provider in host_providers:
+    polluted by another job; a CUDA device, an NPU or an OpenVINO GPU is its own group (the engine
+    says which device a target computes on: Backend.device)."""
+    if target.hardware in WEB_TARGET_HARDWARE:
         return HOST
-    return f"openvino:{target.provider}" if target.engine == "openvino" else target.hardware
+    return get_backend(target.engine).device(target) or HOST
 
 
 @dataclass
