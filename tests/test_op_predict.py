@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -81,3 +83,29 @@ def test_a_class_never_profiled_costs_nothing_and_one_model_is_refused() -> None
     assert fitted.predict({"conv": Work(1e9, 1e6, 3)}) == pytest.approx(OVERHEAD, rel=1e-4)
     with pytest.raises(NotEnoughProfiles, match="1 model"):
         fit(o for o in data if o.model == data[0].model)
+
+
+def test_a_case_measured_again_counts_once_with_its_latest_profile(db: Path) -> None:
+    """The store's observations: one per case and target, the latest profiled ok result (a later run
+    without a profile does not hide it), with its graph work and per-class operator time per iteration."""
+    from harness.analysis.op_predict import observations
+    from harness.core.profiles import OperatorRow
+    from harness.core.records import Case, Result, Target
+    from harness.store import open_store
+
+    def result(samples: list[float], profiled: bool) -> Result:
+        found = Result("m", "embedding", "random", Target("cpu", "onnxruntime", "CPUExecutionProvider"),
+                       Case(1, 8, "fp32"), "ok", samples_ms=samples)  # fmt: skip
+        if profiled:
+            found.details = {"graph_work": {"matmul": [2e9, 1e6, 4]}}
+            found.operators = [OperatorRow("mm", "MatMul", "matmul", "CPUExecutionProvider", None, 5, 5,
+                                           5 * samples[0], 1.0, 2e9, 1e6, False)]  # fmt: skip
+        return found
+
+    with open_store(db) as store:
+        for samples, profiled in (([10.0], True), ([20.0], True), ([30.0], False)):
+            store.add_result(store.start_run("test", {}, {}), result(samples, profiled), None)
+        (only,) = observations(store).values()
+    assert len(only) == 1
+    assert only[0].latency_ms == 20.0 and only[0].class_ms == {"matmul": 20.0}
+    assert only[0].work["matmul"] == Work(2e9, 1e6, 4)

@@ -151,18 +151,27 @@ def mape(pairs: Iterable[tuple[Observation, float]]) -> float:
 # --- from the store --------------------------------------------------------------------------------------
 TargetKey = tuple[str, str, str, str]  # (hardware, engine, provider, precision): each has its own costs
 
+# The latest profiled ok result per case (model, target, precision, batch, seq): a case measured again
+# (a quieter machine, a newer engine) replaces its older measurement rather than weighing twice.
 OBSERVATIONS_SQL = """
+WITH latest AS (
+    SELECT * FROM results
+    WHERE status = 'ok' AND mode = 'inference' AND latency_p50_ms > 0 AND (details->'$.graph_work') IS NOT NULL
+      AND result_id IN (SELECT result_id FROM operators)
+    QUALIFY row_number() OVER (
+        PARTITION BY model, hardware, engine, provider, precision, batch_size, seq_len ORDER BY created_at DESC
+    ) = 1
+)
 SELECT r.result_id, r.model, r.hardware, r.engine, r.provider, r.precision, r.batch_size, r.seq_len,
        r.latency_p50_ms, r.details->'$.graph_work' AS graph_work, o.op_class,
        sum(o.total_ms / o.profile_iterations) AS class_ms
-FROM results r JOIN operators o USING (result_id)
-WHERE r.status = 'ok' AND r.mode = 'inference' AND r.latency_p50_ms > 0 AND (r.details->'$.graph_work') IS NOT NULL
+FROM latest r JOIN operators o USING (result_id)
 GROUP BY ALL
 """
 
 
 def observations(store: Any) -> dict[TargetKey, list[Observation]]:
-    """Every profiled ok inference result with its graph's work, per target and precision."""
+    """The latest profiled ok inference result of each case with its graph's work, per target and precision."""
     rows: dict[str, dict[str, Any]] = {}
     for row in store.query(OBSERVATIONS_SQL):
         entry = rows.setdefault(row["result_id"], row | {"classes": {}})
