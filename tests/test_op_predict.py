@@ -17,7 +17,8 @@ from harness.analysis.op_predict import (
     mape,
 )
 
-# The law: per class ms per GFLOP, per MB, per node; then latency = 1.1 · operator time + 0.8 ms.
+# The law: per class ms per GFLOP, per MB, per node; the latency is the classes' sum. The profiler
+# sees each case's class times scaled by a factor of its own (its overhead, another moment's load).
 LAW = {
     "matmul": ClassCost(2.0, 0.05, 0.004),
     "matmul_act": ClassCost(5.0, 0.1, 0.01),
@@ -27,7 +28,7 @@ LAW = {
     "elementwise": ClassCost(0.0, 0.3, 0.002),
     "data": ClassCost(0.0, 0.15, 0.001),
 }
-SCALE, OVERHEAD = 1.1, 0.8
+DRIFT = (0.5, 2.0)  # the profiled times over the timed ones, per case
 
 
 def synthetic(noise: float, models: int = 8, seed: int = 0) -> list[Observation]:
@@ -47,24 +48,24 @@ def synthetic(noise: float, models: int = 8, seed: int = 0) -> list[Observation]
                     name: Work(g * 1e9 * tokens ** rng.uniform(1.0, 1.3), mb * 1e6 * tokens, nodes)
                     for name, (g, mb, nodes) in base.items()
                 }
-                class_ms = {name: LAW[name].time_ms(w) * (1 + rng.normal(0, noise)) for name, w in work.items()}
-                latency = (SCALE * sum(LAW[n].time_ms(w) for n, w in work.items()) + OVERHEAD) * (
-                    1 + rng.normal(0, noise)
-                )
+                drift = rng.uniform(*DRIFT)
+                class_ms = {name: LAW[name].time_ms(w) * drift * (1 + rng.normal(0, noise)) for name, w in work.items()}
+                latency = sum(LAW[n].time_ms(w) for n, w in work.items()) * (1 + rng.normal(0, noise))
                 observations.append(Observation(f"model-{m}", batch, seq, latency, work, class_ms))
     return observations
 
 
 def test_exact_law_is_recovered() -> None:
-    """Noise-free: every class's three coefficients, the scale and the per-run overhead come back."""
+    """Noise-free, whatever the profiler's drift: every class's three coefficients come back, and the
+    calibration has nothing left to do (scale 1, no per-run overhead)."""
     fitted = fit(synthetic(noise=0.0))
     for name, cost in LAW.items():
         got = fitted.costs[name]
         assert got.ms_per_gflop == pytest.approx(cost.ms_per_gflop, rel=1e-4, abs=1e-9), name
         assert got.ms_per_mb == pytest.approx(cost.ms_per_mb, rel=1e-4, abs=1e-9), name
         assert got.ms_per_node == pytest.approx(cost.ms_per_node, rel=1e-4, abs=1e-9), name
-    assert fitted.scale == pytest.approx(SCALE, rel=1e-6)
-    assert fitted.overhead_ms == pytest.approx(OVERHEAD, rel=1e-4)
+    assert fitted.scale == pytest.approx(1.0, rel=1e-6)
+    assert fitted.overhead_ms == pytest.approx(0.0, abs=1e-6)
 
 
 def test_held_out_models_are_predicted_from_their_graph_alone() -> None:
@@ -80,7 +81,7 @@ def test_a_class_never_profiled_costs_nothing_and_one_model_is_refused() -> None
     data = [o for o in synthetic(noise=0.0) if "conv" not in o.work]
     fitted = fit(data)
     assert fitted.costs["conv"] == ClassCost(0.0, 0.0, 0.0)
-    assert fitted.predict({"conv": Work(1e9, 1e6, 3)}) == pytest.approx(OVERHEAD, rel=1e-4)
+    assert fitted.predict({"conv": Work(1e9, 1e6, 3)}) == pytest.approx(0.0, abs=1e-6)
     with pytest.raises(NotEnoughProfiles, match="1 model"):
         fit(o for o in data if o.model == data[0].model)
 

@@ -7,10 +7,14 @@ additive roofline with a per-call overhead:
 
     t_class = flops · a + bytes · b + nodes · c        (a = 1/compute rate, b = 1/bandwidth)
 
-with a, b, c ≥ 0 fitted on that class's profiled time across every profiled case of the target.
-The work (flops, bytes, nodes) comes from the case's ONNX graph (harness.core.graph_cost), never from the
-profile, so a model that was never run is predicted from its graph alone. The classes' times sum to
-the operator time; the end-to-end latency adds what lies between operators, calibrated per target:
+with a, b, c ≥ 0 fitted on that class's time across every profiled case of the target. A class's
+time in a case is its share of the profiled operator time times the measured latency: the profile
+says how an iteration divides among the classes, the timed loop how long it takes. (The profiled
+iterations run on a twin session, with the profiler's overhead, at another moment than the timed
+loop, so their absolute times drift from the latency by a factor that differs from case to case on
+a shared machine; their shares drift far less.) The work (flops, bytes, nodes) comes from the
+case's ONNX graph (harness.core.graph_cost), never from the profile, so a model that was never run
+is predicted from its graph alone. What the class costs leave unexplained is calibrated per target:
 
     latency = s · Σ t_class + o                        (s, o ≥ 0: scale and per-run overhead)
 
@@ -122,13 +126,19 @@ def fit(observations: Iterable[Observation]) -> OperatorModel:
     costs = {}
     for name in CLASSES:
         features = np.array([o.work.get(name, empty).features() for o in rows])
-        times = np.array([o.class_ms.get(name, 0.0) for o in rows])
+        times = np.array([_class_time(o, name) for o in rows])
         costs[name] = ClassCost(*_relative_nnls(features, times, weights))
     fitted = OperatorModel(costs, 1.0, 0.0, models, len(rows))
     operator = np.array([fitted.operator_ms(o.work) for o in rows])
     latency = np.array([o.latency_ms for o in rows])
     fitted.scale, fitted.overhead_ms = _relative_nnls(np.column_stack([operator, np.ones(len(rows))]), latency, weights)
     return fitted
+
+
+def _class_time(observation: Observation, name: str) -> float:
+    """The class's share of the profiled operator time, times the measured latency."""
+    total = sum(observation.class_ms.values())
+    return observation.class_ms.get(name, 0.0) / total * observation.latency_ms if total > 0 else 0.0
 
 
 def leave_one_model_out(observations: Iterable[Observation]) -> list[tuple[Observation, float]]:
