@@ -9,8 +9,10 @@ exactly the situation of a prediction for an unmeasured model. Prints a Markdown
 
     .venv/bin/python bench/predict_accuracy.py [--db bench-predict.duckdb] [--no-collect]
 
-Collection resumes (`--resume`) when stopped; once it is complete, score again with --no-collect
-(without it, a second full run is measured and both are scored).
+Collection resumes (`--resume`) when stopped; once it is complete, score again with --no-collect.
+Measuring again (all models, or some with --models) adds a run to the store, and each case is
+scored on its latest profiled result: re-measure the models a burst of load on the machine spoiled
+(the rows' load_avg_1m and latency_cv show them).
 """
 
 from __future__ import annotations
