@@ -76,10 +76,20 @@ MIGRATIONS: dict[int, list[str]] = {
         "ALTER TABLE runs ADD COLUMN IF NOT EXISTS suite_id VARCHAR",
         "ALTER TABLE results ADD COLUMN IF NOT EXISTS result_key VARCHAR",
     ],
+    4: [
+        # --profile: per-operator rows of a result, summed over its profiled iterations (harness.core.profiles)
+        """CREATE TABLE IF NOT EXISTS operators (
+            result_id VARCHAR NOT NULL, node VARCHAR NOT NULL, op_type VARCHAR NOT NULL, op_class VARCHAR NOT NULL,
+            provider VARCHAR, kernel VARCHAR, profile_iterations INTEGER NOT NULL, calls INTEGER NOT NULL,
+            total_ms DOUBLE NOT NULL, share DOUBLE NOT NULL, flops DOUBLE, bytes DOUBLE, fallback BOOLEAN NOT NULL
+        )""",
+    ],
 }
 SCHEMA_VERSION = max(MIGRATIONS)
+# Tables a migration created: a read-only open of an older file shows them empty.
+ADDED_TABLES = {"operators": 4}
 
-TABLES = ("schema_version", "runs", "hardware", "results", "samples")
+TABLES = ("schema_version", "runs", "hardware", "results", "samples", "operators")
 
 
 class StoreError(RuntimeError):
@@ -140,15 +150,16 @@ class Store:
         ).fetchall():
             stored.setdefault(table, set()).add(column)
         for table, columns in _current_columns().items():
-            if table not in stored:
+            added = table not in stored and version < ADDED_TABLES.get(table, 1)
+            if table not in stored and not added:
                 raise StoreError(f"{self.path} is not an accelharness store (it has no '{table}' table)")
+            present = set() if added else stored[table]
             select = ", ".join(
-                _quoted(name) if name in stored[table] else f"CAST({default or 'NULL'} AS {kind}) AS {_quoted(name)}"
+                _quoted(name) if name in present else f"CAST({default or 'NULL'} AS {kind}) AS {_quoted(name)}"
                 for name, kind, default in columns
             )
-            self.connection.execute(
-                f"CREATE TEMP VIEW {_quoted(table)} AS SELECT {select} FROM {catalog}.main.{_quoted(table)}"
-            )
+            source = "WHERE false" if added else f"FROM {catalog}.main.{_quoted(table)}"
+            self.connection.execute(f"CREATE TEMP VIEW {_quoted(table)} AS SELECT {select} {source}")
 
     # --- writes -------------------------------------------------------------------------------
     def start_run(
@@ -228,6 +239,10 @@ class Store:
             cursor.register("new_samples", samples)
             cursor.execute("INSERT INTO samples BY NAME SELECT * FROM new_samples")
             cursor.unregister("new_samples")
+            if result.operators:
+                cursor.register("new_operators", _operator_table(result_id, result))
+                cursor.execute("INSERT INTO operators BY NAME SELECT * FROM new_operators")
+                cursor.unregister("new_operators")
             cursor.execute("COMMIT")
         except BaseException:
             cursor.execute("ROLLBACK")
@@ -398,6 +413,13 @@ class Store:
             "SELECT latency_ms FROM samples WHERE result_id = ? ORDER BY iteration", [result_id]
         ).fetchall()
         return [r[0] for r in rows]
+
+
+def _operator_table(result_id: str, result: Result) -> pa.Table:
+    """A result's operator rows (dataclasses of harness.core.profiles) as an Arrow table."""
+    rows = [asdict(op) for op in result.operators]
+    columns = {name: [row[name] for row in rows] for name in rows[0]}
+    return pa.table({"result_id": [result_id] * len(rows), **columns})
 
 
 def as_stored(arguments: dict[str, Any]) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from harness.core.profiles import Profile
 from harness.core.records import Target
 from harness.core.records import UnsupportedError as UnsupportedError  # re-exported: what every backend raises
 from harness.prepare.specs import ModelSpec
@@ -79,6 +80,14 @@ class Session(Protocol):
 
     def device_memory_peak_mb(self) -> float | None:
         """Device memory high-water mark since reset (None on CPU: RSS covers it)."""
+
+
+class Profiling(Protocol):
+    """What a session offers when it can say where its time goes (ONNX Runtime, OpenVINO, torch)."""
+
+    def profile(self, prepared: Any, iterations: int) -> Profile:
+        """`iterations` runs under the engine's profiler, per operator. Where profiling is a load-time
+        option the runs use a profiled twin, so the timed session never profiles."""
 
 
 class Backend(Protocol):

@@ -6,17 +6,19 @@ placement is read from a one-off profiled run and recorded, so a fallback is vis
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
+from harness.core.profiles import Profile, ort_trace_ops, timed_runs
 from harness.core.records import Target
 from harness.native.base import Availability, Capabilities, Clock, HostMemory, LoadRequest, UnsupportedError
 from harness.prepare.variants import model_for_precision
@@ -35,8 +37,12 @@ PROVIDERS = [
 
 
 class OrtSession(HostMemory):
-    def __init__(self, session: ort.InferenceSession, provider: str, placement: dict[str, int]) -> None:
+    def __init__(
+        self, session: ort.InferenceSession, provider: str, placement: dict[str, int], path: Path | None = None
+    ) -> None:
         self.session = session
+        self.provider = provider
+        self.path = path  # the model file, for a profiled twin of this session
         self.input_names = [i.name for i in session.get_inputs()]
         self.precision = "fp32"
         self.clock = Clock()  # run() copies outputs to host numpy, so it returns after the device
@@ -60,13 +66,27 @@ class OrtSession(HostMemory):
     def to_numpy(self, outputs: list[np.ndarray]) -> list[np.ndarray]:
         return list(outputs)
 
+    def profile(self, prepared: dict[str, np.ndarray], iterations: int) -> Profile:
+        """Per-node times from a twin session with ORT's profiler on: profiling is a session option,
+        so the timed session never has it. Its first run (buffer allocation) is run and left out."""
+        if self.path is None:
+            raise RuntimeError("this session has no model file to profile")
+        with profiled_session(self.path, self.provider) as session:
+            session.run(None, prepared)
+            wall_ms = timed_runs(lambda: session.run(None, prepared), iterations)
+            events = json.loads(Path(session.end_profiling()).read_text())
+        ops = ort_trace_ops(events, skip_runs=1, requested=self.provider)
+        return Profile(ops, iterations, wall_ms, f"onnxruntime {ort.__version__} SessionOptions.enable_profiling")
+
 
 class OrtGenerator(OrtSession):
     """Greedy decoding on the export with past key/values (harness.prepare.export_past): a prefill run on
     the prompt with an empty past, then one run per new token that feeds back the presents."""
 
-    def __init__(self, session: ort.InferenceSession, provider: str, placement: dict[str, int]) -> None:
-        super().__init__(session, provider, placement)
+    def __init__(
+        self, session: ort.InferenceSession, provider: str, placement: dict[str, int], path: Path | None = None
+    ) -> None:
+        super().__init__(session, provider, placement, path)
         self.output_names = [o.name for o in session.get_outputs()]
         # present_key_0 → past_key_0: each step's cache is the next step's past
         self.past_names = ["past" + name.removeprefix("present") for name in self.output_names[1:]]
@@ -115,25 +135,24 @@ def prefill_feeds(session: ort.InferenceSession, inputs: dict[str, np.ndarray]) 
     return feeds
 
 
-def node_placement(onnx_path: Path, provider: str, feeds_example: dict[str, np.ndarray] | None) -> dict[str, int]:
-    """Nodes per execution provider, read from the profile of one run in a throwaway session."""
+@contextlib.contextmanager
+def profiled_session(onnx_path: Path, provider: str) -> Iterator[ort.InferenceSession]:
+    """A session on the file with ORT's profiler on, writing its trace in a directory removed after."""
     options = ort.SessionOptions()
     options.enable_profiling = True
     with tempfile.TemporaryDirectory() as directory:
-        options.profile_file_prefix = os.path.join(directory, "placement")
-        session = ort.InferenceSession(str(onnx_path), options, providers=[provider])
+        options.profile_file_prefix = os.path.join(directory, "profile")
+        yield ort.InferenceSession(str(onnx_path), options, providers=[provider])
+
+
+def node_placement(onnx_path: Path, provider: str, feeds_example: dict[str, np.ndarray] | None) -> dict[str, int]:
+    """Nodes per execution provider, read from the profile of one run in a throwaway session."""
+    with profiled_session(onnx_path, provider) as session:
         if feeds_example is None:
             return {}
         session.run(None, {i.name: feeds_example[i.name] for i in session.get_inputs()})
         events = json.loads(Path(session.end_profiling()).read_text())
-    counts: Counter[str] = Counter()
-    seen: set[str] = set()
-    for event in events:
-        args = event.get("args", {})
-        if event.get("cat") == "Node" and "provider" in args and event["name"] not in seen:
-            seen.add(event["name"])
-            counts[args["provider"]] += 1
-    return dict(counts)
+    return dict(Counter(op.provider for op in ort_trace_ops(events, skip_runs=0) if op.provider))
 
 
 class OnnxRuntimeBackend:
@@ -176,7 +195,7 @@ class OnnxRuntimeBackend:
             if generating and example is not None:
                 example = prefill_feeds(session, example)
             placement = node_placement(path, target.provider, example)
-        ort_session = (OrtGenerator if generating else OrtSession)(session, target.provider, placement)
+        ort_session = (OrtGenerator if generating else OrtSession)(session, target.provider, placement, path)
         ort_session.precision = precision
         ort_session.facts |= conversion
         return ort_session

@@ -6,11 +6,15 @@ bf16 requests set INFERENCE_PRECISION_HINT; the precision that ran is read back 
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import openvino as ov
 
+from harness.core.profiles import OpTime, Profile
 from harness.core.records import Target
 from harness.native.base import Availability, Capabilities, Clock, HostMemory, LoadRequest, UnsupportedError
 
@@ -22,8 +26,17 @@ HINTS = {"fp32": "f32", "fp16": "f16", "bf16": "bf16"}
 
 
 class OpenVinoSession(HostMemory):
-    def __init__(self, compiled: ov.CompiledModel, core: ov.Core, device: str, requested: str) -> None:
+    def __init__(
+        self,
+        compiled: ov.CompiledModel,
+        core: ov.Core,
+        device: str,
+        requested: str,
+        recompile: Callable[[dict[str, Any]], ov.CompiledModel] | None = None,
+    ) -> None:
         self.compiled = compiled
+        self.device = device
+        self.recompile = recompile  # the same compile with extra properties, for a profiled twin
         self.request = compiled.create_infer_request()
         self.input_ports = [port.get_names() for port in compiled.inputs]  # a tensor may carry several names
         hint = compiled.get_property("INFERENCE_PRECISION_HINT").to_string()
@@ -51,6 +64,43 @@ class OpenVinoSession(HostMemory):
 
     def to_numpy(self, outputs: Any) -> list[np.ndarray]:
         return [np.array(tensor) for tensor in outputs.to_tuple()]
+
+    def profile(self, prepared: dict[str, np.ndarray], iterations: int) -> Profile:
+        """Per-layer real time from a twin compiled with PERF_COUNT (a compile-time property, so the
+        timed model never counts). get_profiling_info() covers the last inference: read after each."""
+        if self.recompile is None:
+            raise RuntimeError("this session cannot be compiled again for profiling")
+        compiled = self.recompile({"PERF_COUNT": True})
+        request = compiled.create_infer_request()
+        request.infer(prepared)  # first inference: allocation, not profiled
+        fused = fused_layers(compiled)
+        totals: dict[str, list[Any]] = {}
+        wall_ms = 0.0
+        for _ in range(iterations):
+            started = time.perf_counter_ns()
+            request.infer(prepared)
+            wall_ms += (time.perf_counter_ns() - started) / 1e6
+            for layer in request.get_profiling_info():
+                if layer.status == ov.ProfilingInfo.Status.EXECUTED:
+                    entry = totals.setdefault(layer.node_name, [layer.node_type, layer.exec_type, 0, 0.0])
+                    entry[2] += 1
+                    entry[3] += layer.real_time.total_seconds() * 1000
+        ops = [
+            OpTime(name, kind, self.device, calls, ms, kernel=exec_type, sources=fused.get(name, (name,)))
+            for name, (kind, exec_type, calls, ms) in totals.items()
+        ]
+        return Profile(ops, iterations, wall_ms, f"OpenVINO {ov.__version__} PERF_COUNT get_profiling_info()")
+
+
+def fused_layers(compiled: ov.CompiledModel) -> dict[str, tuple[str, ...]]:
+    """Each executed layer's original (ONNX) layer names, from the runtime model's rt_info."""
+    names = {}
+    for op in compiled.get_runtime_model().get_ordered_ops():
+        info = op.get_rt_info()
+        if "originalLayersNames" in info:
+            original = info["originalLayersNames"].astype(str)
+            names[op.get_friendly_name()] = tuple(n for n in original.split(",") if n)
+    return names
 
 
 class OpenVinoBackend:
@@ -81,8 +131,12 @@ class OpenVinoBackend:
         core = ov.Core()
         hint = HINTS.get(request.precision)
         config = {"INFERENCE_PRECISION_HINT": hint} if hint else {}
-        compiled = core.compile_model(str(request.onnx_path), target.provider, config)
-        return OpenVinoSession(compiled, core, target.provider, request.precision)
+        path, device = Path(request.onnx_path), target.provider
+
+        def compile_with(extra: dict[str, Any]) -> ov.CompiledModel:
+            return core.compile_model(str(path), device, config | extra)
+
+        return OpenVinoSession(compile_with({}), core, device, request.precision, compile_with)
 
 
 BACKEND = OpenVinoBackend()

@@ -15,6 +15,7 @@ import torch
 import transformers
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from harness.core.profiles import OpTime, Profile, timed_runs
 from harness.core.records import Target, UnsupportedError
 from harness.native.base import Availability, Capabilities, Clock, DeviceByHardware, HostMemory, LoadRequest
 from harness.prepare.workload import build_module, input_names
@@ -92,6 +93,24 @@ class TorchSession(HostMemory):
 
     def to_numpy(self, outputs: tuple[torch.Tensor, ...]) -> list[np.ndarray]:
         return [o.detach().float().cpu().numpy() for o in outputs]
+
+    def profile(self, prepared: tuple[torch.Tensor, ...], iterations: int) -> Profile:
+        """Self time per aten op under torch.profiler (device time on CUDA): self time, so an op
+        that calls others (aten::linear → aten::addmm) is not counted twice."""
+        from torch.profiler import ProfilerActivity, profile
+
+        on_gpu = self.device.type == "cuda"
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+        self.run(prepared)  # anything lazily set up on a first call stays out of the profile
+        with profile(activities=activities) as profiler:
+            wall_ms = timed_runs(lambda: (self.run(prepared), self.synchronize()), iterations)
+        ops = []
+        for event in profiler.key_averages():
+            self_us = event.self_device_time_total if on_gpu else event.self_cpu_time_total
+            if event.key.startswith("aten::") and self_us > 0:
+                ops.append(OpTime(event.key, event.key, self.device.type, event.count, self_us / 1000))
+        method = f"torch {torch.__version__} torch.profiler ({'device' if on_gpu else 'CPU'} self time per aten op)"
+        return Profile(ops, iterations, wall_ms, method)
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":

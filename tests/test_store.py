@@ -51,6 +51,25 @@ def test_result_and_samples_are_stored_with_statistics(db: Path) -> None:
         assert store.resolve_run("latest") == run_id
 
 
+def test_operator_rows_are_stored_with_their_result(db: Path) -> None:
+    """A profiled result's operator rows go in with it (same transaction) and come back per result."""
+    from harness.core.profiles import OperatorRow
+
+    rows = [
+        OperatorRow("mm", "MatMul", "matmul", "CPUExecutionProvider", None, 3, 3, 6.0, 0.75, 2e6, 4e4, False),
+        OperatorRow("shape", "Shape", "data", "CPUExecutionProvider", None, 3, 3, 2.0, 0.25, 0.0, 8.0, True),
+    ]
+    result = _result([1.0, 2.0])
+    result.operators = rows
+    with open_store(db) as store:
+        run_id = store.start_run("test", {}, {})
+        result_id = store.add_result(run_id, result, None)
+        stored = store.query(
+            "SELECT * EXCLUDE (result_id) FROM operators WHERE result_id = ? ORDER BY node", [result_id]
+        )
+    assert [OperatorRow(**row) for row in stored] == rows
+
+
 def test_overwrite_starts_empty_and_unknown_run_is_named(db: Path) -> None:
     with open_store(db) as store:
         store.start_run("test", {}, {})

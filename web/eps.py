@@ -3,7 +3,8 @@
 Each EP has: the ORT-web bundle the page imports (the import ORT's docs give for it; the wasm EP
 gets the plain, non-asyncify build: on bert-tiny the JSEP/asyncify builds ran the same wasm EP
 2-6x slower); the wasm binary that bundle runs (the page fetches it, hands it to ORT as
-env.wasm.wasmBinary and checks it against the glue code ORT loaded); the browser flags it needs;
+env.wasm.wasmBinary and checks it against the glue code ORT loaded); the provider name ORT gives
+its nodes (a profiled node on another provider ran on a fallback); the browser flags it needs;
 the device types it takes; how the page sets it up (`setup`: wasm | webgpu-adapter |
 webnn-context); whether node placement is read from ORT's log; and the sentence recorded on every
 row saying how the page checks that this EP is what ran. Adding an EP is a row in that file (and
@@ -24,6 +25,7 @@ class BrowserEp:
     name: str
     bundle: str
     wasm_binary: str
+    ort_provider: str  # the provider name ORT gives the EP in node placement and profiles
     flags: tuple[str, ...]
     device_types: tuple[str, ...]  # empty: the EP takes no device type
     setup: str
@@ -48,6 +50,7 @@ def _load() -> dict[str, BrowserEp]:
             name,
             row["bundle"],
             row["wasm_binary"],
+            row["ort_provider"],
             tuple(row["flags"]),
             tuple(row["device_types"]),
             row["setup"],

@@ -112,7 +112,7 @@ def training_rows(db_path: Path, mode: str = "inference") -> list[dict[str, Any]
     """Every ok row of one mode with a known parameter count: a training step or a generate() call
     is not a forward pass, so each mode is learned from its own rows only."""
     sql = f"""
-        SELECT model, family, hardware, engine, provider, precision, batch_size, seq_len,
+        SELECT result_id, model, family, hardware, engine, provider, precision, batch_size, seq_len,
                CAST(details->>'$.parameters' AS BIGINT) AS parameters, {", ".join(TARGETS)}
         FROM results
         WHERE status = 'ok' AND details->>'$.parameters' IS NOT NULL AND mode = ?
@@ -138,12 +138,14 @@ class Predictor:
         groups = [r["model"] for r in rows]
         self.fitted: dict[str, Any] = {}
         self.mape: dict[str, float] = {}
+        self.held_out: dict[str, list[float]] = {}  # per target, each row's leave-one-model-out prediction
         # Throughput is fitted on its own: it is measured from the mean latency, which noise
         # pulls away from the p50 that latency_p50_ms predicts.
         for target in TARGETS:
             y = np.log([_regressed(target, r) for r in rows])
             held_out = np.exp(cross_val_predict(_pipeline(), x, y, groups=groups, cv=LeaveOneGroupOut()))
             guesses = [_from_regressed(target, r, v) for r, v in zip(rows, held_out, strict=True)]
+            self.held_out[target] = guesses
             self.mape[target] = float(mean_absolute_percentage_error([r[target] for r in rows], guesses))
             self.fitted[target] = _pipeline().fit(x, y)
 

@@ -15,12 +15,12 @@ from typing import Any
 import duckdb
 
 from harness.analysis.tables import AnalysisError, Table
-from harness.core.labels import target_label
+from harness.core.labels import case_label, target_label
 from harness.core.records import MEASURED, STATUSES
 from harness.store import open_store
 
-REPORTS = ("latest", "best-hardware", "compatibility", "regressions")
-EXPORT_TABLES = ("runs", "hardware", "results", "samples")
+REPORTS = ("latest", "best-hardware", "compatibility", "regressions", "ops")
+EXPORT_TABLES = ("runs", "hardware", "results", "samples", "operators")
 EXPORT_FORMATS = ("parquet", "csv")
 # a column per status, the measured ones first
 COMPATIBILITY_COLUMNS = (*MEASURED, *(s for s in STATUSES if s not in MEASURED))
@@ -119,6 +119,40 @@ def _compatibility(store: Any, run_id: str) -> Table:
     )
 
 
+OPS_SQL = """
+SELECT r.model, r.hardware, r.engine, r.provider, r.batch_size, r.seq_len, r.mode, r.new_tokens, r.precision,
+       o.node, o.op_type, o.op_class, o.provider AS ran_on, o.kernel, o.calls / o.profile_iterations AS calls_per_iter,
+       o.total_ms / o.profile_iterations AS ms_per_iter, o.share, o.flops, o.bytes, o.fallback
+FROM operators o JOIN results r USING (result_id)
+WHERE r.run_id = ?
+ORDER BY r.model, r.hardware, r.engine, r.provider, r.batch_size, r.seq_len, r.precision, o.share DESC, o.node
+"""
+OPS_COLUMNS = [
+    "model", "target", "case", "precision", "node", "op_type", "op_class", "ran_on", "kernel", "calls_per_iter",
+    "ms_per_iter", "share", "flops", "bytes", "fallback",
+]  # fmt: skip
+
+
+def _ops(store: Any, run_id: str) -> Table:
+    rows = store.query(OPS_SQL, [run_id])
+    for row in rows:
+        row["target"], row["case"] = target_label(row), case_label(row)
+    notes = [
+        "Per operator, from the profiled iterations run after each timed loop (--profile): share is of the "
+        "result's operator time; flops and bytes are the ONNX graph's for the case's shapes (empty where no "
+        "graph node stands behind the operator). fallback: ran on another provider than the target's."
+    ]
+    unprofiled = store.query(
+        "SELECT model, hardware, engine, provider, batch_size, seq_len, mode, new_tokens, "
+        "details->>'$.profile.error' AS why FROM results WHERE run_id = ? AND why IS NOT NULL ORDER BY ALL",
+        [run_id],
+    )
+    notes += [f"not profiled: {target_label(r)} {r['model']} {case_label(r)}: {r['why']}" for r in unprofiled]
+    if not rows and not unprofiled:
+        notes.append("this run has no profiles: run with --profile")
+    return Table(f"Operators in run {run_id}", OPS_COLUMNS, rows, notes)
+
+
 def _regressions(db_path: Path, threshold: float) -> Table:
     from harness.analysis.compare import compare_runs, comparison_table  # compare renders through this module
 
@@ -130,14 +164,15 @@ def _regressions(db_path: Path, threshold: float) -> Table:
 
 
 def run_report(db_path: Path, report: str, run: str = "latest", threshold: float = 0.05) -> Table:
-    """A canned report: latest, best-hardware and compatibility read one run; regressions compares two."""
+    """A canned report: latest, best-hardware, compatibility and ops read one run; regressions compares two."""
     if report not in REPORTS:
         raise AnalysisError(f"unknown report '{report}'; valid: {', '.join(REPORTS)}")
     if report == "regressions":
         return _regressions(db_path, threshold)
     with open_store(db_path, read_only=True) as store:
         run_id = store.resolve_run(run)
-        builder = {"latest": _latest, "best-hardware": _best_hardware, "compatibility": _compatibility}[report]
+        builders = {"latest": _latest, "best-hardware": _best_hardware, "compatibility": _compatibility, "ops": _ops}
+        builder = builders[report]
         return builder(store, run_id)
 
 

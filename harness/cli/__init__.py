@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from harness.cli import analysis, bench, manage, suite
+from harness.cli import analysis, bench, manage, predict, suite
 
 app = typer.Typer(
     help="Measured ML inference benchmarks: native backends and the browser, one DuckDB store.",
@@ -23,7 +23,7 @@ app.command()(manage.models)
 db_app.command("init")(manage.db_init)
 app.command()(analysis.report)
 app.command()(analysis.matrix)
-app.command()(analysis.predict)
+app.command()(predict.predict)
 app.command()(analysis.recommend)
 app.command("compare")(analysis.compare_command)
 app.command("history")(analysis.history_command)

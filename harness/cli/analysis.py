@@ -1,4 +1,5 @@
-"""Commands that read the store: report, matrix, compare, history, query, export, predict, recommend."""
+"""Commands that read the store: report, matrix, compare, history, query, export, recommend
+(predict has its own module)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ from harness.cli.common import (
     console,
     errors,
     fail,
-    int_list,
     split_list,
 )
 from harness.store import DEFAULT_DB, StoreError
@@ -84,65 +84,6 @@ def matrix(
         for target, cell in entry["cells"].items():
             table.add_row(family, target, cell_text(cell))
     console.print(table)
-
-
-def predict(
-    model: Annotated[str, typer.Option(help="Model name (measured in the store, or any spec).")],
-    hardware: Annotated[str | None, typer.Option(help="Only these hardware platforms.")] = None,
-    engines: Annotated[str | None, typer.Option(help="Only these engines.")] = None,
-    batch_sizes: Annotated[str, typer.Option(help="Comma-separated batch sizes.")] = "1",
-    sequence_lengths: Annotated[str, typer.Option(help="Comma-separated sequence lengths.")] = "32",
-    db: DbOption = DEFAULT_DB,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
-) -> None:
-    """Predict latency, throughput and memory for untested combinations, with the held-out MAPE."""
-    from harness.analysis.predict import InsufficientData, Query, model_facts, predict, training_rows
-    from harness.analysis.predict import as_json as to_json
-
-    try:
-        family, parameters = model_facts(db, model)
-        targets = sorted({(r["hardware"], r["engine"], r["provider"]) for r in training_rows(db)})
-    except (StoreError, KeyError) as exc:
-        raise fail(f"{exc}; see `accelharness models`" if isinstance(exc, KeyError) else str(exc)) from None
-    wanted_hw, wanted_engines = split_list(hardware), split_list(engines)
-    targets = [
-        t for t in targets if (not wanted_hw or t[0] in wanted_hw) and (not wanted_engines or t[1] in wanted_engines)
-    ]
-    queries = [
-        Query(model, family, parameters, *t, batch_size=b, seq_len=s)
-        for t in targets
-        for b in int_list("--batch-sizes", batch_sizes)
-        for s in int_list("--sequence-lengths", sequence_lengths)
-    ]
-    try:
-        result = predict(db, queries)
-    except InsufficientData as exc:
-        raise fail(str(exc)) from None
-    if as_json:
-        console.print_json(to_json(result))
-        return
-    table = Table(title=f"Predicted for {model} ({parameters:,} parameters) — predictions, not measurements")
-    for name in ("target", "batch", "seq", "p50 ms", "items/s", "memory MB", "measured p50 ms"):
-        table.add_column(name)
-    for row in result.rows:
-        measured = row.get("measured_latency_p50_ms")
-        table.add_row(
-            f"{row['hardware']}/{row['engine']}:{row['provider']}",
-            str(row["batch_size"]),
-            str(row["seq_len"]),
-            f"{row['predicted_latency_p50_ms']:.3f}",
-            f"{row['predicted_throughput_per_s']:.1f}",
-            f"{row['predicted_memory_peak_mb']:.0f}",
-            f"{measured:.3f}" if measured else "—",
-        )
-    console.print(table)
-    mape = ", ".join(f"{k} {v:.1%}" for k, v in result.mape.items())
-    console.print(
-        f"held-out error (leave-one-model-out MAPE over {result.training_rows} rows, "
-        f"{result.training_models} models): {mape}"
-    )
-    for note in result.notes:
-        console.print(f"note: {note}")
 
 
 def recommend(
@@ -272,8 +213,12 @@ def history_command(
 
 
 def query_command(
-    report: Annotated[str | None, typer.Option(help="latest, best-hardware, compatibility or regressions.")] = None,
-    sql: Annotated[str | None, typer.Option(help="One read-only SELECT over runs/hardware/results/samples.")] = None,
+    report: Annotated[
+        str | None, typer.Option(help="latest, best-hardware, compatibility, regressions or ops (--profile runs).")
+    ] = None,
+    sql: Annotated[
+        str | None, typer.Option(help="One read-only SELECT over runs/hardware/results/samples/operators.")
+    ] = None,
     run: RunOption = "latest",
     threshold: Annotated[str, typer.Option(help="Threshold for the regressions report: 5% or 0.05.")] = "5%",
     fmt: Annotated[str, typer.Option("--format", help="md, csv, json or html.")] = "md",
@@ -301,7 +246,7 @@ def query_command(
 def export_command(
     out: Annotated[Path, typer.Option("--out", help="Directory for <table>.parquet / <table>.csv.")],
     fmt: Annotated[str, typer.Option("--format", help="parquet or csv.")] = "parquet",
-    table: Annotated[str, typer.Option(help="results, samples, runs, hardware or all.")] = "all",
+    table: Annotated[str, typer.Option(help="results, samples, runs, hardware, operators or all.")] = "all",
     db: DbOption = DEFAULT_DB,
 ) -> None:
     """Export store tables to Parquet or CSV (read-only)."""

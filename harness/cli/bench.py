@@ -19,6 +19,7 @@ from harness.cli.common import (
     ModelOption,
     ModelPathOption,
     OutputDirOption,
+    ProfileOption,
     ResumeOption,
     SeqOption,
     SmallOption,
@@ -122,6 +123,7 @@ def native(
     min_duration: MinDurationOption = 0.5,
     max_iterations: MaxIterationsOption = 10_000,
     timeout: TimeoutOption = 300.0,
+    profile: ProfileOption = False,
     db: DbOption = DEFAULT_DB,
     output_dir: OutputDirOption = Path("accelharness-results"),
     resume: ResumeOption = False,
@@ -131,7 +133,8 @@ def native(
     if "generate" not in modes and given(ctx, "new_tokens"):
         raise fail(f"--new-tokens applies to --mode generate only (got --mode {mode}); add generate or drop it")
     shared = run_options(model, model_families, small_models, model_path, batch_sizes, sequence_lengths,
-                         warmup, iterations, min_duration, max_iterations, timeout, db, output_dir)  # fmt: skip
+                         warmup, iterations, min_duration, max_iterations, timeout, db, output_dir,
+                         profile)  # fmt: skip
     request = BenchmarkRequest(
         hardware=split_list(hardware),
         engines=split_list(engines),
@@ -172,6 +175,7 @@ def web(
     min_duration: MinDurationOption = 0.5,
     max_iterations: MaxIterationsOption = 10_000,
     timeout: TimeoutOption = 300.0,
+    profile: ProfileOption = False,
     db: DbOption = DEFAULT_DB,
     output_dir: OutputDirOption = Path("accelharness-results"),
     resume: ResumeOption = False,
@@ -183,7 +187,8 @@ def web(
     if "webnn" not in (split_list(hardware) or []) and given(ctx, "webnn_device"):
         raise fail(f"--webnn-device applies to webnn only (got --hardware {hardware}); add webnn or drop it")
     shared = run_options(model, model_families, small_models, model_path, batch_sizes, sequence_lengths,
-                         warmup, iterations, min_duration, max_iterations, timeout, db, output_dir)  # fmt: skip
+                         warmup, iterations, min_duration, max_iterations, timeout, db, output_dir,
+                         profile)  # fmt: skip
     request = WebRequest(
         hardware=split_list(hardware) or [],
         webnn_device=webnn_device,
@@ -226,6 +231,7 @@ def run(
     min_duration: MinDurationOption = 0.5,
     max_iterations: MaxIterationsOption = 10_000,
     timeout: TimeoutOption = 300.0,
+    profile: ProfileOption = False,
     db: DbOption = DEFAULT_DB,
     output_dir: OutputDirOption = Path("accelharness-results"),
     resume: ResumeOption = False,
@@ -235,7 +241,8 @@ def run(
     from harness.run.web import WebRequest, validate_web
 
     shared = run_options(model, model_families, small_models, model_path, batch_sizes, sequence_lengths,
-                         warmup, iterations, min_duration, max_iterations, timeout, db, output_dir)  # fmt: skip
+                         warmup, iterations, min_duration, max_iterations, timeout, db, output_dir,
+                         profile)  # fmt: skip
     native_request = BenchmarkRequest(hardware=split_list(hardware), precision=precision, **shared)
     web_request = WebRequest(
         hardware=split_list(web_hardware) or [],
@@ -277,6 +284,7 @@ def run_options(
     timeout: float,
     db: Path,
     output_dir: Path,
+    profile: bool,
 ) -> dict[str, Any]:
     """The RunOptions every benchmark command takes (the model selection, cases, stop rule, store), parsed."""
     return {
@@ -293,6 +301,7 @@ def run_options(
         "timeout_s": timeout,
         "db_path": db,
         "output_dir": output_dir,
+        "profile": profile,
     }
 
 

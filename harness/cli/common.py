@@ -68,6 +68,14 @@ MaxIterationsOption = Annotated[int, typer.Option("--max-iterations", help="Cap 
 TimeoutOption = Annotated[
     float, typer.Option("--timeout", help="Seconds a worker or page may go without finishing a case.")
 ]
+ProfileOption = Annotated[
+    bool,
+    typer.Option(
+        "--profile",
+        help="After each inference case's timed loop, a few profiled iterations: time per operator (node, op type, "
+        "provider), stored with the result (`query --report ops`, the HTML report, `predict`).",
+    ),
+]
 ResumeOption = Annotated[
     bool,
     typer.Option(

@@ -5,9 +5,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from numbers import Real
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.core.labels import target_label
+
+if TYPE_CHECKING:  # core.profiles imports onnx (via the graph counts); a Result only carries its rows
+    from harness.core.profiles import OperatorRow
 
 STATUSES = ("ok", "unsupported", "error", "timeout", "oom", "mismatch")
 # auto: whatever the engine picks by default. Every row records the precision that actually ran.
@@ -96,6 +99,7 @@ class Result:
     compile_ms: float | None = None  # JIT engines: compile time, kept out of the latency samples
     energy_j_per_item: float | None = None  # only from a real sensor (RAPL, NVML)
     details: dict[str, Any] = field(default_factory=dict)
+    operators: list[OperatorRow] = field(default_factory=list)  # --profile: where the time went, per operator
 
     @property
     def key(self) -> str:
@@ -132,4 +136,9 @@ class Result:
                   if getattr(self, name) is not None and not _is_finite(getattr(self, name))]  # fmt: skip
         if not isinstance(self.details, dict):
             found.append("details must be a dict")
+        if self.operators and self.status not in MEASURED:
+            found.append(f"status '{self.status}' has no measurement for operator rows to profile")
+        bad = [op for op in self.operators if not (_is_finite(op.total_ms) and op.total_ms >= 0 and op.calls >= 1)]
+        if bad:
+            found.append(f"operators need finite times >= 0 and calls >= 1 ({len(bad)} do not, e.g. {bad[0].node!r})")
         return found

@@ -17,6 +17,7 @@ class RunReport:
     hardware: list[dict[str, Any]]
     results: list[dict[str, Any]]
     samples: dict[str, list[float]] = field(default_factory=dict)  # result_id -> raw latencies (ms)
+    operators: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # result_id -> --profile rows
     cache: dict[str, Any] = field(default_factory=dict, repr=False)  # rendered plots, shared by the writers
 
     @property
@@ -36,9 +37,24 @@ def _samples(store: Store, run_id: str) -> dict[str, list[float]]:
     return dict(grouped)
 
 
+def _operators(store: Store, run_id: str) -> dict[str, list[dict[str, Any]]]:
+    rows = store.query(
+        "SELECT o.* FROM operators o JOIN results r USING (result_id) WHERE r.run_id = ? ORDER BY o.share DESC",
+        [run_id],
+    )
+    grouped: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        grouped[row["result_id"]].append(row)
+    return dict(grouped)
+
+
 def _load(store: Store, run_id: str) -> RunReport:
     return RunReport(
-        store.run_info(run_id), store.hardware_rows(run_id), store.results(run_id), _samples(store, run_id)
+        store.run_info(run_id),
+        store.hardware_rows(run_id),
+        store.results(run_id),
+        _samples(store, run_id),
+        _operators(store, run_id),
     )
 
 

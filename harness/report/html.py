@@ -15,6 +15,8 @@ from typing import Any
 
 from harness.core.labels import MARK_STYLES, case_label, marks, mode_of, target_label
 from harness.report.data import RunReport
+from harness.report.operators import CSS as OPERATOR_CSS
+from harness.report.operators import breakdown_html, ratio_html
 
 CSS = """
 :root { --ok:#1b7f3b; --bad:#b00020; --warn:#9a5b00; --muted:#666; --line:#d9dde3; }
@@ -174,6 +176,16 @@ def _plots(report: RunReport, anchor: str) -> str:
     return "".join(parts)
 
 
+def _time_breakdown(report: RunReport) -> str:
+    """Where the time goes (--profile runs): per profiled result, and per op type between targets."""
+    breakdown = breakdown_html(report.results, report.operators)
+    if not breakdown:
+        return ""
+    ratios = ratio_html(report.results, report.operators)
+    ratios = f"<h4>The same ONNX file on two targets</h4>{ratios}" if ratios else ""
+    return f"<h3>Where the time goes</h3>{breakdown}{ratios}"
+
+
 def _legend() -> str:
     items = "".join(
         f'<li><span class="mark mark-{kind}">{escape(style.code)}</span> {escape(style.legend.split(": ", 1)[1])}</li>'
@@ -239,13 +251,13 @@ def render_page(reports: list[RunReport], matrix: dict[str, Any], title: str) ->
         sections.append(
             f'<section class="run" id="{anchor}"><h2>Run {escape(run_id)}</h2>'
             f"<h3>System</h3>{_facts(report)}<h3>Results</h3>{_results(report)}"
-            f"<h3>Plots</h3>{_plots(report, anchor)}</section>"
+            f"<h3>Plots</h3>{_plots(report, anchor)}{_time_breakdown(report)}</section>"
         )
     generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{escape(title)}</title><style>{CSS}</style></head><body><main>"
+        f"<title>{escape(title)}</title><style>{CSS}{OPERATOR_CSS}</style></head><body><main>"
         f'<h1>{escape(title)}</h1><p class="sub">Generated {generated} from the DuckDB store; every number '
         "is measured.</p>"
         f'<nav>{"".join(nav)}<a href="#matrix">compatibility matrix</a></nav>'

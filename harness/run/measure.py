@@ -7,6 +7,9 @@ observation of the machine around it (CPU use, load average, RSS peak, energy):
   generate   one generate() of exactly new_tokens tokens per iteration, with a timestamp per
              token (time to first token, time per output token)
   training   one forward + backward + optimizer step per iteration
+With profiling asked for, an inference measurement is followed by a few profiled iterations
+(Session.profile): after the timed loop and outside the window the machine is observed in, so the
+profiler's overhead touches no sample and no CPU, memory or energy figure.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 import numpy as np
 import psutil
 
+from harness.core.profiles import Profile
 from harness.native.base import Session
 from harness.run.energy import EnergyMeter
 from harness.run.memory import PeakRss, nvml_used_mb
@@ -31,6 +35,7 @@ class MeasureConfig:
     iterations: int = 20
     min_duration_s: float = 0.5
     max_iterations: int = 10_000
+    profile_iterations: int = 0  # inference: profiled iterations after the timed loop (0: none)
 
 
 @dataclass
@@ -48,6 +53,8 @@ class Measurement:
     energy_source: str
     ttft_samples_ms: list[float] = field(default_factory=list)
     tpot_samples_ms: list[float] = field(default_factory=list)
+    profile: Profile | None = None  # per-operator times, taken after the timed loop
+    profile_error: str | None = None  # why a profile asked for is missing
 
 
 def timed_iterations(step: Callable[[], float], config: MeasureConfig) -> list[float]:
@@ -103,7 +110,21 @@ def measure(session: Session, feeds: dict[str, np.ndarray], config: MeasureConfi
             session.run(prepared)
         return first_run_ms, timed_iterations(step, config), outputs
 
-    return _observe(session, rss, body)
+    measured = _observe(session, rss, body)
+    if config.profile_iterations > 0:  # after the loop and its observation: nothing profiled is timed
+        measured.profile, measured.profile_error = profile_after(session, prepared, config.profile_iterations)
+    return measured
+
+
+def profile_after(session: Session, prepared: Any, iterations: int) -> tuple[Profile | None, str | None]:
+    """The session's per-operator profile of `iterations` runs, or why there is none (a failing
+    profiler costs the row its profile, never its measurement)."""
+    if not hasattr(session, "profile"):
+        return None, f"{type(session).__name__} has no profiler"
+    try:
+        return session.profile(prepared, iterations), None
+    except Exception as exc:  # the engine's own words are the reason
+        return None, f"profiling failed: {type(exc).__name__}: {exc}"
 
 
 def measure_generation(

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict
 
+from harness.core.profiles import PROFILE_ITERATIONS
 from harness.core.records import Case, Result, Target
 from harness.native import capabilities
 from harness.native.base import Availability
@@ -45,8 +46,13 @@ def _run_model(plan: Plan, spec: ModelSpec, emit: Callable[[Result], None]) -> N
     if not any(plan.remaining(spec, target) for target, _ in plan.targets):
         return  # a resumed run holds every result of this model: do not even export it
     prepared, error, status = _prepare(plan, spec)
+    request = plan.request
     measure = MeasureConfig(
-        plan.request.warmup, plan.request.iterations, plan.request.min_duration_s, plan.request.max_iterations
+        request.warmup,
+        request.iterations,
+        request.min_duration_s,
+        request.max_iterations,
+        profile_iterations=PROFILE_ITERATIONS if request.profile else 0,
     )
     for target, availability in plan.targets:
         cases = plan.remaining(spec, target)

@@ -38,6 +38,7 @@ class RunOptions:
     timeout_s: float = 300.0
     db_path: Path = DEFAULT_DB
     output_dir: Path | None = Path("accelharness-results")
+    profile: bool = False  # a few profiled iterations per inference case after its timed loop
 
     @property
     def outputs(self) -> Outputs | None:

@@ -24,6 +24,7 @@ import numpy as np
 import psutil
 
 from harness.core.parity import compare
+from harness.core.profiles import PROFILE_ITERATIONS
 from harness.core.records import PRECISIONS, Case, Result, Target, UnsupportedError, result_key
 from harness.prepare.prepared import PreparedModel, PrepareJob, unprepared_result
 from harness.prepare.specs import ModelSpec
@@ -38,6 +39,7 @@ from harness.run.plan import (
     check_selection,
     precisions,
 )
+from harness.run.profiling import page_profile, profiled_fields
 from harness.run.recording import Body, Emit, RunSummary, record_run
 from harness.run.worker import prepare_isolated
 from harness.web.eps import EPS, WEB_HARDWARE, WEBNN_DEVICES
@@ -245,9 +247,11 @@ def build_result(
     answer: dict[str, Any],
     extra: dict[str, Any],
     reference: list[np.ndarray],
+    model: Path | None = None,
 ) -> Result:
     """The Result for one page answer: statistics come from samples_ms, parity from the first run's outputs
-    at the tolerance of the precision that ran (extra['precision'])."""
+    at the tolerance of the precision that ran (extra['precision']); with the page's profile, operator rows
+    counted on `model` (the file the page ran)."""
     from harness.web.server import decode_outputs
 
     details = extra.pop("details")
@@ -265,6 +269,11 @@ def build_result(
             setting.target, case, "error", f"parity check failed: {exc}", details=details, **extra, **fields
         )
     details |= parity.details
+    if "profile" in answer:  # asked for (--profile): the page's profile, or why it has none
+        fields["operators"], profiled = profiled_fields(
+            model, details["input_shapes"], *page_profile(answer["profile"], EPS[setting.ep].ort_provider)
+        )
+        details |= profiled
     return prepared.result(
         setting.target, case, parity.status, parity.error, details=details, **parity.fields, **extra, **fields
     )
@@ -338,6 +347,7 @@ def page_job(
         "min_duration_ms": request.min_duration_s * 1000,
         "max_iterations": request.max_iterations,
         "case": case.key,  # the page names the case whose session load a later case reuses
+        "profile_iterations": PROFILE_ITERATIONS if request.profile else 0,  # after the timed loop
         "fault": fault,  # test-only
     }
 
@@ -379,7 +389,7 @@ async def _run_case(
         "details": details | conversion | {"input_shapes": {i["name"]: i["dims"] for i in page["inputs"]}},
     }
     _, reference = prepared.load_case((case.batch_size, case.seq_len))
-    return build_result(prepared, setting, case, answer, extra, reference)
+    return build_result(prepared, setting, case, answer, extra, reference, model)
 
 
 # --- the run ----------------------------------------------------------------------------------------

@@ -23,10 +23,12 @@ import numpy as np
 from harness.core.parity import compare
 from harness.core.records import Case, Result, Target, UnsupportedError
 from harness.native import capabilities
+from harness.prepare.graph_work import GraphWork, count_graph
 from harness.prepare.prepared import PreparedModel, PrepareJob, prepare_model
 from harness.run.isolation import Outcome, classify, run_isolated, start_method
 from harness.run.measure import MeasureConfig, Measurement, measure, measure_generation, measure_training
 from harness.run.memory import PeakRss, rss_mb
+from harness.run.profiling import profiled_fields
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,12 @@ def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: Pea
         "energy_source": measured.energy_source,  # the sensor, or why there is none
     }
     details |= load.pop("details")
+    operators = []
+    if job.measure.profile_iterations > 0:
+        error = measured.profile_error or (None if case.mode == "inference" else "profiles cover inference only")
+        model_file = getattr(session, "path", None) or job.prepared.onnx_path  # the file the session ran
+        operators, profiled = profiled_fields(model_file, details["input_shapes"], measured.profile, error)
+        details |= profiled
     status, error, parity_fields = "ok", None, {}
     if not reference:  # a file no reference engine could run: measured, not parity-checked
         details["parity"] = f"not checked: no reference ({job.prepared.reference})"
@@ -91,6 +99,7 @@ def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: Pea
         # JIT engines compile per input shape in prepare(), outside the samples; read after measuring
         compile_ms=getattr(session, "compile_ms", None),
         details=details,
+        operators=operators,
         **parity_fields,
         **load,
     )
@@ -182,6 +191,16 @@ def run_job(job: Job, timeout_s: float, emit: Callable[[Result], None]) -> None:
                     job.target, case, status, outcome.message or "worker finished without reporting this case"
                 )
             )
+
+
+def count_isolated(job: PrepareJob, timeout_s: float) -> GraphWork:
+    """A model's graph work per case (harness.prepare.graph_work), counted in a child process: the
+    exporter runs there when the export is not cached. Raises RuntimeError saying why it failed."""
+    found: list[GraphWork] = []
+    outcome = run_isolated(count_graph, job, timeout_s, found.append, uses_torch=not job.spec.is_onnx_file)
+    if not found:
+        raise RuntimeError(f"counting {job.spec.name}'s graph failed ({outcome.status}): {outcome.message}")
+    return found[0]
 
 
 def prepare_isolated(job: PrepareJob, timeout_s: float) -> tuple[PreparedModel | None, Outcome]:

@@ -36,6 +36,7 @@ benchmark_iterations = 20        # minimum timed iterations ...
 min_duration_s = 0.5             # ... and minimum seconds of them
 timeout = 600                    # seconds a worker or page may take per case
 precision = ["fp32"]             # {", ".join(PRECISIONS)}
+profile = false                  # per-operator profiles after each inference case's timed loop
 
 # family -> models (`accelharness models` lists them; the -tiny variants build in seconds)
 [model_families]
@@ -79,6 +80,7 @@ class SuiteConfig:
     min_duration_s: float
     timeout: float
     precision: list[str]
+    profile: bool
     model_families: dict[str, list[str]]
     hardware_types: list[str]
     engines: list[str]
@@ -109,6 +111,7 @@ KEY_TYPES: dict[str, type] = {
     "min_duration_s": float,
     "timeout": float,
     "precision": list,
+    "profile": bool,
     "model_families": dict,
     "hardware_types": list,
     "engines": list,

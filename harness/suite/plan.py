@@ -104,6 +104,7 @@ def suite_requests(
         iterations=config.benchmark_iterations,
         min_duration_s=config.min_duration_s,
         timeout_s=config.timeout,
+        profile=config.profile,
         db_path=config.db,
         output_dir=None,  # the suite writes its reports once, after both halves
     )

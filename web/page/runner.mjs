@@ -13,6 +13,7 @@ const CHUNK_BYTES = Number(new URLSearchParams(location.search).get('chunk') ?? 
 const PARALLEL_RANGES = 4;
 const LOG_LIMIT = 5000;
 const logs = [];
+let traceLines = null; // while ORT prints a profile: its lines, kept apart from (and not counted in) the log
 captureConsole();
 
 // A one-node (Identity) ONNX model. Creating a session on it starts the wasm runtime and the EP, so the
@@ -47,6 +48,7 @@ function captureConsole() {
   for (const level of ['log', 'info', 'warn', 'error', 'debug']) {
     const original = console[level].bind(console);
     console[level] = (...args) => {
+      if (traceLines && level === 'log') return void traceLines.push(args.map(String).join(' '));
       if (logs.length < LOG_LIMIT) logs.push(`[${level}] ${args.map(String).join(' ')}`);
       original(...args);
     };
@@ -255,6 +257,7 @@ async function getSession(job, rt) {
   const session = await ort.InferenceSession.create(bytes, { executionProviders: [rt.option] });
   // Later jobs on this page reuse the session: their load_ms is this one, and they say whose it is.
   const entry = { session, load_ms: performance.now() - started, fetch_ms, placement, load_case: job.case };
+  if (job.profile_iterations > 0) entry.bytes = bytes; // for the profiled twin session
   sessions.set(job.model_url, entry);
   return entry;
 }
@@ -308,6 +311,69 @@ async function measure(session, feeds, job) {
   }
   await loopMark('end');
   return { first_run_ms, samples, outputs };
+}
+
+// Per-node times, after the timed loop, from a twin session with ORT's profiler on (profiling is a session
+// option: the timed session never has it). ORT-web prints the trace (Chrome trace JSON, one event per
+// line) to the console at endProfiling(); Python parses it with native ORT's parser. The first run
+// allocates and is left out there. On WebGPU the trace holds the kernels' GPU times only when ORT's device
+// has timestamp-query; without it the profile says why it has none.
+async function profileRuns(entry, rt, feeds, job) {
+  const missing = await missingTimestamps(job);
+  if (missing) return { error: missing };
+  const options = { executionProviders: [rt.option], enableProfiling: true };
+  const session = await ort.InferenceSession.create(entry.bytes, options);
+  try {
+    await session.run(feeds);
+    const started = performance.now();
+    for (let i = 0; i < job.profile_iterations; i++) await session.run(feeds);
+    const wall_ms = performance.now() - started;
+    traceLines = [];
+    try {
+      await session.endProfiling();
+      await new Promise((resolve) => setTimeout(resolve, 0)); // endProfiling prints from a settled promise
+      return { events: traceEvents(traceLines), skip_runs: 1, iterations: job.profile_iterations, wall_ms };
+    } finally {
+      traceLines = null;
+    }
+  } finally {
+    await session.release();
+  }
+}
+
+// A profile that fails costs the row its profile, never its measurement.
+function profileError(e) {
+  traceLines = null;
+  return { error: `profiling failed: ${errorText(e)}` };
+}
+
+async function missingTimestamps(job) {
+  if (EPS[job.ep].setup !== 'webgpu-adapter') return null;
+  const device = await ort.env.webgpu.device;
+  if (device?.features.has('timestamp-query')) return null;
+  const adapter = (await navigator.gpu.requestAdapter())?.features.has('timestamp-query') ? 'has' : 'lacks';
+  return (
+    `ORT's WebGPU device has no timestamp-query feature (the adapter ${adapter} it), so ORT-web cannot time ` +
+    `its kernels; Chromium exposes it with --enable-dawn-features=allow_unsafe_apis on adapters that support it`
+  );
+}
+
+// The trace's events the parser reads, with only the arguments it reads (the full trace of a base model
+// is megabytes of per-node memory statistics).
+function traceEvents(lines) {
+  const start = lines.indexOf('[');
+  const end = lines.lastIndexOf(']');
+  if (start < 0 || end < start) throw new Error(`ORT printed no profile (${lines.length} console lines)`);
+  const events = JSON.parse(lines.slice(start, end + 1).join('\n').replace(/,\s*\]$/, ']'));
+  return events
+    .filter((e) => e.cat === 'Node' || e.cat === 'Api' || e.name === 'model_run')
+    .map(({ cat, name, ts, dur, args }) => ({
+      cat,
+      name,
+      ts,
+      dur,
+      args: { op_name: args?.op_name, provider: args?.provider },
+    }));
 }
 
 // A browser the harness launched samples its processes' memory between these marks (a Playwright
@@ -381,6 +447,8 @@ export async function runJob(job) {
     const feeds = await makeFeeds(job);
     await injectFault(job.fault);
     const measured = await measure(entry.session, feeds, job);
+    const asked = job.profile_iterations > 0;
+    const profile = asked ? await profileRuns(entry, rt, feeds, job).catch(profileError) : null;
     Object.assign(facts, await runtimeFacts(job, rt), {
       fetch_ms: entry.fetch_ms,
       input_names: entry.session.inputNames,
@@ -397,6 +465,7 @@ export async function runJob(job) {
       first_run_ms: measured.first_run_ms,
       load_ms: entry.load_ms,
       outputs: measured.outputs,
+      ...(profile && { profile }),
       facts,
     };
   } catch (e) {

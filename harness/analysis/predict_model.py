@@ -1,0 +1,160 @@
+"""`predict` for one model: each target by the best method it has, and both methods' held-out error.
+
+A target with profiles of enough models is predicted from operators (harness.analysis.op_predict):
+the asked model's graph work at each case, priced by that target's fitted per-class costs. That
+graph is counted by the caller (an export, never a run), so a model that was never measured, even
+an unknown `--model-path`, is predicted. Every other target falls back to the log-linear fit on
+parameter counts (harness.analysis.predict). Each row names its method and that method's
+leave-one-model-out error on its target; predictions are never stored as results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.analysis.op_predict import TargetFit, TargetKey, Work, fit_targets
+from harness.analysis.predict import TARGETS, InsufficientData, Predictor, Query, predict, training_rows
+from harness.prepare.prepared import CaseShape
+
+OPERATORS, LOG_LINEAR = "operators", "log-linear"
+
+
+@dataclass(frozen=True)
+class Asked:
+    """The model and the cases a prediction is asked for, and the targets it is limited to."""
+
+    model: str
+    family: str
+    parameters: int | None
+    shapes: list[CaseShape]
+    precision: str = "fp32"
+    hardware: list[str] | None = None  # None: every target the store knows
+    engines: list[str] | None = None
+
+    def wants(self, hardware: str, engine: str) -> bool:
+        return (not self.hardware or hardware in self.hardware) and (not self.engines or engine in self.engines)
+
+
+@dataclass
+class ModelPredictions:
+    rows: list[dict[str, Any]]  # per target and case: predicted_<quantity>, method, held_out_mape, measured_*
+    notes: list[str] = field(default_factory=list)
+
+
+def operator_fits(db_path: Path, asked: Asked) -> dict[TargetKey, TargetFit]:
+    """The asked targets (at the asked precision) whose profiles give an operator model."""
+    return {
+        key: found
+        for key, found in fit_targets(db_path).items()
+        if found.model is not None and key[3] == asked.precision and asked.wants(key[0], key[1])
+    }
+
+
+def _operator_rows(asked: Asked, fits: Mapping[TargetKey, TargetFit], work: Mapping[CaseShape, Any]) -> list[dict]:
+    rows = []
+    for (hardware, engine, provider, precision), found in fits.items():
+        assert found.model is not None
+        for (batch, seq), by_class in work.items():
+            latency = found.model.predict({name: Work(*values) for name, values in by_class.items()})
+            row = {
+                "model": asked.model, "family": asked.family, "parameters": asked.parameters,
+                "hardware": hardware, "engine": engine, "provider": provider, "precision": precision,
+                "batch_size": batch, "seq_len": seq, "method": OPERATORS, "held_out_mape": found.mape,
+                "predicted_latency_p50_ms": latency, "predicted_throughput_per_s": batch * 1000.0 / latency,
+                "predicted_memory_peak_mb": None,  # operators say nothing of memory
+            }  # fmt: skip
+            same = [
+                o.latency_ms
+                for o in found.observations
+                if (o.model, o.batch_size, o.seq_len) == (asked.model, batch, seq)
+            ]
+            if same:
+                row["measured_latency_p50_ms"] = float(np.median(same))
+            rows.append(row)
+    return rows
+
+
+def _log_linear_rows(db_path: Path, asked: Asked, covered: set[tuple[str, str, str]]) -> tuple[list[dict], list[str]]:
+    """The log-linear fit's rows for the asked targets no operator model covers."""
+    targets = sorted({(r["hardware"], r["engine"], r["provider"]) for r in training_rows(db_path)} - covered)
+    queries = [
+        Query(asked.model, asked.family, asked.parameters, *t, batch_size=b, seq_len=s, precision=asked.precision)
+        for t in targets
+        if asked.wants(t[0], t[1])
+        for b, s in asked.shapes
+    ]
+    if not queries:
+        return [], []
+    found = predict(db_path, queries)
+    rows = [row | {"method": LOG_LINEAR, "held_out_mape": found.mape["latency_p50_ms"]} for row in found.rows]
+    return rows, found.notes
+
+
+def predict_model(
+    db_path: Path, asked: Asked, fits: Mapping[TargetKey, TargetFit], work: Mapping[CaseShape, Any] | None
+) -> ModelPredictions:
+    """Operators where `fits` has the target and the graph's `work` (per case, per class) is known;
+    the log-linear fit elsewhere. Raises InsufficientData when neither method can predict anything."""
+    rows = _operator_rows(asked, fits, work) if work else []
+    notes = []
+    covered = {key[:3] for key in fits} if work else set()
+    if asked.parameters is None:
+        notes.append(f"{LOG_LINEAR}: the model's parameter count is unknown")
+    else:
+        try:
+            found, found_notes = _log_linear_rows(db_path, asked, covered)
+            rows += found
+            notes += found_notes
+        except InsufficientData as exc:
+            if not rows:
+                raise InsufficientData(f"{exc}; nor has any target profiles of enough models (--profile)") from None
+            notes.append(f"{LOG_LINEAR}: {exc}")
+    if not rows:
+        raise InsufficientData("no measured target matches the asked hardware, engines and precision")
+    return ModelPredictions(rows, notes)
+
+
+# --- predict --evaluate ----------------------------------------------------------------------------------
+@dataclass
+class MethodErrors:
+    """One target's held-out latency error by each method, on the same profiled results."""
+
+    target: TargetKey
+    rows: int
+    models: int
+    operators: float | None  # leave-one-model-out MAPE of the operator predictor
+    log_linear: float | None  # ... and of the log-linear fit, trained on the same results
+    notes: list[str] = field(default_factory=list)
+
+
+def compare_methods(db_path: Path) -> list[MethodErrors]:
+    """Per profiled target, both predictors' leave-one-model-out MAPE for latency on the same data:
+    the results with profiles. The log-linear fit learns across targets (as it always does), from
+    those results only, and its held-out predictions are scored per target."""
+    fits = fit_targets(db_path)
+    profiled = {o.result_id for f in fits.values() for o in f.observations}
+    same = [r for r in training_rows(db_path) if r["result_id"] in profiled]
+    try:
+        old, old_why = Predictor(same), None
+    except InsufficientData as exc:
+        old, old_why = None, str(exc)
+    errors = []
+    for target, found in fits.items():
+        notes = [f"{OPERATORS}: {found.why_not}"] if found.why_not else []
+        log_linear = None
+        if old is not None:
+            pairs = [
+                (row["latency_p50_ms"], guess)
+                for row, guess in zip(old.rows, old.held_out[TARGETS[0]], strict=True)
+                if (row["hardware"], row["engine"], row["provider"], row["precision"]) == target
+            ]
+            log_linear = float(np.mean([abs(g - y) / y for y, g in pairs])) if pairs else None
+        else:
+            notes.append(f"{LOG_LINEAR}: {old_why}")
+        errors.append(MethodErrors(target, len(found.observations), len(found.models), found.mape, log_linear, notes))
+    return errors

@@ -1,0 +1,167 @@
+"""`accelharness predict`: a model's latency on every measured target, by operators or the log-linear
+fit, or (--evaluate) both methods' leave-one-model-out error on the store."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.table import Table
+
+from harness.cli.common import DbOption, ModelPathOption, console, fail, int_list, split_list
+from harness.store import DEFAULT_DB, StoreError
+
+if TYPE_CHECKING:
+    from harness.prepare.graph_work import GraphWork
+
+METHODS = {
+    "operators": "per-op-class costs fitted on this target's profiled runs (--profile), summed over the model's "
+    "ONNX graph at each case (counted, not run), calibrated on measured latencies",
+    "log-linear": "ridge regression in log space on parameter counts, batch, sequence, family and target",
+}
+
+
+def predict(
+    model: Annotated[str | None, typer.Option(help="A model spec (`accelharness models`) or a measured model.")] = None,
+    model_path: ModelPathOption = None,
+    model_family: Annotated[str | None, typer.Option(help="The family of a --model-path model.")] = None,
+    hardware: Annotated[str | None, typer.Option(help="Only these hardware platforms.")] = None,
+    engines: Annotated[str | None, typer.Option(help="Only these engines.")] = None,
+    batch_sizes: Annotated[str, typer.Option(help="Comma-separated batch sizes.")] = "1",
+    sequence_lengths: Annotated[str, typer.Option(help="Comma-separated sequence lengths (text inputs).")] = "32",
+    precision: Annotated[str, typer.Option(help="The precision to predict for (fp32, fp16, bf16, int8).")] = "fp32",
+    evaluate: Annotated[
+        bool, typer.Option("--evaluate", help="Print each method's leave-one-model-out latency MAPE per target.")
+    ] = False,
+    timeout: Annotated[float, typer.Option(help="Seconds the graph's export and count may take.")] = 900.0,
+    db: DbOption = DEFAULT_DB,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Predict latency (and, by the log-linear fit, throughput and memory) for untested combinations, even
+    for a model never measured: each target by operators where it has profiles, else by the log-linear fit;
+    every row names its method and that method's held-out error."""
+    if evaluate:
+        if model or model_path:
+            raise fail("--evaluate scores the predictors on the whole store; it takes no --model or --model-path")
+        return _evaluate(db, as_json)
+    if (model is None) == (model_path is None):
+        raise fail("give one of --model (a spec or a measured model) or --model-path (an .onnx file or HF directory)")
+    if not db.exists():
+        raise fail(f"no store at {db}: run benchmarks first (accelharness native ...)")
+    batches, seqs = int_list("--batch-sizes", batch_sizes), int_list("--sequence-lengths", sequence_lengths)
+    if not batches or not seqs or min(batches + seqs) < 1:
+        raise fail("--batch-sizes and --sequence-lengths take comma-separated integers >= 1")
+    from harness.analysis.predict import InsufficientData
+    from harness.analysis.predict_model import Asked, operator_fits, predict_model
+
+    spec = _spec(model, model_path, model_family)
+    if spec is not None and not spec.inputs.uses_sequence:
+        seqs = [None]  # type: ignore[list-item]  # images and audio: no sequence axis
+    asked = Asked(
+        spec.name if spec else str(model), spec.family if spec else "", None,
+        [(b, s) for b in batches for s in seqs], precision, split_list(hardware), split_list(engines),
+    )  # fmt: skip
+    try:
+        fits = operator_fits(db, asked)
+        counted, notes = _count(spec, asked, timeout) if spec is not None and (fits or model_path) else (None, [])
+        asked = dataclasses.replace(asked, **_facts(db, asked, counted, model_path))
+        result = predict_model(db, asked, fits, counted.work if counted else None)
+    except (StoreError, InsufficientData) as exc:
+        raise fail(str(exc)) from None
+    result.notes[:0] = notes
+    if as_json:
+        console.print_json(json.dumps(dataclasses.asdict(result) | {"methods": METHODS}, default=str))
+        return
+    _print_predictions(asked, result)
+
+
+def _spec(model: str | None, model_path: Path | None, family: str | None) -> Any:
+    """The model's spec (None for a measured model with no spec: the log-linear fit only)."""
+    from harness.prepare.specs import SpecError, load_specs, spec_from_path
+
+    if model_path is not None:
+        try:
+            return spec_from_path(model_path, family)
+        except SpecError as exc:
+            raise fail(str(exc)) from None
+    return load_specs().get(model or "")
+
+
+def _count(spec: Any, asked: Any, timeout: float) -> tuple[GraphWork | None, list[str]]:
+    """The model's graph counted at the asked cases (or None), and notes: the cases it cannot take, or why not."""
+    from harness.prepare.prepared import PrepareJob
+    from harness.run.worker import count_isolated
+
+    console.print(f"counting {spec.name}'s graph at {len(asked.shapes)} case(s) (exported if not cached; not run)")
+    try:
+        counted = count_isolated(PrepareJob(spec, asked.shapes), timeout)
+    except RuntimeError as exc:
+        return None, [f"operators: {exc}"]
+    return counted, [f"b{b} s{s}: {why}" for (b, s), why in counted.skipped.items()]
+
+
+def _facts(db: Path, asked: Any, counted: GraphWork | None, model_path: Path | None) -> dict:
+    """The family and parameter count the log-linear fit needs: from the counted graph, the store or the spec."""
+    from harness.analysis.predict import model_facts
+
+    if counted is not None and counted.parameters is not None:
+        return {"parameters": counted.parameters}
+    if model_path is not None:
+        return {}
+    try:
+        family, parameters = model_facts(db, asked.model)
+    except KeyError:
+        raise fail(
+            f"unknown model '{asked.model}': not a spec nor measured in {db}; see `accelharness models`"
+        ) from None
+    return {"family": family, "parameters": parameters}
+
+
+def _print_predictions(asked: Any, result: Any) -> None:
+    size = f"{asked.parameters:,} parameters" if asked.parameters else "parameters unknown"
+    table = Table(title=f"Predicted for {asked.model} ({size}) — predictions, not measurements")
+    columns = ("target", "precision", "batch", "seq", "method", "p50 ms", "items/s", "memory MB", "held-out MAPE")
+    for name in (*columns, "measured p50 ms"):
+        table.add_column(name)
+    for row in result.rows:
+        cells = (row["predicted_latency_p50_ms"], row["predicted_throughput_per_s"], row["predicted_memory_peak_mb"])
+        mape, measured = row["held_out_mape"], row.get("measured_latency_p50_ms")
+        table.add_row(
+            f"{row['hardware']}/{row['engine']}:{row['provider']}", row["precision"], str(row["batch_size"]),
+            str(row["seq_len"] or "—"), row["method"],
+            *(f"{v:.{d}f}" if v is not None else "—" for v, d in zip(cells, (3, 1, 0), strict=True)),
+            f"{mape:.1%}" if mape is not None else "— (too few models)", f"{measured:.3f}" if measured else "—",
+        )  # fmt: skip
+    console.print(table)
+    for method in sorted({row["method"] for row in result.rows}):
+        console.print(f"{method}: {METHODS[method]}")
+    for note in result.notes:
+        console.print(f"note: {note}")
+
+
+def _evaluate(db: Path, as_json: bool) -> None:
+    from harness.analysis.predict_model import compare_methods
+
+    try:
+        found = compare_methods(db)
+    except StoreError as exc:
+        raise fail(str(exc)) from None
+    if as_json:
+        console.print_json(json.dumps([dataclasses.asdict(e) for e in found], default=str))
+        return
+    if not found:
+        console.print(f"no profiled results in {db}: run benchmarks with --profile first")
+        return
+    table = Table(title="Leave-one-model-out MAPE for latency, on the profiled results")
+    for name in ("target", "precision", "results", "models", "operators", "log-linear (same results)"):
+        table.add_column(name)
+    for e in found:
+        cells = [f"{v:.1%}" if v is not None else "—" for v in (e.operators, e.log_linear)]
+        table.add_row(f"{e.target[0]}/{e.target[1]}:{e.target[2]}", e.target[3], str(e.rows), str(e.models), *cells)
+    console.print(table)
+    for e in found:
+        for note in e.notes:
+            console.print(f"note ({'/'.join(e.target)}): {note}")

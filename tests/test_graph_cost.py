@@ -1,0 +1,163 @@
+"""FLOPs and bytes per node from ONNX graphs with inferred shapes, against hand-computed values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from tiny_prepared import prepared
+
+from harness.core.graph_cost import graph_cost
+
+F32 = 4  # bytes per float32
+
+
+def save(tmp_path: Path, nodes: list, inputs: list, outputs: list, weights: dict[str, np.ndarray]) -> Path:
+    graph = helper.make_graph(
+        nodes, "g", inputs, outputs, [numpy_helper.from_array(w, name) for name, w in weights.items()]
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    onnx.checker.check_model(model)
+    path = tmp_path / "model.onnx"
+    onnx.save(model, path)
+    return path
+
+
+def value(name: str, dims: list) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, dims)
+
+
+def test_matmul_with_symbolic_dims_fixed_by_the_case(tmp_path: Path) -> None:
+    """x[batch, seq, 16] @ W[16, 32]: 2·K·(outputs) = 2·16·(2·7·32) FLOPs at batch 2, seq 7."""
+    weight = np.ones((16, 32), np.float32)
+    path = save(
+        tmp_path,
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        [value("x", ["batch", "seq", 16])],
+        [value("y", ["batch", "seq", 32])],
+        {"w": weight},
+    )
+    node = graph_cost(path, {"x": (2, 7, 16)}).by_name()["mm"]
+    assert node.flops == 2 * 16 * (2 * 7 * 32) == 14336
+    assert node.bytes == (2 * 7 * 16 + 16 * 32 + 2 * 7 * 32) * F32
+    assert node.weighted and node.op_class == "matmul"
+    # The same graph at another case counts that case's shapes.
+    assert graph_cost(path, {"x": (1, 3, 16)}).by_name()["mm"].flops == 2 * 16 * (3 * 32)
+
+
+def test_activation_matmul_is_not_a_linear_layer(tmp_path: Path) -> None:
+    """q[2, 4, 8, 16] @ kᵀ[2, 4, 16, 8] (attention scores): batched, both operands activations."""
+    path = save(
+        tmp_path,
+        [
+            helper.make_node("Transpose", ["k"], ["kt"], name="t", perm=[0, 1, 3, 2]),
+            helper.make_node("MatMul", ["q", "kt"], ["s"], name="scores"),
+        ],
+        [value("q", [2, 4, 8, 16]), value("k", [2, 4, 8, 16])],
+        [value("s", [2, 4, 8, 8])],
+        {},
+    )
+    nodes = graph_cost(path, {}).by_name()
+    assert nodes["scores"].flops == 2 * 16 * (2 * 4 * 8 * 8)
+    assert not nodes["scores"].weighted and nodes["scores"].op_class == "matmul_act"
+    assert nodes["t"].flops == 0 and nodes["t"].bytes == 2 * (2 * 4 * 8 * 16) * F32  # moved, not computed
+
+
+def test_gemm_with_transposed_weight_and_bias(tmp_path: Path) -> None:
+    """A[3, 4] · B[5, 4]ᵀ + C[5]: 2·3·4·5 multiply-adds plus one bias add per output (15)."""
+    path = save(
+        tmp_path,
+        [helper.make_node("Gemm", ["a", "b", "c"], ["y"], name="gemm", transB=1)],
+        [value("a", [3, 4])],
+        [value("y", [3, 5])],
+        {"b": np.ones((5, 4), np.float32), "c": np.ones(5, np.float32)},
+    )
+    node = graph_cost(path, {}).by_name()["gemm"]
+    assert node.flops == 2 * 3 * 4 * 5 + 3 * 5 == 135
+    assert node.bytes == (12 + 20 + 5 + 15) * F32
+
+
+def test_conv_padded_grouped_and_with_bias(tmp_path: Path) -> None:
+    """Conv X[1, 3, 8, 8] * W[16, 3, 3, 3], pad 1, bias: 2·27 per output element of Y[1, 16, 8, 8]
+    plus its bias; a depthwise (group 16) Conv on Y, no pad: 2·9 per output element of [1, 16, 6, 6]."""
+    path = save(
+        tmp_path,
+        [
+            helper.make_node("Conv", ["x", "w", "b"], ["y"], name="conv", pads=[1, 1, 1, 1]),
+            helper.make_node("Conv", ["y", "dw"], ["z"], name="depthwise", group=16),
+        ],
+        [value("x", [1, 3, 8, 8])],
+        [value("z", [1, 16, 6, 6])],
+        {
+            "w": np.ones((16, 3, 3, 3), np.float32),
+            "b": np.ones(16, np.float32),
+            "dw": np.ones((16, 1, 3, 3), np.float32),
+        },
+    )
+    nodes = graph_cost(path, {}).by_name()
+    assert nodes["conv"].flops == 2 * (16 * 8 * 8) * (3 * 3 * 3) + 16 * 8 * 8 == 56320
+    assert nodes["depthwise"].flops == 2 * (16 * 6 * 6) * 9 == 10368
+    assert nodes["conv"].bytes == (3 * 64 + 16 * 27 + 16 + 16 * 64) * F32
+    assert nodes["conv"].op_class == nodes["depthwise"].op_class == "conv"
+
+
+def test_elementwise_softmax_and_unknown_ops(tmp_path: Path) -> None:
+    """An Add counts one operation per output element, Softmax five per element; an op without a
+    rule gets no count rather than a guess, but its bytes are still known."""
+    path = save(
+        tmp_path,
+        [
+            helper.make_node("Add", ["x", "x"], ["a"], name="add"),
+            helper.make_node("Softmax", ["a"], ["s"], name="softmax", axis=-1),
+            helper.make_node("Det", ["s"], ["d"], name="det"),
+        ],
+        [value("x", [2, 3, 3])],
+        [helper.make_tensor_value_info("d", TensorProto.FLOAT, [2])],
+        {},
+    )
+    nodes = graph_cost(path, {}).by_name()
+    assert nodes["add"].flops == 18 and nodes["softmax"].flops == 5 * 18
+    assert nodes["det"].flops is None and nodes["det"].bytes == (18 + 2) * F32
+    assert nodes["det"].op_class == "other"
+
+
+def test_unknown_input_shape_is_not_counted(tmp_path: Path) -> None:
+    """Without the case's shapes a symbolic dimension stays unknown: no FLOPs, no bytes, and the
+    graph says how many nodes it could not count."""
+    path = save(
+        tmp_path,
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        [value("x", ["batch", 16])],
+        [value("y", ["batch", 32])],
+        {"w": np.ones((16, 32), np.float32)},
+    )
+    cost = graph_cost(path, {})
+    assert cost.by_name()["mm"].flops is None and cost.by_name()["mm"].bytes is None
+    assert cost.unknown_shapes == 1
+
+
+@pytest.mark.parametrize("batch, seq", [(1, 8), (2, 16)])
+def test_exported_bert_tiny_linear_layers(bert_tiny_export: Path, batch: int, seq: int) -> None:
+    """A real dynamo export: every shape is inferred (onnx's inference leaves the mask's Range/Expand
+    to ONNX Runtime's symbolic inference), and the linear layers' FLOPs are 2 × tokens × their
+    weights: 2 layers × (4 attention projections 128×128 + 128×512 + 512×128)."""
+    inputs = {name: (batch, seq) for name in ("input_ids", "attention_mask", "token_type_ids")}
+    cost = graph_cost(bert_tiny_export, inputs)
+    assert cost.unknown_shapes == 0
+    linear = sum(n.flops or 0 for n in cost.nodes if n.op_class == "matmul")
+    assert linear == 2 * batch * seq * 2 * (4 * 128 * 128 + 2 * 128 * 512)
+    work = cost.work_by_class()  # what the operator predictor prices: [FLOPs, bytes, nodes] per class
+    assert work["matmul"][0] == linear and work["matmul"][2] == 2 * 6  # 6 weight MatMuls per layer
+    assert sum(w[2] for w in work.values()) == len(cost.nodes)
+    attention = sum(n.flops or 0 for n in cost.nodes if n.op_class == "matmul_act")
+    assert attention == 2 * 2 * (2 * batch * 2 * seq * seq * 64)  # layers × (QKᵀ, AV) × 2·b·heads·s²·d
+
+
+@pytest.fixture(scope="module")
+def bert_tiny_export() -> Path:
+    export = prepared("bert-tiny").onnx_path
+    assert export is not None
+    return export
