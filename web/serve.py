@@ -143,8 +143,9 @@ class JobSource(Protocol):
     def describe(self) -> dict[str, Any]:
         """What the run measures, for the page's header (models, cases, measuring settings)."""
 
-    def jobs(self, device: Device) -> list[ServeJob]:
-        """A newly seen device's jobs, without those the run already holds rows for."""
+    def jobs(self, device: Device, files: PageServer) -> list[ServeJob]:
+        """A newly seen device's jobs, without those the run already holds rows for; their files are
+        served through files.set_job_files."""
 
     def answered(self, device: Device, job: ServeJob, answer: dict[str, Any], page: Page) -> dict[str, Any]:
         """Store a validated answer; returns a summary of the row (status, p50, parity) for the page."""
@@ -320,7 +321,7 @@ class DeviceServer(PageServer):
         device = self.devices.get(device_id)
         if device is None:
             device = self.devices[device_id] = Device(device_id, name, facts)
-            device.jobs = self.source.jobs(device)
+            device.jobs = self.source.jobs(device, self)
             self._jobs |= {job.id: (device, job) for job in device.jobs}
             self.on_event("arrived", device, None)
         origin = f"{request.scheme}://{request.host}"
