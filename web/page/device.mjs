@@ -78,6 +78,11 @@ function cell(row, text, className = '') {
   td.className = className;
 }
 
+function timerStep(facts) {
+  const ms = facts.timer_resolution_ms;
+  return ms < 1 ? `${Math.round(ms * 1000)} µs` : `${ms.toFixed(1)} ms`;
+}
+
 function renderDevice(state, facts) {
   $('device').textContent = `${state.device.name} · ${facts.user_agent}`;
   const body = $('eps').tBodies[0];
@@ -86,7 +91,7 @@ function renderDevice(state, facts) {
     ? 'cross-origin isolated'
     : `not cross-origin isolated${facts.secure_context ? '' : ' (not a secure context)'}: threads drop to 1`;
   const rows = [
-    ['wasm', `1 and ${facts.hardware_concurrency} threads; ${isolation}; timer step ${facts.timer_resolution_ms} ms`],
+    ['wasm', `1 and ${facts.hardware_concurrency} threads; ${isolation}; timer step ${timerStep(facts)}`],
   ];
   const gpu = facts.adapter;
   const info = gpu.info ?? {};
