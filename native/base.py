@@ -1,6 +1,6 @@
 """The one protocol every native backend implements: probe → load → run → memory.
 
-The measuring loop (harness.measure) is written once against this protocol.
+The measuring loop (harness.run.measure) is written once against this protocol.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from harness.result import Target
-from harness.specs import ModelSpec
+from harness.core.records import Target
+from harness.prepare.specs import ModelSpec
 
 
 class UnsupportedError(RuntimeError):

@@ -4,7 +4,7 @@ An optional engine: `pip install 'accelharness[jax]'`. This module imports witho
 harness probes every engine), and then every target probes unavailable with the install hint.
 
 Weights: load() builds the same torch module the reference outputs come from
-(harness.workload.build_module: the seeded random weights, or pretrained ones when present) and
+(harness.prepare.workload.build_module: the seeded random weights, or pretrained ones when present) and
 ports it tensor by tensor (jax_models.port_torch_weights), so the parity check against torch fp32
 tests the JAX computation and nothing else.
 
@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from harness.core.records import Target
 from harness.native.base import Availability, Clock, HostMemory, LoadRequest, UnsupportedError
-from harness.result import Target
 
 INSTALL_HINT = "pip install 'accelharness[jax]'"
 # harness hardware name → JAX platform name (the target's provider)
@@ -179,7 +179,7 @@ class JaxBackend:
         from flax import nnx
 
         from harness.native import jax_models
-        from harness.workload import build_module, input_names
+        from harness.prepare.workload import build_module, input_names
 
         spec = request.spec
         if spec.is_onnx_file:

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from harness.core.records import Target
 from harness.native.base import Availability, Clock, HostMemory, LoadRequest, UnsupportedError
-from harness.result import Target
 
 PROVIDERS = [
     ("cpu", "CPUExecutionProvider"),
@@ -61,7 +61,7 @@ class OrtSession(HostMemory):
 
 
 class OrtGenerator(OrtSession):
-    """Greedy decoding on the export with past key/values (harness.export_past): a prefill run on
+    """Greedy decoding on the export with past key/values (harness.prepare.export_past): a prefill run on
     the prompt with an empty past, then one run per new token that feeds back the presents."""
 
     def __init__(self, session: ort.InferenceSession, provider: str, placement: dict[str, int]) -> None:
@@ -181,7 +181,7 @@ def model_for_precision(onnx_path: Path, precision: str) -> tuple[Path, str, dic
     the precision is unsupported."""
     if precision in ("fp32", "auto"):
         return onnx_path, "fp32", {}
-    from harness.export import VARIANT_CONVERTERS, precision_variant  # imports torch: only for a conversion
+    from harness.prepare.export import VARIANT_CONVERTERS, precision_variant  # imports torch: only for a conversion
 
     if precision not in VARIANT_CONVERTERS:
         raise UnsupportedError(

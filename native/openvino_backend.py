@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import openvino as ov
 
+from harness.core.records import Target
 from harness.native.base import Availability, Clock, HostMemory, LoadRequest, UnsupportedError
-from harness.result import Target
 
 DEVICES = ("CPU", "GPU", "NPU")
 PRECISION_NAMES = {"f32": "fp32", "bf16": "bf16", "f16": "fp16", "i8": "int8"}

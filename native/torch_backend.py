@@ -15,9 +15,9 @@ import torch
 import transformers
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from harness.core.records import Target
 from harness.native.base import Availability, Clock, HostMemory, LoadRequest, UnsupportedError
-from harness.result import Target
-from harness.workload import build_module, input_names
+from harness.prepare.workload import build_module, input_names
 
 # Parameter and floating-input dtype per requested precision. int8 is dynamic quantization:
 # Linear weights in int8, activations quantized on the fly, everything else stays fp32.

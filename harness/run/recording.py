@@ -3,7 +3,7 @@
 A run row is opened, the hardware recorded, each body executes and emits Results that are
 committed one by one as they arrive, and the run is closed as completed — or as interrupted if
 anything (Ctrl-C included) escapes, after which the exception goes on. Then the reports and the
-compatibility matrix are written from the store.
+compatibility matrix are written from the store (harness.run.outputs).
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.hardware import hardware_rows
-from harness.provenance import host_facts
-from harness.result import Result
+from harness.core.records import Result
+from harness.run.hardware import hardware_rows
+from harness.run.outputs import Outputs, write_outputs
+from harness.run.provenance import host_facts
 from harness.store import StoreError, open_store
 
 Emit = Callable[[Result], None]
@@ -50,7 +51,7 @@ def record_run(
     arguments: dict[str, Any],
     bodies: list[Body],
     on_result: Callable[[Result, str], None] | None = None,
-    output_dir: Path | None = None,
+    outputs: Outputs | None = None,
     suite_id: str | None = None,
     resume_run_id: str | None = None,
 ) -> RunSummary:
@@ -94,17 +95,9 @@ def record_run(
             raise
         close("completed")
     summary = RunSummary(run_id, Path(db_path), dict(counts))
-    if output_dir is not None:
-        summary.write_reports(lambda: write_outputs(Path(db_path), run_id, Path(output_dir)), Path(output_dir))
+    if outputs is not None:
+        summary.write_reports(lambda: write_outputs(Path(db_path), run_id, outputs), outputs.directory)
     return summary
-
-
-def write_outputs(db_path: Path, run_id: str, output_dir: Path) -> list[Path]:
-    """The run's reports, and the compatibility matrix rebuilt from every measured outcome."""
-    from harness.analysis.matrix import update_matrix
-    from harness.report import write_reports
-
-    return write_reports(db_path, run_id, output_dir) + update_matrix(db_path, output_dir)
 
 
 def resume_point(db_path: Path, command: str, arguments: dict[str, Any], plans: list[Any]) -> str | None:

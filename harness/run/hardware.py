@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from harness.core.records import Target
 from harness.native import ENGINES, get_backend
 from harness.native.base import Availability
-from harness.result import Target
 from harness.web.eps import WEB_HARDWARE
 
 NATIVE_PLATFORMS = ("cpu", "cuda", "rocm", "mps", "openvino", "qnn", "directml")

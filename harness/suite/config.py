@@ -14,13 +14,13 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from harness.api import MAX_TIMEOUT_S, RequestError, check_seconds
-from harness.hardware import NATIVE_PLATFORMS
+from harness.core.records import PRECISIONS
 from harness.native import ENGINES
-from harness.result import PRECISIONS
-from harness.specs import FAMILIES, load_specs
+from harness.prepare.specs import FAMILIES, load_specs
+from harness.run.hardware import NATIVE_PLATFORMS
+from harness.run.plan import MAX_TIMEOUT_S, RequestError, check_seconds
+from harness.run.web import WEB_HARDWARE
 from harness.web.flags import GPU_MODES
-from harness.web_api import WEB_HARDWARE
 
 DEFAULT_CONFIG = """\
 # accelharness suite config. Run: accelharness suite --config THIS_FILE [--check] [--resume]

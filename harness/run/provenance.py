@@ -5,33 +5,12 @@ from __future__ import annotations
 import os
 import platform
 import socket
-import subprocess
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-
-@cache
-def git_sha() -> str | None:
-    """The harness checkout's commit (with '-dirty' when it has uncommitted changes), if any."""
-    root = Path(__file__).resolve().parent.parent
-    try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return sha + ("-dirty" if dirty else "")
+from harness.core.git import git_sha
 
 
 def cpu_model() -> str:

@@ -1,4 +1,4 @@
-"""What every command module shares: the Typer apps, consoles and argument helpers."""
+"""What every command module shares: the consoles, the argument helpers and the options."""
 
 from __future__ import annotations
 
@@ -9,19 +9,17 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-app = typer.Typer(
-    help="Measured ML inference benchmarks: native backends and the browser, one DuckDB store.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-)
-db_app = typer.Typer(help="Manage the DuckDB store.", no_args_is_help=True)
-app.add_typer(db_app, name="db")
 console = Console()
 if not console.is_terminal:  # logs and CI: rich would fold every table to 80 columns
     console.width = 160
 errors = Console(stderr=True)
 
 DbOption = Annotated[Path, typer.Option("--db", help="DuckDB file.")]
+OutputDirOption = Annotated[Path, typer.Option("--output-dir", help="Where the reports and the matrix go.")]
+# The one run-selector grammar (harness.store.Store.resolve_run), for every option that names a run.
+RUN_SELECTOR = "latest, previous, latest-on-<branch>, a run id or its start, or a suite name"
+RunOption = Annotated[str, typer.Option("--run", help=f"The run: {RUN_SELECTOR}.")]
+RunsOption = Annotated[str, typer.Option("--run", help=f"The run ({RUN_SELECTOR}), RUN,RUN,… for several, or all.")]
 
 
 def fail(message: str) -> typer.Exit:
@@ -70,7 +68,6 @@ MaxIterationsOption = Annotated[int, typer.Option("--max-iterations", help="Cap 
 TimeoutOption = Annotated[
     float, typer.Option("--timeout", help="Seconds a worker or page may go without finishing a case.")
 ]
-OutputDirOption = Annotated[Path, typer.Option("--output-dir", help="Where the reports go.")]
 ResumeOption = Annotated[
     bool,
     typer.Option(

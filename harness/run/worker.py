@@ -1,4 +1,5 @@
-"""One (model, target) job: load once per precision, then measure every case, in a worker process.
+"""The work a run hands to child processes: preparing a model (prepare_isolated), and one (model,
+target) job that loads once per precision, then measures every case (run_job).
 
 The child yields one Result per case as it completes; the parent (run_job) records every case
 the child never reported with the outcome that stopped it (timeout, crash signal, oom).
@@ -19,13 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from harness.isolation import classify, run_isolated, start_method
-from harness.measure import MeasureConfig, Measurement, measure, measure_generation, measure_training
-from harness.memory import PeakRss, rss_mb
+from harness.core.parity import compare
+from harness.core.records import Case, Result, Target
 from harness.native.base import UnsupportedError
-from harness.parity import compare
-from harness.prepare import PreparedModel
-from harness.result import Case, Result, Target
+from harness.prepare.prepared import PreparedModel, PrepareJob, prepare_model
+from harness.run.isolation import Outcome, classify, run_isolated, start_method
+from harness.run.measure import MeasureConfig, Measurement, measure, measure_generation, measure_training
+from harness.run.memory import PeakRss, rss_mb
 
 
 @dataclass(frozen=True)
@@ -34,28 +35,6 @@ class Job:
     target: Target
     cases: list[Case]
     measure: MeasureConfig
-
-
-def result_for(job: Job, case: Case, status: str, error: str | None = None, **fields: object) -> Result:
-    """A Result carrying the job's model facts; measured fields come in **fields."""
-    prepared = job.prepared
-    details = {
-        "weights_source": prepared.weights_source,
-        "reference": prepared.reference,
-        "export": prepared.export,
-        "parameters": prepared.parameters,
-    } | dict(fields.pop("details", {}))  # type: ignore[arg-type]
-    return Result(
-        model=prepared.spec.name,
-        family=prepared.spec.family,
-        weights=prepared.weights,
-        target=job.target,
-        case=case,
-        status=status,
-        error=error,
-        details=details,
-        **fields,  # type: ignore[arg-type]
-    )
 
 
 def _run_mode(job: Job, session: Any, case: Case, feeds: dict[str, np.ndarray], rss: PeakRss) -> Measurement:
@@ -94,8 +73,8 @@ def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: Pea
         parity = compare(measured.outputs, reference, session.precision, job.prepared.output_names)
         details |= parity.details
         status, error, parity_fields = parity.status, parity.error, parity.fields
-    return result_for(
-        job,
+    return job.prepared.result(
+        job.target,
         case,
         status,
         error,
@@ -169,7 +148,7 @@ def benchmark_job(job: Job) -> Iterator[Result]:
         except Exception as exc:  # a load failure is that backend's outcome for every case
             status, message = classify(exc)
             for case in cases:
-                yield result_for(job, case, status, message)
+                yield job.prepared.result(job.target, case, status, message)
             continue
         load_facts = {
             "load_ms": (time.perf_counter() - started) * 1000,
@@ -182,7 +161,7 @@ def benchmark_job(job: Job) -> Iterator[Result]:
                 yield _measure_case(job, session, case, load_facts, rss)
             except Exception as exc:  # one failing case does not stop the others
                 status, message = classify(exc)
-                yield result_for(job, case, status, message, **load_facts)
+                yield job.prepared.result(job.target, case, status, message, **load_facts)
 
 
 def run_job(job: Job, timeout_s: float, emit: Callable[[Result], None]) -> None:
@@ -199,4 +178,15 @@ def run_job(job: Job, timeout_s: float, emit: Callable[[Result], None]) -> None:
     for case in job.cases:
         if case.key not in reported:
             status = "error" if outcome.status == "finished" else outcome.status
-            emit(result_for(job, case, status, outcome.message or "worker finished without reporting this case"))
+            emit(
+                job.prepared.result(
+                    job.target, case, status, outcome.message or "worker finished without reporting this case"
+                )
+            )
+
+
+def prepare_isolated(job: PrepareJob, timeout_s: float) -> tuple[PreparedModel | None, Outcome]:
+    """Prepare in a child process (torch and the exporters may crash or hang): the model, or None and why."""
+    found: list[PreparedModel] = []
+    outcome = run_isolated(prepare_model, job, timeout_s, found.append, uses_torch=not job.spec.is_onnx_file)
+    return (found[0] if found else None), outcome

@@ -18,12 +18,12 @@ from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
-from harness.isolation import Outcome, run_isolated
-from harness.specs import ModelSpec
+from harness.core.records import Case, Result, Target
+from harness.prepare.specs import ModelSpec
 
-if TYPE_CHECKING:  # harness.export imports torch: workers that only run ORT/OpenVINO never need it
-    from harness.export import ExportOutcome
-    from harness.workload import Weights
+if TYPE_CHECKING:  # harness.prepare.export imports torch: workers that only run ORT/OpenVINO never need it
+    from harness.prepare.export import ExportOutcome
+    from harness.prepare.workload import Weights
 
 CaseShape = tuple[int, int | None]  # (batch, seq)
 MODEL_FACTS = "model.json"  # in a case directory: the module's facts a warm-cache prepare needs
@@ -45,6 +45,26 @@ class PreparedModel:
     onnx_past_error: str | None = None  # why there is none when it was asked for
     output_names: tuple[str, ...] = ()  # the reference outputs' names, in order (parity messages name them)
 
+    def result(self, target: Target, case: Case, status: str, error: str | None = None, **fields: Any) -> Result:
+        """A Result carrying this model's facts, native or browser; measured fields come in **fields."""
+        details = {
+            "weights_source": self.weights_source,
+            "reference": self.reference,
+            "export": self.export,
+            "parameters": self.parameters,
+        } | dict(fields.pop("details", {}))
+        return Result(
+            model=self.spec.name,
+            family=self.spec.family,
+            weights=self.weights,
+            target=target,
+            case=case,
+            status=status,
+            error=error,
+            details=details,
+            **fields,
+        )
+
     def load_case(self, shape: CaseShape) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
         with np.load(self.case_files[shape]) as data:
             feeds = {k[3:]: data[k] for k in data.files if k.startswith("in:")}
@@ -60,6 +80,13 @@ class PrepareJob:
     # Export the graph with past key/values too: only when the plan generates on ONNX Runtime,
     # since it is a second export of the whole model.
     with_past: bool = False
+
+
+def unprepared_result(
+    spec: ModelSpec, target: Target, case: Case, status: str, error: str, details: dict[str, Any] | None = None
+) -> Result:
+    """The row for a case whose model was never prepared: its weights are unknown."""
+    return Result(spec.name, spec.family, "unknown", target, case, status, error, details=details or {})
 
 
 def write_atomically(path: Path, write: Callable[[IO[bytes]], object]) -> None:
@@ -81,8 +108,8 @@ def _save_case(path: Path, feeds: dict[str, np.ndarray], reference: list[np.ndar
 
 
 def _prepare_spec_model(job: PrepareJob) -> PreparedModel:
-    from harness.export import export_key
-    from harness.workload import find_weights
+    from harness.prepare.export import export_key
+    from harness.prepare.workload import find_weights
 
     weights, _ = find_weights(job.spec)
     case_dir = _case_dir(export_key(job.spec, weights))
@@ -103,7 +130,7 @@ def _case_paths(job: PrepareJob, case_dir: Path, limit: int | None) -> tuple[dic
 def _prepare_from_cache(job: PrepareJob, weights: Weights, case_dir: Path) -> PreparedModel | None:
     """Everything from the cache when an earlier run left all of it: no module is built (seconds of
     random initialisation for a base model). None when anything is missing."""
-    from harness.export import cached_export, export_dir
+    from harness.prepare.export import cached_export, export_dir
 
     facts_path = case_dir / MODEL_FACTS
     onnx = cached_export(export_dir(case_dir.name))
@@ -123,8 +150,8 @@ def _prepare_from_cache(job: PrepareJob, weights: Weights, case_dir: Path) -> Pr
 def _build_and_prepare(job: PrepareJob, case_dir: Path) -> PreparedModel:
     import torch
 
-    from harness.export import export_onnx
-    from harness.workload import build_module, make_inputs, max_sequence_length
+    from harness.prepare.export import export_onnx
+    from harness.prepare.workload import build_module, make_inputs, max_sequence_length
 
     spec = job.spec
     module, weights = build_module(spec)
@@ -143,7 +170,7 @@ def _build_and_prepare(job: PrepareJob, case_dir: Path) -> PreparedModel:
     outcome = export_onnx(spec, module, weights, make_inputs(spec, config, 2, example_seq))
     prepared = _prepared(job, weights, outcome, parameters, case_files, skipped)
     if job.with_past:
-        from harness.export_past import export_with_past
+        from harness.prepare.export_past import export_with_past
 
         past = export_with_past(spec, module.model, weights)
         prepared.onnx_past_path, prepared.onnx_past_error = past.path, past.error
@@ -188,7 +215,7 @@ def _export_facts(outcome: ExportOutcome) -> dict[str, Any]:
 def _prepare_onnx_file(job: PrepareJob) -> PreparedModel:
     import onnxruntime as ort
 
-    from harness.inputs import make_signature_inputs, onnx_file_signature
+    from harness.prepare.inputs import make_signature_inputs, onnx_file_signature
 
     spec = job.spec
     assert spec.local_path is not None
@@ -227,7 +254,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _case_dir(key: str) -> Path:
-    from harness.export import cache_root
+    from harness.prepare.export import cache_root
 
     directory = cache_root() / "cases" / key
     directory.mkdir(parents=True, exist_ok=True)
@@ -235,12 +262,5 @@ def _case_dir(key: str) -> Path:
 
 
 def prepare_model(job: PrepareJob) -> Iterator[PreparedModel]:
-    """Worker entry point (a generator, as harness.isolation expects)."""
+    """Worker entry point (a generator, as harness.run.isolation expects)."""
     yield _prepare_onnx_file(job) if job.spec.is_onnx_file else _prepare_spec_model(job)
-
-
-def prepare_isolated(job: PrepareJob, timeout_s: float) -> tuple[PreparedModel | None, Outcome]:
-    """Prepare in a child process (torch and the exporters may crash or hang): the model, or None and why."""
-    found: list[PreparedModel] = []
-    outcome = run_isolated(prepare_model, job, timeout_s, found.append, uses_torch=not job.spec.is_onnx_file)
-    return (found[0] if found else None), outcome

@@ -43,8 +43,8 @@ TORCH_PRELOAD = [
     "transformers",
     "onnx",
     "onnxscript",
-    "harness.prepare",
-    "harness.worker",
+    "harness.prepare.prepared",
+    "harness.run.worker",
     "harness.native.torch_backend",
 ]
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
@@ -77,7 +77,7 @@ _thread = threading.local()  # .stop: the Event that ends this thread's jobs (se
 @contextmanager
 def stop_when(event: threading.Event) -> Iterator[None]:
     """Within this block, the calling thread's worker is killed as soon as `event` is set and
-    run_isolated raises Stopped (harness.suite stops its other device groups this way)."""
+    run_isolated raises Stopped (harness.suite.plan stops its other device groups this way)."""
     _thread.stop = event
     try:
         yield

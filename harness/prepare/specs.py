@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 FAMILIES = ("embedding", "text_generation", "vision", "audio", "multimodal")
-# How inputs are generated (harness/inputs.py): token ids, images, waveforms, log-mel features,
+# How inputs are generated (harness/prepare/inputs.py): token ids, images, waveforms, log-mel features,
 # encoder-decoder token pairs, videos, and images spliced into a decoder's tokens.
 INPUT_KINDS = (
     "text",
@@ -88,7 +88,7 @@ class ModelSpec:
     @property
     def has_past_export(self) -> bool:
         """Decoder-only LMs (GPT-2, LLaMA, Qwen2): they get an ONNX export with past key/values,
-        so ONNX Runtime can generate with a KV-cache loop (harness.export_past)."""
+        so ONNX Runtime can generate with a KV-cache loop (harness.prepare.export_past)."""
         return not self.is_onnx_file and self.architecture.endswith(("LMHeadModel", "ForCausalLM"))
 
     @property

@@ -1,6 +1,6 @@
 """Build what a spec describes: the torch module, pretrained or seeded random, offline.
 
-Inputs live in harness/inputs.py (re-exported here for the modules that import them from here).
+Inputs live in harness/prepare/inputs.py (re-exported here for the modules that import them from here).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from harness.inputs import case_seed, input_names, make_inputs, make_signature_inputs, max_sequence_length
-from harness.specs import ModelSpec
+from harness.prepare.inputs import case_seed, input_names, make_inputs, make_signature_inputs, max_sequence_length
+from harness.prepare.specs import ModelSpec
 
 __all__ = [
     "OutputSelector",

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.specs import ModelSpec
+from harness.prepare.specs import ModelSpec
 
 # The non-text inputs each kind adds after the spec's text_inputs (then its extra_inputs).
 KIND_INPUTS = {

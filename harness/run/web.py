@@ -4,7 +4,7 @@ onnxruntime-web (wasm, webgpu, webnn), parity-checked against the same reference
 The browser is launched here (headless or headed, with the GPU profile's flags) or reached at
 --browser-endpoint; either way every row says which browser, flags and adapter it ran on.
 
-from harness.web_api import WebRequest, run_web
+from harness.run.web import WebRequest, run_web
 summary = run_web(WebRequest(models=["bert-tiny"], hardware=["wasm"], threads=[1, 2]))
 summary = run_web(WebRequest(models=["bert-tiny"], hardware=["webgpu"], gpu="on", require_hardware_gpu=True))
 """
@@ -23,29 +23,24 @@ from urllib.parse import urlsplit
 import numpy as np
 import psutil
 
-from harness.api import (
-    BenchmarkRequest,
-    Plan,
+from harness.core.parity import compare
+from harness.core.records import PRECISIONS, Case, Result, Target, result_key
+from harness.prepare.prepared import PreparedModel, PrepareJob, unprepared_result
+from harness.prepare.specs import ModelSpec
+from harness.run.isolation import UNSUPPORTED_OPERATOR
+from harness.run.plan import (
     RequestError,
     RunOptions,
     check_db_path,
     check_measuring,
     check_positive,
     check_selection,
-    execute_native,
     precisions,
-    validate,
 )
-from harness.isolation import UNSUPPORTED_OPERATOR
-from harness.measure import MeasureConfig
-from harness.parity import compare
-from harness.prepare import PreparedModel, PrepareJob, prepare_isolated
-from harness.recording import Body, Emit, RunSummary, record_run
-from harness.result import PRECISIONS, Case, Result, Target, result_key
-from harness.specs import ModelSpec
+from harness.run.recording import Body, Emit, RunSummary, record_run
+from harness.run.worker import prepare_isolated
 from harness.web.eps import WEB_HARDWARE, WEBNN_DEVICES
 from harness.web.flags import GPU_MODES, GpuProfile
-from harness.worker import Job, result_for
 
 ENGINE = "onnxruntime-web"
 # --timeout bounds a page job; a cold export in the prepare child can legitimately take longer.
@@ -60,7 +55,7 @@ class WebRequest(RunOptions):
     browser_path: Path | None = None
     threads: list[int] = field(default_factory=lambda: [1])  # wasm threads; webgpu/webnn use the first
     webnn_device: str = "gpu"
-    # fp32 runs the export; fp16/int8 the conversions native ORT runs (harness.export.precision_variant)
+    # fp32 runs the export; fp16/int8 the conversions native ORT runs (harness.prepare.export.precision_variant)
     precision: str | list[str] = "fp32"
     gpu: str = "auto"  # the launch profile: auto | on | off (harness.web.flags)
     headed: bool = False  # a headful browser (on a virtual display when the host has none)
@@ -253,21 +248,24 @@ def build_result(
     at the tolerance of the precision that ran (extra['precision'])."""
     from harness.web.server import decode_outputs
 
-    job = Job(prepared, setting.target, [], MeasureConfig())
     details = extra.pop("details")
     peak_mb, memory = _memory(answer, details)
     details |= _page_details(answer.get("facts", {}), setting, details) | memory
     if answer["status"] != "ok":
-        return result_for(job, case, _status(answer), answer["error"], details=details, **extra)
+        return prepared.result(setting.target, case, _status(answer), answer["error"], details=details, **extra)
     fields = {"samples_ms": answer["samples_ms"], "load_ms": answer["load_ms"], "first_run_ms": answer["first_run_ms"]}
     fields["memory_peak_mb"] = peak_mb
     names = [out["name"] for out in answer["outputs"]]  # the page's session.outputNames, in order
     try:
         parity = compare(decode_outputs(answer["outputs"]), reference, extra.get("precision") or "fp32", names)
     except ValueError as exc:
-        return result_for(job, case, "error", f"parity check failed: {exc}", details=details, **extra, **fields)
+        return prepared.result(
+            setting.target, case, "error", f"parity check failed: {exc}", details=details, **extra, **fields
+        )
     details |= parity.details
-    return result_for(job, case, parity.status, parity.error, details=details, **parity.fields, **extra, **fields)
+    return prepared.result(
+        setting.target, case, parity.status, parity.error, details=details, **parity.fields, **extra, **fields
+    )
 
 
 def _memory(answer: dict[str, Any], details: dict[str, Any]) -> tuple[float | None, dict[str, Any]]:
@@ -363,14 +361,15 @@ async def _run_case(
     refusal, adapter = await _refusal(session, setting, case, plan.request)
     details = session.facts() | adapter  # the browser this job ran in, even if it is restarted after a failure
     details |= {"page_transport_origin": files.origin, "cross_origin_isolation_served": files.isolate}
-    job = Job(prepared, setting.target, [], MeasureConfig())
     if problem is not None:  # not started, or not reachable: tried once for this case
-        return result_for(job, case, "error", problem, details=details)
+        return prepared.result(setting.target, case, "error", problem, details=details)
     if refusal is not None:
-        return result_for(job, case, "unsupported", refusal, details=details)
+        return prepared.result(setting.target, case, "unsupported", refusal, details=details)
     model, precision, conversion = precision_model(prepared.onnx_path, case.precision)
     if model is None:
-        return result_for(job, case, "unsupported", conversion["why"], precision=precision, details=details)
+        return prepared.result(
+            setting.target, case, "unsupported", conversion["why"], precision=precision, details=details
+        )
     page = page_job(files, prepared, setting, case, plan.request, fault, model)
     psutil.cpu_percent(interval=None)  # starts the whole-machine CPU window for this job
     answer = await session.run_job(files.page_url, (prepared.spec.name, setting), page, plan.request.timeout_s)
@@ -404,13 +403,12 @@ def _not_runnable(
 ) -> Result | None:
     """The row for a case that cannot reach the browser, or None when it can."""
     if prepared is None:
-        return Result(spec.name, spec.family, "unknown", setting.target, case, "error", error=why)
-    job = Job(prepared, setting.target, [], MeasureConfig())
+        return unprepared_result(spec, setting.target, case, "error", why)
     skip = prepared.skipped.get((case.batch_size, case.seq_len))
     if skip:
-        return result_for(job, case, "unsupported", skip)
+        return prepared.result(setting.target, case, "unsupported", skip)
     if prepared.onnx_path is None:
-        return result_for(job, case, "unsupported", f"ONNX export failed: {prepared.onnx_error}")
+        return prepared.result(setting.target, case, "unsupported", f"ONNX export failed: {prepared.onnx_error}")
     return None
 
 
@@ -469,7 +467,7 @@ async def _run_all(
 
 
 def execute_web(plan: WebPlan, faults: Mapping[str, str] | None = None) -> Body:
-    """The browser part of a run, as a body for harness.recording.record_run."""
+    """The browser part of a run, as a body for harness.run.recording.record_run."""
 
     def body(emit: Emit) -> None:
         from harness.web.driver import run_sync
@@ -494,27 +492,4 @@ def run_web(
     """
     plan = plan or validate_web(request)
     bodies = [execute_web(plan, faults)]
-    return record_run(
-        request.db_path, "web", asdict(request), bodies, on_result, request.output_dir, None, resume_run_id
-    )
-
-
-def run_both(
-    native: BenchmarkRequest,
-    web: WebRequest,
-    on_result: Callable[[Result, str], None] | None = None,
-    plans: tuple[Plan, WebPlan] | None = None,
-    resume_run_id: str | None = None,
-) -> RunSummary:
-    """Native backends then the browser, as one run: one report puts their rows side by side.
-
-    Both requests are validated before anything is written (unless their plans are given)."""
-    native_plan, web_plan = plans or (validate(native), validate_web(web))
-    bodies = [execute_native(native_plan), execute_web(web_plan)]
-    arguments = both_arguments(native, web)
-    return record_run(native.db_path, "run", arguments, bodies, on_result, native.output_dir, None, resume_run_id)
-
-
-def both_arguments(native: BenchmarkRequest, web: WebRequest) -> dict[str, Any]:
-    """What a combined run stores as its arguments (and --resume matches against)."""
-    return {"native": asdict(native), "web": asdict(web)}
+    return record_run(request.db_path, "web", asdict(request), bodies, on_result, request.outputs, None, resume_run_id)

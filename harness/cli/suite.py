@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -10,15 +11,16 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from harness.api import RequestError
-from harness.cli import run_with_progress
-from harness.cli_common import app, console, fail, given, split_list
+from harness.cli.common import RUN_SELECTOR, console, fail, given, split_list
+from harness.cli.progress import run_with_progress
+from harness.run.plan import RequestError
 from harness.store import StoreError
 
 DEFAULT_CONFIG_PATH = Path("accelharness-suite.toml")
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)([dhm])$")
 UNITS = {"d": "days", "h": "hours", "m": "minutes"}
 MAX_AGE = timedelta(days=100 * 365)  # further back than any stored result; beyond it dates overflow
+STORE = ("db", "output_dir")  # override the config's db and output_dir, for a run and the report-only modes
 # The seeds' modes that only read the store, and the options only a run uses: never both.
 REPORT_ONLY = ("plot_only", "update_matrix_only", "aggregate", "plot_comparison")
 RUN_ONLY = (
@@ -47,7 +49,7 @@ def parse_age(text: str) -> timedelta:
 
 def _refuse_unused(ctx: typer.Context) -> None:
     """An option that would do nothing with the others given is refused, never silently ignored."""
-    if given(ctx, "create_config") and (unused := given(ctx, *REPORT_ONLY, *RUN_ONLY)):
+    if given(ctx, "create_config") and (unused := given(ctx, *REPORT_ONLY, *RUN_ONLY, *STORE)):
         raise fail(f"--create-config only writes the config file; {', '.join(unused)} would do nothing: drop it")
     modes = given(ctx, *REPORT_ONLY)
     if modes and (unused := given(ctx, *RUN_ONLY)):
@@ -67,7 +69,7 @@ def _report_only(
     """The seeds' modes that only read the store: plots, the matrix, aggregates, a before/after plot."""
     from harness.analysis import compare
     from harness.analysis.matrix import update_matrix
-    from harness.analysis.query import AnalysisError
+    from harness.analysis.tables import AnalysisError
     from harness.report import write_reports
 
     written: list[Path] = []
@@ -88,7 +90,7 @@ def _report_only(
 
 
 def _print_check(plan: object) -> None:
-    from harness.suite import SuitePlan, check_prerequisites
+    from harness.suite.plan import SuitePlan, check_prerequisites
 
     assert isinstance(plan, SuitePlan)
     checks = Table(title="Prerequisites")
@@ -113,8 +115,8 @@ def _print_check(plan: object) -> None:
 
 
 def _print_cluster_check(plan: object, address: str) -> None:
-    from harness.distributed import print_cluster_check
-    from harness.suite import SuitePlan
+    from harness.suite.plan import SuitePlan
+    from harness.suite.ray import print_cluster_check
 
     assert isinstance(plan, SuitePlan)
     try:
@@ -123,7 +125,6 @@ def _print_cluster_check(plan: object, address: str) -> None:
         raise fail(str(exc)) from None
 
 
-@app.command()
 def suite(
     ctx: typer.Context,
     config: Annotated[Path, typer.Option(help="The suite config (.toml, or .json).")] = DEFAULT_CONFIG_PATH,
@@ -135,14 +136,16 @@ def suite(
     older_than: Annotated[
         str | None, typer.Option(help="A new run of only what the suite measured longer ago, e.g. 30d.")
     ] = None,
-    plot_only: Annotated[str | None, typer.Option(help="Only write RUN's HTML report with plots.")] = None,
-    update_matrix_only: Annotated[bool, typer.Option(help="Only rebuild the compatibility matrix.")] = False,
-    aggregate: Annotated[str | None, typer.Option(help="Only write one report over RUN,RUN,….")] = None,
-    plot_comparison: Annotated[
-        tuple[str, str] | None, typer.Option(help="Only plot run B against run A (two RUN ids).")
+    db: Annotated[Path | None, typer.Option("--db", help="DuckDB file (default: the config's db).")] = None,
+    output_dir: Annotated[
+        Path | None, typer.Option("--output-dir", help="Where the reports and the matrix go (default: the config's).")
     ] = None,
+    plot_only: Annotated[str | None, typer.Option(help=f"Only write RUN's HTML report ({RUN_SELECTOR}).")] = None,
+    update_matrix_only: Annotated[bool, typer.Option(help="Only rebuild the compatibility matrix.")] = False,
+    aggregate: Annotated[str | None, typer.Option(help="Only write one report over RUN,RUN,… (or all).")] = None,
+    plot_comparison: Annotated[tuple[str, str] | None, typer.Option(help="Only plot run B against run A.")] = None,
     baseline: Annotated[
-        str | None, typer.Option(help="After the run, compare it with this run: RUN_ID, latest, latest-on-<branch>.")
+        str | None, typer.Option(help=f"After the run, compare it with this run: {RUN_SELECTOR}.")
     ] = None,
     threshold: Annotated[str, typer.Option(help="With --baseline: the smallest change that counts.")] = "5%",
     fail_on_regression: Annotated[bool, typer.Option(help="With --baseline: exit 1 if a case regressed.")] = False,
@@ -155,7 +158,7 @@ def suite(
     ] = None,
 ) -> None:
     """Run a benchmark suite from a config file; resumable, independent devices side by side."""
-    from harness.suite_config import ConfigError, load_config, write_default_config
+    from harness.suite.config import ConfigError, load_config, write_default_config
 
     _refuse_unused(ctx)
     try:
@@ -166,11 +169,13 @@ def suite(
         loaded = load_config(config)
     except ConfigError as exc:
         raise fail(str(exc)) from None
+    loaded = dataclasses.replace(loaded, db=db or loaded.db, output_dir=output_dir or loaded.output_dir)
     if plot_only or update_matrix_only or aggregate or plot_comparison:
         _report_only(loaded.db, loaded.output_dir, plot_only, update_matrix_only, aggregate, plot_comparison)
         return
     age = parse_age(older_than) if older_than else None
-    from harness.suite import plan_suite, run_suite  # imports torch: only once the options are known good
+    from harness.suite.plan import plan_suite  # imports torch: only once the options are known good
+    from harness.suite.run import run_suite
 
     try:
         plan = plan_suite(loaded, split_list(models), split_list(hardware), resume, age)
@@ -202,8 +207,8 @@ def suite(
 
 def _resolve_baseline(db: Path, baseline: str | None, threshold: str, fail_on_regression: bool) -> str | None:
     """The baseline's run id, resolved before the run (so 'latest' means the run before this one)."""
-    from harness.analysis.compare import parse_threshold, resolve_selector
-    from harness.analysis.query import AnalysisError
+    from harness.analysis.compare import parse_threshold
+    from harness.analysis.tables import AnalysisError
     from harness.store import open_store
 
     if baseline is None:
@@ -216,8 +221,8 @@ def _resolve_baseline(db: Path, baseline: str | None, threshold: str, fail_on_re
         raise fail(str(exc)) from None
     try:
         with open_store(db, read_only=True) as store:
-            return resolve_selector(store, baseline, Path.cwd())
-    except (AnalysisError, StoreError) as exc:
+            return store.resolve_run(baseline, Path.cwd())
+    except StoreError as exc:
         raise fail(f"--baseline {baseline}: {exc}") from None
 
 

@@ -1,28 +1,20 @@
-"""The Python API the CLI wraps: validate a request, run it, store every result as it lands.
-
-from harness import BenchmarkRequest, run_native
-summary = run_native(BenchmarkRequest(models=["bert-tiny"], hardware=["cpu"], iterations=50))
-print(summary.run_id, summary.counts)
-"""
+"""A native benchmark request, checked before anything is written, and the plan it stands for:
+model × target × case × mode, less what a resumed run already holds."""
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.hardware import NATIVE_PLATFORMS, native_targets
-from harness.measure import MeasureConfig
+from harness.core.records import MODES, PRECISIONS, Case, Target, result_key
 from harness.native import DEFAULT_ENGINES, ENGINES
 from harness.native.base import Availability
-from harness.prepare import PreparedModel, PrepareJob, prepare_isolated
-from harness.recording import Body, Emit, RunSummary, record_run
-from harness.result import MODES, PRECISIONS, Case, Result, Target, result_key
-from harness.specs import ModelSpec, SpecError, check_families, select_specs, spec_from_path
+from harness.prepare.specs import ModelSpec, SpecError, check_families, select_specs, spec_from_path
+from harness.run.hardware import NATIVE_PLATFORMS, native_targets
+from harness.run.outputs import Outputs
 from harness.store import DEFAULT_DB
-from harness.worker import Job, result_for, run_job
 
 
 class RequestError(ValueError):
@@ -46,6 +38,11 @@ class RunOptions:
     timeout_s: float = 300.0
     db_path: Path = DEFAULT_DB
     output_dir: Path | None = Path("accelharness-results")
+
+    @property
+    def outputs(self) -> Outputs | None:
+        """The after-run step's reports and matrix, in output_dir (None: write none)."""
+        return Outputs(Path(self.output_dir)) if self.output_dir is not None else None
 
 
 @dataclass
@@ -223,86 +220,3 @@ def check_db_path(path: Path) -> None:
         raise RequestError(f"--db {path} is not writable")
     if not path.exists() and not os.access(path.parent if str(path.parent) else Path("."), os.W_OK):
         raise RequestError(f"--db {path}: directory {path.parent} does not exist or is not writable")
-
-
-def _prepare(plan: Plan, spec: ModelSpec) -> tuple[PreparedModel | None, str | None, str]:
-    shapes = sorted({(c.batch_size, c.seq_len) for c in plan.cases(spec)}, key=str)
-    job = PrepareJob(spec, shapes, with_past=plan.exports_past(spec))
-    prepared, outcome = prepare_isolated(job, plan.request.timeout_s)
-    if prepared:
-        return prepared, None, "ok"
-    return None, outcome.message or "model preparation failed", outcome.status
-
-
-def _unprepared_result(spec: ModelSpec, target: Target, case: Case, status: str, message: str) -> Result:
-    return Result(spec.name, spec.family, "unknown", target, case, status, message)
-
-
-def _skip_reason(prepared: PreparedModel, target: Target, availability: Availability, case: Case) -> str | None:
-    """Why a case cannot run on a target (recorded as `unsupported`), or None when it can."""
-    if not availability.ok:
-        return availability.reason
-    if skip := prepared.skipped.get((case.batch_size, case.seq_len)):
-        return skip
-    if target.engine not in ("torch", "jax") and prepared.onnx_path is None:  # jax ports the torch weights
-        return prepared.onnx_error
-    return None
-
-
-def _run_model(plan: Plan, spec: ModelSpec, emit: Callable[[Result], None]) -> None:
-    if not any(plan.remaining(spec, target) for target, _ in plan.targets):
-        return  # a resumed run holds every result of this model: do not even export it
-    prepared, error, status = _prepare(plan, spec)
-    measure = MeasureConfig(
-        plan.request.warmup, plan.request.iterations, plan.request.min_duration_s, plan.request.max_iterations
-    )
-    for target, availability in plan.targets:
-        cases = plan.remaining(spec, target)
-        if target.engine == "torch" and spec.is_onnx_file:
-            for case in cases:
-                emit(
-                    _unprepared_result(spec, target, case, "unsupported", "not applicable: the model is an .onnx file")
-                )
-        elif prepared is None:
-            for case in cases:
-                failed = "error" if status == "finished" else status
-                emit(_unprepared_result(spec, target, case, failed, f"model preparation failed: {error}"))
-        else:
-            job = Job(prepared, target, [], measure)
-            runnable = []
-            for case in cases:
-                if reason := _skip_reason(prepared, target, availability, case):
-                    emit(result_for(job, case, "unsupported", reason))
-                else:
-                    runnable.append(case)
-            if runnable:
-                run_job(Job(prepared, target, runnable, measure), plan.request.timeout_s, emit)
-
-
-def execute_native(plan: Plan) -> Body:
-    """The native part of a run, as a body for harness.recording.record_run."""
-
-    def body(emit: Emit) -> None:
-        for spec in plan.specs:
-            _run_model(plan, spec, emit)
-
-    return body
-
-
-def run_native(
-    request: BenchmarkRequest,
-    on_result: Callable[[Result, str], None] | None = None,
-    plan: Plan | None = None,
-    resume_run_id: str | None = None,
-) -> RunSummary:
-    """Benchmark the request on native backends; every result is committed as it completes.
-
-    on_result(result, result_id) is called after each commit (the CLI's progress bar uses it).
-    Ctrl-C marks the run 'interrupted' and re-raises; finished results stay in the store.
-    resume_run_id (from harness.recording.resume_point, which also sets plan.done) continues that run.
-    """
-    plan = plan or validate(request)
-    bodies = [execute_native(plan)]
-    return record_run(
-        request.db_path, "native", asdict(request), bodies, on_result, request.output_dir, None, resume_run_id
-    )

@@ -24,13 +24,15 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from harness.api import Plan, RequestError, execute_native
-from harness.isolation import classify
-from harness.recording import Body, Emit
-from harness.result import Case, Result, Target, result_key
-from harness.specs import ModelSpec
-from harness.suite import HOST, SuitePlan, device_group
-from harness.web_api import WebPlan, execute_web
+from harness.core.records import Case, Result, Target, result_key
+from harness.prepare.prepared import unprepared_result
+from harness.prepare.specs import ModelSpec
+from harness.run.isolation import classify
+from harness.run.native import execute_native
+from harness.run.plan import Plan, RequestError
+from harness.run.recording import Body, Emit
+from harness.run.web import WebPlan, execute_web
+from harness.suite.plan import HOST, SuitePlan, device_group
 
 INSTALL_HINT = "pip install 'accelharness[ray]'"
 # Resources Ray defines on every node itself; everything else a node offers is a custom resource.
@@ -102,8 +104,8 @@ class NativeJob:
 
     def body(self) -> Body:
         """Runs on the node: the target is probed again there (the driver's probe said nothing about it)."""
-        from harness.hardware import native_targets
         from harness.native.base import Availability
+        from harness.run.hardware import native_targets
 
         probed = dict(native_targets([self.target.hardware], [self.target.engine]))
         availability = probed.get(self.target, Availability(False, f"{self.target.engine} does not serve it here"))
@@ -182,7 +184,7 @@ def node_facts() -> dict[str, Any]:
     """The node a task runs on, recorded on each of its rows (the run's host facts describe the driver)."""
     import ray
 
-    from harness.provenance import host_facts
+    from harness.run.provenance import host_facts
 
     facts = {k: v for k, v in host_facts().items() if k != "load_avg_at_start"}
     return facts | {"node_id": ray.get_runtime_context().get_node_id(), "node_ip": ray.util.get_node_ip_address()}
@@ -238,11 +240,7 @@ def infeasible(job: Job, nodes: list[dict[str, Any]], head: str = "HEAD:6379") -
 
 
 def _rows(job: Job, cases: list[tuple[Target, Case]], status: str, message: str) -> list[Result]:
-    spec = job.spec
-    return [
-        Result(spec.name, spec.family, "unknown", t, c, status, message, details={"ray_resource": job.resource})
-        for t, c in cases
-    ]
+    return [unprepared_result(job.spec, t, c, status, message, {"ray_resource": job.resource}) for t, c in cases]
 
 
 def failure_text(exc: BaseException) -> str:
@@ -338,7 +336,7 @@ def stream_jobs(ray: Any, jobs: list[Job], emit: Emit) -> None:
 
 
 def execute_on_ray(plan: SuitePlan, address: str) -> Body:
-    """The suite as a body for harness.recording.record_run, run on the Ray cluster at address.
+    """The suite as a body for harness.run.recording.record_run, run on the Ray cluster at address.
 
     Connects now, so a missing Ray or an unreachable cluster is an input error before any run is opened."""
     ray = connect(address)

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from harness.specs import ModelSpec
-from harness.workload import Weights
+from harness.prepare.specs import ModelSpec
+from harness.prepare.workload import Weights
 
 OPSET = 18
 

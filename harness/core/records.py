@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from numbers import Real
 from typing import Any
 
+from harness.core.labels import target_label
+
 STATUSES = ("ok", "unsupported", "error", "timeout", "oom", "mismatch")
 # auto: whatever the engine picks by default. Every row records the precision that actually ran.
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "auto")
@@ -22,7 +24,7 @@ class Target:
 
     @property
     def label(self) -> str:
-        return f"{self.hardware}/{self.engine}" + (f":{self.provider}" if self.engine != "torch" else "")
+        return target_label(vars(self))
 
 
 MODES = ("inference", "generate", "training")

@@ -9,18 +9,28 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from harness.cli_common import DbOption, app, console, errors, fail, int_list, split_list
+from harness.cli.common import (
+    RUN_SELECTOR,
+    DbOption,
+    OutputDirOption,
+    RunOption,
+    RunsOption,
+    console,
+    errors,
+    fail,
+    int_list,
+    split_list,
+)
 from harness.store import DEFAULT_DB, StoreError
 
 AnalysisFormat = Annotated[str, typer.Option("--format", help="md, json or html.")]
 OutOption = Annotated[Path | None, typer.Option("--out", help="Write here instead of stdout.")]
 
 
-@app.command()
 def report(
-    run: Annotated[str, typer.Option(help="RUN_ID, 'latest' or 'all' (every run in the DB).")] = "latest",
+    run: RunsOption = "latest",
     db: DbOption = DEFAULT_DB,
-    output_dir: Annotated[Path, typer.Option(help="Where the reports go.")] = Path("accelharness-results"),
+    output_dir: OutputDirOption = Path("accelharness-results"),
     fmt: Annotated[
         str | None, typer.Option("--format", help="Comma-separated: html,md,json,csv (default all).")
     ] = None,
@@ -48,11 +58,10 @@ def report(
         console.print(Markdown(markdown.read_text()))
 
 
-@app.command()
 def matrix(
     db: DbOption = DEFAULT_DB,
-    output_dir: Annotated[Path, typer.Option(help="Where the matrix files go.")] = Path("accelharness-results"),
-    run: Annotated[str, typer.Option(help="RUN_ID, 'latest' or 'all' (latest result per cell).")] = "all",
+    output_dir: OutputDirOption = Path("accelharness-results"),
+    run: RunsOption = "all",
     update_matrix_only: Annotated[
         bool, typer.Option(help="Only rebuild the files from the DB (no table printed); nothing is run.")
     ] = False,
@@ -77,7 +86,6 @@ def matrix(
     console.print(table)
 
 
-@app.command()
 def predict(
     model: Annotated[str, typer.Option(help="Model name (measured in the store, or any spec).")],
     hardware: Annotated[str | None, typer.Option(help="Only these hardware platforms.")] = None,
@@ -137,7 +145,6 @@ def predict(
         console.print(f"note: {note}")
 
 
-@app.command()
 def recommend(
     model: Annotated[str | None, typer.Option(help="Model name.")] = None,
     model_family: Annotated[str | None, typer.Option(help="Model family (uses its measured models).")] = None,
@@ -200,9 +207,8 @@ def emit(text: str, out: Path | None) -> None:
     console.print(f"wrote {out}")
 
 
-@app.command("compare")
 def compare_command(
-    runs: Annotated[list[str] | None, typer.Argument(help="A B: RUN_ID, latest, previous, latest-on-<branch>.")] = None,
+    runs: Annotated[list[str] | None, typer.Argument(help=f"A B, each {RUN_SELECTOR}.")] = None,
     baseline: Annotated[str | None, typer.Option(help="A, e.g. latest-on-main; then pass only B.")] = None,
     threshold: Annotated[str, typer.Option(help="Smallest change that counts: 5% or 0.05.")] = "5%",
     quantile: Annotated[float, typer.Option(help="Statistic: 0.5 = median; 0.25 resists load spikes.")] = 0.5,
@@ -214,7 +220,7 @@ def compare_command(
 ) -> None:
     """Compare run B with run A (default: previous vs latest): ratio, bootstrap CI, Mann-Whitney p, verdict."""
     from harness.analysis import compare
-    from harness.analysis.query import AnalysisError
+    from harness.analysis.tables import AnalysisError
 
     runs = runs or []
     if len(runs) > (1 if baseline else 2):
@@ -236,7 +242,6 @@ def compare_command(
         raise typer.Exit(1)
 
 
-@app.command("history")
 def history_command(
     model: Annotated[str, typer.Option(help="Model name as stored (an .onnx file's stem).")],
     metric: Annotated[str, typer.Option(help="A numeric results column, or latency_pNN_ms from the samples.")] = (
@@ -254,7 +259,7 @@ def history_command(
     """A metric over runs (ordered by start time) per case, with step changes flagged."""
     from harness.analysis import history
     from harness.analysis.compare import parse_threshold
-    from harness.analysis.query import AnalysisError
+    from harness.analysis.tables import AnalysisError
 
     filters = {"hardware": hardware, "engine": engine, "batch_size": batch_size}
     try:
@@ -266,37 +271,33 @@ def history_command(
     emit(history.render(result, fmt), out)
 
 
-@app.command("query")
 def query_command(
     report: Annotated[str | None, typer.Option(help="latest, best-hardware, compatibility or regressions.")] = None,
     sql: Annotated[str | None, typer.Option(help="One read-only SELECT over runs/hardware/results/samples.")] = None,
-    run: Annotated[str, typer.Option(help="Run for latest/best-hardware/compatibility (selector or RUN_ID).")] = (
-        "latest"
-    ),
+    run: RunOption = "latest",
     threshold: Annotated[str, typer.Option(help="Threshold for the regressions report: 5% or 0.05.")] = "5%",
     fmt: Annotated[str, typer.Option("--format", help="md, csv, json or html.")] = "md",
     out: OutOption = None,
     db: DbOption = DEFAULT_DB,
 ) -> None:
     """Canned reports, or read-only ad-hoc SQL, over the store."""
-    from harness.analysis import query
+    from harness.analysis import query, tables
     from harness.analysis.compare import parse_threshold
 
     if (report is None) == (sql is None):
         raise fail("query takes either --report NAME or --sql 'SELECT …'")
     try:
-        if fmt not in query.FORMATS:
-            raise query.AnalysisError(f"unknown format '{fmt}'; valid: {', '.join(query.FORMATS)}")
+        if fmt not in tables.FORMATS:
+            raise tables.AnalysisError(f"unknown format '{fmt}'; valid: {', '.join(tables.FORMATS)}")
         if sql is not None:
             table = query.run_sql(db, sql)
         else:
             table = query.run_report(db, report or "", run, parse_threshold(threshold))
-    except (query.AnalysisError, StoreError) as exc:
+    except (tables.AnalysisError, StoreError) as exc:
         raise fail(str(exc)) from None
-    emit(query.render_table(table, fmt), out)
+    emit(tables.render_table(table, fmt), out)
 
 
-@app.command("export")
 def export_command(
     out: Annotated[Path, typer.Option("--out", help="Directory for <table>.parquet / <table>.csv.")],
     fmt: Annotated[str, typer.Option("--format", help="parquet or csv.")] = "parquet",
@@ -304,7 +305,8 @@ def export_command(
     db: DbOption = DEFAULT_DB,
 ) -> None:
     """Export store tables to Parquet or CSV (read-only)."""
-    from harness.analysis.query import AnalysisError, export_tables
+    from harness.analysis.query import export_tables
+    from harness.analysis.tables import AnalysisError
 
     try:
         paths = export_tables(db, out, fmt, table)

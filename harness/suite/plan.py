@@ -1,7 +1,5 @@
-"""Suites: a config file → one run of native and browser work, resumable, independent devices side by side.
-
-from harness import load_config, plan_suite, run_suite
-summary = run_suite(plan_suite(load_config(Path("suite.toml")), resume=True))
+"""A suite's plan: its config → the native and browser requests it stands for, validated; the
+device groups that may run side by side; and --check's prerequisites.
 
 A suite has an id (its config's `name`). --resume continues the suite's last run if it did not
 complete (Ctrl-C leaves it 'interrupted', kill -9 leaves it 'running') and was started with the same
@@ -13,23 +11,18 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-import threading
-from collections.abc import Callable
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from harness.api import BenchmarkRequest, Plan, RequestError, execute_native, validate
-from harness.export import cache_root
-from harness.isolation import Stopped, stop_when
-from harness.recording import Body, Emit, RunSummary, record_run
-from harness.result import Result, Target
-from harness.specs import FAMILIES, load_specs
+from harness.core.records import Target
+from harness.prepare.export import cache_root
+from harness.prepare.specs import FAMILIES, load_specs
+from harness.run.plan import BenchmarkRequest, Plan, RequestError, validate
+from harness.run.web import WEB_HARDWARE, WebPlan, WebRequest, validate_web
 from harness.store import StoreError, as_stored, open_store
-from harness.suite_config import SuiteConfig
-from harness.web_api import WEB_HARDWARE, WebPlan, WebRequest, execute_web, validate_web
+from harness.suite.config import SuiteConfig
 
 HOST = "host-cpu"
 WEB_TARGET_HARDWARE = set(WEB_HARDWARE)
@@ -180,101 +173,6 @@ def plan_suite(
     if web is not None:
         web.done = done
     return SuitePlan(config, native, web, resume_run_id, resume_note)
-
-
-def _group_body(plan: SuitePlan, targets: list[Target]) -> Body:
-    """One device group's work: its native targets, then (on the host group) the browser."""
-    bodies = []
-    if plan.native is not None:
-        mine = [(t, a) for t, a in plan.native.targets if t in targets]
-        if mine:
-            bodies.append(execute_native(dataclasses.replace(plan.native, targets=mine)))
-    if plan.web is not None and any(t.hardware in WEB_TARGET_HARDWARE for t in targets):
-        bodies.append(execute_web(plan.web))
-
-    def body(emit: Emit) -> None:
-        for each in bodies:
-            each(emit)
-
-    return body
-
-
-def _parallel(bodies: list[Body]) -> Body:
-    """Run the groups' bodies side by side, each in its own thread.
-
-    The first failure, or Ctrl-C, stops every group: their workers are killed, nothing more is
-    recorded (a stop is never an outcome), and every thread is joined before the failure goes on,
-    so the run is closed `interrupted` with no thread still writing, and --resume runs exactly the
-    cases that have no row."""
-    if len(bodies) == 1:
-        return bodies[0]
-
-    def body(emit: Emit) -> None:
-        stop = threading.Event()
-
-        def emit_until_stopped(result: Result) -> None:
-            if stop.is_set():  # e.g. a browser the terminal's Ctrl-C also reached: not this case's outcome
-                raise Stopped
-            emit(result)
-
-        def group(each: Body) -> None:
-            with stop_when(stop):
-                each(emit_until_stopped)
-
-        pool = ThreadPoolExecutor(max_workers=len(bodies), thread_name_prefix="device-group")
-        futures = [pool.submit(group, each) for each in bodies]
-        try:
-            wait(futures, return_when=FIRST_EXCEPTION)  # Ctrl-C lands here, in the main thread
-        finally:
-            stop.set()
-            _join(pool)
-        failures = [f.exception() for f in futures if not isinstance(f.exception(), Stopped | None)]
-        if failures:
-            raise failures[0]  # type: ignore[misc]
-
-    return body
-
-
-def _join(pool: ThreadPoolExecutor) -> None:
-    """Wait for every group's thread; a second Ctrl-C does not abandon them (they are already stopping)."""
-    while True:
-        try:
-            pool.shutdown(wait=True)
-            return
-        except KeyboardInterrupt:
-            continue
-
-
-def run_suite(
-    plan: SuitePlan, on_result: Callable[[Result, str], None] | None = None, ray_address: str | None = None
-) -> RunSummary:
-    """Run (or continue) the suite; every result is committed as it completes. Reports follow the config.
-
-    ray_address ("auto" or HOST:PORT) runs each (model, hardware) job as a task on that Ray cluster
-    (harness.distributed); this process stays the single writer of the store."""
-    config = plan.config
-    arguments = {"suite": config.name, "config": dataclasses.asdict(config)}
-    if ray_address is not None:
-        from harness.distributed import execute_on_ray  # Ray is an optional extra
-
-        body = execute_on_ray(plan, ray_address)
-        arguments["ray_address"] = ray_address
-    else:
-        body = _parallel([_group_body(plan, targets) for targets in plan.groups().values()])
-    summary = record_run(config.db, "suite", arguments, [body], on_result, None, config.name, plan.resume_run_id)
-    summary.write_reports(lambda: write_suite_outputs(config, summary.run_id), config.output_dir)
-    return summary
-
-
-def write_suite_outputs(config: SuiteConfig, run_id: str) -> list[Path]:
-    from harness.analysis.matrix import update_matrix
-    from harness.report import FORMATS, write_reports
-
-    formats = [f for f in FORMATS if f != "html" or config.generate_plots]
-    written = write_reports(config.db, run_id, config.output_dir, formats)
-    if config.update_compatibility_matrix:
-        written += update_matrix(config.db, config.output_dir)
-    return written
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import psutil
 
-from harness.energy import EnergyMeter
-from harness.memory import PeakRss, nvml_used_mb
 from harness.native.base import Session
+from harness.run.energy import EnergyMeter
+from harness.run.memory import PeakRss, nvml_used_mb
 
 
 @dataclass(frozen=True)
