@@ -76,6 +76,10 @@ MIGRATIONS: dict[int, list[str]] = {
         "ALTER TABLE runs ADD COLUMN IF NOT EXISTS suite_id VARCHAR",
         "ALTER TABLE results ADD COLUMN IF NOT EXISTS result_key VARCHAR",
     ],
+    4: [
+        # web --serve: a browser on another device is a target of the run (its id; facts in details)
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS device VARCHAR",
+    ],
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 
@@ -265,6 +269,7 @@ class Store:
             "hardware": result.target.hardware,
             "engine": result.target.engine,
             "provider": result.target.provider,
+            "device": result.target.device,
             "batch_size": result.case.batch_size,
             "seq_len": result.case.seq_len,
             "mode": result.case.mode,
