@@ -273,7 +273,9 @@ class DeviceServer(PageServer):
 
     def set_job_files(self, files: dict[str, Path | bytes]) -> dict[str, str]:
         """Add (never replace: every device's jobs are open at once) files, each under a name made
-        unique by a digest of what it is, so one model file keeps one URL and the page one session."""
+        unique by a digest of what it is, so one model file keeps one URL and the page one session.
+        The URLs are origin-relative: a device reaches this server under whatever name or address it
+        was given (a LAN address, a hostname), and its page fetches from that same origin."""
         urls = {}
         for name, source in files.items():
             if "/" in name or name in ("", ".", ".."):
@@ -281,7 +283,7 @@ class DeviceServer(PageServer):
             what = str(Path(source).resolve()).encode() if isinstance(source, Path) else source
             unique = f"{hashlib.sha256(what).hexdigest()[:16]}-{name}"
             self._served["job"][unique] = source
-            urls[name] = f"{self.base_url}job/{unique}"
+            urls[name] = f"/{self.token}/job/{unique}"
         return urls
 
     def add_routes(self, app: web.Application) -> None:
@@ -319,14 +321,16 @@ class DeviceServer(PageServer):
         if known is not None and known.id != device_id:
             raise ApiError(409, f"page {page_id} belongs to device {known.id}, not {device_id}")
         device = self.devices.get(device_id)
+        arrived = device is None
         if device is None:
             device = self.devices[device_id] = Device(device_id, name, facts)
             device.jobs = self.source.jobs(device, self)
             self._jobs |= {job.id: (device, job) for job in device.jobs}
-            self.on_event("arrived", device, None)
         origin = f"{request.scheme}://{request.host}"
         device.pages[page_id] = Page(page_id, facts, request.remote or "?", origin)
         self._pages[page_id] = device
+        if arrived:
+            self.on_event("arrived", device, None)
         holding = self._hold(device, page_id)
         return self._state(device, page_id, holding) | {
             "run": self.source.describe(),
