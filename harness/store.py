@@ -84,6 +84,10 @@ MIGRATIONS: dict[int, list[str]] = {
             total_ms DOUBLE NOT NULL, share DOUBLE NOT NULL, flops DOUBLE, bytes DOUBLE, fallback BOOLEAN NOT NULL
         )""",
     ],
+    5: [
+        # web --serve: a browser on another device is a target of the run (its id; facts in details)
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS device VARCHAR",
+    ],
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 # Tables a migration created: a read-only open of an older file shows them empty.
@@ -280,6 +284,7 @@ class Store:
             "hardware": result.target.hardware,
             "engine": result.target.engine,
             "provider": result.target.provider,
+            "device": result.target.device,
             "batch_size": result.case.batch_size,
             "seq_len": result.case.seq_len,
             "mode": result.case.mode,

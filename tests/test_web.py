@@ -261,11 +261,11 @@ def test_failed_export_gives_unsupported_rows_with_the_export_error() -> None:
     from harness.core.records import Case
     from harness.prepare.prepared import PreparedModel
     from harness.prepare.specs import select_specs
-    from harness.run.web import _not_runnable
+    from harness.run.web import not_runnable
 
     spec = select_specs(["bert-tiny"], None, False)[0]
     prepared = PreparedModel(spec, "random", "seed=0", None, "exporter exploded", "torch-fp32", None)
-    row = _not_runnable(spec, prepared, "", EpSetting("wasm", 1), Case(1, 32, "fp32"))
+    row = not_runnable(spec, prepared, "", EpSetting("wasm", 1), Case(1, 32, "fp32"))
     assert row is not None and row.status == "unsupported" and "exporter exploded" in (row.error or "")
     assert row.target.engine == "onnxruntime-web" and row.target.provider == "wasm:threads=1"
 

@@ -19,7 +19,7 @@ import base64
 import math
 import re
 import secrets
-import socket
+import ssl
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -59,12 +59,6 @@ def dist_files() -> dict[str, Path]:
     if not DIST_DIR.is_dir():
         raise SetupError(f"onnxruntime-web is not installed ({DIST_DIR} is missing): {SETUP_HINT}")
     return {p.name: p for p in DIST_DIR.iterdir() if p.suffix in (".mjs", ".wasm") and p.is_file()}
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class PageFiles:
@@ -118,6 +112,10 @@ class PageFiles:
             headers["Content-Type"] = MIME_TYPES.get(Path(unquote(name)).suffix, "application/octet-stream")
         return headers
 
+    def token_matches(self, part: str) -> bool:
+        """Whether a request path's first part is this run's token (compared in constant time)."""
+        return secrets.compare_digest(unquote(part).encode(), self.token.encode())
+
     def _lookup(self, raw_path: str) -> tuple[int, Path | bytes | None]:
         """(HTTP status, what to serve) for a raw request path; decoding is done here, once per layer."""
         path = raw_path.split("?", 1)[0]
@@ -125,7 +123,7 @@ class PageFiles:
         for _ in range(3):  # catch %2e%2e and %252e%252e alike
             decoded = unquote(decoded)
         parts = path.lstrip("/").split("/")
-        if not parts or not secrets.compare_digest(unquote(parts[0]).encode(), self.token.encode()):
+        if not self.token_matches(parts[0]):
             return 403, None
         if ".." in decoded.split("/") or "\\" in decoded or len(parts) != 3:
             return 404, None
@@ -135,34 +133,39 @@ class PageFiles:
 
 
 class PageServer(PageFiles):
-    """The files over HTTP on 127.0.0.1, for a browser launched on this machine."""
+    """The files over HTTP on 127.0.0.1, for a browser launched on this machine (web --serve binds where
+    it is asked, with TLS if given: harness.web.serve)."""
 
     transport = "local HTTP server on 127.0.0.1"
 
-    def __init__(self, isolate: bool = True) -> None:
+    def __init__(
+        self, isolate: bool = True, host: str = "127.0.0.1", port: int = 0, ssl_context: ssl.SSLContext | None = None
+    ) -> None:
         super().__init__(isolate)
-        self.port = 0
+        self.host = host
+        self.port = port  # 0: a free port the OS picks when the server binds
+        self.ssl_context = ssl_context
         self._runner: web.AppRunner | None = None
 
     @property
     def origin(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.ssl_context else 'http'}://{self.host}:{self.port}"
+
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_route("GET", "/{tail:.*}", self._handle)
 
     async def start(self) -> None:
         app = web.Application()
-        app.router.add_route("GET", "/{tail:.*}", self._handle)
+        self.add_routes(app)
         app.on_response_prepare.append(self._add_headers)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        # Bind to an ephemeral port the OS picked; retry once should another process grab it first.
-        for _ in range(3):
-            self.port = _free_port()
-            try:
-                await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
-                return
-            except OSError:
-                continue
-        raise OSError("could not bind a free port on 127.0.0.1")
+        try:
+            await web.TCPSite(self._runner, self.host, self.port, ssl_context=self.ssl_context).start()
+        except BaseException:
+            await self.stop()
+            raise
+        self.port = self._runner.addresses[0][1]  # the port bound (the OS's pick for port 0)
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -295,7 +298,15 @@ _COUNTS: FactCheck = (
 )
 FACT_CHECKS: dict[str, FactCheck] = {
     **dict.fromkeys(
-        ("cross_origin_isolated", "shared_array_buffer", "webassembly", "webgpu_api", "webnn_api", "threads_dropped"),
+        (
+            "cross_origin_isolated",
+            "secure_context",
+            "shared_array_buffer",
+            "webassembly",
+            "webgpu_api",
+            "webnn_api",
+            "threads_dropped",
+        ),
         _BOOLEAN,
     ),
     **dict.fromkeys(("hardware_concurrency", "threads_requested", "threads_effective"), _COUNT),
@@ -309,7 +320,7 @@ FACT_CHECKS: dict[str, FactCheck] = {
 }
 
 
-def _check_facts(facts: dict[str, Any]) -> None:
+def check_facts(facts: dict[str, Any]) -> None:
     for key, (valid, check) in FACT_CHECKS.items():
         if key in facts and not check(facts[key]):
             raise PageResultError(f"result.facts.{key} must be {valid} (got {facts[key]!r:.200})")
@@ -340,7 +351,7 @@ def validate_page_result(result: Any, max_samples: int) -> dict[str, Any]:
     if status not in RESULT_STATUSES:
         raise PageResultError(f"result.status '{status}' is not one of {RESULT_STATUSES}")
     facts = _require(result, "facts", (dict,))
-    _check_facts(facts)
+    check_facts(facts)
     if status != "ok":
         if not _require(result, "error", (str,)).strip():
             raise PageResultError(f"a '{status}' result must say why (result.error is empty)")

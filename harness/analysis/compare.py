@@ -40,11 +40,11 @@ import numpy as np
 from scipy import stats
 
 from harness.analysis.tables import AnalysisError, Table, render_table
-from harness.core.labels import case_label, mode_of, target_label
+from harness.core.labels import TARGET_FIELDS, case_label, mode_of, target_label
 from harness.core.records import MEASURED
 from harness.store import Store, StoreError, open_store
 
-KEY = ("model", "hardware", "engine", "provider", "batch_size", "seq_len", "precision", "mode", "new_tokens")
+KEY = ("model", *TARGET_FIELDS, "batch_size", "seq_len", "precision", "mode", "new_tokens")
 
 
 def case_fields(row: dict[str, Any]) -> dict[str, Any]:
@@ -71,6 +71,7 @@ class ComparisonRow:
     hardware: str
     engine: str
     provider: str | None
+    device: str | None  # a device served by `web --serve`; None for this machine's targets
     batch_size: int
     seq_len: int | None
     precision: str

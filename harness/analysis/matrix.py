@@ -77,6 +77,7 @@ def matrix_target(row: dict[str, Any]) -> str:
     """The row's column: the target, and the mode when it is not inference."""
     label = f"{row['hardware']}/{row['engine']}"
     label = f"{label}:{row['provider']}" if row["hardware"] == row["engine"] and row.get("provider") else label
+    label = labels.on_device(label, row)  # each served device is a column of its own
     mode = mode_of(row)
     return label if mode == "inference" else f"{label} ({mode})"
 
@@ -135,6 +136,7 @@ def _evidence(row: dict[str, Any], status: str, ratio: float | None) -> dict[str
         "date": str(row["created_at"])[:19],
         "model": row["model"],
         "provider": row["provider"],
+        "device": row.get("device"),
         "case": f"{case_label(row)} {row['requested_precision']}",
         "status": row["status"],
         "class": status,

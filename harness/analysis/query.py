@@ -68,18 +68,18 @@ def run_sql(db_path: Path, sql: str) -> Table:
 
 # --- canned reports --------------------------------------------------------------------------
 LATEST_COLUMNS = [
-    "model", "family", "hardware", "engine", "provider", "batch_size", "seq_len", "precision", "status",
+    "model", "family", "hardware", "engine", "provider", "device", "batch_size", "seq_len", "precision", "status",
     "latency_p50_ms", "throughput_per_s", "noisy", "max_abs_diff", "error",
 ]  # fmt: skip
 
 BEST_SQL = """
 WITH ranked AS (
-    SELECT model, mode, new_tokens, batch_size, seq_len, precision, hardware, engine, provider, latency_p50_ms,
+    SELECT model, mode, new_tokens, batch_size, seq_len, precision, hardware, engine, provider, device, latency_p50_ms,
            noisy, row_number() OVER w_sorted AS rank, count(*) OVER w AS ok_targets,
            max(latency_p50_ms) OVER w AS slowest_p50_ms
     FROM results WHERE run_id = ? AND status = 'ok'
     WINDOW w AS (PARTITION BY model, mode, new_tokens, batch_size, seq_len, precision),
-           w_sorted AS (w ORDER BY latency_p50_ms, hardware, engine, provider)
+           w_sorted AS (w ORDER BY latency_p50_ms, hardware, engine, provider, device)
 )
 SELECT * EXCLUDE (rank) FROM ranked WHERE rank = 1 ORDER BY model, mode, new_tokens, batch_size, seq_len, precision
 """
@@ -103,8 +103,8 @@ def _best_hardware(store: Any, run_id: str) -> Table:
 
 def _compatibility(store: Any, run_id: str) -> Table:
     counts = store.query(
-        "SELECT family, mode, hardware, engine, provider, status, count(*) AS n FROM results WHERE run_id = ? "
-        "GROUP BY ALL ORDER BY family, mode, hardware, engine, provider",
+        "SELECT family, mode, hardware, engine, provider, device, status, count(*) AS n FROM results WHERE run_id = ? "
+        "GROUP BY ALL ORDER BY family, mode, hardware, engine, provider, device",
         [run_id],
     )
     table: dict[tuple[str, str, str], dict[str, Any]] = {}

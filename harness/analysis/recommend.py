@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from harness.analysis.predict import InsufficientData, Predictor, Query, model_facts, training_rows
-from harness.core.labels import target_label
+from harness.core.labels import TARGET_FIELDS, target_key, target_label
 from harness.store import open_store
 
 TASK_FAMILIES = {
@@ -54,6 +54,7 @@ class Candidate:
     hardware: str
     engine: str
     provider: str
+    device: str | None  # a device served by `web --serve`, None for this machine's targets
     source: str  # measured | predicted
     latency_ms: float
     throughput_per_s: float
@@ -78,8 +79,8 @@ def _latest_rows(db_path: Path, models: list[str], mode: str) -> list[dict[str, 
     """The latest row per (model, target, batch, seq, precision) of one mode for these models, any status."""
     sql = """
         SELECT * FROM results WHERE model IN (SELECT unnest(?)) AND mode = ?
-        QUALIFY row_number() OVER (PARTITION BY model, hardware, engine, provider, batch_size, seq_len, precision
-                                   ORDER BY created_at DESC) = 1
+        QUALIFY row_number() OVER (PARTITION BY model, hardware, engine, provider, device, batch_size, seq_len,
+                                                precision ORDER BY created_at DESC) = 1
     """
     with open_store(db_path, read_only=True) as store:
         return store.query(sql, [models, mode])
@@ -90,14 +91,14 @@ def _family_models(db_path: Path, family: str) -> list[str]:
         return [r["model"] for r in store.query("SELECT DISTINCT model FROM results WHERE family = ?", [family])]
 
 
-def _label(hardware: str, engine: str, provider: str) -> str:
-    return target_label({"hardware": hardware, "engine": engine, "provider": provider})
+def _label(*target: Any) -> str:
+    return target_label(dict(zip(TARGET_FIELDS, target, strict=True)))
 
 
 def _measured_candidates(rows: list[dict[str, Any]], batch: int) -> tuple[dict[tuple, Candidate], list[str]]:
     by_target: dict[tuple, list[dict[str, Any]]] = {}
     for row in rows:
-        by_target.setdefault((row["hardware"], row["engine"], row["provider"]), []).append(row)
+        by_target.setdefault(target_key(row), []).append(row)
     candidates, excluded = {}, []
     for key, target_rows in by_target.items():
         compatibility = sum(r["status"] == "ok" for r in target_rows) / len(target_rows)
@@ -132,8 +133,10 @@ def _predicted_candidates(
     except InsufficientData as exc:
         return {}, [f"no predictions: {exc}"]
     family, parameters = model_facts(db_path, model)
-    targets = [t for t in sorted(predictor.known_targets) if t not in known and family_compat.get(t, 0) > 0]
-    queries = [Query(model, family, parameters, *t, batch_size=batch, seq_len=seq) for t in targets]
+    # the predictor learns this machine's targets only (device None): served devices are measured, not predicted
+    targets = [(*t, None) for t in sorted(predictor.known_targets)]
+    targets = [t for t in targets if t not in known and family_compat.get(t, 0) > 0]
+    queries = [Query(model, family, parameters, *t[:3], batch_size=batch, seq_len=seq) for t in targets]
     error = f"predicted (leave-one-model-out MAPE {predictor.mape['latency_p50_ms']:.0%})"
     candidates = {}
     for target, values in zip(targets, predictor.predict(queries) if queries else [], strict=True):
@@ -171,7 +174,7 @@ def _family_compatibility(db_path: Path, family: str, mode: str) -> dict[tuple, 
     rows = _latest_rows(db_path, _family_models(db_path, family), mode)
     shares: dict[tuple, list[bool]] = {}
     for r in rows:
-        shares.setdefault((r["hardware"], r["engine"], r["provider"]), []).append(r["status"] == "ok")
+        shares.setdefault(target_key(r), []).append(r["status"] == "ok")
     return {k: sum(v) / len(v) for k, v in shares.items()}
 
 

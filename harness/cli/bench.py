@@ -3,11 +3,13 @@ call the API; no benchmarking logic lives here."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from harness.cli.common import (
     BatchOption,
@@ -26,12 +28,13 @@ from harness.cli.common import (
     TimeoutOption,
     WarmupOption,
     console,
+    errors,
     fail,
     given,
     int_list,
     split_list,
 )
-from harness.cli.progress import run_with_progress
+from harness.cli.progress import print_summary, run_with_progress
 from harness.native import DEFAULT_ENGINES, ENGINES
 from harness.run.native import run_native
 from harness.run.plan import BenchmarkRequest, RequestError, validate
@@ -170,6 +173,26 @@ def web(
     browser_arg: BrowserArgOption = None,
     require_hardware_gpu: RequireGpuOption = False,
     browser_endpoint: EndpointOption = None,
+    serve: Annotated[
+        bool,
+        typer.Option(
+            "--serve",
+            help="Serve the jobs to any browser that opens the printed URL (a phone, a laptop, another browser): "
+            "each device becomes a target of the run. See the README's \"Your users' devices\".",
+        ),
+    ] = False,
+    host: Annotated[
+        str, typer.Option(help="--serve: the address to listen on; 0.0.0.0 or a LAN address reaches other devices.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="--serve: the port (0: a free one).")] = 0,
+    devices: Annotated[
+        int | None, typer.Option(help="--serve: stop once this many devices finished every job (default: Ctrl-C).")
+    ] = None,
+    serve_timeout: Annotated[float | None, typer.Option(help="--serve: stop serving after this many seconds.")] = None,
+    certfile: Annotated[
+        Path | None, typer.Option(help="--serve: HTTPS certificate (PEM; self-signed works), with --keyfile.")
+    ] = None,
+    keyfile: Annotated[Path | None, typer.Option(help="--serve: the certificate's private key (PEM).")] = None,
     warmup: WarmupOption = 5,
     iterations: IterationsOption = 20,
     min_duration: MinDurationOption = 0.5,
@@ -181,7 +204,8 @@ def web(
     resume: ResumeOption = False,
 ) -> None:
     """Benchmark the same ONNX files and inputs in Chromium via onnxruntime-web (wasm, webgpu, webnn): launched
-    here (headless, or --headed; --gpu profile) or remote (--browser-endpoint)."""
+    here (headless, or --headed; --gpu profile), remote (--browser-endpoint), or in any browser that opens the
+    URL --serve prints."""
     from harness.run.web import WebRequest, run_web, validate_web
 
     if "webnn" not in (split_list(hardware) or []) and given(ctx, "webnn_device"):
@@ -189,6 +213,24 @@ def web(
     shared = run_options(model, model_families, small_models, model_path, batch_sizes, sequence_lengths,
                          warmup, iterations, min_duration, max_iterations, timeout, db, output_dir,
                          profile)  # fmt: skip
+    serving = given(ctx, "host", "port", "devices", "serve_timeout", "certfile", "keyfile")
+    if not serve and serving:
+        raise fail(f"{', '.join(serving)}: options of --serve; add --serve or drop them")
+    if serve:
+        launch = given(ctx, *LAUNCH_OPTIONS)
+        if launch:
+            raise fail(
+                f"{', '.join(launch)}: these say how the harness launches or reaches a browser; with --serve each "
+                "device brings its own (wasm runs at 1 thread and at the device's core count, WebNN at every "
+                "device type)"
+            )
+        from harness.run.serve import ServeRequest
+
+        served = ServeRequest(hardware=split_list(hardware) or [], precision=precision, host=host, port=port,
+                              devices=devices, serve_timeout_s=serve_timeout, certfile=certfile, keyfile=keyfile,
+                              **shared)  # fmt: skip
+        serve_devices(served, resume)
+        return
     request = WebRequest(
         hardware=split_list(hardware) or [],
         webnn_device=webnn_device,
@@ -204,6 +246,36 @@ def web(
         raise fail(str(exc)) from None
     run_id = resumed(db, "web", asdict(request), [plan]) if resume else None
     run_with_progress(plan.total_results, lambda on_result: run_web(request, on_result, plan, resume_run_id=run_id))
+
+
+# web's options that launch or reach a browser: with --serve, the devices bring their own
+LAUNCH_OPTIONS = ("browser", "browser_path", "threads", "webnn_device", "gpu", "headed", "browser_arg",
+                  "require_hardware_gpu", "browser_endpoint")  # fmt: skip
+
+
+def serve_devices(request: Any, resume: bool) -> None:
+    """web --serve: validate, print the URL, serve until the run ends, then the summary."""
+    from harness.cli.serve import ServeDisplay
+    from harness.run.serve import COMMAND, ServeIncomplete, run_serve, validate_serve
+
+    try:
+        plan = validate_serve(request)
+    except RequestError as exc:
+        raise fail(str(exc)) from None
+
+    def left() -> str:
+        return f"it holds {len(plan.done)} results; a device that comes back gets only the jobs it lacks"
+
+    run_id = resumed(request.db_path, COMMAND, asdict(request), [plan], left) if resume else None
+    display = ServeDisplay(request)
+    try:
+        summary = run_serve(request, display.on_result, plan, run_id, display.on_ready, display.on_event)
+    except ServeIncomplete as exc:
+        errors.print(f"[red]stopped:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+    except StoreError as exc:
+        raise fail(str(exc)) from None
+    print_summary(summary, display.rows)
 
 
 def run(
@@ -337,8 +409,9 @@ def thread_counts(threads: str, web_hardware: str) -> list[int]:
     return counts
 
 
-def resumed(db: Path, command: str, arguments: dict, plans: list) -> str | None:
-    """--resume: the unfinished run to continue (its results are skipped), or None with a note."""
+def resumed(db: Path, command: str, arguments: dict, plans: list, left: Callable[[], str] | None = None) -> str | None:
+    """--resume: the unfinished run to continue (its results are skipped), or None with a note. left() says
+    what remains (by default: the plans' results still to run)."""
     try:
         run_id = resume_point(db, command, arguments, plans)
     except StoreError as exc:
@@ -346,5 +419,6 @@ def resumed(db: Path, command: str, arguments: dict, plans: list) -> str | None:
     if run_id is None:
         console.print(f"--resume: no unfinished '{command}' run with these options in {db}; starting a new run")
     else:
-        console.print(f"--resume: continuing run {run_id}; {sum(p.total_results for p in plans)} results still to run")
+        remaining = left() if left else f"{sum(p.total_results for p in plans)} results still to run"
+        console.print(f"--resume: continuing run {run_id}; {remaining}")
     return run_id

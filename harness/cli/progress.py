@@ -49,6 +49,11 @@ def run_with_progress(total: int, start: Callable[[Callable[[Result, str], None]
             summary = start(on_result)
         except StoreError as exc:
             raise fail(str(exc)) from None
+    return print_summary(summary, rows)
+
+
+def print_summary(summary: RunSummary, rows: list[Result]) -> RunSummary:
+    """The results table, where the run is stored and its reports (exit 1 if they could not be written)."""
     console.print(summary_table(rows))
     console.print(f"run [bold]{summary.run_id}[/bold] → {summary.db_path}: {summary.counts}")
     for path in summary.reports:

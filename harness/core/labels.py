@@ -16,10 +16,24 @@ DEVICE_PROVIDER_ENGINES = ("torch",)
 ENGINE_ABBREVIATIONS = {"onnxruntime": "ort", "onnxruntime-web": "ort-web"}
 
 
+# What names a target: a result's (hardware, engine, provider) and, for a device served by `web --serve`,
+# that device. Every grouping "per target" (compare, history, matrix, recommend, query) uses these.
+TARGET_FIELDS = ("hardware", "engine", "provider", "device")
+
+
+def target_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
+    return tuple(row.get(name) for name in TARGET_FIELDS)
+
+
+def on_device(label: str, row: Mapping[str, Any]) -> str:
+    """A label with the served device it ran on, if any: wasm/onnxruntime-web:wasm:threads=4 @ chrome141-android-3f."""
+    return f"{label} @ {row['device']}" if row.get("device") else label
+
+
 def target_label(row: Mapping[str, Any]) -> str:
-    """Column name for a (hardware, engine, provider) triple, e.g. cpu/onnxruntime:CPUExecutionProvider."""
+    """Column name for a target, e.g. cpu/onnxruntime:CPUExecutionProvider (and `@ device` for a served one)."""
     label = f"{row['hardware']}/{row['engine']}"
-    return label if row["engine"] in DEVICE_PROVIDER_ENGINES else f"{label}:{row['provider']}"
+    return on_device(label if row["engine"] in DEVICE_PROVIDER_ENGINES else f"{label}:{row['provider']}", row)
 
 
 def short_target(row: Mapping[str, Any]) -> str:
@@ -28,8 +42,8 @@ def short_target(row: Mapping[str, Any]) -> str:
     label = row["hardware"] if row["engine"] == row["hardware"] else f"{row['hardware']}/{engine}"
     provider = (row.get("provider") or "").replace("ExecutionProvider", "")
     if row["engine"] in DEVICE_PROVIDER_ENGINES or not provider or provider == row["hardware"]:
-        return label
-    return f"{label}:{provider.removeprefix(row['hardware'] + ':')}"
+        return on_device(label, row)
+    return on_device(f"{label}:{provider.removeprefix(row['hardware'] + ':')}", row)
 
 
 def is_baseline(row: Mapping[str, Any]) -> bool:

@@ -24,6 +24,7 @@ class Target:
     hardware: str  # cpu, cuda, rocm, mps, openvino, qnn, directml, wasm, webgpu, webnn
     engine: str  # torch, onnxruntime, openvino, onnxruntime-web
     provider: str  # torch device, ORT execution provider, OpenVINO device, ORT-web EP
+    device: str | None = None  # a device served by `web --serve` (its id); None: this machine or its browser
 
     @property
     def label(self) -> str:
@@ -69,7 +70,8 @@ class Case:
 
 def result_key(model: str, target: Target, case: Case) -> str:
     """What makes a result unique within a run: --resume skips the keys a run already holds."""
-    return f"{model}|{target.hardware}|{target.engine}|{target.provider}|{case.key}"
+    key = f"{model}|{target.hardware}|{target.engine}|{target.provider}|{case.key}"
+    return f"{key}|@{target.device}" if target.device else key
 
 
 @dataclass

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
+from dataclasses import replace
 from datetime import UTC, datetime
 from html import escape
 from pathlib import Path
 from typing import Any
 
-from harness.core.labels import MARK_STYLES, case_label, marks, mode_of, target_label
+from harness.core.labels import MARK_STYLES, case_label, details_of, marks, mode_of, target_label
 from harness.report.data import RunReport
 from harness.report.operators import CSS as OPERATOR_CSS
 from harness.report.operators import breakdown_html, ratio_html
@@ -158,6 +159,54 @@ def _results(report: RunReport) -> str:
     return "".join(parts) or '<p class="omitted">The run has no results.</p>'
 
 
+def _devices(report: RunReport) -> str:
+    """The devices served by `web --serve`: what each one is (as its page reported it) and its own results."""
+    by_device: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in report.results:
+        if row.get("device"):
+            by_device[row["device"]].append(row)
+    parts = []
+    for device, rows in sorted(by_device.items()):
+        facts = details_of(rows[0])
+        items = [(label, _fact(value)) for label, value in _device_facts(facts) if value not in (None, "")]
+        table = "".join(f"<tr><th>{k}</th><td>{escape(v)}</td></tr>" for k, v in items)
+        parts.append(
+            f'<h4>{escape(facts.get("device_name") or device)} <small class="sub">{escape(device)}</small></h4>'
+            f'<div class="facts"><table>{table}</table></div>{_results(replace(report, results=rows))}'
+        )
+    return f"<h3>Devices</h3>{''.join(parts)}" if parts else ""
+
+
+def _fact(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def _device_facts(facts: dict[str, Any]) -> list[tuple[str, Any]]:
+    adapter = facts.get("webgpu_adapter_report") or {}
+    info = adapter.get("info") or {}
+    gpu = " ".join(str(info[k]) for k in ("vendor", "architecture", "description") if info.get(k))
+    gpu = (gpu or "an adapter") + (" (software fallback)" if info.get("isFallbackAdapter") else "")
+    webnn = facts.get("webnn_contexts") or {}
+    contexts = ", ".join(f"{kind}: {'made' if v.get('available') else 'failed'}" for kind, v in webnn.items())
+    secure = facts.get("secure_context")
+    return [
+        ("User agent", facts.get("user_agent")),
+        ("Platform", facts.get("platform")),
+        ("Model", (facts.get("user_agent_data") or {}).get("model")),
+        ("Logical cores", facts.get("hardware_concurrency")),
+        ("Device memory (GB, as the browser rounds it)", facts.get("device_memory_gb")),
+        ("WebGPU adapter", gpu if adapter.get("available") else adapter.get("error")),
+        ("WebNN contexts", contexts),
+        ("Cross-origin isolated", facts.get("cross_origin_isolated")),
+        ("Secure context", f"no: {facts.get('secure_context_note')}" if secure is False else secure),
+        ("Timer step (ms)", facts.get("timer_resolution_ms")),
+        ("Loaded from", facts.get("page_origin")),
+        ("Client address", facts.get("client_address")),
+    ]
+
+
 def _plots(report: RunReport, anchor: str) -> str:
     from harness.report.plots import render_plots
 
@@ -250,7 +299,7 @@ def render_page(reports: list[RunReport], matrix: dict[str, Any], title: str) ->
         nav.append(f'<a href="#{anchor}">{escape(run_id)}</a>')
         sections.append(
             f'<section class="run" id="{anchor}"><h2>Run {escape(run_id)}</h2>'
-            f"<h3>System</h3>{_facts(report)}<h3>Results</h3>{_results(report)}"
+            f"<h3>System</h3>{_facts(report)}{_devices(report)}<h3>Results</h3>{_results(report)}"
             f"<h3>Plots</h3>{_plots(report, anchor)}{_time_breakdown(report)}</section>"
         )
     generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

@@ -75,6 +75,7 @@ class EpSetting:
     ep: str
     threads: int
     device_type: str | None = None  # for an EP that takes one (WebNN's deviceType)
+    device: str | None = None  # the served device that runs it (web --serve); None: a browser driven from here
 
     @property
     def provider(self) -> str:
@@ -85,7 +86,7 @@ class EpSetting:
 
     @property
     def target(self) -> Target:
-        return Target(self.ep, ENGINE, self.provider)
+        return Target(self.ep, ENGINE, self.provider, self.device)
 
 
 @dataclass
@@ -98,13 +99,7 @@ class WebPlan:
     done: frozenset[str] = frozenset()  # result keys a resumed run already holds: never run twice
 
     def cases(self, spec: ModelSpec) -> list[Case]:
-        seqs: list[int | None] = list(self.request.sequence_lengths) if spec.inputs.uses_sequence else [None]
-        return [
-            Case(b, s, p)
-            for p in precisions(self.request)  # type: ignore[arg-type]  # the same parsing as native
-            for b in self.request.batch_sizes
-            for s in seqs
-        ]
+        return web_cases(self.request, spec)
 
     def browser_source(self, ep: str) -> Any:
         """How the browser for this EP is obtained: launched with its flags, or the remote one."""
@@ -127,6 +122,17 @@ class WebPlan:
     @property
     def total_results(self) -> int:
         return sum(len(self.remaining(spec, setting)) for spec in self.specs for setting in self.settings)
+
+
+def web_cases(request: Any, spec: ModelSpec) -> list[Case]:
+    """A spec's cases in the browser: every precision, batch size and (if it has one) sequence length."""
+    seqs: list[int | None] = list(request.sequence_lengths) if spec.inputs.uses_sequence else [None]
+    return [
+        Case(b, s, p)
+        for p in precisions(request)  # the same parsing as native
+        for b in request.batch_sizes
+        for s in seqs
+    ]
 
 
 def _settings(request: WebRequest) -> list[EpSetting]:
@@ -175,31 +181,38 @@ def _check_launch(request: WebRequest) -> None:
         )
 
 
-def validate_web(request: WebRequest) -> WebPlan:
-    """Check every input (browser and ORT-web install included) before anything is written."""
-    from harness.web.driver import BROWSERS, BrowserNotFound, resolve_browser
-    from harness.web.flags import gpu_profile
-    from harness.web.server import SetupError, dist_files
-
+def check_browser_request(request: Any) -> list[ModelSpec]:
+    """What every browser run checks (web, and web --serve): cases, stop rule, EPs, precisions, the model
+    selection and the store's path. Returns the selected specs."""
     check_positive("--batch-sizes", request.batch_sizes)
     check_positive("--sequence-lengths", request.sequence_lengths)
-    check_positive("--threads", request.threads)
     check_measuring(request)
     if not request.hardware:
         raise RequestError(f"--hardware is empty; valid: {', '.join(WEB_HARDWARE)}")
     for hw in request.hardware:
         if hw not in WEB_HARDWARE:
             raise RequestError(f"unknown web hardware '{hw}'; valid: {', '.join(WEB_HARDWARE)}")
+    asked = precisions(request)
+    if not asked or any(p not in PRECISIONS for p in asked):
+        raise RequestError(f"--precision {','.join(asked)}: valid: {', '.join(PRECISIONS)}")
+    specs = check_selection(request)
+    check_db_path(Path(request.db_path))
+    return specs
+
+
+def validate_web(request: WebRequest) -> WebPlan:
+    """Check every input (browser and ORT-web install included) before anything is written."""
+    from harness.web.driver import BROWSERS, BrowserNotFound, resolve_browser
+    from harness.web.flags import gpu_profile
+    from harness.web.server import SetupError, dist_files
+
+    check_positive("--threads", request.threads)
     if request.webnn_device not in WEBNN_DEVICES:
         raise RequestError(f"unknown WebNN device '{request.webnn_device}'; valid: {', '.join(WEBNN_DEVICES)}")
     if request.browser not in BROWSERS:
         raise RequestError(f"unknown browser '{request.browser}'; valid: {', '.join(BROWSERS)}")
-    asked = precisions(request)  # type: ignore[arg-type]
-    if not asked or any(p not in PRECISIONS for p in asked):
-        raise RequestError(f"--precision {','.join(asked)}: valid: {', '.join(PRECISIONS)}")
+    specs = check_browser_request(request)
     _check_launch(request)
-    specs = check_selection(request)
-    check_db_path(Path(request.db_path))
     try:
         dist_files()
         if request.browser_endpoint:
@@ -285,8 +298,9 @@ def _memory(answer: dict[str, Any], details: dict[str, Any]) -> tuple[float | No
     found = dict(answer.get("browser_memory") or {})
     peak_mb = found.pop("memory_peak_mb", None)
     if not found:
-        if details.get("browser") == "remote":
-            found["memory_covers"] = "not measured: a remote browser's processes are not on this machine"
+        if details.get("browser") == "remote" or details.get("served_device"):
+            whose = "a served device's" if details.get("served_device") else "a remote browser's"
+            found["memory_covers"] = f"not measured: {whose} processes are not on this machine"
         else:
             found["memory_covers"] = "not measured: the page never reached its timed loop"
     page = (answer.get("facts") or {}).get("page_memory") or {}
@@ -397,7 +411,7 @@ async def _run_case(
 Prepared = tuple[ModelSpec, PreparedModel | None, str]  # (spec, prepared or None, why not)
 
 
-def _prepare(plan: WebPlan, spec: ModelSpec) -> Prepared:
+def prepare_spec(plan: Any, spec: ModelSpec) -> Prepared:
     """The same prepare_model child as native: same cached ONNX file, same npz inputs and reference."""
     shapes = sorted({(c.batch_size, c.seq_len) for c in plan.cases(spec)}, key=str)
     timeout_s = max(plan.request.timeout_s, PREPARE_TIMEOUT_FLOOR_S)
@@ -407,7 +421,7 @@ def _prepare(plan: WebPlan, spec: ModelSpec) -> Prepared:
     return spec, None, f"model preparation failed ({outcome.status}): {outcome.message or 'no result'}"
 
 
-def _not_runnable(
+def not_runnable(
     spec: ModelSpec, prepared: PreparedModel | None, why: str, setting: EpSetting, case: Case
 ) -> Result | None:
     """The row for a case that cannot reach the browser, or None when it can."""
@@ -444,7 +458,7 @@ async def _run_ep(
     session = None  # launched (or connected) on first use, with this EP's flags only
     try:
         for spec, prepared, why, setting, case in _ep_cases(plan, models, ep):
-            row = _not_runnable(spec, prepared, why, setting, case)
+            row = not_runnable(spec, prepared, why, setting, case)
             if row is None:
                 assert prepared is not None
                 session = session or BrowserSession(playwright, plan.browser_source(ep), files)
@@ -481,7 +495,7 @@ def execute_web(plan: WebPlan, faults: Mapping[str, str] | None = None) -> Body:
     def body(emit: Emit) -> None:
         from harness.web.driver import run_sync
 
-        models = [_prepare(plan, spec) for spec in plan.specs if plan.has_work(spec)]
+        models = [prepare_spec(plan, spec) for spec in plan.specs if plan.has_work(spec)]
         run_sync(_run_all(plan, models, emit, faults or {}))
 
     return body

@@ -4,7 +4,7 @@
 
 const ORT_BASE = new URL('../ort/', import.meta.url).href;
 // The one table of browser EPs (web/page/eps.json, read by Python too): bundle, setup, placement, check.
-const EPS = await (await fetch(new URL('eps.json', import.meta.url))).json();
+export const EPS = await (await fetch(new URL('eps.json', import.meta.url))).json();
 const PAGE_MEMORY_TIMEOUT_MS = 2000;
 // Set (?chunk=BYTES) when files arrive through Playwright's routing from a remote browser: one large
 // route.fulfill over a DevTools connection takes time quadratic in its size (8 MB: 10 s), so large
@@ -111,6 +111,8 @@ function adapterInfo(info) {
 export async function environmentFacts() {
   return {
     cross_origin_isolated: self.crossOriginIsolated,
+    // Plain HTTP on a non-loopback origin is not a secure context: no WebGPU, no WebNN, no isolation.
+    secure_context: self.isSecureContext,
     hardware_concurrency: navigator.hardwareConcurrency,
     shared_array_buffer: typeof SharedArrayBuffer !== 'undefined',
     webassembly: typeof WebAssembly === 'object',
@@ -136,8 +138,14 @@ function timerResolutionMs() {
   return smallest;
 }
 
+// Why an API the browser may have is missing from this page: an insecure origin hides WebGPU and WebNN.
+function missing(api, what) {
+  if (self.isSecureContext) return `${api} is undefined: ${what}`;
+  return `${api} is undefined: ${location.origin} is not a secure context (plain HTTP off loopback); serve over HTTPS`;
+}
+
 async function requestAdapter() {
-  if (!navigator.gpu) throw new Unsupported('navigator.gpu is undefined: this browser exposes no WebGPU');
+  if (!navigator.gpu) throw new Unsupported(missing('navigator.gpu', 'this browser exposes no WebGPU'));
   const adapter = await navigator.gpu.requestAdapter();
   if (!adapter) throw new Unsupported('navigator.gpu.requestAdapter() returned null: no WebGPU adapter');
   // Chromium moved isFallbackAdapter from the adapter to adapter.info; read both.
@@ -160,7 +168,7 @@ export async function adapterReport() {
 
 async function createMLContext(deviceType) {
   if (!('ml' in navigator)) {
-    throw new Unsupported('navigator.ml is undefined: WebNN is not enabled in this browser');
+    throw new Unsupported(missing('navigator.ml', 'WebNN is not enabled in this browser'));
   }
   try {
     return await navigator.ml.createContext({ deviceType });
@@ -475,16 +483,21 @@ export async function runJob(job) {
   }
 }
 
+// Whether a WebNN context of this device type can be made here (and the browser's words if not).
+export async function webnnReport(deviceType) {
+  try {
+    await createMLContext(deviceType);
+    return { available: true, device_type: deviceType };
+  } catch (e) {
+    return { available: false, device_type: deviceType, error: errorText(e) };
+  }
+}
+
 // What `accelharness hardware` reports for the browser platforms: no ORT, just the browser's APIs.
 export async function probe(deviceType) {
   const facts = await environmentFacts();
   facts.webgpu = await adapterReport();
-  try {
-    await createMLContext(deviceType);
-    facts.webnn = { available: true, device_type: deviceType };
-  } catch (e) {
-    facts.webnn = { available: false, device_type: deviceType, error: errorText(e) };
-  }
+  facts.webnn = await webnnReport(deviceType);
   return facts;
 }
 

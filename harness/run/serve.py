@@ -1,0 +1,292 @@
+"""`accelharness web --serve`: every browser that opens the run's URL (a phone, a laptop, an Edge with an NPU
+behind WebNN) becomes a measured target of the run, its rows in the same store as everything else.
+
+The models are prepared as for `web` (same cache, same .npz inputs, same references). The device page
+runs runner.mjs's jobs (the same in-page timing and EP checks as a browser driven through Playwright) and
+posts each answer; the answer passes the same validator and becomes a row through the same
+build_result, so parity is checked here against the reference. Each device is a target: its id (a hash
+of its user agent and adapter facts, harness.web.serve.device_identity) is part of every row's target,
+and the row's details say what the device is (user agent, platform, cores, memory, adapter, WebNN
+contexts, isolation, secure context, the origin it loaded from and the address it posted from).
+
+from harness.run.serve import ServeRequest, run_serve
+summary = run_serve(ServeRequest(models=["bert-tiny"], hardware=["wasm"], devices=1), on_ready=print)
+"""
+
+from __future__ import annotations
+
+import math
+import ssl
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.core.labels import case_label
+from harness.core.records import Case, Result, result_key
+from harness.prepare.prepared import PreparedModel
+from harness.prepare.specs import ModelSpec
+from harness.run.plan import RequestError, RunOptions
+from harness.run.recording import Body, Emit, RunSummary, record_run
+from harness.run.web import (
+    EpSetting,
+    Prepared,
+    build_result,
+    check_browser_request,
+    not_runnable,
+    page_job,
+    precision_model,
+    prepare_spec,
+    web_cases,
+)
+from harness.web.eps import EPS, WEB_HARDWARE
+
+COMMAND = "web --serve"  # the run's command in the store, and what --resume looks for
+INSECURE = (
+    "not a secure context (plain HTTP off loopback): the browser hides WebGPU and WebNN, gives no "
+    "SharedArrayBuffer (wasm threads drop to 1) and coarsens its timer; serve HTTPS with --certfile/--keyfile"
+)
+ServeEvent = Callable[[str, Any, Any], None]  # (kind, harness.web.serve.Device, ServeJob | None)
+
+
+class ServeIncomplete(RuntimeError):
+    """--serve-timeout passed before --devices devices finished: the run is kept, resumable."""
+
+
+@dataclass
+class ServeRequest(RunOptions):
+    hardware: list[str] = field(default_factory=lambda: list(WEB_HARDWARE))
+    precision: str | list[str] = "fp32"
+    host: str = "127.0.0.1"  # loopback unless asked: anyone who reaches the port with the URL can post
+    port: int = 0  # 0: a free port
+    devices: int | None = None  # stop once this many devices finished every job (None: serve until Ctrl-C)
+    serve_timeout_s: float | None = None  # stop serving after this long
+    certfile: Path | None = None  # HTTPS (a self-signed pair works): a LAN origin is then a secure context
+    keyfile: Path | None = None
+
+
+@dataclass
+class ServePlan:
+    specs: list[ModelSpec]
+    request: ServeRequest
+    tls: ssl.SSLContext | None
+    done: frozenset[str] = frozenset()  # result keys a resumed run holds: a device gets only what it lacks
+
+    def cases(self, spec: ModelSpec) -> list[Case]:
+        return web_cases(self.request, spec)
+
+
+def validate_serve(request: ServeRequest) -> ServePlan:
+    """Every input checked (the address bound once, the TLS pair loaded) before anything is written."""
+    from harness.web.serve import ServeError, check_bind, tls_context
+    from harness.web.server import SetupError, dist_files
+
+    specs = check_browser_request(request)
+    if request.profile:  # a device's answer has no room for a trace, and its page's file is not counted here
+        raise RequestError("--profile: not with --serve (profile in a browser this harness launches or reaches)")
+    if request.devices is not None and request.devices < 1:
+        raise RequestError(f"--devices {request.devices}: must be >= 1 (or left out: serve until Ctrl-C)")
+    limit = request.serve_timeout_s
+    if limit is not None and not (math.isfinite(limit) and limit > 0):
+        raise RequestError(f"--serve-timeout {limit}: must be a finite number of seconds > 0")
+    try:
+        dist_files()
+        check_bind(request.host, request.port)
+        tls = tls_context(request.certfile, request.keyfile)
+    except (ServeError, SetupError) as exc:
+        raise RequestError(str(exc)) from exc
+    return ServePlan(specs, request, tls)
+
+
+def device_settings(request: ServeRequest, device: Any) -> list[EpSetting]:
+    """What a device is asked to run: wasm at 1 thread and at its hardwareConcurrency, each WebNN device
+    type, webgpu once. What the device does not offer answers `unsupported` in the page's own words."""
+    cores = device.facts.get("hardware_concurrency") or 1
+    settings: list[EpSetting] = []
+    for ep in WEB_HARDWARE:
+        if ep not in request.hardware:
+            continue
+        if ep == "wasm":
+            settings += [EpSetting(ep, threads, device=device.id) for threads in dict.fromkeys((1, cores))]
+        else:
+            types = EPS[ep].device_types or (None,)
+            settings += [EpSetting(ep, 1, device_type, device.id) for device_type in types]
+    return settings
+
+
+def device_details(device: Any, page: Any | None, lost: list[str]) -> dict[str, Any]:
+    """What a row says about the device, and about the page that ran (or held) its job."""
+    facts = page.facts if page is not None else device.facts
+    details = {
+        "served_device": True,
+        "device": device.id,
+        "device_name": device.name,
+        "user_agent": facts.get("user_agent"),
+        "platform": facts.get("platform"),
+        "user_agent_data": facts.get("user_agent_data"),
+        "hardware_concurrency": facts.get("hardware_concurrency"),
+        "device_memory_gb": facts.get("device_memory"),  # navigator.deviceMemory: a rounded, capped figure
+        "webgpu_adapter_report": facts.get("adapter"),
+        "webnn_contexts": facts.get("webnn"),
+        "cross_origin_isolated": facts.get("cross_origin_isolated"),
+        "secure_context": facts.get("secure_context"),
+        "timer_resolution_ms": facts.get("timer_resolution_ms"),
+        "page_reported_origin": facts.get("origin"),
+        "lease_history": list(lost),  # how earlier pages lost this job, if any did
+    }
+    if page is not None:
+        details |= {
+            "page_origin": page.origin,  # the scheme://host:port the browser asked for
+            "client_address": page.address,
+            "tab_hidden_during_job": facts.get("tab_hidden_during_job"),
+        }
+    if facts.get("secure_context") is False:
+        details["secure_context_note"] = INSECURE
+    return details
+
+
+def _summary(result: Result) -> dict[str, Any]:
+    """What the page shows of a stored row."""
+    return {
+        "status": result.status,
+        "error": result.error,
+        "p50_ms": statistics.median(result.samples_ms) if result.samples_ms else None,
+        "max_abs_diff": result.max_abs_diff,
+    }
+
+
+@dataclass
+class _Job:
+    """What a served job's answer is checked against and stored with."""
+
+    prepared: PreparedModel
+    setting: EpSetting
+    case: Case
+    precision: str  # the precision that runs (fp32 may stand for an unconverted export)
+    conversion: dict[str, Any]
+    page: dict[str, Any]
+
+
+class ServedJobs:
+    """The run's side of the device server (harness.web.serve.JobSource): each device's jobs, and its rows."""
+
+    def __init__(self, plan: ServePlan, models: list[Prepared], emit: Emit) -> None:
+        self.plan = plan
+        self.models = models
+        self.emit = emit
+        self._jobs: dict[str, _Job] = {}
+
+    def describe(self) -> dict[str, Any]:
+        request = self.plan.request
+        cases = {f"{case_label(asdict(c))} {c.precision}": None for s in self.plan.specs for c in self.plan.cases(s)}
+        measuring = (
+            f"warmup {request.warmup}; at least {request.iterations} timed runs and {request.min_duration_s:g} s "
+            f"(at most {request.max_iterations}); --timeout {request.timeout_s:g} s per job"
+        )
+        models = [spec.name for spec in self.plan.specs]
+        return {"models": models, "cases": list(cases), "hardware": request.hardware, "measuring": measuring}
+
+    def jobs(self, device: Any, files: Any) -> list[Any]:
+        """The device's jobs, one setting after another (a page load runs one setting); the cases that
+        cannot reach a browser (no export, a precision with no conversion) get their rows here."""
+        from harness.web.serve import ServeJob
+
+        jobs = []
+        for setting in device_settings(self.plan.request, device):
+            for spec, prepared, why in self.models:
+                for case in self.plan.cases(spec):
+                    key = result_key(spec.name, setting.target, case)
+                    if key in self.plan.done:
+                        continue
+                    job = self._job(device, files, (spec, prepared, why), setting, case)
+                    if job is not None:
+                        jobs.append(ServeJob(key, setting.provider, _label(spec, case, setting), *job))
+        return jobs
+
+    def _job(
+        self, device: Any, files: Any, model: Prepared, setting: EpSetting, case: Case
+    ) -> tuple[dict[str, Any], int] | None:
+        """(the page job, the largest answer it may post), or None after storing why it cannot run."""
+        from harness.web.serve import answer_limit
+
+        spec, prepared, why = model
+        row = not_runnable(spec, prepared, why, setting, case)
+        if row is None:
+            assert prepared is not None
+            converted, precision, conversion = precision_model(prepared.onnx_path, case.precision)
+            if converted is None:
+                row = prepared.result(setting.target, case, "unsupported", conversion["why"], precision=precision)
+        if row is not None:
+            row.details |= device_details(device, None, [])
+            self.emit(row)
+            return None
+        assert prepared is not None
+        page = page_job(files, prepared, setting, case, self.plan.request, None, converted)
+        _, reference = prepared.load_case((case.batch_size, case.seq_len))
+        self._jobs[result_key(spec.name, setting.target, case)] = _Job(
+            prepared, setting, case, precision, conversion, page
+        )
+        return page, answer_limit(sum(r.nbytes for r in reference), self.plan.request.max_iterations)
+
+    def answered(self, device: Any, job: Any, answer: dict[str, Any], page: Any) -> dict[str, Any]:
+        found = self._jobs[job.key]
+        details = device_details(device, page, job.lost) | found.conversion
+        details["input_shapes"] = {i["name"]: i["dims"] for i in found.page["inputs"]}
+        _, reference = found.prepared.load_case((found.case.batch_size, found.case.seq_len))
+        extra = {"precision": found.precision, "details": details}
+        result = build_result(found.prepared, found.setting, found.case, answer, extra, reference)
+        self.emit(result)
+        return _summary(result)
+
+    def unanswered(self, device: Any, job: Any, status: str, why: str) -> dict[str, Any]:
+        found = self._jobs[job.key]
+        page = device.pages.get(job.holder) if job.holder else None
+        details = device_details(device, page, job.lost)
+        result = found.prepared.result(
+            found.setting.target, found.case, status, why, precision=found.precision, details=details
+        )
+        self.emit(result)
+        return _summary(result)
+
+
+def _label(spec: ModelSpec, case: Case, setting: EpSetting) -> str:
+    return f"{spec.name} {case_label(asdict(case))} {case.precision} on {setting.provider}"
+
+
+def execute_serve(plan: ServePlan, on_ready: Callable[[str], None], on_event: ServeEvent | None = None) -> Body:
+    """The served part of a run, as a body for record_run: prepare the models, then serve until done."""
+
+    def body(emit: Emit) -> None:
+        from harness.web.driver import run_sync
+        from harness.web.serve import DeviceServer, serve_until
+
+        request = plan.request
+        models = [prepare_spec(plan, spec) for spec in plan.specs]
+        jobs = ServedJobs(plan, models, emit)
+        server = DeviceServer(jobs, request.timeout_s, request.host, request.port, plan.tls, on_event)
+        ended = run_sync(serve_until(server, request.devices, request.serve_timeout_s, on_ready))
+        if ended == "timeout" and request.devices is not None:
+            raise ServeIncomplete(
+                f"--serve-timeout {request.serve_timeout_s:g}s passed with {server.finished_devices()} of "
+                f"{request.devices} devices finished; the run is kept as interrupted, and the same command with "
+                "--resume continues it (a device that comes back gets only the jobs it lacks)"
+            )
+
+    return body
+
+
+def run_serve(
+    request: ServeRequest,
+    on_result: Callable[[Result, str], None] | None = None,
+    plan: ServePlan | None = None,
+    resume_run_id: str | None = None,
+    on_ready: Callable[[str], None] = print,
+    on_event: ServeEvent | None = None,
+) -> RunSummary:
+    """Serve the request's jobs to every browser that opens the URL (on_ready gets it); each answer is
+    committed as it arrives. Ctrl-C, or --serve-timeout before --devices, leaves the run interrupted."""
+    plan = plan or validate_serve(request)
+    body = execute_serve(plan, on_ready, on_event)
+    outputs = request.outputs
+    return record_run(request.db_path, COMMAND, asdict(request), [body], on_result, outputs, None, resume_run_id)

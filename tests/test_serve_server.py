@@ -1,0 +1,373 @@
+"""web --serve's server over real HTTP, driven as a device page would (and as a hostile one might):
+token on every route, answers bounded, validated and stored once, leases that expire and pass on,
+loopback by default, TLS. The end-to-end run with real browsers is tests/test_serve.py."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import http.client
+import json
+import shutil
+import ssl
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import pytest
+
+from harness.web import serve
+from harness.web.serve import Device, DeviceServer, Page, ServeError, ServeJob, answer_limit, serve_until
+
+UA = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/141.0.0.0 Safari/537.36"
+OTHER_UA = "Mozilla/5.0 (Linux; Android 14; Pixel 8) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/141.0 Mobile"
+OUTPUT = np.arange(4, dtype=np.float32)
+MAX_ITERATIONS = 10
+
+
+class Source:
+    """Two jobs per device; keeps what the server hands it (nothing else stores anything)."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, str, dict[str, Any]]] = []  # (device, key, answer)
+        self.missing: list[tuple[str, str, str, str]] = []  # (device, key, status, why)
+
+    def describe(self) -> dict[str, Any]:
+        return {"models": ["m"], "cases": ["b1"], "hardware": ["wasm"], "measuring": "3 iterations"}
+
+    def jobs(self, device: Device, _files: Any) -> list[ServeJob]:
+        limit = answer_limit(OUTPUT.nbytes, MAX_ITERATIONS)
+        return [
+            ServeJob(f"{device.id}|{n}", "wasm:threads=1", f"job {n}", {"max_iterations": MAX_ITERATIONS}, limit)
+            for n in range(2)
+        ]
+
+    def answered(self, device: Device, job: ServeJob, answer: dict[str, Any], _page: Page) -> dict[str, Any]:
+        self.rows.append((device.id, job.key, answer))
+        return {"status": answer["status"]}
+
+    def unanswered(self, device: Device, job: ServeJob, status: str, why: str) -> dict[str, Any]:
+        self.missing.append((device.id, job.key, status, why))
+        return {"status": status, "error": why}
+
+
+class Served:
+    """serve_until running in a loop thread, as the CLI runs it; stop() cancels it (Ctrl-C)."""
+
+    def __init__(self, source: Source, timeout_s: float = 60.0, devices: int | None = None, **server: Any) -> None:
+        self.source = source
+        self.server = DeviceServer(source, timeout_s, **server)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        ready: Future[str] = Future()
+        self.done = asyncio.run_coroutine_threadsafe(
+            serve_until(self.server, devices, None, ready.set_result), self.loop
+        )
+        self.url = ready.result(timeout=10)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.done.cancel)
+        time.sleep(0.3)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+    def request(
+        self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
+    ) -> tuple[int, dict[str, Any]]:
+        connection = http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=10)
+        connection.request(method, path, body=body, headers=headers or {})
+        response = connection.getresponse()
+        raw = response.read()
+        connection.close()
+        try:
+            return response.status, json.loads(raw)
+        except json.JSONDecodeError:
+            return response.status, {"raw": raw.decode(errors="replace")}
+
+    def api(self, route: str, data: Any, token: str | None = None) -> tuple[int, dict[str, Any]]:
+        body = json.dumps(data).encode()
+        return self.request("POST", f"/{token or self.server.token}/api/{route}", body)
+
+
+@pytest.fixture
+def served() -> Iterator[Served]:
+    running = Served(Source())
+    yield running
+    running.stop()
+
+
+def facts(user_agent: str = UA) -> dict[str, Any]:
+    return {
+        "user_agent": user_agent,
+        "platform": "Linux x86_64",
+        "origin": "http://127.0.0.1",
+        "hardware_concurrency": 2,
+        "cross_origin_isolated": True,
+        "secure_context": True,
+        "device_memory": 8,
+        "adapter": {"available": False, "error": "navigator.gpu.requestAdapter() returned null"},
+        "webnn": {"cpu": {"available": False, "error": "no"}},
+    }
+
+
+def answer(user_agent: str = UA, **changes: Any) -> dict[str, Any]:
+    output = {"name": "y", "dtype": "float32", "dims": [1, 4], "data_b64": base64.b64encode(OUTPUT).decode()}
+    found = {
+        "status": "ok",
+        "samples_ms": [1.0, 1.1, 1.2],
+        "first_run_ms": 2.0,
+        "load_ms": 3.0,
+        "outputs": [output],
+        "facts": {"user_agent": user_agent},
+    }
+    return found | changes
+
+
+def page_id(n: int) -> str:
+    return f"test-page-{n:08d}-xxxxxxxx"
+
+
+def take_job(served: Served, page: str, user_agent: str = UA) -> dict[str, Any]:
+    status, hello = served.api("hello", {"page_id": page, "facts": facts(user_agent)})
+    assert status == 200 and hello["holding"], hello
+    status, found = served.api("next", {"page_id": page})
+    assert status == 200 and found["job"], found
+    return found["job"]
+
+
+def post_answer(served: Served, job: dict[str, Any], page: str, result: Any) -> tuple[int, dict[str, Any]]:
+    return served.api(f"result/{job['id']}", {"page_id": page, "answer": result})
+
+
+def test_binds_loopback_by_default(served: Served) -> None:
+    listening = [
+        c.laddr
+        for c in psutil.Process().net_connections(kind="inet")
+        if c.status == psutil.CONN_LISTEN and c.laddr.port == served.server.port
+    ]
+    assert [address.ip for address in listening] == ["127.0.0.1"]
+    assert served.url.startswith(f"http://127.0.0.1:{served.server.port}/{served.server.token}/page/device.html")
+    assert serve.exposure_warning("127.0.0.1", tls=False) is None
+    warning = serve.exposure_warning("0.0.0.0", tls=False)
+    assert warning and "not a secure context" in warning and "--certfile" in warning
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/{bad}/page/device.html"),
+        ("POST", "/{bad}/api/hello"),
+        ("POST", "/{bad}/api/next"),
+        ("POST", "/{bad}/api/heartbeat"),
+        ("POST", "/{bad}/api/result/{job}"),
+        ("PUT", "/{bad}/api/hello"),
+        ("POST", "/api/hello"),
+        ("GET", "/"),
+    ],
+)
+def test_wrong_token_is_403_on_every_route_and_stores_nothing(served: Served, method: str, path: str) -> None:
+    job = take_job(served, page_id(1))
+    bad = served.server.token[:-1] + ("A" if served.server.token[-1] != "A" else "B")
+    body = json.dumps({"page_id": page_id(1), "facts": facts(), "answer": answer()}).encode()
+    status, _ = served.request(method, path.format(bad=bad, job=job["id"]), body)
+    assert status == 403
+    assert served.source.rows == [] and served.source.missing == []
+
+
+def test_answers_that_are_malformed_oversized_out_of_schema_or_duplicate_get_4xx_and_store_nothing(
+    served: Served,
+) -> None:
+    page = page_id(1)
+    job = take_job(served, page)
+    route = f"/{served.server.token}/api/result/{job['id']}"
+    limit = answer_limit(OUTPUT.nbytes, MAX_ITERATIONS)
+    huge = json.dumps({"page_id": page, "answer": answer(padding="x" * limit)}).encode()
+    assert served.request("POST", route, huge)[0] == 413  # Content-Length over the job's bound
+    chunked = {"Transfer-Encoding": "chunked"}  # no length given: refused once the bound is passed
+    connection = http.client.HTTPConnection("127.0.0.1", served.server.port, timeout=10)
+    pieces = iter([huge[i : i + 65536] for i in range(0, len(huge), 65536)])
+    connection.request("POST", route, body=pieces, headers=chunked, encode_chunked=True)
+    assert connection.getresponse().status == 413
+    connection.close()
+    assert served.request("POST", route, b"{not json")[0] == 400
+    assert served.request("POST", route, b"[1, 2]")[0] == 400
+    assert served.api(f"result/{job['id']}", {"answer": answer()})[0] == 400  # no page id
+    bad_answers = [
+        answer(status="great"),
+        answer(samples_ms=[-1.0]),
+        answer(samples_ms=[1.0] * (MAX_ITERATIONS + 1)),
+        answer(load_ms=0),
+        answer(outputs=[]),
+        answer(outputs=[answer()["outputs"][0] | {"dims": [1, 5]}]),  # 16 bytes are not 5 float32
+        answer(outputs=[{"name": "y", "dtype": "float32", "dims": [1, 4], "data_b64": "!!not base64!!"}]),
+        answer(facts={"user_agent": UA, "hardware_concurrency": "many"}),
+        answer(user_agent="another browser"),  # not the device that holds the job
+        "ok",
+    ]
+    for bad in bad_answers:
+        status, said = post_answer(served, job, page, bad)
+        assert status == 422, (bad, status, said)
+    assert served.source.rows == []
+    status, stored = post_answer(served, job, page, answer())
+    assert status == 200 and stored["stored"] == {"status": "ok"} and stored["progress"]["done"] == 1
+    status, said = post_answer(served, job, page, answer())
+    assert status == 409 and "stored once" in said["error"]
+    assert len(served.source.rows) == 1
+
+
+def test_a_device_cannot_post_for_another_device_or_another_run(served: Served) -> None:
+    mine = take_job(served, page_id(1))
+    theirs = take_job(served, page_id(2), OTHER_UA)
+    assert len(served.server.devices) == 2
+    status, said = post_answer(served, mine, page_id(2), answer(OTHER_UA))
+    assert status == 409 and "does not hold the lease" in said["error"]
+    assert post_answer(served, theirs, page_id(1), answer())[0] == 409
+    assert served.api("result/no-such-job", {"page_id": page_id(1), "answer": answer()})[0] == 404
+    assert served.api("next", {"page_id": page_id(9)})[0] == 409  # never said hello
+    other = Served(Source())  # another run: its own token and its own jobs
+    try:
+        foreign = take_job(other, page_id(3))
+        assert served.api(f"result/{foreign['id']}", {"page_id": page_id(3), "answer": answer()})[0] == 404
+        wrong_run = served.api(f"result/{mine['id']}", {"page_id": page_id(1), "answer": answer()}, other.server.token)
+        assert wrong_run[0] == 403
+        assert other.source.rows == []
+    finally:
+        other.stop()
+    assert served.source.rows == []
+
+
+def test_one_page_per_device_and_an_expired_lease_passes_the_job_on(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(serve, "LEASE_S", 1.0)
+    first, second = page_id(1), page_id(2)
+    job = take_job(served, first)
+    status, hello = served.api("hello", {"page_id": second, "facts": facts()})  # the same browser, another tab
+    assert status == 200 and not hello["holding"] and "one page per device" in hello["why"]
+    assert served.api("next", {"page_id": second})[1].get("job") is None
+    assert served.api("heartbeat", {"page_id": first}) == (200, {"ok": True})
+    time.sleep(1.5)  # the first page goes silent: no heartbeat
+    status, taken = served.api("next", {"page_id": second})
+    assert status == 200 and taken["holding"] and taken["job"]["id"] == job["id"]  # offered again
+    assert served.api("heartbeat", {"page_id": first})[0] == 409
+    assert post_answer(served, job, first, answer())[0] == 409  # the late answer of the page that lost it
+    assert post_answer(served, job, second, answer())[0] == 200
+    lost = served.server.devices[next(iter(served.server.devices))].jobs[0].lost
+    assert len(lost) == 1 and first in lost[0] and "without a heartbeat" in lost[0]
+    assert [key for _, key, _ in served.source.rows] == [job_key(served, job)]
+
+
+def job_key(served: Served, job: dict[str, Any]) -> str:
+    return next(j.key for d in served.server.devices.values() for j in d.jobs if j.id == job["id"])
+
+
+def test_a_job_held_past_the_timeout_is_a_timeout_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    running = Served(Source(), timeout_s=0.5)
+    try:
+        page = page_id(1)
+        job = take_job(running, page)
+        deadline = time.monotonic() + 5
+        while not running.source.missing and time.monotonic() < deadline:
+            running.api("heartbeat", {"page_id": page})  # the page is alive, but never answers
+            time.sleep(0.1)
+        [(_, key, status, why)] = running.source.missing
+        assert key == job_key(running, job) and status == "timeout" and "--timeout 0.5s" in why
+        assert post_answer(running, job, page, answer())[0] == 409
+    finally:
+        running.stop()
+
+
+def test_a_lost_job_nobody_takes_up_is_recorded_as_device_disconnected(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(serve, "LEASE_S", 0.5)
+    running = Served(Source())
+    page = page_id(1)
+    job = take_job(running, page)
+    time.sleep(1.0)
+    running.stop()  # serving ends (Ctrl-C): the lost job gets its row, the untouched one none
+    [(_, key, status, why)] = running.source.missing
+    assert key == job_key(running, job) and status == "error" and why.startswith("device disconnected: ")
+    assert running.source.rows == []
+
+
+def test_devices_end_serving_once_every_job_is_answered() -> None:
+    running = Served(Source(), devices=1)
+    try:
+        page = page_id(1)
+        for _ in range(2):
+            job = take_job(running, page)
+            assert post_answer(running, job, page, answer())[0] == 200
+        assert running.done.result(timeout=5) == "devices"
+    finally:
+        running.stop()
+
+
+def test_device_identity() -> None:
+    first, name = serve.device_identity(facts())
+    assert first.startswith("chrome141-linux-") and name == "chrome 141 on linux"
+    assert serve.device_identity(facts())[0] == first  # the same browser is the same device
+    pixel = facts(OTHER_UA) | {"user_agent_data": {"model": "Pixel 8"}}
+    assert serve.device_identity(pixel)[1] == "chrome 141 on android (Pixel 8)"
+    gpu = facts() | {"adapter": {"available": True, "info": {"vendor": "nvidia", "description": "RTX 4090"}}}
+    gpu_id, gpu_name = serve.device_identity(gpu)
+    assert gpu_id != first and gpu_id.startswith("chrome141-linux-") and gpu_name.endswith("GPU RTX 4090")
+    edge = UA + " Edg/141.0.0.0"
+    assert serve.device_identity(facts(edge))[0].startswith("edge141-linux-")
+
+
+def test_bind_and_tls_options_are_checked(tmp_path: Path) -> None:
+    with pytest.raises(ServeError, match="go together"):
+        serve.tls_context(tmp_path / "cert.pem", None)
+    (tmp_path / "junk.pem").write_text("not a certificate")
+    with pytest.raises(ServeError, match="cannot load them as PEM"):
+        serve.tls_context(tmp_path / "junk.pem", tmp_path / "junk.pem")
+    with pytest.raises(ServeError, match="--port 70000"):
+        serve.check_bind("127.0.0.1", 70000)
+    with pytest.raises(ServeError, match="not an address"):
+        serve.check_bind("no-such-host.invalid", 0)
+    with pytest.raises(ServeError, match="cannot listen"):
+        serve.check_bind("192.0.2.1", 0)  # TEST-NET-1: never an address of this machine
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
+def test_tls_serves_https_only(tmp_path: Path) -> None:
+    cert, key = self_signed(tmp_path)
+    running = Served(Source(), ssl_context=serve.tls_context(cert, key))
+    try:
+        assert running.url.startswith("https://127.0.0.1:")
+        insecure = ssl.create_default_context()
+        insecure.check_hostname, insecure.verify_mode = False, ssl.CERT_NONE
+        connection = http.client.HTTPSConnection("127.0.0.1", running.server.port, timeout=10, context=insecure)
+        connection.request("GET", f"/{running.server.token}/page/device.html")
+        response = connection.getresponse()
+        assert response.status == 200 and response.headers["Cross-Origin-Embedder-Policy"] == "require-corp"
+        connection.close()
+        with pytest.raises((http.client.HTTPException, ConnectionError)):
+            running.request("GET", f"/{running.server.token}/page/device.html")  # plain HTTP to a TLS port
+    finally:
+        running.stop()
+
+
+def self_signed(directory: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 (the README's recipe)."""
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+def test_qr_code_is_text_of_the_right_size() -> None:
+    text = serve.qr_text("http://127.0.0.1:1234/" + "t" * 32 + "/page/device.html")
+    lines = text.splitlines()
+    assert len({len(line) for line in lines}) == 1  # a square of half-block characters
+    assert set("".join(lines)) <= {"█", "▀", "▄", " "}
+    assert len(lines[0]) == 33 + 8  # version 4: 33 modules, 4 of border each side
