@@ -272,8 +272,8 @@ def test_failed_export_gives_unsupported_rows_with_the_export_error() -> None:
 
 def test_missing_npm_install_names_make_setup(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from harness.api import RequestError
-    from harness.web import server
+    from harness.web import ort_dist
 
-    monkeypatch.setattr(server, "DIST_DIR", tmp_path / "node_modules" / "onnxruntime-web" / "dist")
+    monkeypatch.setattr(ort_dist, "CHECKOUT_DIR", tmp_path / "node_modules" / "onnxruntime-web" / "dist")
     with pytest.raises(RequestError, match="make setup"):
         validate_web(WebRequest(models=["bert-tiny"], db_path=tmp_path / "x.duckdb"))
