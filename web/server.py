@@ -300,10 +300,19 @@ _COUNTS: FactCheck = (
 )
 FACT_CHECKS: dict[str, FactCheck] = {
     **dict.fromkeys(
-        ("cross_origin_isolated", "shared_array_buffer", "webassembly", "webgpu_api", "webnn_api", "threads_dropped"),
+        (
+            "cross_origin_isolated",
+            "shared_array_buffer",
+            "webassembly",
+            "webgpu_api",
+            "webnn_api",
+            "threads_dropped",
+            "budget_stopped",
+        ),
         _BOOLEAN,
     ),
-    **dict.fromkeys(("hardware_concurrency", "threads_requested", "threads_effective"), _COUNT),
+    **dict.fromkeys(("hardware_concurrency", "threads_requested", "threads_effective", "warmup_run"), _COUNT),
+    "max_time_s": ("a finite number > 0 or null", lambda v: v is None or (_is_number(v) and v > 0)),
     **dict.fromkeys(("timer_resolution_ms", "runtime_init_ms", "fetch_ms"), _MS),
     **dict.fromkeys(("user_agent", "bundle", "placement_method", "load_measured_with"), _TEXT),
     **dict.fromkeys(("ort_web_version", "ort_common_version", "ep_check", "wasm_binary"), _OPTIONAL_TEXT),
