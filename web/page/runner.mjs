@@ -289,17 +289,18 @@ async function injectFault(fault) {
   }
 }
 
-// first run (timed) -> warmup -> timed iterations: the same stop rule as harness/measure.py (StopRule).
-// The time budget (job.max_time_ms, null for none) starts after the first run and caps the warmup and
-// the timed loop; the loop runs until both the count and the duration are met, capped by max_iterations,
-// and stops early once the budget is spent, but never before min_iterations samples. session.run returns
-// CPU tensors (preferredOutputLocation defaults to 'cpu'), so the device->CPU download is inside the timing.
+// first run (timed) -> warmup -> timed iterations: the same stop rule as harness/measure.py (Budget).
+// The case's time budget (job.max_time_ms, null for none) starts with the first run and caps the warmup
+// and the timed loop. The loop runs until both the count and the duration are met, capped by
+// max_iterations, and stops early once the budget is spent, but never before min_iterations samples.
+// session.run returns CPU tensors (preferredOutputLocation defaults to 'cpu'), so the device->CPU
+// download is inside the timing.
 async function measure(session, feeds, job) {
   let t0 = performance.now();
+  const deadline = job.max_time_ms == null ? Infinity : t0 + job.max_time_ms;
   const first = await session.run(feeds);
   const first_run_ms = performance.now() - t0;
   const outputs = session.outputNames.map((name) => encodeTensor(name, first[name]));
-  const deadline = job.max_time_ms == null ? Infinity : performance.now() + job.max_time_ms;
   let warmup_run = 0;
   while (warmup_run < job.warmup && performance.now() < deadline) {
     await session.run(feeds);
