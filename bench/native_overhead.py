@@ -18,13 +18,13 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from harness.measure import MeasureConfig, measure
-from harness.memory import PeakRss
+from harness.core.records import Target
 from harness.native import get_backend
 from harness.native.base import LoadRequest
-from harness.prepare import PrepareJob, prepare_model
-from harness.result import Target
-from harness.specs import load_specs
+from harness.prepare.prepared import PrepareJob, prepare_model
+from harness.prepare.specs import load_specs
+from harness.run.measure import MeasureConfig, measure
+from harness.run.memory import PeakRss
 
 
 def bare_loop(call: Callable[[], object], iterations: int) -> list[float]:

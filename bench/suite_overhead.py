@@ -64,8 +64,9 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="accelharness-bench-suite-"))
     os.environ["ACCELHARNESS_CACHE_DIR"] = str(work / "cache")  # empty: run 1 exports everything
-    from harness.suite import plan_suite, run_suite  # after the cache dir is chosen
-    from harness.suite_config import load_config
+    from harness.suite.config import load_config
+    from harness.suite.plan import plan_suite  # after the cache dir is chosen
+    from harness.suite.run import run_suite
 
     config_path = work / "suite.toml"
     text = TINY_SUITE.format(iterations=args.iterations, min_duration=args.min_duration, db=work / "b.duckdb", out=work)

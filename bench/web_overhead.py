@@ -24,19 +24,19 @@ from typing import Any
 
 import numpy as np
 
-from harness.measure import MeasureConfig, measure
-from harness.memory import PeakRss
+from harness.core.records import Case, Target
 from harness.native import get_backend
 from harness.native.base import LoadRequest
-from harness.prepare import PreparedModel, PrepareJob, prepare_model
-from harness.result import Case, Target
-from harness.specs import load_specs
+from harness.prepare.prepared import PreparedModel, PrepareJob, prepare_model
+from harness.prepare.specs import load_specs
+from harness.run.measure import MeasureConfig, measure
+from harness.run.memory import PeakRss
+from harness.run.web import EpSetting, WebRequest, page_job
 from harness.store import open_store
 from harness.web import driver
 from harness.web.eps import EPS
 from harness.web.flags import gpu_profile, launch_flags
 from harness.web.server import PageServer
-from harness.web_api import EpSetting, WebRequest, page_job
 
 BARE_LOOP = """async ({bundle, base, job, iterations, warmup}) => {
   if (!window.bare) {

@@ -13,22 +13,26 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-# Imported on first use (PEP 562): every worker process imports harness.worker, and importing the
+# Imported on first use (PEP 562): every worker process imports harness.run.worker, and importing the
 # whole API there would cost each worker seconds of torch/transformers imports it may not need.
 _EXPORTS = {
-    "BenchmarkRequest": "harness.api",
-    "RequestError": "harness.api",
-    "RunSummary": "harness.api",
-    "run_native": "harness.api",
-    "validate": "harness.api",
-    "detect_platforms": "harness.hardware",
+    "BenchmarkRequest": "harness.run.plan",
+    "RequestError": "harness.run.plan",
+    "validate": "harness.run.plan",
+    "run_native": "harness.run.native",
+    "WebRequest": "harness.run.web",
+    "validate_web": "harness.run.web",
+    "run_web": "harness.run.web",
+    "run_both": "harness.run.both",
+    "RunSummary": "harness.run.recording",
+    "detect_platforms": "harness.run.hardware",
     "write_reports": "harness.report",
-    "load_specs": "harness.specs",
-    "summarize": "harness.stats",
+    "load_specs": "harness.prepare.specs",
+    "summarize": "harness.core.stats",
     "open_store": "harness.store",
-    "plan_suite": "harness.suite",
-    "run_suite": "harness.suite",
-    "load_config": "harness.suite_config",
+    "load_config": "harness.suite.config",
+    "plan_suite": "harness.suite.plan",
+    "run_suite": "harness.suite.run",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -18,10 +18,13 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from harness.result import Result
-from harness.stats import summarize, summarize_generation
+from harness.core.git import branch_tip
+from harness.core.records import Result
+from harness.core.stats import summarize, summarize_generation
 
 DEFAULT_DB = Path("accelharness.duckdb")
+ALL_RUNS = "all"  # the run selector for every run in the store
+LATEST_ON = "latest-on-"  # latest-on-<branch>: the newest run made at a branch's tip
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL, applied_at TIMESTAMP NOT NULL);
@@ -293,16 +296,56 @@ class Store:
         names = [d[0] for d in cursor.description]
         return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
-    def resolve_run(self, selector: str) -> str:
-        if selector == "latest":
-            rows = self.query("SELECT run_id FROM runs ORDER BY started_at DESC LIMIT 1")
-            if not rows:
+    def resolve_run(self, selector: str, cwd: Path | None = None) -> str:
+        """The run a selector names, in the one grammar every command taking a run reads: latest |
+        previous (the run before latest) | latest-on-<branch> (the newest run made at the branch's tip,
+        as git in cwd resolves it) | a run id | a suite name (its newest run) | a unique start of a run id."""
+        if selector in ("latest", "previous"):
+            newest = self.query("SELECT run_id FROM runs ORDER BY started_at DESC LIMIT 2")
+            if not newest:
                 raise StoreError(f"{self.path} has no runs yet")
-            return rows[0]["run_id"]
-        if not self.query("SELECT 1 FROM runs WHERE run_id = ?", [selector]):
-            recent = [r["run_id"] for r in self.query("SELECT run_id FROM runs ORDER BY started_at DESC LIMIT 5")]
-            raise StoreError(f"no run '{selector}' in {self.path}; recent runs: {', '.join(recent) or 'none'}")
-        return selector
+            if selector == "previous" and len(newest) < 2:
+                raise StoreError(f"'previous' needs two runs; {self.path} has 1")
+            return newest[0 if selector == "latest" else 1]["run_id"]
+        if selector.startswith(LATEST_ON):
+            return self._latest_on(selector.removeprefix(LATEST_ON), cwd)
+        if self.query("SELECT 1 FROM runs WHERE run_id = ?", [selector]):
+            return selector
+        newest_first = "ORDER BY started_at DESC"
+        if suite := self.query(f"SELECT run_id FROM runs WHERE suite_id = ? {newest_first} LIMIT 1", [selector]):
+            return suite[0]["run_id"]
+        rows = self.query(f"SELECT run_id FROM runs WHERE starts_with(run_id, ?) {newest_first}", [selector])
+        starting = [r["run_id"] for r in rows]
+        if len(starting) == 1:
+            return starting[0]
+        if starting:
+            raise StoreError(
+                f"'{selector}' starts {len(starting)} run ids ({', '.join(starting[:5])}): give more of the id"
+            )
+        recent = [r["run_id"] for r in self.query(f"SELECT run_id FROM runs {newest_first} LIMIT 5")]
+        raise StoreError(
+            f"no run '{selector}' in {self.path} (a run is latest, previous, latest-on-<branch>, a run id or its "
+            f"start, or a suite name); recent runs: {', '.join(recent) or 'none'}"
+        )
+
+    def resolve_runs(self, selector: str, cwd: Path | None = None) -> list[str]:
+        """Several runs: 'all' (every run, oldest first) or RUN,RUN,… (each a selector), else the one run."""
+        if selector == ALL_RUNS:
+            runs = [r["run_id"] for r in self.query("SELECT run_id FROM runs ORDER BY started_at")]
+            if not runs:
+                raise StoreError(f"{self.path} has no runs yet")
+            return runs
+        return [self.resolve_run(part.strip(), cwd) for part in selector.split(",")]
+
+    def _latest_on(self, branch: str, cwd: Path | None) -> str:
+        try:
+            tip = branch_tip(branch, cwd)
+        except LookupError as exc:
+            raise StoreError(str(exc)) from None
+        for row in self.query("SELECT run_id, git_sha FROM runs ORDER BY started_at DESC"):
+            if (row["git_sha"] or "").removesuffix("-dirty").startswith(tip):
+                return row["run_id"]
+        raise StoreError(f"no run in {self.path} was made at {branch}'s tip {tip[:12]}")
 
     def unfinished_run(self, suite_id: str) -> tuple[str, dict[str, Any]] | None:
         """The suite's latest run and its arguments, when it did not complete (Ctrl-C: interrupted;

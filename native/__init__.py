@@ -1,26 +1,45 @@
-"""Native backends: one module per engine behind the protocol in base.py."""
+"""Native backends: one module per engine behind the protocol in base.py, and this registry.
 
-from harness.native.base import Availability, Backend, Session, UnsupportedError
+A new engine is its module (a `BACKEND` with its capabilities, targets, probe and load) and one line
+in REGISTRY; nothing outside native/ names it.
+"""
+
+import importlib
+
+from harness.native.base import Availability, Backend, Capabilities, Session, UnsupportedError
+
+# engine → (its module here, whether a run uses it when no engine is named)
+REGISTRY = {
+    "torch": ("torch_backend", True),
+    "onnxruntime": ("onnxruntime_backend", True),
+    "openvino": ("openvino_backend", True),
+    # opt-in (--engines jax): an optional extra that implements two architectures, so in a default run
+    # every other model would gain an `unsupported` row. Its module imports without jax and probes unavailable.
+    "jax": ("jax_backend", False),
+}
+ENGINES = tuple(REGISTRY)
+DEFAULT_ENGINES = tuple(engine for engine, (_, default) in REGISTRY.items() if default)
 
 
 def get_backend(engine: str) -> Backend:
     """The backend module for an engine name; imported lazily so the parent stays light."""
-    if engine == "torch":
-        from harness.native import torch_backend as module
-    elif engine == "onnxruntime":
-        from harness.native import onnxruntime_backend as module
-    elif engine == "openvino":
-        from harness.native import openvino_backend as module
-    elif engine == "jax":  # optional extra; the module imports without jax and probes unavailable
-        from harness.native import jax_backend as module
-    else:
+    if engine not in REGISTRY:
         raise KeyError(f"unknown native engine '{engine}'; valid: {', '.join(ENGINES)}")
-    return module.BACKEND
+    return importlib.import_module(f"harness.native.{REGISTRY[engine][0]}").BACKEND
 
 
-ENGINES = ("torch", "onnxruntime", "openvino", "jax")
-# The engines a run uses when none are named. jax is opt-in (--engines jax): an optional extra that
-# implements two architectures, so in a default run every other model would gain an `unsupported` row.
-DEFAULT_ENGINES = ("torch", "onnxruntime", "openvino")
+def capabilities(engine: str) -> Capabilities:
+    return get_backend(engine).capabilities
 
-__all__ = ["DEFAULT_ENGINES", "ENGINES", "Availability", "Backend", "Session", "UnsupportedError", "get_backend"]
+
+__all__ = [
+    "DEFAULT_ENGINES",
+    "ENGINES",
+    "Availability",
+    "Backend",
+    "Capabilities",
+    "Session",
+    "UnsupportedError",
+    "capabilities",
+    "get_backend",
+]

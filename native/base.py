@@ -1,6 +1,7 @@
-"""The one protocol every native backend implements: probe → load → run → memory.
+"""The one protocol every native backend implements: probe → load → run → memory, and the
+capabilities the planner reads instead of knowing engines by name.
 
-The measuring loop (harness.measure) is written once against this protocol.
+The measuring loop (harness.run.measure) is written once against this protocol.
 """
 
 from __future__ import annotations
@@ -12,18 +13,34 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from harness.result import Target
-from harness.specs import ModelSpec
-
-
-class UnsupportedError(RuntimeError):
-    """The backend cannot run this model/precision here; recorded as status `unsupported`."""
+from harness.core.records import Target
+from harness.core.records import UnsupportedError as UnsupportedError  # re-exported: what every backend raises
+from harness.prepare.specs import ModelSpec
 
 
 @dataclass(frozen=True)
 class Availability:
     ok: bool
     reason: str
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine can be asked to run. The planner, the workers and the suites read these; no module
+    outside native/ names an engine. Precisions are not listed: whether one runs depends on the device
+    and the model, so load() decides, and what it refuses is recorded as `unsupported` with its reason."""
+
+    modes: tuple[str, ...] = ("inference",)  # of harness.core.records.MODES
+    generate_needs_past_export: bool = False  # generate runs the ONNX export with past key/values
+    needs_onnx: bool = True  # loads the exported ONNX file (False: builds its model from the spec itself)
+    runs_onnx_files: bool = True  # applies to a model given as an .onnx file (--model-path x.onnx)
+    worker_needs_torch: bool = False  # its worker imports torch anyway: fork it from the torch fork server
+
+    def plans(self, mode: str, has_past_export: bool) -> bool:
+        """Whether a case of this mode is planned for a model (one with an export with past, or not)."""
+        if mode not in self.modes:
+            return False
+        return has_past_export or mode != "generate" or not self.generate_needs_past_export
 
 
 @dataclass(frozen=True)
@@ -66,6 +83,7 @@ class Session(Protocol):
 
 class Backend(Protocol):
     engine: str
+    capabilities: Capabilities
 
     def targets(self) -> list[Target]:
         """Every (hardware, provider) this engine can serve, available here or not."""
@@ -73,6 +91,17 @@ class Backend(Protocol):
     def probe(self, target: Target) -> Availability: ...
 
     def load(self, request: LoadRequest, target: Target) -> Session: ...
+
+    def device(self, target: Target) -> str | None:
+        """The accelerator a target computes on, or None for the host's CPU cores: targets on one device
+        share its compute (a suite runs them one after another), different devices run side by side."""
+
+
+class DeviceByHardware:
+    """Mixin for backends whose targets compute on the device their hardware names (cpu: the host)."""
+
+    def device(self, target: Target) -> str | None:
+        return None if target.hardware == "cpu" else target.hardware
 
 
 class HostMemory:

@@ -4,7 +4,7 @@ An optional engine: `pip install 'accelharness[jax]'`. This module imports witho
 harness probes every engine), and then every target probes unavailable with the install hint.
 
 Weights: load() builds the same torch module the reference outputs come from
-(harness.workload.build_module: the seeded random weights, or pretrained ones when present) and
+(harness.prepare.workload.build_module: the seeded random weights, or pretrained ones when present) and
 ports it tensor by tensor (jax_models.port_torch_weights), so the parity check against torch fp32
 tests the JAX computation and nothing else.
 
@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from harness.native.base import Availability, Clock, HostMemory, LoadRequest, UnsupportedError
-from harness.result import Target
+from harness.core.records import Target, UnsupportedError
+from harness.native.base import Availability, Capabilities, Clock, DeviceByHardware, HostMemory, LoadRequest
 
 INSTALL_HINT = "pip install 'accelharness[jax]'"
 # harness hardware name → JAX platform name (the target's provider)
@@ -146,8 +146,11 @@ def _device_name(device: Any) -> str:
     return device.device_kind
 
 
-class JaxBackend:
+class JaxBackend(DeviceByHardware):
     engine = "jax"
+    # ports the torch module's weights (no ONNX file); its worker is spawned: jax and torch in one process
+    # only for the port, never the fork server's preloaded torch
+    capabilities = Capabilities(needs_onnx=False, runs_onnx_files=False)
 
     def targets(self) -> list[Target]:
         return [Target(hardware, "jax", name) for hardware, name in PLATFORMS.items()]
@@ -179,7 +182,7 @@ class JaxBackend:
         from flax import nnx
 
         from harness.native import jax_models
-        from harness.workload import build_module, input_names
+        from harness.prepare.workload import build_module, input_names
 
         spec = request.spec
         if spec.is_onnx_file:

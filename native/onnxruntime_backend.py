@@ -17,8 +17,9 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from harness.native.base import Availability, Clock, HostMemory, LoadRequest, UnsupportedError
-from harness.result import Target
+from harness.core.records import Target
+from harness.native.base import Availability, Capabilities, Clock, HostMemory, LoadRequest, UnsupportedError
+from harness.prepare.variants import model_for_precision
 
 PROVIDERS = [
     ("cpu", "CPUExecutionProvider"),
@@ -61,7 +62,7 @@ class OrtSession(HostMemory):
 
 
 class OrtGenerator(OrtSession):
-    """Greedy decoding on the export with past key/values (harness.export_past): a prefill run on
+    """Greedy decoding on the export with past key/values (harness.prepare.export_past): a prefill run on
     the prompt with an empty past, then one run per new token that feeds back the presents."""
 
     def __init__(self, session: ort.InferenceSession, provider: str, placement: dict[str, int]) -> None:
@@ -137,6 +138,12 @@ def node_placement(onnx_path: Path, provider: str, feeds_example: dict[str, np.n
 
 class OnnxRuntimeBackend:
     engine = "onnxruntime"
+    # generation is a KV-cache loop on the export with past key/values (decoder-only models)
+    capabilities = Capabilities(modes=("inference", "generate"), generate_needs_past_export=True)
+
+    def device(self, target: Target) -> str | None:
+        """The OpenVINO EP runs on the CPU by default: host work, like the CPU EP."""
+        return None if target.hardware == "cpu" or target.provider == "OpenVINOExecutionProvider" else target.hardware
 
     def targets(self) -> list[Target]:
         return [Target(hw, "onnxruntime", provider) for hw, provider in PROVIDERS]
@@ -173,31 +180,6 @@ class OnnxRuntimeBackend:
         ort_session.precision = precision
         ort_session.facts |= conversion
         return ort_session
-
-
-def model_for_precision(onnx_path: Path, precision: str) -> tuple[Path, str, dict[str, Any]]:
-    """(model file, precision it runs in, conversion facts): the fp32 export, or its int8 / fp16
-    conversion. ORT has no bf16 conversion to offer, and a conversion that fails is the reason
-    the precision is unsupported."""
-    if precision in ("fp32", "auto"):
-        return onnx_path, "fp32", {}
-    from harness.export import VARIANT_CONVERTERS, precision_variant  # imports torch: only for a conversion
-
-    if precision not in VARIANT_CONVERTERS:
-        raise UnsupportedError(
-            f"onnxruntime: no {precision} model: the harness converts the export to int8 (dynamic "
-            "quantization) and fp16 only"
-        )
-    try:
-        variant = precision_variant(onnx_path, precision)
-    except Exception as exc:  # the converter's own error is the reason
-        raise UnsupportedError(f"onnxruntime: {precision} conversion of the export failed: {exc}") from exc
-    if variant.info.get("quantized_matmuls") == 0:  # the file would run, but in fp32: not an int8 result
-        raise UnsupportedError("onnxruntime int8: the export has no MatMul with constant weights to quantize")
-    facts = {"precision_model": str(variant.path), "conversion_cached": variant.cache_hit} | {
-        "conversion" if k == "tool" else k: v for k, v in variant.info.items()
-    }
-    return variant.path, precision, facts
 
 
 BACKEND = OnnxRuntimeBackend()

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import openvino as ov
 
-from harness.native.base import Availability, Clock, HostMemory, LoadRequest, UnsupportedError
-from harness.result import Target
+from harness.core.records import Target
+from harness.native.base import Availability, Capabilities, Clock, HostMemory, LoadRequest, UnsupportedError
 
 DEVICES = ("CPU", "GPU", "NPU")
 PRECISION_NAMES = {"f32": "fp32", "bf16": "bf16", "f16": "fp16", "i8": "int8"}
@@ -55,6 +55,11 @@ class OpenVinoSession(HostMemory):
 
 class OpenVinoBackend:
     engine = "openvino"
+    capabilities = Capabilities()  # inference on the ONNX export; no decoder loop, no training
+
+    def device(self, target: Target) -> str | None:
+        """Each OpenVINO device is its own (CPU: the host's cores)."""
+        return None if target.provider == "CPU" else f"openvino:{target.provider}"
 
     def targets(self) -> list[Target]:
         return [Target("openvino", "openvino", device) for device in DEVICES]

@@ -15,9 +15,9 @@ import torch
 import transformers
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from harness.native.base import Availability, Clock, HostMemory, LoadRequest, UnsupportedError
-from harness.result import Target
-from harness.workload import build_module, input_names
+from harness.core.records import Target, UnsupportedError
+from harness.native.base import Availability, Capabilities, Clock, DeviceByHardware, HostMemory, LoadRequest
+from harness.prepare.workload import build_module, input_names
 
 # Parameter and floating-input dtype per requested precision. int8 is dynamic quantization:
 # Linear weights in int8, activations quantized on the fly, everything else stays fp32.
@@ -157,8 +157,12 @@ def _device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine()
 
 
-class TorchBackend:
+class TorchBackend(DeviceByHardware):
     engine = "torch"
+    # builds the module itself; generates with transformers' generate(); trains (forward + backward + step)
+    capabilities = Capabilities(
+        modes=("inference", "generate", "training"), needs_onnx=False, runs_onnx_files=False, worker_needs_torch=True
+    )
 
     def targets(self) -> list[Target]:
         return [Target(hw, "torch", device) for hw, device in HARDWARE_DEVICES.items()]

@@ -210,8 +210,8 @@ def test_summary_table_carries_the_reports_warnings() -> None:
     """The table printed after a run flags what the reports flag: a software WebGPU adapter, a changed precision."""
     from rich.console import Console
 
-    from harness.cli import summary_table
-    from harness.result import Case, Result, Target
+    from harness.cli.progress import summary_table
+    from harness.core.records import Case, Result, Target
 
     webgpu = Target("webgpu", "onnxruntime-web", "webgpu")
     openvino = Target("openvino", "openvino", "CPU")

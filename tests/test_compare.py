@@ -33,8 +33,8 @@ import pytest
 from conftest import CLI, run_cli
 from onnx import TensorProto, helper, numpy_helper
 
-from harness.analysis.compare import compare_runs, resolve_selector
-from harness.analysis.query import AnalysisError
+from harness.analysis.compare import compare_runs
+from harness.analysis.tables import AnalysisError
 from harness.store import open_store
 
 pytestmark = pytest.mark.timing  # measured side by side on one CPU: `make test` runs this module alone
@@ -217,7 +217,7 @@ def test_selectors(slowdown, tmp_path: Path) -> None:
     db, _, _ = slowdown
     with open_store(db, read_only=True) as store:
         ordered = [r["run_id"] for r in store.query("SELECT run_id FROM runs ORDER BY started_at")]
-        assert resolve_selector(store, "latest") == ordered[1] and resolve_selector(store, "previous") == ordered[0]
+        assert store.resolve_run("latest") == ordered[1] and store.resolve_run("previous") == ordered[0]
         sha = store.run_info(ordered[1])["git_sha"]
     # latest-on-<branch>: runs record the harness checkout's commit; resolve the current branch there.
     branch = subprocess.run(["git", "branch", "--show-current"], cwd=REPO, capture_output=True, text=True).stdout

@@ -13,7 +13,7 @@ from sklearn.metrics import mean_absolute_percentage_error
 
 from harness.analysis.predict import InsufficientData, Predictor, Query, _matrix, _pipeline, predict, training_rows
 from harness.analysis.recommend import ScoreWeights, recommend
-from harness.result import Case, Result, Target
+from harness.core.records import Case, Result, Target
 from harness.store import open_store
 
 TARGETS = {  # target → (latency factor, memory MB)

@@ -26,9 +26,9 @@ from onnx import helper
 from test_native_run import rows
 from test_suite import small_config
 
-from harness.prepare import PrepareJob, prepare_isolated
-from harness.specs import load_specs
-from harness.worker import GRANDCHILD_MARK
+from harness.prepare.prepared import PrepareJob
+from harness.prepare.specs import load_specs
+from harness.run.worker import GRANDCHILD_MARK, prepare_isolated
 
 
 @pytest.mark.parametrize(

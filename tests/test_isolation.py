@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harness.isolation import run_isolated
+from harness.run.isolation import run_isolated
 
 START = pytest.mark.parametrize("uses_torch", [False, True], ids=["spawned", "forked"])
 
@@ -170,7 +170,7 @@ def test_kernel_oom_kill_is_oom(memory_cgroup: Path) -> None:
         "import os, sys\n"
         f"open({str(memory_cgroup)!r}, 'w').write(str(os.getpid()))\n"
         f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-        "from harness.isolation import run_isolated\n"
+        "from harness.run.isolation import run_isolated\n"
         "from test_isolation import allocate_until_killed\n"
         "outcome = run_isolated(allocate_until_killed, None, 120, lambda _: None)\n"
         "print(outcome.status)\n"

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 from test_native_run import rows
 
-from harness.api import BenchmarkRequest, run_native
+from harness.core.records import Target
 from harness.native import get_backend
-from harness.result import Target
+from harness.run.native import run_native
+from harness.run.plan import BenchmarkRequest
 
 REASON = "the jax extra is not installed: pip install 'accelharness[jax]'"
 
@@ -90,7 +91,7 @@ def test_int8_is_unsupported_with_the_reason(tmp_path: Path) -> None:
     pytest.importorskip("jax", reason=REASON)
     pytest.importorskip("flax", reason=REASON)
     from harness.native.base import LoadRequest, UnsupportedError
-    from harness.specs import load_specs
+    from harness.prepare.specs import load_specs
 
     with pytest.raises(UnsupportedError, match="int8 needs quantized layers"):
         get_backend("jax").load(LoadRequest(load_specs()["vit-tiny"], None, "int8"), Target("cpu", "jax", "cpu"))

@@ -19,7 +19,7 @@ from harness.analysis.matrix import (
     rate,
     update_matrix,
 )
-from harness.result import Case, Result, Target
+from harness.core.records import Case, Result, Target
 from harness.store import open_store
 
 B1 = Case(1, 32, "fp32")

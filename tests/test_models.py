@@ -14,8 +14,8 @@ import pytest
 from conftest import run_cli
 from test_native_run import rows
 
-from harness.parity import TOLERANCES
-from harness.specs import load_specs
+from harness.core.parity import TOLERANCES
+from harness.prepare.specs import load_specs
 
 QUICK = ["--iterations", "3", "--warmup", "1", "--min-duration", "0", "--sequence-lengths", "16"]
 # One tiny model per input kind added for the key classes (DETR: the vision kind with a backbone).

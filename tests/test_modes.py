@@ -14,14 +14,15 @@ import torch
 from conftest import QUICK, run_cli
 from test_native_run import rows
 
-from harness.api import BenchmarkRequest, run_native, validate
-from harness.energy import EnergyMeter
+from harness.core.records import Target
 from harness.native import get_backend
 from harness.native.base import LoadRequest
 from harness.native.onnxruntime_backend import OrtGenerator, positions, prefill_feeds
-from harness.prepare import PreparedModel, PrepareJob, prepare_model
-from harness.result import Target
-from harness.specs import load_specs
+from harness.prepare.prepared import PreparedModel, PrepareJob, prepare_model
+from harness.prepare.specs import load_specs
+from harness.run.energy import EnergyMeter
+from harness.run.native import run_native
+from harness.run.plan import BenchmarkRequest, validate
 from harness.store import SCHEMA, SCHEMA_VERSION, open_store
 
 ORT_CPU = Target("cpu", "onnxruntime", "CPUExecutionProvider")
@@ -190,7 +191,7 @@ def test_a_failed_counter_read_stores_no_energy(monkeypatch: pytest.MonkeyPatch,
     """A sensor read that fails at either end of the loop leaves no joules and says why; before, a
     failed NVML read counted as 0 mJ (issue 11, item 3). RAPL: a powercap tree whose counter file
     vanishes. NVML needs an NVIDIA GPU, so its counter reads are replayed (probe, start, end)."""
-    import harness.energy
+    import harness.run.energy
 
     def failed(sensor: str, when: str) -> tuple[None, str]:
         return None, f"not measured: the {sensor} energy counter failed to read at the {when} of the loop"
@@ -198,7 +199,7 @@ def test_a_failed_counter_read_stores_no_energy(monkeypatch: pytest.MonkeyPatch,
     domain = tmp_path / "intel-rapl:0"
     domain.mkdir()
     (domain / "energy_uj").write_text("1000000\n")
-    monkeypatch.setattr(harness.energy, "POWERCAP", tmp_path)
+    monkeypatch.setattr(harness.run.energy, "POWERCAP", tmp_path)
     rapl = EnergyMeter()
     assert rapl.unavailable is None
     rapl.start()

@@ -212,7 +212,7 @@ def test_unavailable_hardware_asked_for_is_recorded_unsupported(tmp_path: Path) 
 
 @pytest.mark.parametrize("hardware", ["cuda", "rocm", "mps"])
 def test_gpu_platforms_run_where_present(tmp_path: Path, hardware: str) -> None:
-    from harness.hardware import native_targets
+    from harness.run.hardware import native_targets
 
     probes = [a for t, a in native_targets([hardware], ["torch"])]
     if not probes[0].ok:
@@ -242,9 +242,9 @@ def test_gpu_platforms_run_where_present(tmp_path: Path, hardware: str) -> None:
 
 def test_export_cache_key_follows_the_export_code(monkeypatch: pytest.MonkeyPatch) -> None:
     """A harness whose export code changed never reuses a file an older harness exported."""
-    from harness import export
-    from harness.specs import load_specs
-    from harness.workload import Weights
+    from harness.prepare import export
+    from harness.prepare.specs import load_specs
+    from harness.prepare.workload import Weights
 
     spec, weights = load_specs()["bert-tiny"], Weights("random", "seed=0", "seed=0")
     before = export.export_key(spec, weights)
@@ -255,9 +255,9 @@ def test_export_cache_key_follows_the_export_code(monkeypatch: pytest.MonkeyPatc
 
 def test_warm_cache_prepare_builds_no_module(monkeypatch: pytest.MonkeyPatch) -> None:
     """A second prepare of the same cases comes from the cache alone; a new case still builds."""
-    import harness.workload
-    from harness.prepare import PrepareJob, prepare_model
-    from harness.specs import load_specs
+    import harness.prepare.workload
+    from harness.prepare.prepared import PrepareJob, prepare_model
+    from harness.prepare.specs import load_specs
 
     job = PrepareJob(load_specs()["bert-tiny"], [(1, 16), (2, 16), (1, 4096)])  # 4096 > bert's 512 positions
     cold = next(prepare_model(job))
@@ -265,7 +265,7 @@ def test_warm_cache_prepare_builds_no_module(monkeypatch: pytest.MonkeyPatch) ->
     def no_build(spec: object) -> None:
         raise AssertionError("built the module on a warm cache")
 
-    monkeypatch.setattr(harness.workload, "build_module", no_build)
+    monkeypatch.setattr(harness.prepare.workload, "build_module", no_build)
     warm = next(prepare_model(job))
     assert warm.export["cache_hit"] and warm.onnx_path == cold.onnx_path
     assert (warm.case_files, warm.skipped, warm.parameters) == (cold.case_files, cold.skipped, cold.parameters)

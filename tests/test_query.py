@@ -15,7 +15,8 @@ from test_cli import _tiny_onnx
 from test_native_run import rows
 
 from harness.analysis.compare import compare_runs
-from harness.analysis.query import AnalysisError, check_read_only
+from harness.analysis.query import check_read_only
+from harness.analysis.tables import AnalysisError
 
 RUN = ["--hardware", "cpu,openvino", "--batch-sizes", "1,2", "--sequence-lengths", "8", *QUICK]
 

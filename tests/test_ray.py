@@ -20,12 +20,13 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from test_native_run import rows  # noqa: E402
 from test_suite import small_config  # noqa: E402
 
-from harness.api import RequestError  # noqa: E402
-from harness.distributed import NativeJob, check_reachable, import_ray, plan_jobs, stream_jobs  # noqa: E402
-from harness.recording import Body, Emit  # noqa: E402
-from harness.result import Result  # noqa: E402
-from harness.suite import plan_suite, run_suite  # noqa: E402
-from harness.suite_config import load_config  # noqa: E402
+from harness.core.records import Result  # noqa: E402
+from harness.run.plan import RequestError  # noqa: E402
+from harness.run.recording import Body, Emit  # noqa: E402
+from harness.suite.config import load_config  # noqa: E402
+from harness.suite.plan import plan_suite  # noqa: E402
+from harness.suite.ray import NativeJob, check_reachable, import_ray, plan_jobs, stream_jobs  # noqa: E402
+from harness.suite.run import run_suite  # noqa: E402
 
 STORE_MB = 80 * 1024 * 1024  # the smallest object store Ray accepts is plenty: a Result is a few KB
 

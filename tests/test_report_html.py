@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from conftest import QUICK, run_cli
 
-from harness.result import Case, Result, Target
+from harness.core.records import Case, Result, Target
 from harness.store import open_store
 
 pytestmark = pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="needs Chromium at /usr/bin/chromium")

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.specs import FAMILIES, SpecError, load_specs, parse_spec_file, select_specs, spec_from_path
+from harness.prepare.specs import FAMILIES, SpecError, load_specs, parse_spec_file, select_specs, spec_from_path
 
 
 def test_every_family_has_a_base_and_tiny_model() -> None:

@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from harness.parity import compare
-from harness.stats import nearest_rank, summarize
+from harness.core.parity import compare
+from harness.core.stats import nearest_rank, summarize
 
 
 def test_summary_matches_hand_computed_values() -> None:

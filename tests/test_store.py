@@ -6,8 +6,9 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from conftest import run_cli
 
-from harness.result import Case, Result, ResultError, Target
+from harness.core.records import Case, Result, ResultError, Target
 from harness.store import SCHEMA_VERSION, TABLES, StoreError, init_store, open_store
 
 
@@ -132,3 +133,37 @@ def test_newer_store_is_refused_for_reading_and_writing(db: Path) -> None:
     for read_only in (True, False):
         with pytest.raises(StoreError, match=r"written by a newer accelharness \(schema version 99; this one reads"):
             open_store(db, read_only=read_only)
+
+
+def test_one_run_selector_grammar(db: Path) -> None:
+    """latest, previous, a run id, its unique start, a suite name, RUN,RUN and all: one grammar, in the store."""
+    with open_store(db) as store:
+        first = store.start_run("native", {}, {})
+        nightly = store.start_run("suite", {}, {}, suite_id="nightly")
+        last = store.start_run("web", {}, {})
+        store.connection.execute(  # three distinct start times, whatever the clock's resolution
+            "UPDATE runs SET started_at = started_at + to_seconds(CASE run_id WHEN ? THEN 0 WHEN ? THEN 1 ELSE 2 END)",
+            [first, nightly],
+        )
+        assert store.resolve_run("latest") == last and store.resolve_run("previous") == nightly
+        assert store.resolve_run(first) == first and store.resolve_run(first[:-2]) == first
+        assert store.resolve_run("nightly") == nightly
+        assert store.resolve_runs(f"{first}, latest") == [first, last]
+        assert store.resolve_runs("all") == [first, nightly, last]
+        with pytest.raises(StoreError, match=r"'20' starts 3 run ids .*: give more of the id"):
+            store.resolve_run("20")
+        with pytest.raises(StoreError, match="no run 'nope' .* a suite name\\); recent runs: " + last):
+            store.resolve_run("nope")
+
+
+def test_report_takes_the_same_selectors_as_compare(db: Path, tmp_path: Path) -> None:
+    """`report --run previous` works as `compare previous latest` does."""
+    with open_store(db) as store:
+        older = store.start_run("native", {}, {})
+        store.add_result(older, _result([1.0, 2.0]), None)
+        store.start_run("native", {}, {})
+        store.connection.execute("UPDATE runs SET started_at = started_at - INTERVAL 1 HOUR WHERE run_id = ?", [older])
+    out = tmp_path / "previous.json"
+    done = run_cli("report", "--run", "previous", "--db", str(db), "--format", "json", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(out.read_text())["run"]["run_id"] == older

@@ -18,13 +18,15 @@ import pytest
 from conftest import run_cli
 from test_native_run import rows
 
-from harness.isolation import run_isolated
-from harness.prepare import _save_case
-from harness.recording import Emit
-from harness.result import Case, Result, Target
+from harness.core.records import Case, Result, Target
+from harness.prepare.prepared import _save_case
+from harness.run.isolation import run_isolated
+from harness.run.recording import Emit
 from harness.store import StoreError, open_store
-from harness.suite import _parallel, device_group, plan_suite, run_suite
-from harness.suite_config import DEFAULT_CONFIG, load_config
+from harness.suite.config import DEFAULT_CONFIG, load_config
+from harness.suite.local import _parallel
+from harness.suite.plan import device_group, plan_suite
+from harness.suite.run import run_suite
 
 SMALL = """
 name = "{name}"

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
+from harness.run.web import EpSetting, WebRequest, run_web, validate_web
 from harness.store import open_store
 from harness.web import driver
 from harness.web.flags import gpu_profile, launch_flags
-from harness.web_api import EpSetting, WebRequest, run_web, validate_web
 
 pytestmark = pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="needs Chromium at /usr/bin/chromium")
 QUICK = {"iterations": 5, "min_duration_s": 0.0, "warmup": 1, "max_iterations": 50}
@@ -111,13 +111,13 @@ def test_webnn_is_unsupported_with_the_browsers_message(all_eps: tuple) -> None:
 
 def test_wasm_outputs_match_native_onnxruntime(web_cache: Path) -> None:
     """Same ONNX file, same npz inputs: the browser's outputs against ORT CPU run in this process."""
+    from harness.core.parity import compare
+    from harness.core.records import Case, Target
     from harness.native import get_backend
     from harness.native.base import LoadRequest
-    from harness.parity import compare
-    from harness.prepare import PrepareJob, prepare_model
-    from harness.result import Case, Target
+    from harness.prepare.prepared import PrepareJob, prepare_model
+    from harness.run.web import page_job
     from harness.web.server import PageServer, decode_outputs
-    from harness.web_api import page_job
 
     spec = validate_web(WebRequest(models=["bert-tiny"], hardware=["wasm"])).specs[0]
     prepared = next(prepare_model(PrepareJob(spec, [(1, 32)])))
@@ -250,7 +250,7 @@ def test_cli_missing_browser_exits_2_and_writes_nothing(tmp_path: Path) -> None:
     "bad", [{"hardware": ["webgl"]}, {"threads": [0]}, {"browser": "firefox"}, {"batch_sizes": [0]}]
 )
 def test_bad_requests_are_refused_before_anything_runs(bad: dict, tmp_path: Path) -> None:
-    from harness.api import RequestError
+    from harness.run.plan import RequestError
 
     with pytest.raises(RequestError):
         validate_web(WebRequest(models=["bert-tiny"], db_path=tmp_path / "x.duckdb", **bad))
@@ -258,10 +258,10 @@ def test_bad_requests_are_refused_before_anything_runs(bad: dict, tmp_path: Path
 
 
 def test_failed_export_gives_unsupported_rows_with_the_export_error() -> None:
-    from harness.prepare import PreparedModel
-    from harness.result import Case
-    from harness.specs import select_specs
-    from harness.web_api import _not_runnable
+    from harness.core.records import Case
+    from harness.prepare.prepared import PreparedModel
+    from harness.prepare.specs import select_specs
+    from harness.run.web import _not_runnable
 
     spec = select_specs(["bert-tiny"], None, False)[0]
     prepared = PreparedModel(spec, "random", "seed=0", None, "exporter exploded", "torch-fp32", None)
@@ -271,7 +271,7 @@ def test_failed_export_gives_unsupported_rows_with_the_export_error() -> None:
 
 
 def test_missing_npm_install_names_make_setup(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from harness.api import RequestError
+    from harness.run.plan import RequestError
     from harness.web import ort_dist
 
     monkeypatch.setattr(ort_dist, "CHECKOUT_DIR", tmp_path / "node_modules" / "onnxruntime-web" / "dist")

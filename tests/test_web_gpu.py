@@ -24,12 +24,12 @@ from typing import Any
 import psutil
 import pytest
 
-from harness.api import RequestError
-from harness.parity import TOLERANCES
+from harness.core.parity import TOLERANCES
+from harness.run.plan import RequestError
+from harness.run.web import WebRequest, run_web, validate_web
 from harness.store import open_store
 from harness.web.adapter import classify_adapter, webgpu_refusal
 from harness.web.flags import LINUX_GPU_FLAGS, gpu_profile, host_gpu_evidence, launch_flags
-from harness.web_api import WebRequest, run_web, validate_web
 
 CHROMIUM = Path("/usr/lib/chromium/chromium")
 needs_chromium = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's Chromium at /usr/lib/chromium")
@@ -210,8 +210,8 @@ def test_require_hardware_gpu_refuses_the_software_adapter_before_loading_anythi
 def test_fp16_in_the_browser(tmp_path: Path) -> None:
     """webgpu fp16 needs the adapter's shader-f16 (SwiftShader here has none: `unsupported`, saying so);
     wasm runs the same fp16 file native ORT runs, checked at the fp16 tolerance."""
-    from harness.export import precision_variant
-    from harness.prepare import PrepareJob, prepare_model
+    from harness.prepare.prepared import PrepareJob, prepare_model
+    from harness.prepare.variants import precision_variant
 
     request = WebRequest(
         models=["bert-tiny"], hardware=["wasm", "webgpu"], precision="fp16", db_path=tmp_path / "h.duckdb", **QUICK
@@ -267,8 +267,8 @@ def test_bad_launch_options_are_refused_before_anything_runs(bad: dict, tmp_path
 
 
 def test_suite_config_gpu_key(tmp_path: Path) -> None:
-    from harness.suite import suite_requests
-    from harness.suite_config import ConfigError, load_config
+    from harness.suite.config import ConfigError, load_config
+    from harness.suite.plan import suite_requests
 
     config = tmp_path / "suite.toml"
     config.write_text('gpu = "maybe"\n')

@@ -18,7 +18,7 @@ from typing import Any
 
 import psutil
 
-from harness.memory import MB
+from harness.run.memory import MB
 
 PROCESS_TYPES = ("renderer", "gpu-process")
 INTERVAL_S = 0.01

@@ -30,6 +30,16 @@ class BrowserEp:
     node_placement: bool
     check: str
 
+    @property
+    def runs_threads(self) -> bool:
+        """The EP is the wasm runtime itself: each --threads count is a setting (a report column) of its own."""
+        return self.setup == "wasm"
+
+    @property
+    def gpu_adapter(self) -> bool:
+        """The EP runs on a WebGPU adapter, classified (software or hardware) and checked before each case."""
+        return self.setup == "webgpu-adapter"
+
 
 def _load() -> dict[str, BrowserEp]:
     rows = json.loads(TABLE.read_text())

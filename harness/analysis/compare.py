@@ -31,7 +31,6 @@ on a loaded shared machine.
 
 from __future__ import annotations
 
-import subprocess
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -40,9 +39,9 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from harness.analysis.query import AnalysisError, Table, render_table
-from harness.report.data import case_label, mode_of, target_label
-from harness.result import MEASURED
+from harness.analysis.tables import AnalysisError, Table, render_table
+from harness.core.labels import case_label, mode_of, target_label
+from harness.core.records import MEASURED
 from harness.store import Store, StoreError, open_store
 
 KEY = ("model", "hardware", "engine", "provider", "batch_size", "seq_len", "precision", "mode", "new_tokens")
@@ -132,44 +131,6 @@ def parse_threshold(text: str) -> float:
     if not 0 < value < 1:
         raise AnalysisError(f"--threshold takes a percentage or a fraction, e.g. 5% or 0.05 (got '{text}')")
     return value
-
-
-def _branch_tip(branch: str, cwd: Path | None) -> str:
-    if not branch or branch.startswith("-"):
-        raise AnalysisError(f"'latest-on-{branch}': name a branch, e.g. latest-on-main")
-    try:
-        done = subprocess.run(
-            ["git", "rev-parse", "--verify", "--quiet", f"{branch}^{{commit}}"],
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise AnalysisError(f"cannot run git to resolve '{branch}': {exc}") from None
-    if done.returncode != 0:
-        raise AnalysisError(f"git cannot resolve branch '{branch}' in {cwd or Path.cwd()}")
-    return done.stdout.strip()
-
-
-def resolve_selector(store: Store, selector: str, cwd: Path | None = None) -> str:
-    """A run id, `latest`, `previous` (the run before latest) or `latest-on-<branch>`."""
-    if selector == "previous":
-        rows = store.query("SELECT run_id FROM runs ORDER BY started_at DESC LIMIT 2")
-        if len(rows) < 2:
-            raise AnalysisError(f"'previous' needs two runs; {store.path} has {len(rows)}")
-        return rows[1]["run_id"]
-    if selector.startswith("latest-on-"):
-        branch = selector.removeprefix("latest-on-")
-        tip = _branch_tip(branch, cwd)
-        for row in store.query("SELECT run_id, git_sha FROM runs ORDER BY started_at DESC"):
-            if (row["git_sha"] or "").removesuffix("-dirty").startswith(tip):
-                return row["run_id"]
-        raise AnalysisError(f"no run in {store.path} was made at {branch}'s tip {tip[:12]}")
-    try:
-        return store.resolve_run(selector)
-    except StoreError as exc:
-        raise AnalysisError(str(exc)) from None
 
 
 # --- statistics ----------------------------------------------------------------------------------
@@ -278,7 +239,10 @@ def compare_runs(
     if not 0 < quantile < 1:
         raise AnalysisError(f"quantile must be between 0 and 1, e.g. 0.5 for the median (got {quantile})")
     with open_store(Path(db_path), read_only=True) as store:
-        run_a, run_b = resolve_selector(store, a, cwd), resolve_selector(store, b, cwd)
+        try:
+            run_a, run_b = store.resolve_run(a, cwd), store.resolve_run(b, cwd)
+        except StoreError as exc:
+            raise AnalysisError(str(exc)) from None
         runs = {
             rid: {k: store.run_info(rid)[k] for k in ("started_at", "status", "git_sha", "hostname", "command")}
             for rid in (run_a, run_b)

@@ -12,7 +12,7 @@ Step-change rule, for a measured point with at least one measured point before i
   differ from the previous measured point's samples: two-sided Mann-Whitney U, p < 0.05.
 
 Besides the stored columns, `latency_pNN_ms` (e.g. latency_p25_ms) is computed from the raw samples
-(nearest rank, as harness/stats.py does). Scheduler contention only ever adds time, so on a loaded
+(nearest rank, as harness/core/stats.py does). Scheduler contention only ever adds time, so on a loaded
 machine a lower quantile follows the workload rather than the load.
 
 The median baseline keeps one odd run from hiding or faking a step; the test on the raw samples
@@ -32,10 +32,10 @@ import numpy as np
 from scipy import stats
 
 from harness.analysis.compare import ALPHA, case_fields, case_key
-from harness.analysis.query import AnalysisError, Table, render_table
-from harness.report.data import case_label, target_label
-from harness.result import MEASURED
-from harness.stats import nearest_rank
+from harness.analysis.tables import AnalysisError, Table, render_table
+from harness.core.labels import case_label, target_label
+from harness.core.records import MEASURED
+from harness.core.stats import nearest_rank
 from harness.store import Store, open_store
 
 FORMATS = ("md", "json")

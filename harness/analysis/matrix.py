@@ -23,12 +23,12 @@ from typing import Any
 
 from scipy.stats import gmean
 
-from harness.report.data import ALL_RUNS, BASELINE, baselines, case_key, case_label, details_of, flags, mode_of, speedup
-from harness.result import MODES
-from harness.store import open_store
+from harness.core import labels
+from harness.core.labels import BASELINE_LABEL, baselines, case_key, case_label, details_of, flags, mode_of, speedup
+from harness.core.records import MODES
+from harness.store import ALL_RUNS, open_store
 
 MATRIX_JSON, MATRIX_MD = "compatibility_matrix.json", "compatibility_matrix.md"
-BASELINE_LABEL = "/".join(BASELINE)
 
 # Performance rating from the measured speedup vs cpu/torch (same model, same inputs):
 # high: >= 2x, medium: >= 1x (at least as fast as torch eager on the CPU), low: below 1x.
@@ -83,7 +83,7 @@ def matrix_target(row: dict[str, Any]) -> str:
 
 def _column_order(row: dict[str, Any]) -> tuple[int, bool, str]:
     """Inference columns first, then each mode's; within a mode, cpu/torch first."""
-    return (MODES.index(mode_of(row)), (row["hardware"], row["engine"]) != BASELINE, matrix_target(row))
+    return (MODES.index(mode_of(row)), not labels.is_baseline(row), matrix_target(row))
 
 
 def classify(row: dict[str, Any]) -> str:
@@ -168,7 +168,7 @@ def build_matrix(rows: list[dict[str, Any]]) -> dict[str, Any]:
     rows = latest_results(rows)
     base = baselines(rows)
     targets = [column for *_, column in sorted({_column_order(r) for r in rows})]
-    baseline_columns = {matrix_target(r) for r in rows if (r["hardware"], r["engine"]) == BASELINE}
+    baseline_columns = {matrix_target(r) for r in rows if labels.is_baseline(r)}
     by_model: dict[tuple[str, str], dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     by_family: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for row in sorted(rows, key=lambda r: (r["batch_size"], r["seq_len"] or 0, str(r["provider"]))):
@@ -201,7 +201,7 @@ def load_rows(db_path: Path, run: str = ALL_RUNS) -> list[dict[str, Any]]:
     with open_store(db_path, read_only=True) as store:
         if run == ALL_RUNS:
             return store.query("SELECT * FROM results")
-        return store.results(store.resolve_run(run))
+        return [row for run_id in store.resolve_runs(run) for row in store.results(run_id)]
 
 
 def matrix_markdown(matrix: dict[str, Any]) -> str:

@@ -204,7 +204,7 @@ def spec_parameters(model: str) -> tuple[str, int]:
     import torch
     import transformers
 
-    from harness.specs import load_specs
+    from harness.prepare.specs import load_specs
 
     spec = load_specs()[model]
     config = transformers.AutoConfig.for_model(spec.model_type, **spec.config)

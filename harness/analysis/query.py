@@ -4,106 +4,29 @@ Everything here reads the store through a read-only connection. Ad-hoc SQL is ch
 DuckDB's own parser must find exactly one SELECT (or EXPLAIN of a SELECT) statement, and the
 connection it runs on is read-only with external access switched off and the configuration
 locked, so neither a write nor an ATTACH/COPY/read_csv of another file can slip through.
-
-This module also holds the table rendering (md, csv, json, html) that compare and history share.
 """
 
 from __future__ import annotations
 
-import csv
-import html
-import io
-import json
 import re
-from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import duckdb
 
-from harness.report.data import target_label
+from harness.analysis.tables import AnalysisError, Table
+from harness.core.labels import target_label
+from harness.core.records import MEASURED, STATUSES
 from harness.store import open_store
 
-FORMATS = ("md", "csv", "json", "html")
 REPORTS = ("latest", "best-hardware", "compatibility", "regressions")
 EXPORT_TABLES = ("runs", "hardware", "results", "samples")
 EXPORT_FORMATS = ("parquet", "csv")
-STATUSES = ("ok", "mismatch", "unsupported", "error", "timeout", "oom")
+# a column per status, the measured ones first
+COMPATIBILITY_COLUMNS = (*MEASURED, *(s for s in STATUSES if s not in MEASURED))
 READ_TYPES = (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN)
 # EXPLAIN [ANALYZE] [(options)] <statement>: the wrapped statement must itself be a read.
 EXPLAIN_PREFIX = re.compile(r"^\s*EXPLAIN\s+(?:ANALY[SZ]E\s+)?(?:\([^)]*\)\s*)?", re.IGNORECASE)
-
-
-class AnalysisError(ValueError):
-    """Bad input to an analysis (unknown selector, refused SQL, no data); the CLI prints it and exits 2."""
-
-
-@dataclass
-class Table:
-    title: str
-    columns: list[str]
-    rows: list[dict[str, Any]]
-    notes: list[str] = field(default_factory=list)
-
-
-# --- rendering -----------------------------------------------------------------------------------
-def cell(value: Any) -> str:
-    """A value as a person reads it: 4 significant digits, no 'None'."""
-    if value is None:
-        return "—"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    if isinstance(value, datetime):
-        return value.isoformat(sep=" ", timespec="seconds")
-    return str(value)
-
-
-def _markdown(table: Table) -> str:
-    lines = [f"## {table.title}", ""] + [f"{note}  " for note in table.notes]
-    lines += [""] if table.notes else []
-    if not table.rows:
-        return "\n".join([*lines, "(no rows)", ""])
-    escape = lambda text: text.replace("|", r"\|").replace("\n", " ")  # noqa: E731 - keeps cells on one line
-    lines += ["| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns)]
-    lines += ["| " + " | ".join(escape(cell(row.get(c))) for c in table.columns) + " |" for row in table.rows]
-    return "\n".join([*lines, ""])
-
-
-def _html(table: Table) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in table.columns)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(cell(row.get(c)))}</td>" for c in table.columns) + "</tr>\n"
-        for row in table.rows
-    )
-    notes = "".join(f"<p>{html.escape(note)}</p>\n" for note in table.notes)
-    style = "table{border-collapse:collapse;font:13px sans-serif}td,th{border:1px solid #ccc;padding:2px 6px}"
-    return (
-        f"<!doctype html>\n<html><head><meta charset='utf-8'><title>{html.escape(table.title)}</title>"
-        f"<style>{style}</style></head>\n<body><h2>{html.escape(table.title)}</h2>\n{notes}"
-        f"<table><thead><tr>{head}</tr></thead><tbody>\n{body}</tbody></table></body></html>\n"
-    )
-
-
-def _csv(table: Table) -> str:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=table.columns, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(table.rows)
-    return buffer.getvalue()
-
-
-def render_table(table: Table, fmt: str) -> str:
-    """The table as md, csv, json (a list of row objects, raw values) or a standalone html page."""
-    if fmt == "md":
-        return _markdown(table)
-    if fmt == "csv":
-        return _csv(table)
-    if fmt == "json":
-        return json.dumps([{c: row.get(c) for c in table.columns} for row in table.rows], indent=2, default=str)
-    if fmt == "html":
-        return _html(table)
-    raise AnalysisError(f"unknown format '{fmt}'; valid: {', '.join(FORMATS)}")
 
 
 # --- ad-hoc SQL --------------------------------------------------------------------------------
@@ -188,10 +111,12 @@ def _compatibility(store: Any, run_id: str) -> Table:
     for row in counts:
         key = (row["family"], row["mode"], target_label(row))
         entry = table.setdefault(
-            key, {"family": key[0], "mode": key[1], "target": key[2], **dict.fromkeys(STATUSES, 0)}
+            key, {"family": key[0], "mode": key[1], "target": key[2], **dict.fromkeys(COMPATIBILITY_COLUMNS, 0)}
         )
         entry[row["status"]] = entry.get(row["status"], 0) + row["n"]
-    return Table(f"Compatibility in run {run_id}", ["family", "mode", "target", *STATUSES], list(table.values()))
+    return Table(
+        f"Compatibility in run {run_id}", ["family", "mode", "target", *COMPATIBILITY_COLUMNS], list(table.values())
+    )
 
 
 def _regressions(db_path: Path, threshold: float) -> Table:
@@ -210,10 +135,8 @@ def run_report(db_path: Path, report: str, run: str = "latest", threshold: float
         raise AnalysisError(f"unknown report '{report}'; valid: {', '.join(REPORTS)}")
     if report == "regressions":
         return _regressions(db_path, threshold)
-    from harness.analysis.compare import resolve_selector
-
     with open_store(db_path, read_only=True) as store:
-        run_id = resolve_selector(store, run)
+        run_id = store.resolve_run(run)
         builder = {"latest": _latest, "best-hardware": _best_hardware, "compatibility": _compatibility}[report]
         return builder(store, run_id)
 

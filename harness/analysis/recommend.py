@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from harness.analysis.predict import InsufficientData, Predictor, Query, model_facts, training_rows
+from harness.core.labels import target_label
 from harness.store import open_store
 
 TASK_FAMILIES = {
@@ -90,7 +91,7 @@ def _family_models(db_path: Path, family: str) -> list[str]:
 
 
 def _label(hardware: str, engine: str, provider: str) -> str:
-    return f"{hardware}/{engine}" + ("" if engine == "torch" else f":{provider}")
+    return target_label({"hardware": hardware, "engine": engine, "provider": provider})
 
 
 def _measured_candidates(rows: list[dict[str, Any]], batch: int) -> tuple[dict[tuple, Candidate], list[str]]:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness.report.data import ALL_RUNS, RunReport, details_of, load_run_report, load_run_reports
+from harness.core.labels import details_of
+from harness.report.data import RunReport, load_run_report, load_run_reports
 from harness.report.formats import write_csv, write_json, write_markdown
 from harness.report.html import write_html, write_html_page
+from harness.store import ALL_RUNS
 
 FORMATS = {"json": write_json, "md": write_markdown, "csv": write_csv, "html": write_html}
 ALL_RUNS_STEM = "all-runs"

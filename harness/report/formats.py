@@ -13,9 +13,9 @@ from scipy.stats import gmean
 if TYPE_CHECKING:
     from harness.report.plots import Plot
 
-from harness.report.data import RunReport, case_label, flags, target_label
-
-BASELINE = ("cpu", "torch")  # speedups are relative to torch eager on the CPU
+from harness.core.labels import BASELINE_LABEL, case_label, flags, target_label
+from harness.core.records import MEASURED
+from harness.report.data import RunReport
 
 
 def write_json(report: RunReport, path: Path) -> None:
@@ -45,7 +45,7 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 def _cell(row: dict[str, Any] | None, column: str, digits: int = 2) -> str:
     if row is None:
         return "—"
-    if row["status"] not in ("ok", "mismatch"):
+    if row["status"] not in MEASURED:
         return row["status"]
     text = _fmt(row[column], digits)
     if row["status"] == "mismatch":
@@ -79,15 +79,14 @@ def _family_section(family: str, rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _speedups(by_key: dict, targets: list[str]) -> dict[str, tuple[float, int]]:
-    baseline_label = "/".join(BASELINE)
     ratios: dict[str, list[float]] = defaultdict(list)
     for cells in by_key.values():
-        base = cells.get(baseline_label)
+        base = cells.get(BASELINE_LABEL)
         if base is None or base["status"] != "ok" or not base["latency_p50_ms"]:
             continue
         for target in targets:
             row = cells.get(target)
-            if target != baseline_label and row and row["status"] == "ok" and row["latency_p50_ms"]:
+            if target != BASELINE_LABEL and row and row["status"] == "ok" and row["latency_p50_ms"]:
                 ratios[target].append(base["latency_p50_ms"] / row["latency_p50_ms"])
     return {t: (float(gmean(v)), len(v)) for t, v in sorted(ratios.items())}
 

@@ -13,7 +13,8 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from harness.report.data import MARK_STYLES, RunReport, case_label, marks, mode_of, target_label
+from harness.core.labels import MARK_STYLES, case_label, marks, mode_of, target_label
+from harness.report.data import RunReport
 
 CSS = """
 :root { --ok:#1b7f3b; --bad:#b00020; --warn:#9a5b00; --muted:#666; --line:#d9dde3; }

@@ -27,19 +27,20 @@ from matplotlib.ticker import NullFormatter
 from matplotlib.transforms import blended_transform_factory
 from scipy.stats import gmean
 
-from harness.report.data import (
-    BASELINE,
+from harness.core.labels import (
+    BASELINE_LABEL,
     MARK_STYLES,
-    RunReport,
     baselines,
     case_label,
+    is_baseline,
     marks,
     mode_of,
     short_target,
     speedup,
 )
+from harness.core.records import MEASURED
+from harness.report.data import RunReport
 
-TIMED = ("ok", "mismatch")  # statuses whose timings were kept
 STATUS_ORDER = ("ok", "mismatch", "timeout", "oom", "error", "unsupported")
 EDGE, MISMATCH_EDGE = "#333333", "#b00020"
 matplotlib.rcParams.update({"font.size": 9, "axes.titlesize": 10, "svg.fonttype": "path", "hatch.linewidth": 0.6})
@@ -157,7 +158,7 @@ def _bars(
                 x = i + (j - (len(targets) - 1) / 2) * width
                 v = value(row)
                 if v is None:
-                    if row["status"] not in TIMED:
+                    if row["status"] not in MEASURED:
                         ax.text(x, 0.03, row["status"], transform=status_at, rotation=90, ha="center", va="bottom",
                                 fontsize=7, color=MISMATCH_EDGE)  # fmt: skip
                     continue
@@ -188,22 +189,22 @@ def _bars(
 
 
 def _latency(report: RunReport, colors: dict[str, str]) -> Figure | None:
-    return _bars(report, colors, lambda r: r["latency_p50_ms"] if r["status"] in TIMED else None,
+    return _bars(report, colors, lambda r: r["latency_p50_ms"] if r["status"] in MEASURED else None,
                  "p50 latency (ms)", whisker=lambda r: r["latency_p90_ms"])  # fmt: skip
 
 
 def _throughput(report: RunReport, colors: dict[str, str]) -> Figure | None:
-    return _bars(report, colors, lambda r: r["throughput_per_s"] if r["status"] in TIMED else None, "items/s")
+    return _bars(report, colors, lambda r: r["throughput_per_s"] if r["status"] in MEASURED else None, "items/s")
 
 
 def _memory(report: RunReport, colors: dict[str, str]) -> Figure | None:
-    return _bars(report, colors, lambda r: r["memory_peak_mb"] if r["status"] in TIMED else None, "peak RSS (MB)")
+    return _bars(report, colors, lambda r: r["memory_peak_mb"] if r["status"] in MEASURED else None, "peak RSS (MB)")
 
 
 def _speedup(report: RunReport, colors: dict[str, str]) -> Figure | None:
     base = baselines(report.results)
     return _bars(report, colors, lambda r: speedup(r, base), "speedup vs cpu/torch (×)",
-                 include=lambda r: (r["hardware"], r["engine"]) != BASELINE, bottom=1.0)  # fmt: skip
+                 include=lambda r: not is_baseline(r), bottom=1.0)  # fmt: skip
 
 
 def _scaling(report: RunReport, colors: dict[str, str]) -> Figure | None:
@@ -211,7 +212,7 @@ def _scaling(report: RunReport, colors: dict[str, str]) -> Figure | None:
     for model, rows in _model_groups(report.results):
         series: dict[tuple[str, int, str], list[Row]] = defaultdict(list)
         for row in rows:
-            if row["status"] in TIMED and row["latency_p50_ms"]:
+            if row["status"] in MEASURED and row["latency_p50_ms"]:
                 series[(short_target(row), row["seq_len"] or 0, row["requested_precision"])].append(row)
         series = {k: sorted(v, key=lambda r: r["batch_size"]) for k, v in series.items()}
         series = {k: v for k, v in series.items() if len({r["batch_size"] for r in v}) > 1}
@@ -260,7 +261,7 @@ def _scaling(report: RunReport, colors: dict[str, str]) -> Figure | None:
 def _distribution(report: RunReport, colors: dict[str, str]) -> Figure | None:
     panels = []
     for model, rows in _model_groups(report.results):
-        boxes = [r for r in rows if r["status"] in TIMED and report.samples.get(r["result_id"])]
+        boxes = [r for r in rows if r["status"] in MEASURED and report.samples.get(r["result_id"])]
         if boxes:
             panels.append((model, sorted(boxes, key=lambda r: (list(colors).index(short_target(r)), _case(r)))))
     if not panels:
@@ -305,7 +306,7 @@ def _heatmap(report: RunReport, colors: dict[str, str]) -> Figure | None:
         i, j = families.index(family), targets.index(target)
         ratios = [s for r in rows if (s := speedup(r, base)) is not None]
         codes = "".join(sorted({c for r in rows for c in _style(r)[3]}))
-        if (rows[0]["hardware"], rows[0]["engine"]) == BASELINE:
+        if is_baseline(rows[0]):
             texts[i][j] = "baseline"
         elif ratios:
             grid[i][j] = math.log2(float(gmean(ratios)))
@@ -361,7 +362,7 @@ TEXTS = {  # key: (title, caption, why the plot is left out when there is nothin
 
 def target_colors(report: RunReport) -> dict[str, str]:
     """One colour per target, the same in every plot; cpu/torch first."""
-    targets = sorted({short_target(r) for r in report.results}, key=lambda t: (t != "/".join(BASELINE), t))
+    targets = sorted({short_target(r) for r in report.results}, key=lambda t: (t != BASELINE_LABEL, t))
     palette = colormaps["tab10"].colors
     return {t: matplotlib.colors.to_hex(palette[i % len(palette)]) for i, t in enumerate(targets)}
 

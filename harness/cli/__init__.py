@@ -1,0 +1,34 @@
+"""`accelharness`: the Typer app. Each command module holds plain functions that parse, validate and
+call the Python API; they are registered here, in the order `--help` lists them."""
+
+from __future__ import annotations
+
+import typer
+
+from harness.cli import analysis, bench, manage, suite
+
+app = typer.Typer(
+    help="Measured ML inference benchmarks: native backends and the browser, one DuckDB store.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+db_app = typer.Typer(help="Manage the DuckDB store.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+app.command()(bench.native)
+app.command()(bench.web)
+app.command()(bench.run)
+app.command("hardware")(manage.hardware_command)
+app.command()(manage.models)
+db_app.command("init")(manage.db_init)
+app.command()(analysis.report)
+app.command()(analysis.matrix)
+app.command()(analysis.predict)
+app.command()(analysis.recommend)
+app.command("compare")(analysis.compare_command)
+app.command("history")(analysis.history_command)
+app.command("query")(analysis.query_command)
+app.command("export")(analysis.export_command)
+app.command()(suite.suite)
+
+__all__ = ["app"]

@@ -1,0 +1,316 @@
+"""Commands that read the store: report, matrix, compare, history, query, export, predict, recommend."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from harness.cli.common import (
+    RUN_SELECTOR,
+    DbOption,
+    OutputDirOption,
+    RunOption,
+    RunsOption,
+    console,
+    errors,
+    fail,
+    int_list,
+    split_list,
+)
+from harness.store import DEFAULT_DB, StoreError
+
+AnalysisFormat = Annotated[str, typer.Option("--format", help="md, json or html.")]
+OutOption = Annotated[Path | None, typer.Option("--out", help="Write here instead of stdout.")]
+
+
+def report(
+    run: RunsOption = "latest",
+    db: DbOption = DEFAULT_DB,
+    output_dir: OutputDirOption = Path("accelharness-results"),
+    fmt: Annotated[
+        str | None, typer.Option("--format", help="Comma-separated: html,md,json,csv (default all).")
+    ] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="The output file, when one --format is given.")] = None,
+) -> None:
+    """Regenerate a run's reports from the DuckDB store (HTML with inline SVG plots; Markdown links PNGs)."""
+    from harness.report import FORMATS, write_reports
+
+    formats = split_list(fmt)
+    unknown = [f for f in formats or [] if f not in FORMATS]
+    if unknown:
+        raise fail(f"unknown report format '{unknown[0]}'; valid: {', '.join(FORMATS)}")
+    if out is not None and len(formats or FORMATS) != 1:
+        raise fail("--out is a file path and needs exactly one --format (use --output-dir for several)")
+    try:
+        paths = write_reports(db, run, output_dir, formats, out=out)
+    except StoreError as exc:
+        raise fail(str(exc)) from None
+    for path in paths:
+        console.print(f"report: {path}")
+    markdown = next((p for p in paths if p.suffix == ".md"), None)
+    if markdown is not None and run != "all":
+        from rich.markdown import Markdown
+
+        console.print(Markdown(markdown.read_text()))
+
+
+def matrix(
+    db: DbOption = DEFAULT_DB,
+    output_dir: OutputDirOption = Path("accelharness-results"),
+    run: RunsOption = "all",
+    update_matrix_only: Annotated[
+        bool, typer.Option(help="Only rebuild the files from the DB (no table printed); nothing is run.")
+    ] = False,
+) -> None:
+    """Write compatibility_matrix.json/.md from measured results: model (family) x hardware target."""
+    from harness.analysis.matrix import build_matrix, cell_text, load_rows, write_matrix
+
+    try:
+        built = build_matrix(load_rows(db, run))
+    except StoreError as exc:
+        raise fail(str(exc)) from None
+    for path in write_matrix(built, output_dir):
+        console.print(f"matrix: {path}")
+    if update_matrix_only:
+        return
+    table = Table(title=f"Compatibility matrix ({built['results']} results, {len(built['runs'])} runs)")
+    for name in ("family", "target", "class · rating (speedup vs cpu/torch)"):
+        table.add_column(name, overflow="fold")
+    for family, entry in built["families"].items():
+        for target, cell in entry["cells"].items():
+            table.add_row(family, target, cell_text(cell))
+    console.print(table)
+
+
+def predict(
+    model: Annotated[str, typer.Option(help="Model name (measured in the store, or any spec).")],
+    hardware: Annotated[str | None, typer.Option(help="Only these hardware platforms.")] = None,
+    engines: Annotated[str | None, typer.Option(help="Only these engines.")] = None,
+    batch_sizes: Annotated[str, typer.Option(help="Comma-separated batch sizes.")] = "1",
+    sequence_lengths: Annotated[str, typer.Option(help="Comma-separated sequence lengths.")] = "32",
+    db: DbOption = DEFAULT_DB,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Predict latency, throughput and memory for untested combinations, with the held-out MAPE."""
+    from harness.analysis.predict import InsufficientData, Query, model_facts, predict, training_rows
+    from harness.analysis.predict import as_json as to_json
+
+    try:
+        family, parameters = model_facts(db, model)
+        targets = sorted({(r["hardware"], r["engine"], r["provider"]) for r in training_rows(db)})
+    except (StoreError, KeyError) as exc:
+        raise fail(f"{exc}; see `accelharness models`" if isinstance(exc, KeyError) else str(exc)) from None
+    wanted_hw, wanted_engines = split_list(hardware), split_list(engines)
+    targets = [
+        t for t in targets if (not wanted_hw or t[0] in wanted_hw) and (not wanted_engines or t[1] in wanted_engines)
+    ]
+    queries = [
+        Query(model, family, parameters, *t, batch_size=b, seq_len=s)
+        for t in targets
+        for b in int_list("--batch-sizes", batch_sizes)
+        for s in int_list("--sequence-lengths", sequence_lengths)
+    ]
+    try:
+        result = predict(db, queries)
+    except InsufficientData as exc:
+        raise fail(str(exc)) from None
+    if as_json:
+        console.print_json(to_json(result))
+        return
+    table = Table(title=f"Predicted for {model} ({parameters:,} parameters) — predictions, not measurements")
+    for name in ("target", "batch", "seq", "p50 ms", "items/s", "memory MB", "measured p50 ms"):
+        table.add_column(name)
+    for row in result.rows:
+        measured = row.get("measured_latency_p50_ms")
+        table.add_row(
+            f"{row['hardware']}/{row['engine']}:{row['provider']}",
+            str(row["batch_size"]),
+            str(row["seq_len"]),
+            f"{row['predicted_latency_p50_ms']:.3f}",
+            f"{row['predicted_throughput_per_s']:.1f}",
+            f"{row['predicted_memory_peak_mb']:.0f}",
+            f"{measured:.3f}" if measured else "—",
+        )
+    console.print(table)
+    mape = ", ".join(f"{k} {v:.1%}" for k, v in result.mape.items())
+    console.print(
+        f"held-out error (leave-one-model-out MAPE over {result.training_rows} rows, "
+        f"{result.training_models} models): {mape}"
+    )
+    for note in result.notes:
+        console.print(f"note: {note}")
+
+
+def recommend(
+    model: Annotated[str | None, typer.Option(help="Model name.")] = None,
+    model_family: Annotated[str | None, typer.Option(help="Model family (uses its measured models).")] = None,
+    task: Annotated[str | None, typer.Option(help="HF task, e.g. text-generation (maps to a family).")] = None,
+    batch_size: Annotated[int, typer.Option(help="Batch size to recommend for.")] = 1,
+    mode: Annotated[str, typer.Option(help="inference or training.")] = "inference",
+    hardware: Annotated[str | None, typer.Option(help="The hardware you have (comma-separated).")] = None,
+    weights: Annotated[str, typer.Option(help="latency,throughput,memory,compatibility weights.")] = "0.4,0.3,0.1,0.2",
+    create_map: Annotated[Path | None, typer.Option(help="Write the selection map JSON here.")] = None,
+    db: DbOption = DEFAULT_DB,
+) -> None:
+    """Recommend hardware for a model, family or task from measured rows (or marked predictions)."""
+    from harness.analysis.predict import InsufficientData
+    from harness.analysis.recommend import ScoreWeights, selection_map
+    from harness.analysis.recommend import recommend as rank
+
+    try:
+        values = [float(v) for v in weights.split(",")]
+        score_weights = ScoreWeights(*values)
+    except (ValueError, TypeError):
+        raise fail(f"--weights takes four numbers latency,throughput,memory,compatibility (got '{weights}')") from None
+    if mode not in ("inference", "training") or batch_size < 1:
+        raise fail("--mode is inference or training and --batch-size >= 1")
+    try:
+        if create_map is not None:
+            create_map.write_text(json.dumps(selection_map(db, score_weights), indent=2))
+            console.print(f"selection map: {create_map}")
+            return
+        result = rank(db, model, model_family, task, batch_size, None, mode, split_list(hardware), score_weights)
+    except (StoreError, InsufficientData, ValueError, KeyError) as exc:
+        raise fail(str(exc)) from None
+    table = Table(title=f"Recommendation for {result.subject}, batch {batch_size}, {mode}")
+    for name in ("rank", "target", "score", "p50 ms", "items/s", "memory MB", "compat", "backed by"):
+        table.add_column(name, overflow="fold")
+    for rank_number, c in enumerate(([result.primary] if result.primary else []) + result.fallbacks, start=1):
+        evidence = c.evidence[0] if c.source == "predicted" else f"measured: {', '.join(e[:8] for e in c.evidence)}"
+        table.add_row(
+            str(rank_number),
+            c.target,
+            f"{c.score:.3f}",
+            f"{c.latency_ms:.3f}",
+            f"{c.throughput_per_s:.1f}",
+            f"{c.memory_mb:.0f}",
+            f"{c.compatibility:.0%}",
+            evidence,
+        )
+    console.print(table)
+    console.print(f"primary: {result.primary.target if result.primary else 'none — no candidate ran ok'}")
+    for line in result.excluded:
+        console.print(f"excluded: {line}")
+
+
+def emit(text: str, out: Path | None) -> None:
+    """Print plain text (pipeable, no rich markup) or write it to --out."""
+    if out is None:
+        typer.echo(text.rstrip("\n"))
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    console.print(f"wrote {out}")
+
+
+def compare_command(
+    runs: Annotated[list[str] | None, typer.Argument(help=f"A B, each {RUN_SELECTOR}.")] = None,
+    baseline: Annotated[str | None, typer.Option(help="A, e.g. latest-on-main; then pass only B.")] = None,
+    threshold: Annotated[str, typer.Option(help="Smallest change that counts: 5% or 0.05.")] = "5%",
+    quantile: Annotated[float, typer.Option(help="Statistic: 0.5 = median; 0.25 resists load spikes.")] = 0.5,
+    fail_on_regression: Annotated[bool, typer.Option(help="Exit 1 if any case regressed or broke.")] = False,
+    fmt: AnalysisFormat = "md",
+    out: OutOption = None,
+    plot_comparison: Annotated[Path | None, typer.Option(help="Write a before/after plot (.png or .svg).")] = None,
+    db: DbOption = DEFAULT_DB,
+) -> None:
+    """Compare run B with run A (default: previous vs latest): ratio, bootstrap CI, Mann-Whitney p, verdict."""
+    from harness.analysis import compare
+    from harness.analysis.tables import AnalysisError
+
+    runs = runs or []
+    if len(runs) > (1 if baseline else 2):
+        raise fail("compare takes two runs A B, or --baseline A and one run B")
+    a, b = (baseline, runs[0] if runs else "latest") if baseline else [*runs, *("previous", "latest")[len(runs) :]]
+    if fmt not in compare.FORMATS:
+        raise fail(f"unknown format '{fmt}'; valid: {', '.join(compare.FORMATS)}")
+    try:
+        if plot_comparison is not None:
+            compare.check_plot_path(plot_comparison)
+        result = compare.compare_runs(db, a, b, compare.parse_threshold(threshold), quantile, cwd=Path.cwd())
+    except (AnalysisError, StoreError) as exc:
+        raise fail(str(exc)) from None
+    emit(compare.render(result, fmt), out)
+    if plot_comparison is not None:
+        console.print(f"plot: {compare.plot_comparison(result, plot_comparison)}")
+    if fail_on_regression and result.regressed:
+        errors.print(f"{len(result.regressed)} case(s) regressed or broke; exit 1", highlight=False)
+        raise typer.Exit(1)
+
+
+def history_command(
+    model: Annotated[str, typer.Option(help="Model name as stored (an .onnx file's stem).")],
+    metric: Annotated[str, typer.Option(help="A numeric results column, or latency_pNN_ms from the samples.")] = (
+        "latency_p50_ms"
+    ),
+    hardware: Annotated[str | None, typer.Option(help="Only this hardware platform.")] = None,
+    engine: Annotated[str | None, typer.Option(help="Only this engine.")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Only this batch size.")] = None,
+    threshold: Annotated[str, typer.Option(help="Smallest step that counts: 10% or 0.1.")] = "10%",
+    window: Annotated[int, typer.Option(help="Previous points whose median is the baseline.")] = 5,
+    fmt: Annotated[str, typer.Option("--format", help="md or json.")] = "md",
+    out: OutOption = None,
+    db: DbOption = DEFAULT_DB,
+) -> None:
+    """A metric over runs (ordered by start time) per case, with step changes flagged."""
+    from harness.analysis import history
+    from harness.analysis.compare import parse_threshold
+    from harness.analysis.tables import AnalysisError
+
+    filters = {"hardware": hardware, "engine": engine, "batch_size": batch_size}
+    try:
+        if fmt not in history.FORMATS:
+            raise AnalysisError(f"unknown format '{fmt}'; valid: {', '.join(history.FORMATS)}")
+        result = history.history(db, model, metric, filters, parse_threshold(threshold), window)
+    except (AnalysisError, StoreError) as exc:
+        raise fail(str(exc)) from None
+    emit(history.render(result, fmt), out)
+
+
+def query_command(
+    report: Annotated[str | None, typer.Option(help="latest, best-hardware, compatibility or regressions.")] = None,
+    sql: Annotated[str | None, typer.Option(help="One read-only SELECT over runs/hardware/results/samples.")] = None,
+    run: RunOption = "latest",
+    threshold: Annotated[str, typer.Option(help="Threshold for the regressions report: 5% or 0.05.")] = "5%",
+    fmt: Annotated[str, typer.Option("--format", help="md, csv, json or html.")] = "md",
+    out: OutOption = None,
+    db: DbOption = DEFAULT_DB,
+) -> None:
+    """Canned reports, or read-only ad-hoc SQL, over the store."""
+    from harness.analysis import query, tables
+    from harness.analysis.compare import parse_threshold
+
+    if (report is None) == (sql is None):
+        raise fail("query takes either --report NAME or --sql 'SELECT …'")
+    try:
+        if fmt not in tables.FORMATS:
+            raise tables.AnalysisError(f"unknown format '{fmt}'; valid: {', '.join(tables.FORMATS)}")
+        if sql is not None:
+            table = query.run_sql(db, sql)
+        else:
+            table = query.run_report(db, report or "", run, parse_threshold(threshold))
+    except (tables.AnalysisError, StoreError) as exc:
+        raise fail(str(exc)) from None
+    emit(tables.render_table(table, fmt), out)
+
+
+def export_command(
+    out: Annotated[Path, typer.Option("--out", help="Directory for <table>.parquet / <table>.csv.")],
+    fmt: Annotated[str, typer.Option("--format", help="parquet or csv.")] = "parquet",
+    table: Annotated[str, typer.Option(help="results, samples, runs, hardware or all.")] = "all",
+    db: DbOption = DEFAULT_DB,
+) -> None:
+    """Export store tables to Parquet or CSV (read-only)."""
+    from harness.analysis.query import export_tables
+    from harness.analysis.tables import AnalysisError
+
+    try:
+        paths = export_tables(db, out, fmt, table)
+    except (AnalysisError, StoreError) as exc:
+        raise fail(str(exc)) from None
+    for path in paths:
+        console.print(f"export: {path}")

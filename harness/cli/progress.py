@@ -1,0 +1,85 @@
+"""A run's progress bar, fed by each committed result, and the summary table printed after it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import typer
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from harness.cli.common import console, errors, fail
+from harness.core.records import Result
+from harness.run.recording import RunSummary
+from harness.store import StoreError
+
+
+def run_with_progress(total: int, start: Callable[[Callable[[Result, str], None]], RunSummary]) -> RunSummary:
+    """Run with a progress bar (ETA) fed by each committed result, then print the summary."""
+    rows: list[Result] = []
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task("benchmarking", total=total)
+
+        def on_result(result: Result, _result_id: str) -> None:
+            rows.append(result)
+            progress.update(task, advance=1, description=f"{result.model} {result.target.label}")
+            if not console.is_terminal:  # logs and CI: a line per stored result instead of a live bar
+                console.print(
+                    f"[{len(rows)}/{total}] stored {result.model} {result.target.label} {result.case.key}: "
+                    f"{result.status}",
+                    highlight=False,
+                )
+
+        try:
+            summary = start(on_result)
+        except StoreError as exc:
+            raise fail(str(exc)) from None
+    console.print(summary_table(rows))
+    console.print(f"run [bold]{summary.run_id}[/bold] → {summary.db_path}: {summary.counts}")
+    for path in summary.reports:
+        console.print(f"  report: {path}")
+    if summary.report_error:
+        errors.print(f"[red]error:[/red] {summary.report_error}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
+    return summary
+
+
+def summary_table(rows: list[Result]) -> Table:
+    from harness.core.labels import flags
+    from harness.core.stats import summarize
+
+    table = Table(title="Results")
+    for name in ("model", "target", "case", "status", "p50 ms", "items/s", "max |diff|", "note"):
+        table.add_column(name, overflow="fold")
+    for r in rows:
+        s = summarize(r.samples_ms, r.case.batch_size)
+        marked = {"status": r.status, "precision": r.precision, "requested_precision": r.case.precision}
+        marked |= {"noisy": bool(s and s.noisy), "latency_cv": s.cv if s else None, "details": r.details}
+        notes = flags(marked)  # the same warnings the reports put next to the number
+        notes += [r.error.splitlines()[0][:100]] if r.error else []
+        table.add_row(
+            r.model,
+            r.target.label,
+            r.case.key,
+            r.status,
+            f"{s.median_ms:.3f}" if s else "—",
+            f"{s.throughput_per_s:.1f}" if s and s.throughput_per_s is not None else "—",
+            f"{r.max_abs_diff:.2g}" if r.max_abs_diff is not None else "—",
+            "; ".join(notes),
+        )
+    return table

@@ -1,0 +1,236 @@
+"""`accelharness suite`: a config-driven suite run, its checks, and the seeds' report-only modes."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from harness.cli.common import RUN_SELECTOR, console, fail, given, split_list
+from harness.cli.progress import run_with_progress
+from harness.run.plan import RequestError
+from harness.store import StoreError
+
+DEFAULT_CONFIG_PATH = Path("accelharness-suite.toml")
+DURATION = re.compile(r"^(\d+(?:\.\d+)?)([dhm])$")
+UNITS = {"d": "days", "h": "hours", "m": "minutes"}
+MAX_AGE = timedelta(days=100 * 365)  # further back than any stored result; beyond it dates overflow
+STORE = ("db", "output_dir")  # override the config's db and output_dir, for a run and the report-only modes
+# The seeds' modes that only read the store, and the options only a run uses: never both.
+REPORT_ONLY = ("plot_only", "update_matrix_only", "aggregate", "plot_comparison")
+RUN_ONLY = (
+    "models",
+    "hardware",
+    "resume",
+    "older_than",
+    "check",
+    "baseline",
+    "threshold",
+    "fail_on_regression",
+    "ray_address",
+)
+
+
+def parse_age(text: str) -> timedelta:
+    match = DURATION.match(text.strip())
+    try:
+        age = timedelta(**{UNITS[match.group(2)]: float(match.group(1))}) if match else None
+    except OverflowError:
+        age = None
+    if age is None or age > MAX_AGE:
+        raise fail(f"--older-than takes a number and a unit d, h or m up to 36500d, e.g. 30d or 12h (got '{text}')")
+    return age
+
+
+def _refuse_unused(ctx: typer.Context) -> None:
+    """An option that would do nothing with the others given is refused, never silently ignored."""
+    if given(ctx, "create_config") and (unused := given(ctx, *REPORT_ONLY, *RUN_ONLY, *STORE)):
+        raise fail(f"--create-config only writes the config file; {', '.join(unused)} would do nothing: drop it")
+    modes = given(ctx, *REPORT_ONLY)
+    if modes and (unused := given(ctx, *RUN_ONLY)):
+        raise fail(f"{modes[0]} only reads the store and runs nothing; {', '.join(unused)} would do nothing: drop it")
+    if given(ctx, "threshold") and not given(ctx, "baseline"):
+        raise fail("--threshold applies to the comparison with --baseline RUN; pass --baseline or drop --threshold")
+
+
+def _report_only(
+    db: Path,
+    output_dir: Path,
+    plot_only: str | None,
+    update_matrix_only: bool,
+    aggregate: str | None,
+    plot_comparison: tuple[str, str] | None,
+) -> None:
+    """The seeds' modes that only read the store: plots, the matrix, aggregates, a before/after plot."""
+    from harness.analysis import compare
+    from harness.analysis.matrix import update_matrix
+    from harness.analysis.tables import AnalysisError
+    from harness.report import write_reports
+
+    written: list[Path] = []
+    try:
+        if plot_only:
+            written += write_reports(db, plot_only, output_dir, ["html"])
+        if update_matrix_only:
+            written += update_matrix(db, output_dir)
+        if aggregate:
+            written += write_reports(db, aggregate, output_dir)
+        if plot_comparison:
+            result = compare.compare_runs(db, *plot_comparison, compare.parse_threshold("5%"), 0.5, cwd=Path.cwd())
+            written.append(compare.plot_comparison(result, output_dir / "comparison.png"))
+    except (StoreError, AnalysisError) as exc:
+        raise fail(str(exc)) from None
+    for path in written:
+        console.print(f"wrote {path}")
+
+
+def _print_check(plan: object) -> None:
+    from harness.suite.plan import SuitePlan, check_prerequisites
+
+    assert isinstance(plan, SuitePlan)
+    checks = Table(title="Prerequisites")
+    for column in ("check", "ok", "detail"):
+        checks.add_column(column, overflow="fold")
+    for check in check_prerequisites(plan):
+        checks.add_row(check.item, "yes" if check.ok else "[red]no[/red]", check.detail)
+    console.print(checks)
+    groups = Table(title="Plan: device groups run side by side, targets within a group one after another")
+    for column in ("group", "targets"):
+        groups.add_column(column, overflow="fold")
+    for group, targets in plan.groups().items():
+        groups.add_row(group, ", ".join(t.label for t in targets))
+    console.print(groups)
+    models = plan.native.specs if plan.native else plan.web.specs if plan.web else []
+    console.print(
+        f"suite '{plan.config.name}': {len(models)} models → {plan.total_results} results to run, "
+        f"{len(plan.groups())} group(s) concurrently"
+        + (f"; continuing run {plan.resume_run_id}" if plan.resume_run_id else "")
+        + ". Nothing was run (--check)."
+    )
+
+
+def _print_cluster_check(plan: object, address: str) -> None:
+    from harness.suite.plan import SuitePlan
+    from harness.suite.ray import print_cluster_check
+
+    assert isinstance(plan, SuitePlan)
+    try:
+        print_cluster_check(plan, address, console)
+    except RequestError as exc:
+        raise fail(str(exc)) from None
+
+
+def suite(
+    ctx: typer.Context,
+    config: Annotated[Path, typer.Option(help="The suite config (.toml, or .json).")] = DEFAULT_CONFIG_PATH,
+    create_config: Annotated[bool, typer.Option(help="Write a commented default config to --config.")] = False,
+    check: Annotated[bool, typer.Option(help="Verify prerequisites and print the plan; run nothing.")] = False,
+    models: Annotated[str | None, typer.Option(help="Only these families or models, comma-separated.")] = None,
+    hardware: Annotated[str | None, typer.Option(help="Only these hardware types, comma-separated.")] = None,
+    resume: Annotated[bool, typer.Option(help="Continue the suite's unfinished run (only missing results).")] = False,
+    older_than: Annotated[
+        str | None, typer.Option(help="A new run of only what the suite measured longer ago, e.g. 30d.")
+    ] = None,
+    db: Annotated[Path | None, typer.Option("--db", help="DuckDB file (default: the config's db).")] = None,
+    output_dir: Annotated[
+        Path | None, typer.Option("--output-dir", help="Where the reports and the matrix go (default: the config's).")
+    ] = None,
+    plot_only: Annotated[str | None, typer.Option(help=f"Only write RUN's HTML report ({RUN_SELECTOR}).")] = None,
+    update_matrix_only: Annotated[bool, typer.Option(help="Only rebuild the compatibility matrix.")] = False,
+    aggregate: Annotated[str | None, typer.Option(help="Only write one report over RUN,RUN,… (or all).")] = None,
+    plot_comparison: Annotated[tuple[str, str] | None, typer.Option(help="Only plot run B against run A.")] = None,
+    baseline: Annotated[
+        str | None, typer.Option(help=f"After the run, compare it with this run: {RUN_SELECTOR}.")
+    ] = None,
+    threshold: Annotated[str, typer.Option(help="With --baseline: the smallest change that counts.")] = "5%",
+    fail_on_regression: Annotated[bool, typer.Option(help="With --baseline: exit 1 if a case regressed.")] = False,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            help="Run each (model, hardware) job as a Ray task on the cluster at auto|HOST:PORT "
+            "(needs accelharness\\[ray])."
+        ),
+    ] = None,
+) -> None:
+    """Run a benchmark suite from a config file; resumable, independent devices side by side."""
+    from harness.suite.config import ConfigError, load_config, write_default_config
+
+    _refuse_unused(ctx)
+    try:
+        if create_config:
+            write_default_config(config)
+            console.print(f"wrote {config}; edit it, then: accelharness suite --config {config} --check")
+            return
+        loaded = load_config(config)
+    except ConfigError as exc:
+        raise fail(str(exc)) from None
+    loaded = dataclasses.replace(loaded, db=db or loaded.db, output_dir=output_dir or loaded.output_dir)
+    if plot_only or update_matrix_only or aggregate or plot_comparison:
+        _report_only(loaded.db, loaded.output_dir, plot_only, update_matrix_only, aggregate, plot_comparison)
+        return
+    age = parse_age(older_than) if older_than else None
+    from harness.suite.plan import plan_suite  # imports torch: only once the options are known good
+    from harness.suite.run import run_suite
+
+    try:
+        plan = plan_suite(loaded, split_list(models), split_list(hardware), resume, age)
+    except (RequestError, StoreError) as exc:
+        raise fail(str(exc)) from None
+    if resume and plan.resume_run_id is None:  # say why nothing is continued (e.g. the config changed)
+        console.print(f"--resume: {plan.resume_note}")
+    baseline_run = _resolve_baseline(loaded.db, baseline, threshold, fail_on_regression)
+    if check:
+        _print_check(plan)
+        if ray_address:
+            _print_cluster_check(plan, ray_address)
+        return
+    if plan.total_results == 0 and plan.resume_run_id is None:  # (a resumed run with nothing left is closed)
+        console.print(f"suite '{loaded.name}': every result is younger than --older-than {older_than}; nothing run")
+        return
+    if plan.resume_run_id:
+        console.print(f"continuing run {plan.resume_run_id}: {plan.total_results} results still to run")
+    try:
+        summary = run_with_progress(plan.total_results, lambda on_result: run_suite(plan, on_result, ray_address))
+    except RequestError as exc:  # --ray-address: Ray not installed, or no cluster there
+        raise fail(str(exc)) from None
+    except KeyboardInterrupt:
+        console.print(f"interrupted: finished results are stored; continue with --config {config} --resume")
+        raise typer.Exit(130) from None
+    if baseline_run is not None:
+        _compare_with_baseline(loaded.db, baseline_run, summary.run_id, threshold, fail_on_regression)
+
+
+def _resolve_baseline(db: Path, baseline: str | None, threshold: str, fail_on_regression: bool) -> str | None:
+    """The baseline's run id, resolved before the run (so 'latest' means the run before this one)."""
+    from harness.analysis.compare import parse_threshold
+    from harness.analysis.tables import AnalysisError
+    from harness.store import open_store
+
+    if baseline is None:
+        if fail_on_regression:
+            raise fail("--fail-on-regression needs --baseline RUN (e.g. latest-on-main) to compare against")
+        return None
+    try:
+        parse_threshold(threshold)
+    except AnalysisError as exc:
+        raise fail(str(exc)) from None
+    try:
+        with open_store(db, read_only=True) as store:
+            return store.resolve_run(baseline, Path.cwd())
+    except StoreError as exc:
+        raise fail(f"--baseline {baseline}: {exc}") from None
+
+
+def _compare_with_baseline(db: Path, baseline: str, run_id: str, threshold: str, fail_on_regression: bool) -> None:
+    from harness.analysis import compare
+
+    result = compare.compare_runs(db, baseline, run_id, compare.parse_threshold(threshold), cwd=Path.cwd())
+    typer.echo(compare.render(result, "md"))
+    if fail_on_regression and result.regressed:
+        console.print(f"[red]{len(result.regressed)} case(s) regressed or broke against {baseline}[/red]")
+        raise typer.Exit(1)

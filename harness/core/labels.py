@@ -1,0 +1,127 @@
+"""How a stored result is named and qualified wherever it is shown: target and case labels, the
+marks (mismatch, noise, precision changes, fallbacks) that travel with a number, and the baseline
+speedups are relative to. Reports, the analyses and the CLI's summary all print these."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+BASELINE = ("cpu", "torch")  # (hardware, engine): speedups are relative to torch eager on the CPU
+BASELINE_LABEL = "/".join(BASELINE)
+# Engines whose provider is the device the hardware already names: their labels leave it out.
+DEVICE_PROVIDER_ENGINES = ("torch",)
+ENGINE_ABBREVIATIONS = {"onnxruntime": "ort", "onnxruntime-web": "ort-web"}
+
+
+def target_label(row: Mapping[str, Any]) -> str:
+    """Column name for a (hardware, engine, provider) triple, e.g. cpu/onnxruntime:CPUExecutionProvider."""
+    label = f"{row['hardware']}/{row['engine']}"
+    return label if row["engine"] in DEVICE_PROVIDER_ENGINES else f"{label}:{row['provider']}"
+
+
+def short_target(row: Mapping[str, Any]) -> str:
+    """A compact target label for plots: cpu/ort:CPU, openvino:CPU, wasm/ort-web:threads=1, webgpu/ort-web."""
+    engine = ENGINE_ABBREVIATIONS.get(row["engine"], row["engine"])
+    label = row["hardware"] if row["engine"] == row["hardware"] else f"{row['hardware']}/{engine}"
+    provider = (row.get("provider") or "").replace("ExecutionProvider", "")
+    if row["engine"] in DEVICE_PROVIDER_ENGINES or not provider or provider == row["hardware"]:
+        return label
+    return f"{label}:{provider.removeprefix(row['hardware'] + ':')}"
+
+
+def is_baseline(row: Mapping[str, Any]) -> bool:
+    return (row["hardware"], row["engine"]) == BASELINE
+
+
+def case_label(row: Mapping[str, Any]) -> str:
+    label = f"b{row['batch_size']}" + (f" s{row['seq_len']}" if row["seq_len"] else "")
+    mode = row.get("mode") or "inference"
+    if mode == "generate":
+        return f"{label} gen{row['new_tokens']}"
+    return label if mode == "inference" else f"{label} {mode}"
+
+
+def mode_of(row: Mapping[str, Any]) -> str:
+    return row.get("mode") or "inference"  # stores before schema 2 have no mode column
+
+
+def details_of(row: Mapping[str, Any]) -> dict[str, Any]:
+    details = row.get("details")
+    if isinstance(details, dict):
+        return details
+    return json.loads(details) if details else {}
+
+
+def marks(row: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(kind, text) for everything that qualifies a number: a mismatch, noise, precision changes, fallbacks.
+
+    Kinds: mismatch, noisy, precision, cpu_fallback, fallback_adapter, threads_dropped (see MARK_STYLES).
+    """
+    details = details_of(row)
+    found = []
+    if row["status"] == "mismatch":
+        found.append(
+            ("mismatch", f"mismatch (max |diff| {row['max_abs_diff']:.3g})" if row.get("max_abs_diff") else "mismatch")
+        )
+    if row.get("noisy"):
+        found.append(("noisy", f"noisy (cv {row['latency_cv']:.0%})"))
+    if row["precision"] != row["requested_precision"] and row["requested_precision"] != "auto":
+        found.append(("precision", f"ran {row['precision']} (asked {row['requested_precision']})"))
+    elif row["requested_precision"] == "auto" and row["precision"] != "fp32":
+        found.append(("precision", f"engine chose {row['precision']}"))
+    elif details.get("precision_changed"):
+        found.append(("precision", f"precision changed (hint {details.get('inference_precision_hint')})"))
+    if details.get("cpu_fallback"):
+        found.append(("cpu_fallback", f"{details.get('cpu_fallback_nodes')} nodes fell back to CPU"))
+    if details.get("fallback_adapter"):
+        found.append(("fallback_adapter", "WebGPU on a software (fallback) adapter"))
+    if details.get("threads_dropped"):
+        found.append(("threads_dropped", f"threads dropped (ran {details.get('threads_effective', '?')})"))
+    return found
+
+
+def flags(row: Mapping[str, Any]) -> list[str]:
+    """Warnings a reader must see next to the number: noise, precision changes, fallbacks."""
+    return [text for kind, text in marks(row) if kind != "mismatch"]
+
+
+def case_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What a baseline is matched on: the same model, the same inputs and the same mode."""
+    return (row["model"], row["batch_size"], row["seq_len"] or 0, mode_of(row), row.get("new_tokens"))
+
+
+def baselines(rows: list[dict[str, Any]]) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """The cpu/torch ok row per case_key (the latest when a case ran more than once)."""
+    found: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for row in sorted(rows, key=lambda r: str(r.get("created_at"))):
+        if is_baseline(row) and row["status"] == "ok" and row["latency_p50_ms"]:
+            found[case_key(row)] = row
+    return found
+
+
+def speedup(row: Mapping[str, Any], base: dict[tuple[Any, ...], dict[str, Any]]) -> float | None:
+    """cpu/torch p50 ÷ this row's p50 for the same model and inputs; None without a measured pair."""
+    reference = base.get(case_key(row))
+    if reference is None or row["status"] != "ok" or not row["latency_p50_ms"]:
+        return None
+    return reference["latency_p50_ms"] / row["latency_p50_ms"]
+
+
+@dataclass(frozen=True)
+class MarkStyle:
+    code: str  # printed next to a bar, point or box
+    legend: str
+    hatch: str  # matplotlib hatch pattern ("" = none)
+
+
+MARK_STYLES = {
+    "mismatch": MarkStyle("M", "M: output mismatch", "xx"),
+    "fallback_adapter": MarkStyle("F", "F: software (fallback) adapter", "//"),
+    "cpu_fallback": MarkStyle("C", "C: nodes fell back to CPU", "\\\\"),
+    "precision": MarkStyle("P", "P: precision changed (e.g. bf16)", ".."),
+    "threads_dropped": MarkStyle("T", "T: wasm threads dropped", "++"),
+    "noisy": MarkStyle("~", "~: noisy (cv > 10%), faded", ""),
+}

@@ -1,0 +1,135 @@
+"""The typed records every backend, native or browser, produces and the store maps to rows."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from numbers import Real
+from typing import Any
+
+from harness.core.labels import target_label
+
+STATUSES = ("ok", "unsupported", "error", "timeout", "oom", "mismatch")
+# auto: whatever the engine picks by default. Every row records the precision that actually ran.
+PRECISIONS = ("fp32", "fp16", "bf16", "int8", "auto")
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a job runs: a hardware platform, the engine, and its provider/device on it."""
+
+    hardware: str  # cpu, cuda, rocm, mps, openvino, qnn, directml, wasm, webgpu, webnn
+    engine: str  # torch, onnxruntime, openvino, onnxruntime-web
+    provider: str  # torch device, ORT execution provider, OpenVINO device, ORT-web EP
+
+    @property
+    def label(self) -> str:
+        return target_label(vars(self))
+
+
+MODES = ("inference", "generate", "training")
+MEASURED = ("ok", "mismatch")  # statuses whose row holds timings
+SAMPLE_FIELDS = ("samples_ms", "ttft_samples_ms", "tpot_samples_ms")
+NUMBER_FIELDS = (
+    "load_ms", "first_run_ms", "memory_load_mb", "memory_peak_mb", "device_memory_peak_mb", "max_abs_diff",
+    "max_rel_diff", "load_avg_1m", "cpu_percent", "compile_ms", "energy_j_per_item",
+)  # fmt: skip
+
+
+class UnsupportedError(RuntimeError):
+    """This model, precision or mode cannot run on this target here; recorded as status `unsupported`."""
+
+
+class ResultError(ValueError):
+    """A Result breaks an invariant: it must not be stored as it is."""
+
+
+def _is_finite(value: Any) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class Case:
+    batch_size: int
+    seq_len: int | None  # None where the model's inputs have no sequence axis
+    precision: str  # as requested
+    mode: str = "inference"  # inference | generate (TTFT/TPOT) | training (forward+backward+step)
+    new_tokens: int | None = None  # generate mode: exactly this many tokens per sequence
+
+    @property
+    def key(self) -> str:
+        key = f"b{self.batch_size}" + (f"_s{self.seq_len}" if self.seq_len else "") + f"_{self.precision}"
+        if self.mode == "generate":
+            return f"{key}_gen{self.new_tokens}"
+        return key if self.mode == "inference" else f"{key}_{self.mode}"
+
+
+def result_key(model: str, target: Target, case: Case) -> str:
+    """What makes a result unique within a run: --resume skips the keys a run already holds."""
+    return f"{model}|{target.hardware}|{target.engine}|{target.provider}|{case.key}"
+
+
+@dataclass
+class Result:
+    """One measured (or failed) case. Statistics are derived from samples_ms by the store."""
+
+    model: str
+    family: str
+    weights: str
+    target: Target
+    case: Case
+    status: str
+    error: str | None = None
+    precision: str | None = None  # what actually ran; defaults to the requested precision
+    samples_ms: list[float] = field(default_factory=list)
+    load_ms: float | None = None
+    first_run_ms: float | None = None
+    memory_load_mb: float | None = None
+    memory_peak_mb: float | None = None
+    device_memory_peak_mb: float | None = None
+    max_abs_diff: float | None = None
+    max_rel_diff: float | None = None
+    load_avg_1m: float | None = None
+    cpu_percent: float | None = None
+    ttft_samples_ms: list[float] = field(default_factory=list)  # generate mode, per iteration
+    tpot_samples_ms: list[float] = field(default_factory=list)
+    compile_ms: float | None = None  # JIT engines: compile time, kept out of the latency samples
+    energy_j_per_item: float | None = None  # only from a real sensor (RAPL, NVML)
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return result_key(self.model, self.target, self.case)
+
+    def __post_init__(self) -> None:
+        if self.precision is None and isinstance(self.case, Case):
+            self.precision = self.case.precision
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ResultError naming every broken invariant. __post_init__ checks each Result built
+        here; one that arrives unpickled (from a Ray node) skipped that and is checked again."""
+        if problems := self.problems():
+            raise ResultError("; ".join(problems))
+
+    def problems(self) -> list[str]:
+        found = [f"{name} must be a non-empty string" for name in ("model", "family", "weights", "precision")
+                 if not isinstance(getattr(self, name), str) or not getattr(self, name)]  # fmt: skip
+        if not isinstance(self.target, Target) or not isinstance(self.case, Case):
+            found.append("target and case must be a Target and a Case")
+        if self.status not in STATUSES:
+            found.append(f"status {self.status!r} is not one of {', '.join(STATUSES)}")
+        elif self.status != "ok" and not (isinstance(self.error, str) and self.error.strip()):
+            found.append(f"status '{self.status}' needs the reason in error")
+        for name in SAMPLE_FIELDS:
+            values = getattr(self, name)
+            bad = [v for v in values if not _is_finite(v) or v <= 0] if isinstance(values, list) else [values]
+            if bad:
+                found.append(f"{name} must hold finite numbers > 0 ({len(bad)} do not, e.g. {bad[0]!r})")
+        if self.status in MEASURED and not self.samples_ms:
+            found.append(f"status '{self.status}' needs latency samples")
+        found += [f"{name} must be a finite number or None (got {getattr(self, name)!r})" for name in NUMBER_FIELDS
+                  if getattr(self, name) is not None and not _is_finite(getattr(self, name))]  # fmt: skip
+        if not isinstance(self.details, dict):
+            found.append("details must be a dict")
+        return found

@@ -1,0 +1,266 @@
+"""Prepare a model once per run, in a worker: module → ONNX (cached) → inputs + reference outputs.
+
+Each (batch, seq) case gets one .npz holding its inputs and the reference outputs, so every
+backend — native or browser — runs on identical tensors and is checked against the same
+reference: torch fp32 for spec models, ONNX Runtime CPU for plain .onnx files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+import numpy as np
+
+from harness.core.records import Case, Result, Target
+from harness.prepare.specs import ModelSpec
+
+if TYPE_CHECKING:  # harness.prepare.export imports torch: workers that only run ORT/OpenVINO never need it
+    from harness.prepare.export import ExportOutcome
+    from harness.prepare.workload import Weights
+
+CaseShape = tuple[int, int | None]  # (batch, seq)
+MODEL_FACTS = "model.json"  # in a case directory: the module's facts a warm-cache prepare needs
+
+
+@dataclass
+class PreparedModel:
+    spec: ModelSpec
+    weights: str  # pretrained | random
+    weights_source: str
+    onnx_path: Path | None
+    onnx_error: str | None
+    reference: str  # what produced the reference outputs
+    parameters: int | None
+    export: dict[str, Any] = field(default_factory=dict)
+    case_files: dict[CaseShape, Path] = field(default_factory=dict)
+    skipped: dict[CaseShape, str] = field(default_factory=dict)  # case → why it cannot run
+    onnx_past_path: Path | None = None  # the export with past key/values, for ONNX generation
+    onnx_past_error: str | None = None  # why there is none when it was asked for
+    output_names: tuple[str, ...] = ()  # the reference outputs' names, in order (parity messages name them)
+
+    def result(self, target: Target, case: Case, status: str, error: str | None = None, **fields: Any) -> Result:
+        """A Result carrying this model's facts, native or browser; measured fields come in **fields."""
+        details = {
+            "weights_source": self.weights_source,
+            "reference": self.reference,
+            "export": self.export,
+            "parameters": self.parameters,
+        } | dict(fields.pop("details", {}))
+        return Result(
+            model=self.spec.name,
+            family=self.spec.family,
+            weights=self.weights,
+            target=target,
+            case=case,
+            status=status,
+            error=error,
+            details=details,
+            **fields,
+        )
+
+    def load_case(self, shape: CaseShape) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+        with np.load(self.case_files[shape]) as data:
+            feeds = {k[3:]: data[k] for k in data.files if k.startswith("in:")}
+            count = sum(k.startswith("ref:") for k in data.files)
+            reference = [data[f"ref:{i}"] for i in range(count)]
+        return feeds, reference
+
+
+@dataclass(frozen=True)
+class PrepareJob:
+    spec: ModelSpec
+    shapes: list[CaseShape]
+    # Export the graph with past key/values too: only when the plan generates on ONNX Runtime,
+    # since it is a second export of the whole model.
+    with_past: bool = False
+
+
+def unprepared_result(
+    spec: ModelSpec, target: Target, case: Case, status: str, error: str, details: dict[str, Any] | None = None
+) -> Result:
+    """The row for a case whose model was never prepared: its weights are unknown."""
+    return Result(spec.name, spec.family, "unknown", target, case, status, error, details=details or {})
+
+
+def write_atomically(path: Path, write: Callable[[IO[bytes]], object]) -> None:
+    """Write `path` through a uniquely named temp file beside it, renamed into place: two preparers
+    of one model (two device groups) never share a temp file, none reads half a file, and an
+    interrupted write leaves no temp file behind."""
+    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as file:
+            write(file)
+        os.replace(temp, path)
+    finally:
+        Path(temp).unlink(missing_ok=True)
+
+
+def _save_case(path: Path, feeds: dict[str, np.ndarray], reference: list[np.ndarray]) -> None:
+    arrays = {f"in:{k}": v for k, v in feeds.items()} | {f"ref:{i}": r for i, r in enumerate(reference)}
+    write_atomically(path, lambda file: np.savez(file, **arrays))
+
+
+def _prepare_spec_model(job: PrepareJob) -> PreparedModel:
+    from harness.prepare.export import export_key
+    from harness.prepare.workload import find_weights
+
+    weights, _ = find_weights(job.spec)
+    case_dir = _case_dir(export_key(job.spec, weights))
+    return _prepare_from_cache(job, weights, case_dir) or _build_and_prepare(job, case_dir)
+
+
+def _case_paths(job: PrepareJob, case_dir: Path, limit: int | None) -> tuple[dict[CaseShape, Path], dict]:
+    """Each case's .npz path, and the cases the model cannot take (a sequence past its positions)."""
+    case_files, skipped = {}, {}
+    for batch, seq in job.shapes:
+        if limit is not None and seq is not None and seq > limit:
+            skipped[(batch, seq)] = f"sequence length {seq} exceeds the model's maximum of {limit} positions"
+        else:
+            case_files[(batch, seq)] = case_dir / f"b{batch}_s{seq}.npz"
+    return case_files, skipped
+
+
+def _prepare_from_cache(job: PrepareJob, weights: Weights, case_dir: Path) -> PreparedModel | None:
+    """Everything from the cache when an earlier run left all of it: no module is built (seconds of
+    random initialisation for a base model). None when anything is missing."""
+    from harness.prepare.export import cached_export, export_dir
+
+    facts_path = case_dir / MODEL_FACTS
+    onnx = cached_export(export_dir(case_dir.name))
+    past = cached_export(export_dir(f"{case_dir.name}-past")) if job.with_past else None
+    if not facts_path.exists() or onnx is None or (job.with_past and past is None):
+        return None
+    facts = json.loads(facts_path.read_text())
+    case_files, skipped = _case_paths(job, case_dir, facts["max_sequence_length"])
+    if not all(path.exists() for path in case_files.values()):
+        return None
+    prepared = _prepared(job, weights, onnx, facts["parameters"], case_files, skipped)
+    if past is not None:
+        prepared.onnx_past_path, prepared.export["past"] = past.path, _export_facts(past)
+    return prepared
+
+
+def _build_and_prepare(job: PrepareJob, case_dir: Path) -> PreparedModel:
+    import torch
+
+    from harness.prepare.export import export_onnx
+    from harness.prepare.workload import build_module, make_inputs, max_sequence_length
+
+    spec = job.spec
+    module, weights = build_module(spec)
+    config = module.model.config
+    parameters = sum(p.numel() for p in module.parameters())
+    limit = max_sequence_length(config) if spec.inputs.uses_sequence else None
+    case_files, skipped = _case_paths(job, case_dir, limit)
+    # References first: exporting traces the module and may leave it changed.
+    for (batch, seq), path in case_files.items():
+        if not path.exists():
+            feeds = make_inputs(spec, config, batch, seq)
+            with torch.inference_mode():
+                outputs = module(*(torch.from_numpy(feeds[n]) for n in module.input_names))
+            _save_case(path, feeds, [o.float().numpy() for o in outputs])
+    example_seq = 16 if spec.inputs.uses_sequence else None
+    outcome = export_onnx(spec, module, weights, make_inputs(spec, config, 2, example_seq))
+    prepared = _prepared(job, weights, outcome, parameters, case_files, skipped)
+    if job.with_past:
+        from harness.prepare.export_past import export_with_past
+
+        past = export_with_past(spec, module.model, weights)
+        prepared.onnx_past_path, prepared.onnx_past_error = past.path, past.error
+        prepared.export["past"] = _export_facts(past)
+    facts = {"parameters": parameters, "max_sequence_length": limit}
+    write_atomically(case_dir / MODEL_FACTS, lambda file: file.write(json.dumps(facts).encode()))  # for the next run
+    return prepared
+
+
+def _prepared(
+    job: PrepareJob,
+    weights: Weights,
+    outcome: ExportOutcome,
+    parameters: int,
+    case_files: dict[CaseShape, Path],
+    skipped: dict[CaseShape, str],
+) -> PreparedModel:
+    return PreparedModel(
+        spec=job.spec,
+        weights=weights.kind,
+        weights_source=weights.source,
+        onnx_path=outcome.path,
+        onnx_error=outcome.error,
+        reference="torch-fp32",
+        parameters=parameters,
+        export=_export_facts(outcome),
+        case_files=case_files,
+        skipped=skipped,
+        output_names=job.spec.outputs,
+    )
+
+
+def _export_facts(outcome: ExportOutcome) -> dict[str, Any]:
+    return {
+        "exporter": outcome.exporter,
+        "cache_hit": outcome.cache_hit,
+        "export_s": outcome.export_s,
+        "dynamo_error": outcome.dynamo_error,
+    }
+
+
+def _prepare_onnx_file(job: PrepareJob) -> PreparedModel:
+    import onnxruntime as ort
+
+    from harness.prepare.inputs import make_signature_inputs, onnx_file_signature
+
+    spec = job.spec
+    assert spec.local_path is not None
+    try:
+        session = ort.InferenceSession(str(spec.local_path), providers=["CPUExecutionProvider"])
+    except Exception as exc:  # e.g. an operator ORT lacks: other engines may still run the file
+        session, reference = None, f"none: onnxruntime CPU cannot run this file ({_first_line(exc)})"
+        signature = onnx_file_signature(spec.local_path)
+    else:
+        reference = "onnxruntime-cpu-fp32"
+        signature = [(i.name, list(i.shape), i.type) for i in session.get_inputs()]
+    digest = hashlib.sha256(spec.local_path.read_bytes()).hexdigest()[:24]
+    prepared = PreparedModel(
+        spec=spec,
+        weights="pretrained",
+        weights_source=str(spec.local_path),
+        onnx_path=spec.local_path,
+        onnx_error=None,
+        reference=reference,
+        parameters=None,
+        export={"exporter": "file"},
+        output_names=tuple(o.name for o in session.get_outputs()) if session is not None else (),
+    )
+    case_dir = _case_dir(digest)
+    for batch, seq in job.shapes:
+        path = case_dir / f"b{batch}_s{seq}.npz"
+        if not path.exists():
+            feeds = make_signature_inputs(signature, spec.name, batch, seq)
+            _save_case(path, feeds, list(session.run(None, feeds)) if session is not None else [])
+        prepared.case_files[(batch, seq)] = path
+    return prepared
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:500]
+
+
+def _case_dir(key: str) -> Path:
+    from harness.prepare.cache import cache_root
+
+    directory = cache_root() / "cases" / key
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+def prepare_model(job: PrepareJob) -> Iterator[PreparedModel]:
+    """Worker entry point (a generator, as harness.run.isolation expects)."""
+    yield _prepare_onnx_file(job) if job.spec.is_onnx_file else _prepare_spec_model(job)

@@ -1,0 +1,279 @@
+"""Declarative model specs: models/*.toml (and --model-path) → ModelSpec.
+
+A spec file describes one architecture with a `base` variant (the real model's dimensions) and
+a `tiny` variant (overrides for fast runs). Each variant is a separately named model.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+FAMILIES = ("embedding", "text_generation", "vision", "audio", "multimodal")
+# How inputs are generated (harness/prepare/inputs.py): token ids, images, waveforms, log-mel features,
+# encoder-decoder token pairs, videos, and images spliced into a decoder's tokens.
+INPUT_KINDS = (
+    "text",
+    "vision",
+    "audio",
+    "text+vision",
+    "seq2seq",
+    "audio-features",
+    "video+text",
+    "image+text-generation",
+    "onnx-signature",
+)
+NO_SEQUENCE_KINDS = ("vision", "audio")  # kinds whose inputs have no token axis
+VARIANTS = ("base", "tiny")
+
+
+class SpecError(ValueError):
+    """A spec or model selection that cannot be used; the message says what is valid."""
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    kind: str
+    text_inputs: tuple[str, ...] = ()
+    audio_seconds: float = 1.0
+    sampling_rate: int = 16000
+    extra_inputs: tuple[str, ...] = ()  # model-specific inputs, e.g. CLAP's is_longer, LLaVA-NeXT's image_sizes
+    image_size: int | None = None  # for configs without an image_size (ResNet, DETR)
+    audio_frames: int | None = None  # log-mel frames for CLAP-style features (Whisper's come from its config)
+    image_aspect: tuple[int, int] = (1, 1)  # LLaVA-NeXT image height, width in vision-tower resolutions
+
+    @property
+    def uses_sequence(self) -> bool:
+        return self.kind not in NO_SEQUENCE_KINDS
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The fields that affect inputs; fields left at their defaults are omitted so adding a
+        field does not change every existing export's cache key."""
+        defaults = InputSpec(kind=self.kind)
+        return {k: v for k, v in self.__dict__.items() if k in LEGACY_INPUT_FIELDS or v != getattr(defaults, k)}
+
+
+LEGACY_INPUT_FIELDS = ("kind", "text_inputs", "audio_seconds", "sampling_rate")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One benchmarkable model: an architecture and config, or a local directory / ONNX file."""
+
+    name: str
+    family: str
+    variant: str
+    model_type: str
+    architecture: str
+    outputs: tuple[str, ...]
+    inputs: InputSpec
+    config: dict[str, Any] = field(default_factory=dict)
+    pretrained_id: str | None = None
+    # An installed Python package that ships the weights: its import name and the directory inside it.
+    pretrained_package: str | None = None
+    pretrained_package_path: str = ""
+    local_path: Path | None = None  # an HF model directory or an .onnx file given by --model-path
+    source: str = ""
+
+    @property
+    def is_generative(self) -> bool:
+        """Architectures with a language-model head that transformers' generate() can drive."""
+        return self.architecture.endswith(("LMHeadModel", "ForCausalLM", "ForConditionalGeneration"))
+
+    @property
+    def has_past_export(self) -> bool:
+        """Decoder-only LMs (GPT-2, LLaMA, Qwen2): they get an ONNX export with past key/values,
+        so ONNX Runtime can generate with a KV-cache loop (harness.prepare.export_past)."""
+        return not self.is_onnx_file and self.architecture.endswith(("LMHeadModel", "ForCausalLM"))
+
+    @property
+    def is_onnx_file(self) -> bool:
+        return self.local_path is not None and self.local_path.suffix == ".onnx"
+
+    def fingerprint(self) -> str:
+        """Everything that determines the module's graph and weights, as canonical JSON."""
+        return json.dumps(
+            {
+                "name": self.name,
+                "architecture": self.architecture,
+                "model_type": self.model_type,
+                "config": self.config,
+                "outputs": self.outputs,
+                "inputs": self.inputs.fingerprint(),
+                "local_path": str(self.local_path) if self.local_path else None,
+            },
+            sort_keys=True,
+        )
+
+
+def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    merged = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _require(table: dict[str, Any], key: str, where: str) -> Any:
+    if key not in table:
+        raise SpecError(f"{where}: missing key '{key}'")
+    return table[key]
+
+
+def _parse_inputs(table: dict[str, Any], where: str) -> InputSpec:
+    kind = _require(table, "kind", f"{where} [inputs]")
+    if kind not in INPUT_KINDS[:-1]:
+        raise SpecError(f"{where}: inputs.kind '{kind}' is not one of {', '.join(INPUT_KINDS[:-1])}")
+    return InputSpec(
+        kind=kind,
+        text_inputs=tuple(table.get("text_inputs", ())),
+        audio_seconds=float(table.get("audio_seconds", 1.0)),
+        sampling_rate=int(table.get("sampling_rate", 16000)),
+        extra_inputs=tuple(table.get("extra_inputs", ())),
+        image_size=table.get("image_size"),
+        audio_frames=table.get("audio_frames"),
+        image_aspect=tuple(table.get("image_aspect", (1, 1))),
+    )
+
+
+def parse_spec_file(path: Path, text: str) -> list[ModelSpec]:
+    """Parse one spec file into its base and tiny ModelSpecs."""
+    where = str(path)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{where}: not valid TOML ({exc})") from exc
+    family = _require(data, "family", where)
+    if family not in FAMILIES:
+        raise SpecError(f"{where}: family '{family}' is not one of {', '.join(FAMILIES)}")
+    inputs_table = _require(data, "inputs", where)
+    _parse_inputs(inputs_table, where)  # report a bad [inputs] table even without a tiny variant
+    base = _require(data, "base", where)
+    specs = []
+    for variant in VARIANTS:
+        table = data.get(variant)
+        if table is None:
+            continue
+        config = base.get("config", {})
+        if variant != "base":
+            config = _deep_merge(config, table.get("config", {}))
+        specs.append(
+            ModelSpec(
+                name=_require(table, "name", f"{where} [{variant}]"),
+                family=family,
+                variant=variant,
+                model_type=_require(data, "model_type", where),
+                architecture=_require(data, "architecture", where),
+                outputs=tuple(_require(data, "outputs", where)),
+                # A variant may override input fields, e.g. a tiny model's smaller image.
+                inputs=_parse_inputs(inputs_table | table.get("inputs", {}), f"{where} [{variant}]"),
+                config=config,
+                # Pretrained weights only match the dimensions they were trained with.
+                pretrained_id=table.get("pretrained_id"),
+                pretrained_package=table.get("pretrained_package"),
+                pretrained_package_path=table.get("pretrained_package_path", ""),
+                source=where,
+            )
+        )
+    return specs
+
+
+def load_specs() -> dict[str, ModelSpec]:
+    """Every spec shipped in models/, keyed by model name."""
+    specs: dict[str, ModelSpec] = {}
+    for entry in sorted(resources.files("harness.models").iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".toml"):
+            for spec in parse_spec_file(Path(entry.name), entry.read_text()):
+                specs[spec.name] = spec
+    return specs
+
+
+def spec_from_path(path: Path, family: str | None) -> ModelSpec:
+    """A spec for --model-path: an HF model directory (config.json [+ weights]) or an .onnx file."""
+    if not path.exists():
+        raise SpecError(f"--model-path {path}: no such file or directory")
+    if path.is_file():
+        if path.suffix != ".onnx":
+            raise SpecError(f"--model-path {path}: expected an .onnx file or an HF model directory")
+        check_onnx_file(path)
+        return ModelSpec(
+            name=path.stem,
+            family=family or "embedding",
+            variant="file",
+            model_type="onnx",
+            architecture="onnx",
+            outputs=(),
+            inputs=InputSpec(kind="onnx-signature"),
+            local_path=path.resolve(),
+            source=str(path),
+        )
+    config_file = path / "config.json"
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # ValueError: bad JSON, or bytes that are not UTF-8
+        raise SpecError(f"--model-path {path}: cannot read config.json ({exc})") from exc
+    if not isinstance(config, dict):
+        raise SpecError(f"--model-path {path}: config.json must hold a JSON object, got {type(config).__name__}")
+    model_type = config.get("model_type")
+    template = next((s for s in load_specs().values() if s.model_type == model_type), None)
+    if template is None:
+        known = sorted({s.model_type for s in load_specs().values()})
+        raise SpecError(
+            f"--model-path {path}: model_type '{model_type}' has no spec to take inputs and outputs from; "
+            f"known model types: {', '.join(known)} (or pass an .onnx file)"
+        )
+    return ModelSpec(
+        name=path.name,
+        family=family or template.family,
+        variant="local",
+        model_type=model_type,
+        architecture=template.architecture,
+        outputs=template.outputs,
+        inputs=template.inputs,
+        config={},
+        local_path=path.resolve(),
+        source=str(path),
+    )
+
+
+def check_onnx_file(path: Path) -> None:
+    """Refuse a file that is not an ONNX model (truncated, empty, another format) before a run
+    exists. onnx's checker reads the file itself (models over 2 GB, external data) and checks
+    the graph's structure; operators it has no schema for (custom domains) are left to the engines."""
+    import onnx
+
+    try:
+        onnx.checker.check_model(str(path))
+    except (onnx.checker.ValidationError, OSError) as exc:  # also raised for bytes that are not a protobuf
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        raise SpecError(f"--model-path {path} is not a valid ONNX model (onnx.checker: {first})") from exc
+
+
+def check_families(families: list[str] | None) -> None:
+    for family in families or []:
+        if family not in FAMILIES:
+            raise SpecError(f"unknown model family '{family}'; valid: {', '.join(FAMILIES)}")
+
+
+def select_specs(names: list[str] | None, families: list[str] | None, small: bool) -> list[ModelSpec]:
+    """Resolve --model / --model-families / --small-models into specs, or raise SpecError."""
+    specs = load_specs()
+    check_families(families)
+    if names:
+        unknown = [n for n in names if n not in specs]
+        if unknown:
+            raise SpecError(f"unknown model '{unknown[0]}'; valid: {', '.join(sorted(specs))}")
+        chosen = [specs[n] for n in names]
+    else:
+        variant = "tiny" if small else "base"
+        chosen = [s for s in specs.values() if s.variant == variant]
+    if families:
+        chosen = [s for s in chosen if s.family in families]
+    return chosen

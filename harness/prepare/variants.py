@@ -1,0 +1,115 @@
+"""The fp16 and int8 versions of an fp32 ONNX file, converted with ONNX Runtime's tools and cached
+next to the export: the files native ONNX Runtime and the browser (onnxruntime-web) run for those
+precisions. Imports no torch: an ONNX Runtime worker converts without it."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.core.records import UnsupportedError
+from harness.prepare.cache import cache_root
+
+
+@dataclass(frozen=True)
+class VariantOutcome:
+    path: Path
+    info: dict[str, Any]  # the converter ("tool") and what it changed
+    cache_hit: bool
+    convert_s: float | None
+
+
+def _variant_key(onnx_path: Path) -> str:
+    """The fp32 export's cache key, or a content hash for an ONNX file given by --model-path."""
+    if onnx_path.parent.parent == cache_root() / "onnx":
+        return onnx_path.parent.name
+    return hashlib.sha256(onnx_path.read_bytes()).hexdigest()[:24]
+
+
+def _quantize_int8(source: Path, target: Path) -> dict[str, Any]:
+    """ORT dynamic quantization of the MatMuls with constant weights (int8 weights per output
+    channel, uint8 activations quantized per run).
+
+    MatMul only: the ONNX form of Linear layers, matching torch's Linear-only dynamic quantization
+    (ORT's CPU EP has no ConvInteger kernel for int8 weights either). Per channel: per-tensor weights
+    were off by 2.8 on xclip-tiny's logits (max 7.4); per channel, 0.12.
+    """
+    import onnx
+    import onnxruntime
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(source, target, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"], per_channel=True)
+    quantized = sum(n.op_type == "MatMulInteger" for n in onnx.load(str(target), load_external_data=False).graph.node)
+    tool = f"onnxruntime {onnxruntime.__version__} quantization.quantize_dynamic (MatMul, QInt8 per-channel weights)"
+    return {"tool": tool, "quantized_matmuls": quantized}
+
+
+def _convert_fp16(source: Path, target: Path) -> dict[str, Any]:
+    """fp16 weights and compute, fp32 graph inputs and outputs (so the same feeds work), with
+    onnxruntime.transformers' converter; its default block list keeps unsafe ops in fp32."""
+    import onnx
+    import onnxruntime
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    onnx.save(convert_float_to_float16(onnx.load(str(source)), keep_io_types=True), str(target))
+    tool = f"onnxruntime {onnxruntime.__version__} transformers.float16.convert_float_to_float16 (keep_io_types)"
+    return {"tool": tool}
+
+
+VARIANT_CONVERTERS = {"int8": _quantize_int8, "fp16": _convert_fp16}
+
+
+def precision_variant(onnx_path: Path, precision: str) -> VariantOutcome:
+    """The int8 or fp16 version of an fp32 ONNX file, cached next to it as <key>-<precision>.
+
+    Conversion errors propagate: the caller records them as the reason the precision cannot run.
+    """
+    target_dir = cache_root() / "onnx" / f"{_variant_key(onnx_path)}-{precision}"
+    target = target_dir / "model.onnx"
+    if target.exists():
+        meta = json.loads((target_dir / "meta.json").read_text())
+        return VariantOutcome(target, meta["info"], True, None)
+    target_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target_dir.parent, prefix=".staging-"))
+    try:
+        started = time.perf_counter()
+        info = VARIANT_CONVERTERS[precision](onnx_path, staging / "model.onnx")
+        convert_s = time.perf_counter() - started
+        meta = {"info": info, "source": str(onnx_path), "convert_s": convert_s}
+        (staging / "meta.json").write_text(json.dumps(meta))
+        with contextlib.suppress(OSError):
+            os.replace(staging, target_dir)  # atomic, as for the fp32 export
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return VariantOutcome(target, info, False, convert_s)
+
+
+def model_for_precision(onnx_path: Path, precision: str) -> tuple[Path, str, dict[str, Any]]:
+    """(model file, precision it runs in, conversion facts): the fp32 export, or its int8 / fp16
+    conversion. ORT has no bf16 conversion to offer, and a conversion that fails is the reason
+    the precision is unsupported."""
+    if precision in ("fp32", "auto"):
+        return onnx_path, "fp32", {}
+    if precision not in VARIANT_CONVERTERS:
+        raise UnsupportedError(
+            f"onnxruntime: no {precision} model: the harness converts the export to int8 (dynamic "
+            "quantization) and fp16 only"
+        )
+    try:
+        variant = precision_variant(onnx_path, precision)
+    except Exception as exc:  # the converter's own error is the reason
+        raise UnsupportedError(f"onnxruntime: {precision} conversion of the export failed: {exc}") from exc
+    if variant.info.get("quantized_matmuls") == 0:  # the file would run, but in fp32: not an int8 result
+        raise UnsupportedError("onnxruntime int8: the export has no MatMul with constant weights to quantize")
+    facts = {"precision_model": str(variant.path), "conversion_cached": variant.cache_hit} | {
+        "conversion" if k == "tool" else k: v for k, v in variant.info.items()
+    }
+    return variant.path, precision, facts

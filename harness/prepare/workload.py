@@ -1,0 +1,139 @@
+"""Build what a spec describes: the torch module, pretrained or seeded random, offline.
+
+Inputs live in harness/prepare/inputs.py (re-exported here for the modules that import them from here).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness.prepare.inputs import case_seed, input_names, make_inputs, make_signature_inputs, max_sequence_length
+from harness.prepare.specs import ModelSpec
+
+__all__ = [
+    "OutputSelector",
+    "Weights",
+    "build_config",
+    "build_module",
+    "case_seed",
+    "count_parameters",
+    "find_weights",
+    "input_names",
+    "make_inputs",
+    "make_signature_inputs",
+    "max_sequence_length",
+]
+
+WEIGHT_SEED = 0
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json")
+
+
+@dataclass(frozen=True)
+class Weights:
+    kind: str  # "pretrained" | "random"
+    source: str  # directory the weights came from, or the seed used
+    fingerprint: str  # changes whenever the weights would change
+
+
+def _weights_fingerprint(directory: Path) -> str:
+    parts = [f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in sorted(directory.iterdir())]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def package_directory(spec: ModelSpec) -> Path | None:
+    """The weights directory inside the spec's pretrained_package, if that package is installed.
+
+    find_spec locates the package without importing (running) it.
+    """
+    if not spec.pretrained_package:
+        return None
+    try:
+        found = importlib.util.find_spec(spec.pretrained_package)
+    except (ImportError, ValueError):
+        return None
+    if found is None or not found.submodule_search_locations:
+        return None
+    directory = Path(next(iter(found.submodule_search_locations))) / spec.pretrained_package_path
+    return directory if directory.is_dir() else None
+
+
+def find_weights(spec: ModelSpec) -> tuple[Weights, Path | None]:
+    """Pretrained weights from --model-path, an installed package or the local HF cache when
+    present, else random.
+
+    Never downloads: the hub is consulted with local_files_only.
+    """
+    directory: Path | None = None
+    if spec.local_path is not None and spec.local_path.is_dir():
+        directory = spec.local_path
+    elif (packaged := package_directory(spec)) is not None:
+        directory = packaged
+    elif spec.pretrained_id:
+        from huggingface_hub import snapshot_download
+
+        try:
+            directory = Path(snapshot_download(spec.pretrained_id, local_files_only=True))
+        except Exception:  # not in the cache: any hub error means "not available offline"
+            directory = None
+    if directory is not None and any((directory / name).exists() for name in WEIGHT_FILES):
+        return Weights("pretrained", str(directory), _weights_fingerprint(directory)), directory
+    return Weights("random", f"seed={WEIGHT_SEED}", f"seed={WEIGHT_SEED}"), directory
+
+
+def build_module(spec: ModelSpec) -> tuple[Any, Weights]:
+    """The spec's torch module in eval mode, wrapped to return its compared outputs as a tuple."""
+    import transformers
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    weights, directory = find_weights(spec)
+    model_class = getattr(transformers, spec.architecture)
+    if weights.kind == "pretrained":
+        model = model_class.from_pretrained(directory)
+    else:
+        config = transformers.AutoConfig.from_pretrained(directory) if directory is not None else build_config(spec)
+        torch.manual_seed(WEIGHT_SEED)
+        model = model_class(config)
+    return OutputSelector(model, input_names(spec), spec.outputs).eval(), weights
+
+
+def build_config(spec: ModelSpec) -> Any:
+    """The spec's transformers config, built offline (nested sub-configs are dicts with a model_type)."""
+    import transformers
+
+    return transformers.AutoConfig.for_model(spec.model_type, **spec.config)
+
+
+def count_parameters(spec: ModelSpec) -> int:
+    """Parameters of the spec's architecture, counted on the meta device: no weights allocated."""
+    import transformers
+
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # config-validation notices would drown a listing
+    try:
+        config = build_config(spec)
+        with torch.device("meta"):
+            model = getattr(transformers, spec.architecture)(config)
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+    return sum(p.numel() for p in model.parameters())
+
+
+class OutputSelector(torch.nn.Module):
+    """Positional inputs in, the spec's named outputs out: the shape ONNX export needs."""
+
+    def __init__(self, model: Any, names: list[str], outputs: tuple[str, ...]) -> None:
+        super().__init__()
+        self.model = model
+        self.input_names = names
+        self.output_names = outputs
+
+    def forward(self, *args: Any) -> tuple[Any, ...]:
+        result = self.model(**dict(zip(self.input_names, args, strict=True)))
+        return tuple(getattr(result, name) for name in self.output_names)

@@ -1,0 +1,98 @@
+"""The native part of a run: prepare each model once, then one worker per (model, target).
+
+from harness import BenchmarkRequest, run_native
+summary = run_native(BenchmarkRequest(models=["bert-tiny"], hardware=["cpu"], iterations=50))
+print(summary.run_id, summary.counts)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict
+
+from harness.core.records import Case, Result, Target
+from harness.native import capabilities
+from harness.native.base import Availability
+from harness.prepare.prepared import PreparedModel, PrepareJob, unprepared_result
+from harness.prepare.specs import ModelSpec
+from harness.run.measure import MeasureConfig
+from harness.run.plan import BenchmarkRequest, Plan, validate
+from harness.run.recording import Body, Emit, RunSummary, record_run
+from harness.run.worker import Job, prepare_isolated, run_job
+
+
+def _prepare(plan: Plan, spec: ModelSpec) -> tuple[PreparedModel | None, str | None, str]:
+    shapes = sorted({(c.batch_size, c.seq_len) for c in plan.cases(spec)}, key=str)
+    job = PrepareJob(spec, shapes, with_past=plan.exports_past(spec))
+    prepared, outcome = prepare_isolated(job, plan.request.timeout_s)
+    if prepared:
+        return prepared, None, "ok"
+    return None, outcome.message or "model preparation failed", outcome.status
+
+
+def _skip_reason(prepared: PreparedModel, target: Target, availability: Availability, case: Case) -> str | None:
+    """Why a case cannot run on a target (recorded as `unsupported`), or None when it can."""
+    if not availability.ok:
+        return availability.reason
+    if skip := prepared.skipped.get((case.batch_size, case.seq_len)):
+        return skip
+    if capabilities(target.engine).needs_onnx and prepared.onnx_path is None:
+        return prepared.onnx_error
+    return None
+
+
+def _run_model(plan: Plan, spec: ModelSpec, emit: Callable[[Result], None]) -> None:
+    if not any(plan.remaining(spec, target) for target, _ in plan.targets):
+        return  # a resumed run holds every result of this model: do not even export it
+    prepared, error, status = _prepare(plan, spec)
+    measure = MeasureConfig(
+        plan.request.warmup, plan.request.iterations, plan.request.min_duration_s, plan.request.max_iterations
+    )
+    for target, availability in plan.targets:
+        cases = plan.remaining(spec, target)
+        if spec.is_onnx_file and not capabilities(target.engine).runs_onnx_files:
+            for case in cases:
+                emit(unprepared_result(spec, target, case, "unsupported", "not applicable: the model is an .onnx file"))
+        elif prepared is None:
+            for case in cases:
+                failed = "error" if status == "finished" else status
+                emit(unprepared_result(spec, target, case, failed, f"model preparation failed: {error}"))
+        else:
+            job = Job(prepared, target, [], measure)
+            runnable = []
+            for case in cases:
+                if reason := _skip_reason(prepared, target, availability, case):
+                    emit(job.prepared.result(job.target, case, "unsupported", reason))
+                else:
+                    runnable.append(case)
+            if runnable:
+                run_job(Job(prepared, target, runnable, measure), plan.request.timeout_s, emit)
+
+
+def execute_native(plan: Plan) -> Body:
+    """The native part of a run, as a body for harness.run.recording.record_run."""
+
+    def body(emit: Emit) -> None:
+        for spec in plan.specs:
+            _run_model(plan, spec, emit)
+
+    return body
+
+
+def run_native(
+    request: BenchmarkRequest,
+    on_result: Callable[[Result, str], None] | None = None,
+    plan: Plan | None = None,
+    resume_run_id: str | None = None,
+) -> RunSummary:
+    """Benchmark the request on native backends; every result is committed as it completes.
+
+    on_result(result, result_id) is called after each commit (the CLI's progress bar uses it).
+    Ctrl-C marks the run 'interrupted' and re-raises; finished results stay in the store.
+    resume_run_id (from harness.run.recording.resume_point, which also sets plan.done) continues that run.
+    """
+    plan = plan or validate(request)
+    bodies = [execute_native(plan)]
+    return record_run(
+        request.db_path, "native", asdict(request), bodies, on_result, request.outputs, None, resume_run_id
+    )

@@ -1,0 +1,219 @@
+"""A native benchmark request, checked before anything is written, and the plan it stands for:
+model × target × case × mode, less what a resumed run already holds."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.core.records import MODES, PRECISIONS, Case, Target, result_key
+from harness.native import DEFAULT_ENGINES, ENGINES, capabilities
+from harness.native.base import Availability
+from harness.prepare.specs import ModelSpec, SpecError, check_families, select_specs, spec_from_path
+from harness.run.hardware import NATIVE_PLATFORMS, native_targets
+from harness.run.outputs import Outputs
+from harness.store import DEFAULT_DB
+
+
+class RequestError(ValueError):
+    """Invalid user input: the message names what was wrong and what is valid."""
+
+
+@dataclass
+class RunOptions:
+    """What every benchmark request shares: the model selection, the cases, the stop rule and the store."""
+
+    models: list[str] | None = None
+    model_families: list[str] | None = None
+    small_models: bool = False
+    model_path: Path | None = None
+    batch_sizes: list[int] = field(default_factory=lambda: [1])
+    sequence_lengths: list[int] = field(default_factory=lambda: [32])
+    warmup: int = 5
+    iterations: int = 20
+    min_duration_s: float = 0.5
+    max_iterations: int = 10_000
+    timeout_s: float = 300.0
+    db_path: Path = DEFAULT_DB
+    output_dir: Path | None = Path("accelharness-results")
+
+    @property
+    def outputs(self) -> Outputs | None:
+        """The after-run step's reports and matrix, in output_dir (None: write none)."""
+        return Outputs(Path(self.output_dir)) if self.output_dir is not None else None
+
+
+@dataclass
+class BenchmarkRequest(RunOptions):
+    hardware: list[str] | None = None  # None: every available native platform
+    engines: list[str] | None = None
+    precision: str | list[str] = "fp32"  # one precision, a list, or a comma-separated string
+    modes: list[str] = field(default_factory=lambda: ["inference"])
+    new_tokens: int = 16  # generate mode: tokens generated per sequence (min = max)
+
+
+@dataclass
+class Plan:
+    specs: list[ModelSpec]
+    targets: list[tuple[Target, Availability]]
+    request: BenchmarkRequest
+    done: frozenset[str] = frozenset()  # result keys a resumed run already holds: never run twice
+
+    def cases(self, spec: ModelSpec, target: Target | None = None) -> list[Case]:
+        """The cases of a spec on a target (all targets when None). Each mode is planned on the engines
+        whose capabilities list it: generation for generative architectures only, and on an engine whose
+        generation runs the export with past key/values only for the models that have one (the
+        decoder-only GPT-2, LLaMA, Qwen2; not T5, Whisper or LLaVA). Combinations that don't apply are
+        not planned rather than recorded."""
+        seqs: list[int | None] = list(self.request.sequence_lengths) if spec.inputs.uses_sequence else [None]
+        cases = []
+        for mode in self.request.modes:
+            if mode == "generate" and not spec.is_generative:
+                continue
+            if target is not None and not capabilities(target.engine).plans(mode, spec.has_past_export):
+                continue
+            tokens = self.request.new_tokens if mode == "generate" else None
+            cases += [
+                Case(b, s, p, mode, tokens)
+                for p in precisions(self.request)  # grouped by precision: the worker loads once per precision
+                for b in self.request.batch_sizes
+                for s in seqs
+            ]
+        return cases
+
+    def exports_past(self, spec: ModelSpec) -> bool:
+        """Whether preparing the spec needs its export with past key/values: an available target
+        generates with it."""
+        return any(
+            case.mode == "generate"
+            for target, availability in self.targets
+            if capabilities(target.engine).generate_needs_past_export and availability.ok
+            for case in self.cases(spec, target)
+        )
+
+    def remaining(self, spec: ModelSpec, target: Target) -> list[Case]:
+        """The cases still to run on a target: all of them, less what a resumed run already holds."""
+        return [c for c in self.cases(spec, target) if result_key(spec.name, target, c) not in self.done]
+
+    @property
+    def total_results(self) -> int:
+        return sum(len(self.remaining(spec, target)) for spec in self.specs for target, _ in self.targets)
+
+
+def precisions(request: BenchmarkRequest) -> list[str]:
+    """The requested precisions, in order, without duplicates (validate() rejects an empty list)."""
+    given = request.precision.split(",") if isinstance(request.precision, str) else request.precision
+    return list(dict.fromkeys(p.strip() for p in given if p.strip()))
+
+
+def check_positive(name: str, values: list[int]) -> None:
+    bad = [v for v in values if v < 1]
+    if bad or not values:
+        raise RequestError(f"{name} must be integers >= 1 (got {values})")
+
+
+def validate(request: BenchmarkRequest) -> Plan:
+    """Check every input before anything is written; raise RequestError naming the valid values."""
+    check_positive("--batch-sizes", request.batch_sizes)
+    check_positive("--sequence-lengths", request.sequence_lengths)
+    if not precisions(request):
+        raise RequestError(f"--precision needs at least one of: {', '.join(PRECISIONS)}")
+    for precision in precisions(request):
+        if precision not in PRECISIONS:
+            raise RequestError(f"unknown precision '{precision}'; valid: {', '.join(PRECISIONS)}")
+    for mode in request.modes:
+        if mode not in MODES:
+            raise RequestError(f"unknown mode '{mode}'; valid: {', '.join(MODES)}")
+    if request.new_tokens < 1:
+        raise RequestError(f"--new-tokens must be >= 1 (got {request.new_tokens})")
+    check_measuring(request)
+    engines = request.engines or list(DEFAULT_ENGINES)  # an opt-in engine runs when named
+    for engine in engines:
+        if engine not in ENGINES:
+            raise RequestError(f"unknown engine '{engine}'; valid: {', '.join(ENGINES)}")
+    for hw in request.hardware or []:
+        if hw not in NATIVE_PLATFORMS:
+            raise RequestError(f"unknown native hardware '{hw}'; valid: {', '.join(NATIVE_PLATFORMS)}")
+    specs = check_selection(request)
+    check_db_path(Path(request.db_path))
+    targets = _choose_targets(request.hardware, engines)
+    if not targets:
+        raise RequestError(f"no target serves hardware {request.hardware} with engines {engines}")
+    return Plan(specs, targets, request)
+
+
+def _choose_targets(hardware: list[str] | None, engines: list[str]) -> list[tuple[Target, Availability]]:
+    """The available targets of each platform; a platform asked for by name that nothing here
+    serves keeps its unavailable targets, so the run records them as `unsupported` with the reason."""
+    chosen = []
+    for platform in hardware or NATIVE_PLATFORMS:
+        probed = native_targets([platform], engines)
+        available = [(t, a) for t, a in probed if a.ok]
+        chosen += available if available or not hardware else probed
+    return chosen
+
+
+def check_selection(request: RunOptions) -> list[ModelSpec]:
+    """The specs a request's --model / --model-families / --small-models / --model-path select."""
+    try:
+        check_families(request.model_families)
+        if request.model_path is not None:
+            _check_model_path_alone(request)
+            families = request.model_families or [None]
+            specs = [spec_from_path(Path(request.model_path), families[0])]
+        else:
+            if request.small_models and request.models:
+                raise RequestError(
+                    "--small-models picks the tiny variant of each family and does nothing with --model "
+                    "(names are exact: e.g. bert-tiny); drop one of them"
+                )
+            specs = select_specs(request.models, request.model_families, request.small_models)
+    except SpecError as exc:
+        raise RequestError(str(exc)) from exc
+    if not specs:
+        raise RequestError("the model selection is empty: check --model / --model-families")
+    return specs
+
+
+def _check_model_path_alone(request: RunOptions) -> None:
+    """--model-path benchmarks one model: options that select others would be silently ignored."""
+    if request.models:
+        raise RequestError("--model-path benchmarks that one model; drop --model (or --model-path)")
+    if request.small_models:
+        raise RequestError("--small-models does nothing with --model-path; drop it")
+    if request.model_families and len(request.model_families) > 1:
+        raise RequestError(
+            f"with --model-path, --model-families is the one family to file the model under "
+            f"(got {', '.join(request.model_families)})"
+        )
+
+
+# The longest --timeout: beyond it a case is a hang, and asyncio/JS timers stop being exact.
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+
+
+def check_seconds(name: str, value: float, *, positive: bool, limit: float = math.inf) -> None:
+    """A duration option: a finite number of seconds, > 0 (positive) or >= 0, and at most `limit`."""
+    low_ok = value > 0 if positive else value >= 0
+    if not (math.isfinite(value) and low_ok and value <= limit):
+        bounds = f"{'> 0' if positive else '>= 0'}" + (f" and <= {limit:g}" if math.isfinite(limit) else "")
+        raise RequestError(f"{name} takes a finite number of seconds {bounds} (got {value:g})")
+
+
+def check_measuring(request: RunOptions) -> None:
+    """The stop-rule and time-limit options every request shares."""
+    if request.warmup < 0 or request.iterations < 1 or request.max_iterations < request.iterations:
+        raise RequestError("need --warmup >= 0, --iterations >= 1 and --max-iterations >= --iterations")
+    check_seconds("--min-duration", request.min_duration_s, positive=False)
+    check_seconds("--timeout", request.timeout_s, positive=True, limit=MAX_TIMEOUT_S)
+
+
+def check_db_path(path: Path) -> None:
+    if path.exists() and not path.is_file():
+        raise RequestError(f"--db {path} is not a file")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise RequestError(f"--db {path} is not writable")
+    if not path.exists() and not os.access(path.parent if str(path.parent) else Path("."), os.W_OK):
+        raise RequestError(f"--db {path}: directory {path.parent} does not exist or is not writable")

@@ -1,0 +1,113 @@
+"""The life of a run in the store, written once for native, web and combined runs.
+
+A run row is opened, the hardware recorded, each body executes and emits Results that are
+committed one by one as they arrive, and the run is closed as completed — or as interrupted if
+anything (Ctrl-C included) escapes, after which the exception goes on. Then the reports and the
+compatibility matrix are written from the store (harness.run.outputs).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.core.records import Result
+from harness.run.hardware import hardware_rows
+from harness.run.outputs import Outputs, write_outputs
+from harness.run.provenance import host_facts
+from harness.store import StoreError, open_store
+
+Emit = Callable[[Result], None]
+Body = Callable[[Emit], None]
+
+
+@dataclass
+class RunSummary:
+    run_id: str
+    db_path: Path
+    counts: dict[str, int]
+    reports: list[Path] = field(default_factory=list)
+    report_error: str | None = None  # the results are stored, but writing the reports failed (disk full…)
+
+    def write_reports(self, writer: Callable[[], list[Path]], output_dir: Path) -> None:
+        """Write the reports; a failure (a full or read-only disk) is kept, the stored results stand."""
+        try:
+            self.reports = writer()
+        except OSError as exc:
+            self.report_error = (
+                f"run {self.run_id} is stored in {self.db_path}, but its reports could not be written to "
+                f"{output_dir}: {exc}. Free space, then: accelharness report --run {self.run_id} "
+                f"--output-dir {output_dir} --db {self.db_path}"
+            )
+
+
+def record_run(
+    db_path: Path,
+    command: str,
+    arguments: dict[str, Any],
+    bodies: list[Body],
+    on_result: Callable[[Result, str], None] | None = None,
+    outputs: Outputs | None = None,
+    suite_id: str | None = None,
+    resume_run_id: str | None = None,
+) -> RunSummary:
+    """Run each body under one run id; on_result(result, result_id) follows every commit.
+
+    resume_run_id continues that run (its bodies must skip the keys it holds); bodies may emit
+    from several threads (parallel device groups), so commits are serialised here."""
+    host = host_facts()
+    counts: Counter[str] = Counter()
+    commit_lock = threading.Lock()  # every write: each result, closing the run, closing the file
+    with open_store(Path(db_path)) as store:
+        if resume_run_id is None:
+            run_id = store.start_run(command, arguments, host, suite_id)
+            store.add_hardware(run_id, hardware_rows())
+        else:
+            run_id = resume_run_id
+            store.reopen_run(run_id)
+        closed = threading.Event()
+
+        def emit(result: Result) -> None:
+            result.details.setdefault("load_avg_at_run_start", host["load_avg_at_start"])
+            with commit_lock:
+                if closed.is_set():  # a body's thread outlived the run: never write into a closed run
+                    raise StoreError(f"run {run_id} is closed; the result for {result.key} was not stored")
+                result_id = store.add_result(run_id, result, host["git_sha"])
+                counts[result.status] += 1
+                if on_result is not None:
+                    on_result(result, result_id)
+
+        def close(status: str) -> None:
+            with commit_lock:
+                closed.set()
+                store.finish_run(run_id, status)
+                store.close()
+
+        try:
+            for body in bodies:
+                body(emit)
+        except BaseException:
+            close("interrupted")
+            raise
+        close("completed")
+    summary = RunSummary(run_id, Path(db_path), dict(counts))
+    if outputs is not None:
+        summary.write_reports(lambda: write_outputs(Path(db_path), run_id, outputs), outputs.directory)
+    return summary
+
+
+def resume_point(db_path: Path, command: str, arguments: dict[str, Any], plans: list[Any]) -> str | None:
+    """--resume for native/web/run: the latest run of this command with the same arguments, if it did
+    not complete; each plan then skips the result keys that run holds (plan.done). None: start anew."""
+    if not Path(db_path).exists():
+        return None
+    with open_store(Path(db_path), read_only=True) as store:
+        run_id = store.unfinished_run_like(command, arguments)
+        done = frozenset(store.result_keys(run_id)) if run_id else frozenset()
+    for plan in plans:
+        plan.done = done
+    return run_id

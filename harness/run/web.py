@@ -1,0 +1,494 @@
+"""`accelharness web`: the native run's ONNX file and input tensors, run in Chromium through
+onnxruntime-web (wasm, webgpu, webnn), parity-checked against the same reference, stored in the same tables.
+
+The browser is launched here (headless or headed, with the GPU profile's flags) or reached at
+--browser-endpoint; either way every row says which browser, flags and adapter it ran on.
+
+from harness.run.web import WebRequest, run_web
+summary = run_web(WebRequest(models=["bert-tiny"], hardware=["wasm"], threads=[1, 2]))
+summary = run_web(WebRequest(models=["bert-tiny"], hardware=["webgpu"], gpu="on", require_hardware_gpu=True))
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+import psutil
+
+from harness.core.parity import compare
+from harness.core.records import PRECISIONS, Case, Result, Target, UnsupportedError, result_key
+from harness.prepare.prepared import PreparedModel, PrepareJob, unprepared_result
+from harness.prepare.specs import ModelSpec
+from harness.prepare.variants import model_for_precision
+from harness.run.isolation import UNSUPPORTED_OPERATOR
+from harness.run.plan import (
+    RequestError,
+    RunOptions,
+    check_db_path,
+    check_measuring,
+    check_positive,
+    check_selection,
+    precisions,
+)
+from harness.run.recording import Body, Emit, RunSummary, record_run
+from harness.run.worker import prepare_isolated
+from harness.web.eps import EPS, WEB_HARDWARE, WEBNN_DEVICES
+from harness.web.flags import GPU_MODES, GpuProfile
+
+ENGINE = "onnxruntime-web"
+# --timeout bounds a page job; a cold export in the prepare child can legitimately take longer.
+PREPARE_TIMEOUT_FLOOR_S = 120.0
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@dataclass
+class WebRequest(RunOptions):
+    hardware: list[str] = field(default_factory=lambda: list(WEB_HARDWARE))
+    browser: str = "chromium"  # chrome | chromium | edge (chrome and edge fall back to Chromium, recorded)
+    browser_path: Path | None = None
+    threads: list[int] = field(default_factory=lambda: [1])  # wasm threads; webgpu/webnn use the first
+    webnn_device: str = "gpu"
+    # fp32 runs the export; fp16/int8 the conversions native ORT runs (harness.prepare.export.precision_variant)
+    precision: str | list[str] = "fp32"
+    gpu: str = "auto"  # the launch profile: auto | on | off (harness.web.flags)
+    headed: bool = False  # a headful browser (on a virtual display when the host has none)
+    browser_args: list[str] = field(default_factory=list)  # raw flags appended to the launch
+    require_hardware_gpu: bool = False  # webgpu cases on a software adapter: `unsupported`, not run
+    browser_endpoint: str | None = None  # ws:// (Playwright server) or http:// (CDP): a remote browser
+    # False drops COOP/COEP: the page is then not cross-origin isolated and ORT-web silently runs one
+    # wasm thread. Only for showing that the harness detects it (details.threads_dropped).
+    cross_origin_isolation: bool = True
+
+
+@dataclass(frozen=True)
+class EpSetting:
+    ep: str
+    threads: int
+    device_type: str | None = None  # for an EP that takes one (WebNN's deviceType)
+
+    @property
+    def provider(self) -> str:
+        # Threads are part of the wasm provider so 1 and 2 threads are distinct report columns.
+        if EPS[self.ep].runs_threads:
+            return f"{self.ep}:threads={self.threads}"
+        return f"{self.ep}:{self.device_type}" if self.device_type else self.ep
+
+    @property
+    def target(self) -> Target:
+        return Target(self.ep, ENGINE, self.provider)
+
+
+@dataclass
+class WebPlan:
+    specs: list[ModelSpec]
+    settings: list[EpSetting]
+    browser: Any  # harness.web.driver.BrowserChoice; None for a remote browser
+    request: WebRequest
+    profile: GpuProfile | None = None  # the launch profile (None: a remote browser brings its own flags)
+    done: frozenset[str] = frozenset()  # result keys a resumed run already holds: never run twice
+
+    def cases(self, spec: ModelSpec) -> list[Case]:
+        seqs: list[int | None] = list(self.request.sequence_lengths) if spec.inputs.uses_sequence else [None]
+        return [
+            Case(b, s, p)
+            for p in precisions(self.request)  # type: ignore[arg-type]  # the same parsing as native
+            for b in self.request.batch_sizes
+            for s in seqs
+        ]
+
+    def browser_source(self, ep: str) -> Any:
+        """How the browser for this EP is obtained: launched with its flags, or the remote one."""
+        from harness.web.driver import LocalBrowser, RemoteBrowser
+        from harness.web.flags import launch_flags
+
+        if self.request.browser_endpoint:
+            return RemoteBrowser(self.request.browser_endpoint)
+        assert self.profile is not None
+        extra = tuple(self.request.browser_args)
+        flags = launch_flags([ep], self.profile, extra)
+        return LocalBrowser(self.browser, flags, self.profile, self.request.headed, extra)
+
+    def remaining(self, spec: ModelSpec, setting: EpSetting) -> list[Case]:
+        return [c for c in self.cases(spec) if result_key(spec.name, setting.target, c) not in self.done]
+
+    def has_work(self, spec: ModelSpec) -> bool:
+        return any(self.remaining(spec, setting) for setting in self.settings)
+
+    @property
+    def total_results(self) -> int:
+        return sum(len(self.remaining(spec, setting)) for spec in self.specs for setting in self.settings)
+
+
+def _settings(request: WebRequest) -> list[EpSetting]:
+    settings: list[EpSetting] = []
+    for ep in WEB_HARDWARE:  # a fixed order: one browser launch per EP
+        if ep not in request.hardware:
+            continue
+        if EPS[ep].runs_threads:
+            settings += [EpSetting(ep, t) for t in dict.fromkeys(request.threads)]
+        else:  # ops the GPU/NPU EP cannot run fall back to wasm with this many threads
+            device_type = request.webnn_device if EPS[ep].device_types else None
+            settings.append(EpSetting(ep, request.threads[0], device_type))
+    return settings
+
+
+def _check_launch(request: WebRequest) -> None:
+    """The options that say how a browser is launched, or where the remote one is."""
+    from harness.web.driver import ENDPOINT_SCHEMES
+    from harness.web.flags import headed_problem
+
+    if request.gpu not in GPU_MODES:
+        raise RequestError(f"unknown --gpu '{request.gpu}'; valid: {', '.join(GPU_MODES)}")
+    if request.browser_endpoint is None:
+        problem = headed_problem() if request.headed else None
+        if problem:
+            raise RequestError(problem)
+        return
+    parts = urlsplit(request.browser_endpoint)
+    if parts.scheme not in ENDPOINT_SCHEMES or not parts.hostname:
+        raise RequestError(
+            f"--browser-endpoint '{request.browser_endpoint}': need ws://HOST:PORT/… (a Playwright browser server) "
+            "or http://HOST:PORT (a Chromium started with --remote-debugging-port)"
+        )
+    launch_only = {
+        "--gpu": request.gpu != "auto",
+        "--headed": request.headed,
+        "--browser-arg": bool(request.browser_args),
+        "--browser-path": request.browser_path is not None,
+        "--browser": request.browser != "chromium",
+    }
+    if any(launch_only.values()):
+        named = ", ".join(name for name, given in launch_only.items() if given)
+        raise RequestError(
+            f"{named}: these set how the harness launches a browser; a remote browser (--browser-endpoint) "
+            "runs with the flags it was started with"
+        )
+
+
+def validate_web(request: WebRequest) -> WebPlan:
+    """Check every input (browser and ORT-web install included) before anything is written."""
+    from harness.web.driver import BROWSERS, BrowserNotFound, resolve_browser
+    from harness.web.flags import gpu_profile
+    from harness.web.server import SetupError, dist_files
+
+    check_positive("--batch-sizes", request.batch_sizes)
+    check_positive("--sequence-lengths", request.sequence_lengths)
+    check_positive("--threads", request.threads)
+    check_measuring(request)
+    if not request.hardware:
+        raise RequestError(f"--hardware is empty; valid: {', '.join(WEB_HARDWARE)}")
+    for hw in request.hardware:
+        if hw not in WEB_HARDWARE:
+            raise RequestError(f"unknown web hardware '{hw}'; valid: {', '.join(WEB_HARDWARE)}")
+    if request.webnn_device not in WEBNN_DEVICES:
+        raise RequestError(f"unknown WebNN device '{request.webnn_device}'; valid: {', '.join(WEBNN_DEVICES)}")
+    if request.browser not in BROWSERS:
+        raise RequestError(f"unknown browser '{request.browser}'; valid: {', '.join(BROWSERS)}")
+    asked = precisions(request)  # type: ignore[arg-type]
+    if not asked or any(p not in PRECISIONS for p in asked):
+        raise RequestError(f"--precision {','.join(asked)}: valid: {', '.join(PRECISIONS)}")
+    _check_launch(request)
+    specs = check_selection(request)
+    check_db_path(Path(request.db_path))
+    try:
+        dist_files()
+        if request.browser_endpoint:
+            return WebPlan(specs, _settings(request), None, request)
+        browser = resolve_browser(request.browser, request.browser_path)
+    except (BrowserNotFound, SetupError) as exc:
+        raise RequestError(str(exc)) from exc
+    return WebPlan(specs, _settings(request), browser, request, gpu_profile(request.gpu))
+
+
+# --- one case ---------------------------------------------------------------------------------------
+
+
+def _page_details(facts: dict[str, Any], setting: EpSetting, probed: dict[str, Any]) -> dict[str, Any]:
+    from harness.web.adapter import classify_adapter
+
+    details = dict(facts)
+    details["console_warnings"] = [ANSI.sub("", line) for line in facts.get("console_warnings", [])]
+    details["wasm_build"] = facts.get("wasm_binary")  # checked by the page against the glue ORT loaded
+    if EPS[setting.ep].gpu_adapter:  # the adapter ORT's device runs on, else the one probed before the job
+        verdict = classify_adapter(facts.get("adapter") or probed.get("probed_adapter"))
+        if verdict is not None:
+            details |= {"adapter_class": verdict.kind, "adapter_class_why": verdict.why}
+        details["fallback_adapter"] = verdict is not None and verdict.software
+    if setting.device_type:
+        details["webnn_device_type"] = setting.device_type
+    placement = facts.get("node_placement")
+    if placement:  # ORT's own CPU EP nodes inside the wasm runtime
+        details["cpu_fallback_nodes"] = placement.get("CPUExecutionProvider", 0)
+        details["cpu_fallback"] = details["cpu_fallback_nodes"] > 0
+    return details
+
+
+def _status(answer: dict[str, Any]) -> str:
+    """The page's status; an operator ORT-web has no kernel for (e.g. fp16 on wasm) is `unsupported`, as native."""
+    if answer["status"] == "error" and any(p in answer["error"].lower() for p in UNSUPPORTED_OPERATOR):
+        return "unsupported"
+    return answer["status"]
+
+
+def build_result(
+    prepared: PreparedModel,
+    setting: EpSetting,
+    case: Case,
+    answer: dict[str, Any],
+    extra: dict[str, Any],
+    reference: list[np.ndarray],
+) -> Result:
+    """The Result for one page answer: statistics come from samples_ms, parity from the first run's outputs
+    at the tolerance of the precision that ran (extra['precision'])."""
+    from harness.web.server import decode_outputs
+
+    details = extra.pop("details")
+    peak_mb, memory = _memory(answer, details)
+    details |= _page_details(answer.get("facts", {}), setting, details) | memory
+    if answer["status"] != "ok":
+        return prepared.result(setting.target, case, _status(answer), answer["error"], details=details, **extra)
+    fields = {"samples_ms": answer["samples_ms"], "load_ms": answer["load_ms"], "first_run_ms": answer["first_run_ms"]}
+    fields["memory_peak_mb"] = peak_mb
+    names = [out["name"] for out in answer["outputs"]]  # the page's session.outputNames, in order
+    try:
+        parity = compare(decode_outputs(answer["outputs"]), reference, extra.get("precision") or "fp32", names)
+    except ValueError as exc:
+        return prepared.result(
+            setting.target, case, "error", f"parity check failed: {exc}", details=details, **extra, **fields
+        )
+    details |= parity.details
+    return prepared.result(
+        setting.target, case, parity.status, parity.error, details=details, **parity.fields, **extra, **fields
+    )
+
+
+def _memory(answer: dict[str, Any], details: dict[str, Any]) -> tuple[float | None, dict[str, Any]]:
+    """The row's memory_peak_mb (the launched browser's processes during the timed loop) and details saying
+    what it covers or why it is NULL, plus the page's own measureUserAgentSpecificMemory figure."""
+    found = dict(answer.get("browser_memory") or {})
+    peak_mb = found.pop("memory_peak_mb", None)
+    if not found:
+        if details.get("browser") == "remote":
+            found["memory_covers"] = "not measured: a remote browser's processes are not on this machine"
+        else:
+            found["memory_covers"] = "not measured: the page never reached its timed loop"
+    page = (answer.get("facts") or {}).get("page_memory") or {}
+    if page.get("bytes") is not None:
+        found["page_memory_mb"] = page["bytes"] / 2**20
+        found["page_memory_covers"] = "performance.measureUserAgentSpecificMemory() after the timed loop: " + (
+            ", ".join(f"{kind} {size / 2**20:.1f} MB" for kind, size in sorted(page.get("by_type", {}).items()))
+        )
+    elif page.get("error"):
+        found["page_memory_covers"] = f"not measured: {page['error']}"
+    return peak_mb, found
+
+
+def _file_stem(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
+
+
+@cache
+def precision_model(onnx_path: Path, precision: str) -> tuple[Path | None, str, dict[str, Any]]:
+    """(model file, precision it runs in, conversion facts) — the same file native ORT runs for that
+    precision (cached as <key>-<precision> next to the export) — or (None, precision, {'why': …})."""
+    try:
+        return model_for_precision(onnx_path, precision)
+    except UnsupportedError as exc:
+        return None, precision, {"why": str(exc)}
+
+
+def page_job(
+    files: Any,
+    prepared: PreparedModel,
+    setting: EpSetting,
+    case: Case,
+    request: WebRequest,
+    fault: str | None = None,
+    model: Path | None = None,
+) -> dict[str, Any]:
+    """Hand the page the case's ONNX file (the export, or `model`: its precision's conversion) and input
+    tensors (from the PreparedModel's npz), and describe the page job."""
+    feeds, _ = prepared.load_case((case.batch_size, case.seq_len))
+    stem = _file_stem(prepared.spec.name)
+    arrays = {f"{stem}.{i}.bin": np.ascontiguousarray(v) for i, v in enumerate(feeds.values())}
+    model = model or prepared.onnx_path
+    assert model is not None
+    # the page keeps one session per model URL: each precision's file has its own name
+    model_name = f"{stem}-{case.precision}.onnx"
+    urls = files.set_job_files({model_name: model} | {k: v.tobytes() for k, v in arrays.items()})
+    return {
+        "model_url": urls[model_name],
+        "inputs": [
+            {"name": name, "url": urls[key], "dtype": str(array.dtype), "dims": list(array.shape)}
+            for name, (key, array) in zip(feeds, arrays.items(), strict=True)
+        ],
+        "ep": setting.ep,
+        "device_type": setting.device_type,
+        "threads": setting.threads,
+        "warmup": request.warmup,
+        "iterations": request.iterations,
+        "min_duration_ms": request.min_duration_s * 1000,
+        "max_iterations": request.max_iterations,
+        "case": case.key,  # the page names the case whose session load a later case reuses
+        "fault": fault,  # test-only
+    }
+
+
+async def _refusal(session: Any, setting: EpSetting, case: Case, request: WebRequest) -> tuple[str | None, dict]:
+    """(why this case must not run, the adapter facts for the row): webgpu on a software adapter under
+    --require-hardware-gpu, or fp16 on an adapter without shader-f16. Decided before any model is loaded."""
+    from harness.web.adapter import adapter_details, webgpu_refusal
+
+    if not EPS[setting.ep].gpu_adapter or session.browser is None:
+        return None, {}
+    report = await session.webgpu_adapter()
+    return webgpu_refusal(report, case.precision, request.require_hardware_gpu), adapter_details(report)
+
+
+async def _run_case(
+    files: Any, session: Any, plan: WebPlan, prepared: PreparedModel, setting: EpSetting, case: Case, fault: str | None
+) -> Result:
+    problem = await session.ensure_started()
+    refusal, adapter = await _refusal(session, setting, case, plan.request)
+    details = session.facts() | adapter  # the browser this job ran in, even if it is restarted after a failure
+    details |= {"page_transport_origin": files.origin, "cross_origin_isolation_served": files.isolate}
+    if problem is not None:  # not started, or not reachable: tried once for this case
+        return prepared.result(setting.target, case, "error", problem, details=details)
+    if refusal is not None:
+        return prepared.result(setting.target, case, "unsupported", refusal, details=details)
+    model, precision, conversion = precision_model(prepared.onnx_path, case.precision)
+    if model is None:
+        return prepared.result(
+            setting.target, case, "unsupported", conversion["why"], precision=precision, details=details
+        )
+    page = page_job(files, prepared, setting, case, plan.request, fault, model)
+    psutil.cpu_percent(interval=None)  # starts the whole-machine CPU window for this job
+    answer = await session.run_job(files.page_url, (prepared.spec.name, setting), page, plan.request.timeout_s)
+    extra = {
+        "load_avg_1m": os.getloadavg()[0],
+        "cpu_percent": psutil.cpu_percent(interval=None),
+        "precision": precision,
+        "details": details | conversion | {"input_shapes": {i["name"]: i["dims"] for i in page["inputs"]}},
+    }
+    _, reference = prepared.load_case((case.batch_size, case.seq_len))
+    return build_result(prepared, setting, case, answer, extra, reference)
+
+
+# --- the run ----------------------------------------------------------------------------------------
+
+Prepared = tuple[ModelSpec, PreparedModel | None, str]  # (spec, prepared or None, why not)
+
+
+def _prepare(plan: WebPlan, spec: ModelSpec) -> Prepared:
+    """The same prepare_model child as native: same cached ONNX file, same npz inputs and reference."""
+    shapes = sorted({(c.batch_size, c.seq_len) for c in plan.cases(spec)}, key=str)
+    timeout_s = max(plan.request.timeout_s, PREPARE_TIMEOUT_FLOOR_S)
+    prepared, outcome = prepare_isolated(PrepareJob(spec, shapes), timeout_s)
+    if prepared:
+        return spec, prepared, ""
+    return spec, None, f"model preparation failed ({outcome.status}): {outcome.message or 'no result'}"
+
+
+def _not_runnable(
+    spec: ModelSpec, prepared: PreparedModel | None, why: str, setting: EpSetting, case: Case
+) -> Result | None:
+    """The row for a case that cannot reach the browser, or None when it can."""
+    if prepared is None:
+        return unprepared_result(spec, setting.target, case, "error", why)
+    skip = prepared.skipped.get((case.batch_size, case.seq_len))
+    if skip:
+        return prepared.result(setting.target, case, "unsupported", skip)
+    if prepared.onnx_path is None:
+        return prepared.result(setting.target, case, "unsupported", f"ONNX export failed: {prepared.onnx_error}")
+    return None
+
+
+def _ep_cases(
+    plan: WebPlan, models: list[Prepared], ep: str
+) -> Iterator[tuple[ModelSpec, PreparedModel | None, str, EpSetting, Case]]:
+    for spec, prepared, why in models:
+        for setting in (s for s in plan.settings if s.ep == ep):
+            for case in plan.remaining(spec, setting):
+                yield spec, prepared, why, setting, case
+
+
+async def _run_ep(
+    playwright: Any,
+    files: Any,
+    plan: WebPlan,
+    models: list[Prepared],
+    ep: str,
+    emit: Callable[[Result], None],
+    faults: Mapping[str, str],
+) -> None:
+    from harness.web.driver import BrowserSession
+
+    session = None  # launched (or connected) on first use, with this EP's flags only
+    try:
+        for spec, prepared, why, setting, case in _ep_cases(plan, models, ep):
+            row = _not_runnable(spec, prepared, why, setting, case)
+            if row is None:
+                assert prepared is not None
+                session = session or BrowserSession(playwright, plan.browser_source(ep), files)
+                row = await _run_case(files, session, plan, prepared, setting, case, faults.get(setting.provider))
+            emit(row)
+    finally:
+        if session is not None:
+            await session.close()
+
+
+async def _run_all(
+    plan: WebPlan, models: list[Prepared], emit: Callable[[Result], None], faults: Mapping[str, str]
+) -> None:
+    from playwright.async_api import async_playwright
+
+    from harness.web.server import PageServer, RoutedPages
+
+    # A remote browser may not be able to connect back here: it gets everything through Playwright's
+    # routing, and no local port is opened. A launched browser loads from a local server.
+    kind = RoutedPages if plan.request.browser_endpoint else PageServer
+    files = kind(isolate=plan.request.cross_origin_isolation)
+    await files.start()
+    try:
+        async with async_playwright() as playwright:
+            for ep in dict.fromkeys(s.ep for s in plan.settings):  # one browser launch per EP
+                await _run_ep(playwright, files, plan, models, ep, emit, faults)
+    finally:
+        await files.stop()
+
+
+def execute_web(plan: WebPlan, faults: Mapping[str, str] | None = None) -> Body:
+    """The browser part of a run, as a body for harness.run.recording.record_run."""
+
+    def body(emit: Emit) -> None:
+        from harness.web.driver import run_sync
+
+        models = [_prepare(plan, spec) for spec in plan.specs if plan.has_work(spec)]
+        run_sync(_run_all(plan, models, emit, faults or {}))
+
+    return body
+
+
+def run_web(
+    request: WebRequest,
+    on_result: Callable[[Result, str], None] | None = None,
+    plan: WebPlan | None = None,
+    faults: Mapping[str, str] | None = None,
+    resume_run_id: str | None = None,
+) -> RunSummary:
+    """Benchmark the request in the browser; every result is committed as it completes.
+
+    faults is test-only: {provider: 'throw' | 'hang' | 'stall' | 'kill'} makes that provider's page
+    jobs fail on purpose so the recovery paths can be tested. Ctrl-C marks the run 'interrupted'.
+    """
+    plan = plan or validate_web(request)
+    bodies = [execute_web(plan, faults)]
+    return record_run(request.db_path, "web", asdict(request), bodies, on_result, request.outputs, None, resume_run_id)

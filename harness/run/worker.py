@@ -1,0 +1,191 @@
+"""The work a run hands to child processes: preparing a model (prepare_isolated), and one (model,
+target) job that loads once per precision, then measures every case (run_job).
+
+The child yields one Result per case as it completes; the parent (run_job) records every case
+the child never reported with the outcome that stopped it (timeout, crash signal, oom).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from itertools import groupby
+from typing import Any
+
+import numpy as np
+
+from harness.core.parity import compare
+from harness.core.records import Case, Result, Target, UnsupportedError
+from harness.native import capabilities
+from harness.prepare.prepared import PreparedModel, PrepareJob, prepare_model
+from harness.run.isolation import Outcome, classify, run_isolated, start_method
+from harness.run.measure import MeasureConfig, Measurement, measure, measure_generation, measure_training
+from harness.run.memory import PeakRss, rss_mb
+
+
+@dataclass(frozen=True)
+class Job:
+    prepared: PreparedModel
+    target: Target
+    cases: list[Case]
+    measure: MeasureConfig
+
+
+def _run_mode(job: Job, session: Any, case: Case, feeds: dict[str, np.ndarray], rss: PeakRss) -> Measurement:
+    if case.mode == "inference":
+        return measure(session, feeds, job.measure, rss)
+    if case.mode == "generate" and hasattr(session, "generate"):
+        return measure_generation(session, feeds, job.measure, case.new_tokens or 1, rss)
+    if case.mode == "training" and hasattr(session, "train_step"):
+        return measure_training(session, feeds, job.measure, rss)
+    engine, can = job.target.engine, capabilities(job.target.engine)
+    if case.mode == "generate" and case.mode in can.modes and can.generate_needs_past_export:
+        why = job.prepared.onnx_past_error or "only decoder-only models (GPT-2, LLaMA, Qwen2) have one"
+        raise UnsupportedError(f"generate mode on {engine} needs the ONNX export with past key/values: {why}")
+    runs = ", ".join(can.modes)
+    raise UnsupportedError(f"{case.mode} mode: the {engine} session has no {case.mode} support ({engine} runs {runs})")
+
+
+def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: PeakRss) -> Result:
+    feeds, reference = job.prepared.load_case((case.batch_size, case.seq_len))
+    measured = _run_mode(job, session, case, feeds, rss)
+    items = (1 + job.measure.warmup + len(measured.samples_ms)) * case.batch_size
+    load = dict(load_facts)  # load_ms and memory_load_mb as fields, whose load they are in details
+    details = dict(session.facts) | {
+        "process_cpu_percent": measured.process_cpu_percent,
+        "input_shapes": {k: list(v.shape) for k, v in feeds.items()},
+        "memory_method": rss.method,
+        "nvml_used_mb": measured.nvml_used_mb,
+        "energy_source": measured.energy_source,  # the sensor, or why there is none
+    }
+    details |= load.pop("details")
+    status, error, parity_fields = "ok", None, {}
+    if not reference:  # a file no reference engine could run: measured, not parity-checked
+        details["parity"] = f"not checked: no reference ({job.prepared.reference})"
+    elif case.mode == "inference":  # generated tokens and trained weights have no fixed reference
+        parity = compare(measured.outputs, reference, session.precision, job.prepared.output_names)
+        details |= parity.details
+        status, error, parity_fields = parity.status, parity.error, parity.fields
+    return job.prepared.result(
+        job.target,
+        case,
+        status,
+        error,
+        precision=session.precision,
+        samples_ms=measured.samples_ms,
+        ttft_samples_ms=measured.ttft_samples_ms,
+        tpot_samples_ms=measured.tpot_samples_ms,
+        first_run_ms=measured.first_run_ms,
+        memory_peak_mb=measured.memory_peak_mb,
+        device_memory_peak_mb=measured.device_memory_peak_mb,
+        load_avg_1m=measured.load_avg_1m,
+        cpu_percent=measured.cpu_percent,
+        # the meter spans first run + warmup + timed loop, so divide by every item in it
+        energy_j_per_item=measured.energy_j / items if measured.energy_j is not None else None,
+        # JIT engines compile per input shape in prepare(), outside the samples; read after measuring
+        compile_ms=getattr(session, "compile_ms", None),
+        details=details,
+        **parity_fields,
+        **load,
+    )
+
+
+FAULT_ENV = "ACCELHARNESS_INJECT_FAULT"
+GRANDCHILD_MARK = "accelharness-fault-grandchild"  # in the grandchild fault's command line, for tests to find it
+
+
+def inject_fault(job: Job) -> None:
+    """Testing hook: ACCELHARNESS_INJECT_FAULT=KIND[:MODEL[:ENGINE]] makes this worker fail for real.
+
+    KIND is segfault, abort, hang, oom (an address-space limit, then an allocation past it) or
+    grandchild (start a sleeping child process, as an engine's helper might, then hang).
+    The fault matrix tests use it to prove a crash, hang or OOM leaves a correct row and the run goes on.
+    """
+    kind, model, engine = ([*os.environ.get(FAULT_ENV, "").split(":"), "", ""])[:3]
+    if not kind or model not in ("", job.prepared.spec.name) or engine not in ("", job.target.engine):
+        return
+    if kind == "segfault":
+        ctypes.string_at(0)
+    elif kind == "abort":
+        os.abort()
+    elif kind in ("hang", "grandchild"):
+        if kind == "grandchild":
+            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)", GRANDCHILD_MARK])
+        while True:
+            time.sleep(3600)
+    elif kind == "oom":
+        limit = 2 * 2**30
+        resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+        bytearray(limit)
+
+
+def benchmark_job(job: Job) -> Iterator[Result]:
+    """Worker entry point: yields a Result per case."""
+    from harness.native import get_backend
+    from harness.native.base import LoadRequest
+
+    inject_fault(job)
+    backend = get_backend(job.target.engine)
+    rss = PeakRss()
+    # One load per (precision, mode): a training step changes the weights later cases would use.
+    for (precision, mode), group in groupby(job.cases, key=lambda c: (c.precision, c.mode)):
+        cases = list(group)
+        first = cases[0]
+        example, _ = job.prepared.load_case((first.batch_size, first.seq_len))
+        past = job.prepared.onnx_past_path if mode == "generate" else None  # ONNX generation's graph
+        request = LoadRequest(job.prepared.spec, job.prepared.onnx_path, precision, example, onnx_past_path=past)
+        before_mb = rss_mb()
+        started = time.perf_counter()
+        try:
+            session = backend.load(request, job.target)
+        except Exception as exc:  # a load failure is that backend's outcome for every case
+            status, message = classify(exc)
+            for case in cases:
+                yield job.prepared.result(job.target, case, status, message)
+            continue
+        load_facts = {
+            "load_ms": (time.perf_counter() - started) * 1000,
+            "memory_load_mb": rss_mb() - before_mb,
+            # one load serves every case of the group: each row carries its figures and says so
+            "details": {"load_measured_with": first.key, "load_shared_by": len(cases)},
+        }
+        for case in cases:
+            try:
+                yield _measure_case(job, session, case, load_facts, rss)
+            except Exception as exc:  # one failing case does not stop the others
+                status, message = classify(exc)
+                yield job.prepared.result(job.target, case, status, message, **load_facts)
+
+
+def run_job(job: Job, timeout_s: float, emit: Callable[[Result], None]) -> None:
+    """Run a job in a worker; emit every case's Result, including those the worker never reached."""
+    reported: set[str] = set()
+    uses_torch = capabilities(job.target.engine).worker_needs_torch
+
+    def on_result(result: Result) -> None:
+        reported.add(result.case.key)
+        result.details["worker_start"] = start_method(uses_torch)  # forked workers share torch's pages
+        emit(result)
+
+    outcome = run_isolated(benchmark_job, job, timeout_s, on_result, uses_torch=uses_torch)
+    for case in job.cases:
+        if case.key not in reported:
+            status = "error" if outcome.status == "finished" else outcome.status
+            emit(
+                job.prepared.result(
+                    job.target, case, status, outcome.message or "worker finished without reporting this case"
+                )
+            )
+
+
+def prepare_isolated(job: PrepareJob, timeout_s: float) -> tuple[PreparedModel | None, Outcome]:
+    """Prepare in a child process (torch and the exporters may crash or hang): the model, or None and why."""
+    found: list[PreparedModel] = []
+    outcome = run_isolated(prepare_model, job, timeout_s, found.append, uses_torch=not job.spec.is_onnx_file)
+    return (found[0] if found else None), outcome

@@ -1,0 +1,266 @@
+"""The suite config file (TOML or JSON): strict keys, typed values, errors that name file, key and valid values.
+
+The keys follow the older system's suite config (batch_sizes, warmup_iterations, model_families,
+hardware_types, include_web_platforms, parallel, generate_plots, update_compatibility_matrix) so a
+converted file reads the same; a key this file does not know is an error, never silently ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from harness.core.records import PRECISIONS
+from harness.native import DEFAULT_ENGINES, ENGINES
+from harness.prepare.specs import FAMILIES, load_specs
+from harness.run.hardware import NATIVE_PLATFORMS
+from harness.run.plan import MAX_TIMEOUT_S, RequestError, check_seconds
+from harness.web.eps import WEB_HARDWARE
+from harness.web.flags import GPU_MODES
+
+DEFAULT_CONFIG = f"""\
+# accelharness suite config. Run: accelharness suite --config THIS_FILE [--check] [--resume]
+# Every key is optional; an unknown key is an error.
+
+# The suite's id: --resume continues this suite's last unfinished run, --older-than re-runs its stale results.
+name = "default"
+
+batch_sizes = [1, 4]
+sequence_lengths = [32]          # text inputs only
+warmup_iterations = 5            # untimed runs after the first run
+benchmark_iterations = 20        # minimum timed iterations ...
+min_duration_s = 0.5             # ... and minimum seconds of them
+timeout = 600                    # seconds a worker or page may take per case
+precision = ["fp32"]             # {", ".join(PRECISIONS)}
+
+# family -> models (`accelharness models` lists them; the -tiny variants build in seconds)
+[model_families]
+embedding = ["bert-tiny"]
+text_generation = ["gpt2-tiny"]
+vision = ["vit-tiny"]
+audio = ["wav2vec2-tiny"]
+multimodal = ["clip-tiny"]
+
+[hardware]
+hardware_types = ["cpu", "openvino"]   # native: {", ".join(NATIVE_PLATFORMS)}
+engines = []                           # {", ".join(ENGINES)}; empty = {", ".join(DEFAULT_ENGINES)}
+include_web_platforms = true
+web_platforms = ["wasm"]               # {", ".join(WEB_HARDWARE)}
+web_threads = [1]
+browser = "chromium"                   # chrome, chromium, edge
+gpu = "auto"                           # browser: on (real WebGPU), off (software), auto (on with a GPU)
+
+[run]
+parallel = true                        # one worker per independent device (CPU work never overlaps)
+generate_plots = true                  # the self-contained HTML report
+update_compatibility_matrix = true
+db = "accelharness.duckdb"
+output_dir = "accelharness-results"
+"""
+
+
+class ConfigError(RequestError):
+    """A malformed suite config: the message names the file, the key and what is valid."""
+
+
+@dataclass
+class SuiteConfig:
+    """A checked suite config; keys the file leaves out take DEFAULT_CONFIG's values."""
+
+    name: str
+    batch_sizes: list[int]
+    sequence_lengths: list[int]
+    warmup_iterations: int
+    benchmark_iterations: int
+    min_duration_s: float
+    timeout: float
+    precision: list[str]
+    model_families: dict[str, list[str]]
+    hardware_types: list[str]
+    engines: list[str]
+    include_web_platforms: bool
+    web_platforms: list[str]
+    web_threads: list[int]
+    browser: str
+    gpu: str
+    parallel: bool
+    generate_plots: bool
+    update_compatibility_matrix: bool
+    db: Path
+    output_dir: Path
+    source: Path | None = None  # the file it came from, for messages
+
+    @property
+    def models(self) -> list[str]:
+        return [model for names in self.model_families.values() for model in names]
+
+
+SECTIONS = {"hardware", "run"}  # TOML tables that only group keys; JSON may use them or stay flat
+KEY_TYPES: dict[str, type] = {
+    "name": str,
+    "batch_sizes": list,
+    "sequence_lengths": list,
+    "warmup_iterations": int,
+    "benchmark_iterations": int,
+    "min_duration_s": float,
+    "timeout": float,
+    "precision": list,
+    "model_families": dict,
+    "hardware_types": list,
+    "engines": list,
+    "include_web_platforms": bool,
+    "web_platforms": list,
+    "web_threads": list,
+    "browser": str,
+    "gpu": str,
+    "parallel": bool,
+    "generate_plots": bool,
+    "update_compatibility_matrix": bool,
+    "db": str,
+    "output_dir": str,
+}
+SECONDS: dict[str, dict[str, Any]] = {  # the float keys: durations, checked like --min-duration / --timeout
+    "min_duration_s": {"positive": False},
+    "timeout": {"positive": True, "limit": MAX_TIMEOUT_S},
+}
+LIST_ITEMS: dict[str, tuple[type, tuple[str, ...] | None]] = {
+    "batch_sizes": (int, None),
+    "sequence_lengths": (int, None),
+    "web_threads": (int, None),
+    "precision": (str, PRECISIONS),
+    "hardware_types": (str, NATIVE_PLATFORMS),
+    "engines": (str, ENGINES),
+    "web_platforms": (str, WEB_HARDWARE),
+}
+CHOICES: dict[str, tuple[str, ...]] = {"gpu": GPU_MODES}  # string keys with a closed set of values
+
+
+def _parse(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read suite config {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}): "
+            "a suite config is a TOML or JSON text file"
+        ) from exc
+    try:
+        data = json.loads(text, object_pairs_hook=_unique_keys(path)) if path.suffix == ".json" else tomllib.loads(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError, RecursionError) as exc:
+        kind = "JSON" if path.suffix == ".json" else "TOML (use a .json name for JSON)"
+        raise ConfigError(f"{path} is not valid {kind}: {exc}") from exc
+    return _flatten(path, data)
+
+
+def _unique_keys(path: Path) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
+    """json.loads keeps the last of two equal keys; TOML refuses them, and so does this."""
+
+    def build(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        built: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in built:
+                raise ConfigError(f"{path}: key '{key}' is set twice in one object; keep one")
+            built[key] = value
+        return built
+
+    return build
+
+
+def _flatten(path: Path, data: Any) -> dict[str, Any]:
+    """The sections' keys lifted to the top level; a key set in two places is refused, naming both."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a table/object of keys, got {type(data).__name__}")
+    flat: dict[str, Any] = {}
+    where: dict[str, str] = {}
+    for section, table in data.items():
+        lifted = table if section in SECTIONS and isinstance(table, dict) else {section: table}
+        place = f"in [{section}]" if lifted is table else "at the top level"
+        for key, value in lifted.items():
+            if key in flat:
+                raise ConfigError(f"{path}: key '{key}' is set twice, {where[key]} and {place}; keep one")
+            flat[key], where[key] = value, place
+    return flat
+
+
+def _check_type(path: Path, key: str, value: Any) -> Any:
+    expected = KEY_TYPES[key]
+    # bool is an int in Python; a config's `true` is never a count
+    ok = isinstance(value, expected) and not (expected in (int, float) and isinstance(value, bool))
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        ok, value = True, float(value)
+    if not ok:
+        raise ConfigError(f"{path}: key '{key}' must be {expected.__name__}, got {type(value).__name__} {value!r}")
+    if key in CHOICES and value not in CHOICES[key]:
+        raise ConfigError(f"{path}: key '{key}': unknown value '{value}'; valid: {', '.join(CHOICES[key])}")
+    if key in SECONDS:
+        try:
+            check_seconds(f"key '{key}'", value, **SECONDS[key])
+        except RequestError as exc:
+            raise ConfigError(f"{path}: {exc}") from exc
+    if key in LIST_ITEMS:
+        item_type, valid = LIST_ITEMS[key]
+        for item in value:
+            if not isinstance(item, item_type) or isinstance(item, bool):
+                raise ConfigError(f"{path}: key '{key}' takes a list of {item_type.__name__}, got {item!r}")
+            if valid is not None and item not in valid:
+                raise ConfigError(f"{path}: key '{key}': unknown value '{item}'; valid: {', '.join(valid)}")
+            if item_type is int and item < 1:
+                raise ConfigError(f"{path}: key '{key}' takes integers >= 1, got {item}")
+    return value
+
+
+def _check_families(path: Path, families: dict[str, Any]) -> dict[str, list[str]]:
+    specs = load_specs()
+    for family, names in families.items():
+        if family in KEY_TYPES:  # TOML: a key written below the [model_families] header belongs to it
+            raise ConfigError(
+                f"{path}: [model_families] holds '{family}', a top-level key, not a family (in TOML every key "
+                "below a [table] header belongs to that table): move it above the [model_families] header"
+            )
+        if family not in FAMILIES:
+            raise ConfigError(f"{path}: model_families: unknown family '{family}'; valid: {', '.join(FAMILIES)}")
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ConfigError(f"{path}: model_families.{family} must be a list of model names, got {names!r}")
+        for name in names:
+            if name not in specs:
+                raise ConfigError(
+                    f"{path}: model_families.{family}: unknown model '{name}'; valid: "
+                    + ", ".join(sorted(n for n, s in specs.items() if s.family == family))
+                )
+            if specs[name].family != family:
+                raise ConfigError(
+                    f"{path}: model_families.{family}: '{name}' belongs to family {specs[name].family}, not {family}"
+                )
+    return families
+
+
+def load_config(path: Path) -> SuiteConfig:
+    """Parse and check a suite config; raise ConfigError naming the file, the key and the valid values."""
+    data = _parse(path)
+    valid = [f.name for f in fields(SuiteConfig) if f.name != "source"]
+    values = _flatten(Path("DEFAULT_CONFIG"), tomllib.loads(DEFAULT_CONFIG))
+    for key, value in data.items():
+        if key in FAMILIES:
+            raise ConfigError(f"{path}: '{key}' is a model family: list its models under [model_families]")
+        if key not in KEY_TYPES:
+            raise ConfigError(f"{path}: unknown key '{key}'; valid keys: {', '.join(valid)}")
+        values[key] = _check_type(path, key, value)
+    if "model_families" in values:
+        values["model_families"] = _check_families(path, values["model_families"])
+    for key in ("db", "output_dir"):
+        values[key] = Path(values[key])
+    config = SuiteConfig(**values, source=path)
+    if not config.models:
+        raise ConfigError(f'{path}: model_families names no model; e.g. embedding = ["bert-tiny"]')
+    return config
+
+
+def write_default_config(path: Path) -> None:
+    if path.exists():
+        raise ConfigError(f"{path} exists; choose another path or remove it first")
+    path.write_text(DEFAULT_CONFIG)

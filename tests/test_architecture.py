@@ -1,0 +1,133 @@
+"""The house rules the import graph must keep (ARCHITECTURE.md): no import cycle, function-level
+imports included; analysis never imports report; and no module outside native/ special-cases a
+native engine by name. Pure source analysis: nothing is imported or run."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from harness.native import ENGINES
+
+ROOT = Path(__file__).resolve().parent.parent
+# native/ and web/ live at the top level but install as harness.native and harness.web (pyproject).
+PACKAGES = {"harness": "harness", "native": "harness.native", "web": "harness.web"}
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for top, package in PACKAGES.items():
+        for path in (ROOT / top).rglob("*.py"):
+            if "node_modules" in path.parts:
+                continue
+            parts = list(path.relative_to(ROOT / top).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join([package, *parts])] = path
+    return found
+
+
+def imported(module: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The project modules `module` imports anywhere in its source (module level or inside a function)."""
+
+    def resolve(name: str) -> str | None:
+        while name and name not in known:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    found = set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            # `from pkg import mod` imports the module pkg.mod; `from pkg import name` imports pkg
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        else:
+            continue
+        found |= {target for name in names if (target := resolve(name)) is not None and target != module}
+    return found
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {module: imported(module, path, known) for module, path in known.items()}
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for target in graph[todo.pop()] - seen:
+            seen.add(target)
+            todo.append(target)
+    return seen
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module, or a module importing itself back."""
+    return sorted(
+        sorted(group)
+        for group in {frozenset(m for m in reachable(graph, start) if start in reachable(graph, m)) for start in graph}
+        if len(group) > 1
+    )
+
+
+def test_the_walk_sees_function_level_imports(graph) -> None:
+    # harness.run.outputs imports the report writers inside write_outputs only
+    assert "harness.report" in graph["harness.run.outputs"]
+    assert {"harness.native", "harness.web.driver"} <= set().union(*graph.values())
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_cycle(graph) -> None:
+    assert cycles(graph) == []
+
+
+def test_analysis_never_imports_report(graph) -> None:
+    analysis = [m for m in graph if m.startswith("harness.analysis")]
+    leaks = {m: sorted(t for t in reachable(graph, m) if t.startswith("harness.report")) for m in analysis}
+    assert {m: t for m, t in leaks.items() if t} == {}
+
+
+def test_core_imports_no_other_part(graph) -> None:
+    outside = {m: sorted(t for t in targets if not t.startswith("harness.core")) for m, targets in graph.items()}
+    assert {m: targets for m, targets in outside.items() if m.startswith("harness.core") and targets} == {}
+
+
+def test_the_store_knows_no_reader(graph) -> None:
+    readers = ("harness.analysis", "harness.report", "harness.cli", "harness.run", "harness.suite")
+    assert sorted(t for t in reachable(graph, "harness.store") if t.startswith(readers)) == []
+
+
+def engine_comparisons(source: str, where: str) -> list[str]:
+    """`x == "torch"`, `engine in ("torch", "jax")` and the like: code that branches on an engine's name."""
+
+    def names(node: ast.expr) -> set[str]:
+        items = node.elts if isinstance(node, ast.Tuple | ast.List | ast.Set) else [node]
+        return {i.value for i in items if isinstance(i, ast.Constant) and i.value in ENGINES}
+
+    found = []
+    for node in ast.walk(ast.parse(source, where)):
+        if isinstance(node, ast.Compare) and (hit := set().union(*map(names, [node.left, *node.comparators]))):
+            found.append(f"{where}:{node.lineno} compares with {', '.join(sorted(hit))}")
+    return found
+
+
+def test_the_engine_check_finds_a_branch_on_an_engine_name() -> None:
+    source = 'if target.engine == "torch":\n    pass\nok = engine not in ("onnxruntime", "cpu")\nlabel = "torch"\n'
+    assert engine_comparisons(source, "x.py") == ["x.py:1 compares with torch", "x.py:3 compares with onnxruntime"]
+
+
+def test_no_module_outside_native_branches_on_an_engine_name() -> None:
+    """Engine knowledge lives on the Backend protocol (native/base.py): a new engine is one file in native/
+    and one registry line, and nothing else names it (BASELINE and the label rule hold names as data)."""
+    outside = [*(ROOT / "harness").rglob("*.py"), *(ROOT / "web").glob("*.py")]
+    hits = [hit for path in outside for hit in engine_comparisons(path.read_text(), str(path.relative_to(ROOT)))]
+    assert hits == []
