@@ -15,7 +15,9 @@ from harness.cli.common import (
     FamiliesOption,
     IterationsOption,
     MaxIterationsOption,
+    MaxTimeOption,
     MinDurationOption,
+    MinIterationsOption,
     ModelOption,
     ModelPathOption,
     OutputDirOption,
@@ -33,7 +35,7 @@ from harness.cli.common import (
 from harness.cli.progress import run_with_progress
 from harness.native import DEFAULT_ENGINES, ENGINES
 from harness.run.native import run_native
-from harness.run.plan import BenchmarkRequest, RequestError, validate
+from harness.run.plan import DEFAULT_MAX_TIME_S, BenchmarkRequest, RequestError, validate
 from harness.run.recording import resume_point
 from harness.store import DEFAULT_DB, StoreError
 from harness.web.eps import WEB_HARDWARE, WEBNN_DEVICES
@@ -121,6 +123,8 @@ def native(
     iterations: IterationsOption = 20,
     min_duration: MinDurationOption = 0.5,
     max_iterations: MaxIterationsOption = 10_000,
+    max_time: MaxTimeOption = DEFAULT_MAX_TIME_S,
+    min_iterations: MinIterationsOption = 3,
     timeout: TimeoutOption = 300.0,
     db: DbOption = DEFAULT_DB,
     output_dir: OutputDirOption = Path("accelharness-results"),
@@ -131,7 +135,8 @@ def native(
     if "generate" not in modes and given(ctx, "new_tokens"):
         raise fail(f"--new-tokens applies to --mode generate only (got --mode {mode}); add generate or drop it")
     shared = run_options(model, model_families, small_models, model_path, batch_sizes, sequence_lengths,
-                         warmup, iterations, min_duration, max_iterations, timeout, db, output_dir)  # fmt: skip
+                         warmup, iterations, min_duration, max_iterations, max_time, min_iterations, timeout, db,
+                         output_dir)  # fmt: skip
     request = BenchmarkRequest(
         hardware=split_list(hardware),
         engines=split_list(engines),
@@ -171,6 +176,8 @@ def web(
     iterations: IterationsOption = 20,
     min_duration: MinDurationOption = 0.5,
     max_iterations: MaxIterationsOption = 10_000,
+    max_time: MaxTimeOption = DEFAULT_MAX_TIME_S,
+    min_iterations: MinIterationsOption = 3,
     timeout: TimeoutOption = 300.0,
     db: DbOption = DEFAULT_DB,
     output_dir: OutputDirOption = Path("accelharness-results"),
@@ -183,7 +190,8 @@ def web(
     if "webnn" not in (split_list(hardware) or []) and given(ctx, "webnn_device"):
         raise fail(f"--webnn-device applies to webnn only (got --hardware {hardware}); add webnn or drop it")
     shared = run_options(model, model_families, small_models, model_path, batch_sizes, sequence_lengths,
-                         warmup, iterations, min_duration, max_iterations, timeout, db, output_dir)  # fmt: skip
+                         warmup, iterations, min_duration, max_iterations, max_time, min_iterations, timeout, db,
+                         output_dir)  # fmt: skip
     request = WebRequest(
         hardware=split_list(hardware) or [],
         webnn_device=webnn_device,
@@ -225,6 +233,8 @@ def run(
     iterations: IterationsOption = 20,
     min_duration: MinDurationOption = 0.5,
     max_iterations: MaxIterationsOption = 10_000,
+    max_time: MaxTimeOption = DEFAULT_MAX_TIME_S,
+    min_iterations: MinIterationsOption = 3,
     timeout: TimeoutOption = 300.0,
     db: DbOption = DEFAULT_DB,
     output_dir: OutputDirOption = Path("accelharness-results"),
@@ -235,7 +245,8 @@ def run(
     from harness.run.web import WebRequest, validate_web
 
     shared = run_options(model, model_families, small_models, model_path, batch_sizes, sequence_lengths,
-                         warmup, iterations, min_duration, max_iterations, timeout, db, output_dir)  # fmt: skip
+                         warmup, iterations, min_duration, max_iterations, max_time, min_iterations, timeout, db,
+                         output_dir)  # fmt: skip
     native_request = BenchmarkRequest(hardware=split_list(hardware), precision=precision, **shared)
     web_request = WebRequest(
         hardware=split_list(web_hardware) or [],
@@ -274,6 +285,8 @@ def run_options(
     iterations: int,
     min_duration: float,
     max_iterations: int,
+    max_time: float,
+    min_iterations: int,
     timeout: float,
     db: Path,
     output_dir: Path,
@@ -290,6 +303,8 @@ def run_options(
         "iterations": iterations,
         "min_duration_s": min_duration,
         "max_iterations": max_iterations,
+        "max_time_s": max_time or None,  # 0: no budget
+        "min_iterations": min_iterations,
         "timeout_s": timeout,
         "db_path": db,
         "output_dir": output_dir,

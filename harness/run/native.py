@@ -45,8 +45,14 @@ def _run_model(plan: Plan, spec: ModelSpec, emit: Callable[[Result], None]) -> N
     if not any(plan.remaining(spec, target) for target, _ in plan.targets):
         return  # a resumed run holds every result of this model: do not even export it
     prepared, error, status = _prepare(plan, spec)
+    request = plan.request
     measure = MeasureConfig(
-        plan.request.warmup, plan.request.iterations, plan.request.min_duration_s, plan.request.max_iterations
+        request.warmup,
+        request.iterations,
+        request.min_duration_s,
+        request.max_iterations,
+        request.min_iterations,
+        request.max_time_s,
     )
     for target, availability in plan.targets:
         cases = plan.remaining(spec, target)
