@@ -162,12 +162,15 @@ def test_native_ctrl_c_then_resume_continues_the_same_run(tmp_path: Path) -> Non
     assert running.process.wait(60) != 0
     before = rows(db, "SELECT * FROM results ORDER BY created_at")
     assert [r["model"] for r in before] == ["bert-tiny", "bert-tiny"]
-    different = run_cli(*args[:-4], "--batch-sizes", "2", "--db", str(db), "--output-dir", str(tmp_path), "--resume")
+    # other options (one model, one engine, batch 2: the smallest run that differs) start a new run
+    other = ["native", "--model", "bert-tiny", "--engines", "onnxruntime", "--hardware", "cpu", *QUICK]
+    other += ["--batch-sizes", "2", "--sequence-lengths", "16"]
+    different = run_cli(*other, "--db", str(db), "--output-dir", str(tmp_path), "--resume")
     assert different.returncode == 0 and "starting a new run" in different.stdout, different.stderr
     resumed = run_cli(*args, "--resume")
     assert resumed.returncode == 0 and "2 results still to run" in resumed.stdout, resumed.stderr
     runs = rows(db, "SELECT run_id, status FROM runs ORDER BY started_at")
-    assert [r["status"] for r in runs] == ["completed", "completed"]  # resumed one, and the batch-2 run
+    assert [r["status"] for r in runs] == ["completed", "completed"]  # resumed one, and the other run
     first = [r for r in rows(db, "SELECT * FROM results ORDER BY created_at") if r["run_id"] == runs[0]["run_id"]]
     assert len(first) == len({r["result_key"] for r in first}) == 4
     assert [r["result_id"] for r in first[:2]] == [r["result_id"] for r in before]

@@ -172,15 +172,16 @@ def test_openvino_auto_precision_records_what_ran(tmp_path: Path) -> None:
 
 
 def test_sequence_longer_than_the_model_allows_is_unsupported(tmp_path: Path) -> None:
-    db = tmp_path / "clip.duckdb"
+    """bert-tiny (512 positions; exported by the other tests of this session already)."""
+    db = tmp_path / "long.duckdb"
     done = run_cli(
         "native",
         "--model",
-        "clip-tiny",
+        "bert-tiny",
         "--engines",
         "onnxruntime",
         "--sequence-lengths",
-        "16,128",
+        "16,600",
         *QUICK,
         "--db",
         str(db),
@@ -190,8 +191,8 @@ def test_sequence_longer_than_the_model_allows_is_unsupported(tmp_path: Path) ->
     assert done.returncode == 0, done.stderr
     by_seq = {r["seq_len"]: r for r in rows(db)}
     assert by_seq[16]["status"] == "ok"
-    assert by_seq[128]["status"] == "unsupported"
-    assert "exceeds the model's maximum of 77 positions" in by_seq[128]["error"]
+    assert by_seq[600]["status"] == "unsupported"
+    assert "exceeds the model's maximum of 512 positions" in by_seq[600]["error"]
 
 
 def test_unavailable_hardware_asked_for_is_recorded_unsupported(tmp_path: Path) -> None:
