@@ -70,9 +70,11 @@ lint: setup
 
 # Two passes: every test that times nothing on all workers at once (a module whose tests share a
 # module-scoped fixture stays on one worker: tests/conftest.py), then the timing-ratio tests alone.
+# --durations: every CI log ends each pass with its ten slowest tests, the figures to watch for the
+# 15-minute budget.
 test: lint setup-extras
-	$(BIN)/pytest -q -n $(TEST_WORKERS) -m "not slow and not timing"
-	$(BIN)/pytest -q -m "timing and not slow"
+	$(BIN)/pytest -q -n $(TEST_WORKERS) -m "not slow and not timing" --durations=10
+	$(BIN)/pytest -q -m "timing and not slow" --durations=10
 
 # The sdist, and the wheel built from it (it carries the page and onnxruntime-web's files: setup.py).
 dist: setup
