@@ -9,9 +9,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -352,13 +354,17 @@ def test_db_init_overwrite_refuses_a_file_in_use(tmp_path: Path) -> None:
     assert rows(db, "SELECT count(*) AS n FROM information_schema.tables WHERE table_name = 'mine'") == [{"n": 0}]
 
 
-def test_ctrl_c_in_a_parallel_suite_records_no_interrupt_then_resume_runs_the_rest(tmp_path: Path) -> None:
+def test_ctrl_c_in_a_parallel_suite_records_no_interrupt_then_resume_runs_the_rest(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     """Two device groups (cpu, and cuda whose rows say it is absent) in two threads. Ctrl-C stops both:
     no row says KeyboardInterrupt, no worker or worker log is left, the run is `interrupted`, and
     --resume runs exactly the keys without a row."""
     config = small_config(tmp_path, hardware=("cpu", "cuda"))
-    temp = tmp_path / "tmp"
-    temp.mkdir()
+    # A short TMPDIR: multiprocessing's forkserver binds an AF_UNIX socket in it (at most 107 bytes),
+    # and pytest-xdist's tmp_path (…/popen-gw0/test_ctrl_c_in_a_parallel_suit0/) is too long for that.
+    temp = Path(tempfile.mkdtemp(prefix="ah-"))
+    request.addfinalizer(lambda: shutil.rmtree(temp, ignore_errors=True))
     running = CliProcess("suite", "--config", str(config), env={**HANG_VIT_ON_TORCH, "TMPDIR": str(temp)})
     running.wait_for("stored bert-tiny cpu/onnxruntime")  # next on the host group: vit-tiny on torch, hanging
     time.sleep(3)
