@@ -6,12 +6,15 @@ import os
 import subprocess
 import sys
 import tempfile
+from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 # One export/input cache for the whole session (set before any worker is spawned, so children
-# inherit it): the first test to need bert-tiny exports it, later ones hit the cache.
+# inherit it, pytest-xdist's workers included): the first test to need bert-tiny exports it, later
+# ones hit the cache. Exports are renamed into place, so two workers exporting at once is safe.
 os.environ.setdefault("ACCELHARNESS_CACHE_DIR", tempfile.mkdtemp(prefix="accelharness-test-cache-"))
 os.environ.pop("ACCELHARNESS_INJECT_FAULT", None)
 
@@ -26,6 +29,32 @@ def run_cli(
     return subprocess.run(
         [*CLI, *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}, cwd=cwd
     )
+
+
+@cache
+def shares_a_module_fixture(module: Path) -> bool:
+    """Whether a test module defines a module-scoped fixture (a measured run, a cluster, a build)."""
+    return 'scope="module"' in module.read_text(encoding="utf-8")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules with a shared fixture first (each is one long unit of work under pytest -n), in file order."""
+    items.sort(key=lambda item: not shares_a_module_fixture(item.path))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`pytest -n`: a module with a module-scoped fixture runs whole on one worker, so its fixture is
+    built once; every other test is its own unit, so the two workers stay evenly loaded.
+    (xdist's own --dist loadgroup cannot do this under pytest 9: the group tag it puts on nodeids no
+    longer reaches them.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtureScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if shares_a_module_fixture(config.rootpath / module) else nodeid
+
+    return SharedFixtureScheduling(config, log)
 
 
 @pytest.fixture

@@ -37,6 +37,7 @@ from harness.analysis.compare import compare_runs
 from harness.analysis.tables import AnalysisError
 from harness.store import open_store
 
+pytestmark = pytest.mark.timing  # measured side by side on one CPU: `make test` runs this module alone
 WIDTH = 192
 LAYERS = 250  # ~0.55 ms per inference on this machine: short against a ~4 ms scheduler slice
 MEASURE = ["--engines", "onnxruntime", "--batch-sizes", "1", "--sequence-lengths", "8"]

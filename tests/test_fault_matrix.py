@@ -9,9 +9,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -162,12 +164,15 @@ def test_native_ctrl_c_then_resume_continues_the_same_run(tmp_path: Path) -> Non
     assert running.process.wait(60) != 0
     before = rows(db, "SELECT * FROM results ORDER BY created_at")
     assert [r["model"] for r in before] == ["bert-tiny", "bert-tiny"]
-    different = run_cli(*args[:-4], "--batch-sizes", "2", "--db", str(db), "--output-dir", str(tmp_path), "--resume")
+    # other options (one model, one engine, batch 2: the smallest run that differs) start a new run
+    other = ["native", "--model", "bert-tiny", "--engines", "onnxruntime", "--hardware", "cpu", *QUICK]
+    other += ["--batch-sizes", "2", "--sequence-lengths", "16"]
+    different = run_cli(*other, "--db", str(db), "--output-dir", str(tmp_path), "--resume")
     assert different.returncode == 0 and "starting a new run" in different.stdout, different.stderr
     resumed = run_cli(*args, "--resume")
     assert resumed.returncode == 0 and "2 results still to run" in resumed.stdout, resumed.stderr
     runs = rows(db, "SELECT run_id, status FROM runs ORDER BY started_at")
-    assert [r["status"] for r in runs] == ["completed", "completed"]  # resumed one, and the batch-2 run
+    assert [r["status"] for r in runs] == ["completed", "completed"]  # resumed one, and the other run
     first = [r for r in rows(db, "SELECT * FROM results ORDER BY created_at") if r["run_id"] == runs[0]["run_id"]]
     assert len(first) == len({r["result_key"] for r in first}) == 4
     assert [r["result_id"] for r in first[:2]] == [r["result_id"] for r in before]
@@ -349,13 +354,17 @@ def test_db_init_overwrite_refuses_a_file_in_use(tmp_path: Path) -> None:
     assert rows(db, "SELECT count(*) AS n FROM information_schema.tables WHERE table_name = 'mine'") == [{"n": 0}]
 
 
-def test_ctrl_c_in_a_parallel_suite_records_no_interrupt_then_resume_runs_the_rest(tmp_path: Path) -> None:
+def test_ctrl_c_in_a_parallel_suite_records_no_interrupt_then_resume_runs_the_rest(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     """Two device groups (cpu, and cuda whose rows say it is absent) in two threads. Ctrl-C stops both:
     no row says KeyboardInterrupt, no worker or worker log is left, the run is `interrupted`, and
     --resume runs exactly the keys without a row."""
     config = small_config(tmp_path, hardware=("cpu", "cuda"))
-    temp = tmp_path / "tmp"
-    temp.mkdir()
+    # A short TMPDIR: multiprocessing's forkserver binds an AF_UNIX socket in it (at most 107 bytes),
+    # and pytest-xdist's tmp_path (…/popen-gw0/test_ctrl_c_in_a_parallel_suit0/) is too long for that.
+    temp = Path(tempfile.mkdtemp(prefix="ah-"))
+    request.addfinalizer(lambda: shutil.rmtree(temp, ignore_errors=True))
     running = CliProcess("suite", "--config", str(config), env={**HANG_VIT_ON_TORCH, "TMPDIR": str(temp)})
     running.wait_for("stored bert-tiny cpu/onnxruntime")  # next on the host group: vit-tiny on torch, hanging
     time.sleep(3)

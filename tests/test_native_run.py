@@ -114,7 +114,8 @@ def test_provenance_and_reports(bert_run) -> None:
     assert "bert-tiny" in stdout and run["run_id"] in stdout
 
 
-def test_second_run_hits_the_export_cache(bert_run, tmp_path: Path) -> None:
+def test_second_run_hits_the_export_cache_and_max_time_stops_its_loop(bert_run, tmp_path: Path) -> None:
+    """A warm cache, and a loop of 1000 iterations cut by a 1 ms budget: min_iterations samples, marked."""
     db = tmp_path / "again.duckdb"
     done = run_cli(
         "native",
@@ -126,15 +127,21 @@ def test_second_run_hits_the_export_cache(bert_run, tmp_path: Path) -> None:
         "1",
         "--sequence-lengths",
         "16",
-        *QUICK,
+        *("--warmup", "50", "--iterations", "1000", "--max-iterations", "1000", "--min-duration", "0"),
+        *("--max-time", "0.001", "--min-iterations", "2"),
         "--db",
         str(db),
         "--output-dir",
         str(tmp_path),
     )
     assert done.returncode == 0, done.stderr
-    details = json.loads(rows(db)[0]["details"])
+    row = rows(db)[0]
+    details = json.loads(row["details"])
     assert details["export"]["cache_hit"] is True
+    assert row["status"] == "ok" and row["iterations"] == 2
+    assert (details["max_time_s"], details["warmup_run"], details["budget_stopped"]) == (0.001, 0, True)
+    md = next(tmp_path.glob("*.md")).read_text()
+    assert "--max-time 0.001s stopped the loop" in md
 
 
 def test_openvino_auto_precision_records_what_ran(tmp_path: Path) -> None:
@@ -165,15 +172,16 @@ def test_openvino_auto_precision_records_what_ran(tmp_path: Path) -> None:
 
 
 def test_sequence_longer_than_the_model_allows_is_unsupported(tmp_path: Path) -> None:
-    db = tmp_path / "clip.duckdb"
+    """bert-tiny (512 positions; exported by the other tests of this session already)."""
+    db = tmp_path / "long.duckdb"
     done = run_cli(
         "native",
         "--model",
-        "clip-tiny",
+        "bert-tiny",
         "--engines",
         "onnxruntime",
         "--sequence-lengths",
-        "16,128",
+        "16,600",
         *QUICK,
         "--db",
         str(db),
@@ -183,8 +191,8 @@ def test_sequence_longer_than_the_model_allows_is_unsupported(tmp_path: Path) ->
     assert done.returncode == 0, done.stderr
     by_seq = {r["seq_len"]: r for r in rows(db)}
     assert by_seq[16]["status"] == "ok"
-    assert by_seq[128]["status"] == "unsupported"
-    assert "exceeds the model's maximum of 77 positions" in by_seq[128]["error"]
+    assert by_seq[600]["status"] == "unsupported"
+    assert "exceeds the model's maximum of 512 positions" in by_seq[600]["error"]
 
 
 def test_unavailable_hardware_asked_for_is_recorded_unsupported(tmp_path: Path) -> None:

@@ -105,6 +105,7 @@ def test_a_run_without_profiles_says_so(tmp_path: Path) -> None:
     ("onnxruntime", Target("cpu", "onnxruntime", "CPUExecutionProvider")),
     ("openvino", Target("openvino", "openvino", "CPU")),
 ])  # fmt: skip
+@pytest.mark.timing  # a ratio measured side by side: `make test` runs it alone, after the parallel pass
 def test_profiling_leaves_the_timed_samples_alone(engine: str, target: Target) -> None:
     """The same session measured with and without a profile after its loop, alternating rounds so the
     machine's noise hits both: the profiled measurements' samples are not slower beyond noise (the

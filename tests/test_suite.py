@@ -101,6 +101,18 @@ def test_json_config_is_read_the_same(tmp_path: Path) -> None:
     assert (config.name, config.models, config.batch_sizes) == ("j", ["vit-tiny"], [2])
 
 
+def test_the_max_time_key_reaches_both_halves_and_zero_means_no_budget(tmp_path: Path) -> None:
+    from harness.suite.plan import suite_requests
+
+    path = tmp_path / "budget.json"
+    for value, budget in ((2.5, 2.5), (0, None)):
+        families = {"embedding": ["bert-tiny"]}
+        path.write_text(json.dumps({"model_families": families, "max_time_s": value, "min_iterations": 4}))
+        native, web = suite_requests(load_config(path))
+        assert native and web
+        assert (native.max_time_s, native.min_iterations, web.max_time_s, web.min_iterations) == (budget, 4, budget, 4)
+
+
 def test_filters_narrow_the_plan(tmp_path: Path) -> None:
     config = load_config(small_config(tmp_path, web=True))
     plan = plan_suite(config, models=["vision"], hardware=["cpu"])

@@ -109,25 +109,13 @@ def test_webnn_is_unsupported_with_the_browsers_message(all_eps: tuple) -> None:
     assert hardware["wasm"]["available"] is True
 
 
-def test_wasm_outputs_match_native_onnxruntime(web_cache: Path) -> None:
-    """Same ONNX file, same npz inputs: the browser's outputs against ORT CPU run in this process."""
-    from harness.core.parity import compare
-    from harness.core.records import Case, Target
-    from harness.native import get_backend
-    from harness.native.base import LoadRequest
-    from harness.prepare.prepared import PrepareJob, prepare_model
+def page_answer(prepared: Any, request: WebRequest) -> dict[str, Any]:
+    """The page's answer to one wasm job for `prepared` (bert-tiny, 1x32) under `request`'s stop rule."""
+    from harness.core.records import Case
     from harness.run.web import page_job
-    from harness.web.server import PageServer, decode_outputs
+    from harness.web.server import PageServer
 
-    spec = validate_web(WebRequest(models=["bert-tiny"], hardware=["wasm"])).specs[0]
-    prepared = next(prepare_model(PrepareJob(spec, [(1, 32)])))
-    feeds, reference = prepared.load_case((1, 32))
-    native = get_backend("onnxruntime").load(
-        LoadRequest(spec, prepared.onnx_path, "fp32"), Target("cpu", "onnxruntime", "CPUExecutionProvider")
-    )
-    native_outputs = native.run(native.prepare(feeds))
-
-    async def browser_outputs() -> dict:
+    async def answer() -> dict:
         from playwright.async_api import async_playwright
 
         server = PageServer()
@@ -138,20 +126,55 @@ def test_wasm_outputs_match_native_onnxruntime(web_cache: Path) -> None:
                 source = driver.LocalBrowser(driver.resolve_browser("chromium"), launch_flags(["wasm"], profile))
                 session = driver.BrowserSession(playwright, source, server)
                 try:
-                    job = page_job(server, prepared, EpSetting("wasm", 1), Case(1, 32, "fp32"), WebRequest(**QUICK))
-                    return await session.run_job(server.page_url, "native-check", job, 60)
+                    job = page_job(server, prepared, EpSetting("wasm", 1), Case(1, 32, "fp32"), request)
+                    return await session.run_job(server.page_url, "page-check", job, 60)
                 finally:
                     await session.close()
         finally:
             await server.stop()
 
-    answer = driver.run_sync(browser_outputs())
+    return driver.run_sync(answer())
+
+
+@pytest.fixture(scope="module")
+def bert_tiny(web_cache: Path) -> Any:
+    from harness.prepare.prepared import PrepareJob, prepare_model
+
+    spec = validate_web(WebRequest(models=["bert-tiny"], hardware=["wasm"])).specs[0]
+    return next(prepare_model(PrepareJob(spec, [(1, 32)])))
+
+
+def test_wasm_outputs_match_native_onnxruntime(bert_tiny: Any) -> None:
+    """Same ONNX file, same npz inputs: the browser's outputs against ORT CPU run in this process."""
+    from harness.core.parity import compare
+    from harness.core.records import Target
+    from harness.native import get_backend
+    from harness.native.base import LoadRequest
+    from harness.web.server import decode_outputs
+
+    feeds, reference = bert_tiny.load_case((1, 32))
+    native = get_backend("onnxruntime").load(
+        LoadRequest(bert_tiny.spec, bert_tiny.onnx_path, "fp32"),
+        Target("cpu", "onnxruntime", "CPUExecutionProvider"),
+    )
+    native_outputs = native.run(native.prepare(feeds))
+    answer = page_answer(bert_tiny, WebRequest(**QUICK))
     assert answer["status"] == "ok", answer.get("error")
     web_outputs = decode_outputs(answer["outputs"])
     against_native = compare(web_outputs, native_outputs, "fp32")
     assert against_native.matches, against_native
     assert against_native.max_abs_diff < 1e-4
     assert compare(web_outputs, reference, "fp32").matches
+
+
+def test_max_time_stops_the_page_loop_after_min_iterations(bert_tiny: Any) -> None:
+    """A 1 ms budget on 100 warmup runs and 1000 iterations: the page stops at min_iterations and says so."""
+    many = {"warmup": 100, "iterations": 1000, "max_iterations": 1000, "min_duration_s": 0.0}
+    answer = page_answer(bert_tiny, WebRequest(**many, max_time_s=0.001, min_iterations=2))
+    assert answer["status"] == "ok", answer.get("error")
+    assert len(answer["samples_ms"]) == 2
+    facts = answer["facts"]
+    assert (facts["max_time_s"], facts["warmup_run"], facts["budget_stopped"]) == (0.001, 0, True)
 
 
 def test_faults_leave_rows_and_the_run_goes_on(web_cache: Path, tmp_path: Path) -> None:
@@ -272,8 +295,8 @@ def test_failed_export_gives_unsupported_rows_with_the_export_error() -> None:
 
 def test_missing_npm_install_names_make_setup(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from harness.run.plan import RequestError
-    from harness.web import server
+    from harness.web import ort_dist
 
-    monkeypatch.setattr(server, "DIST_DIR", tmp_path / "node_modules" / "onnxruntime-web" / "dist")
+    monkeypatch.setattr(ort_dist, "CHECKOUT_DIR", tmp_path / "node_modules" / "onnxruntime-web" / "dist")
     with pytest.raises(RequestError, match="make setup"):
         validate_web(WebRequest(models=["bert-tiny"], db_path=tmp_path / "x.duckdb"))

@@ -28,9 +28,9 @@ from urllib.parse import unquote, urlsplit
 import numpy as np
 from aiohttp import web
 
+from harness.web import ort_dist
+
 PAGE_DIR = Path(__file__).parent / "page"
-DIST_DIR = Path(__file__).parent / "node_modules" / "onnxruntime-web" / "dist"
-SETUP_HINT = "run `make setup` (it runs `cd web && npm ci`)"
 ROUTED_ORIGIN = "https://accelharness.local"  # never resolved: every request to it is answered by a route
 
 MIME_TYPES = {
@@ -55,10 +55,15 @@ class SetupError(RuntimeError):
 
 
 def dist_files() -> dict[str, Path]:
-    """The ORT-web bundles and wasm binaries we serve, by file name."""
-    if not DIST_DIR.is_dir():
-        raise SetupError(f"onnxruntime-web is not installed ({DIST_DIR} is missing): {SETUP_HINT}")
-    return {p.name: p for p in DIST_DIR.iterdir() if p.suffix in (".mjs", ".wasm") and p.is_file()}
+    """The ORT-web files the page loads (web/ort_dist.py: the same set a wheel ships), by file name."""
+    where = ort_dist.dist_dir()
+    files = {name: where / name for name in ort_dist.required_files()}
+    missing = [name for name, path in files.items() if not path.is_file()]
+    if missing:
+        raise SetupError(
+            f"onnxruntime-web is not installed: {where} lacks {', '.join(missing)}; {ort_dist.missing_hint()}"
+        )
+    return files
 
 
 class PageFiles:
@@ -306,10 +311,12 @@ FACT_CHECKS: dict[str, FactCheck] = {
             "webgpu_api",
             "webnn_api",
             "threads_dropped",
+            "budget_stopped",
         ),
         _BOOLEAN,
     ),
-    **dict.fromkeys(("hardware_concurrency", "threads_requested", "threads_effective"), _COUNT),
+    **dict.fromkeys(("hardware_concurrency", "threads_requested", "threads_effective", "warmup_run"), _COUNT),
+    "max_time_s": ("a finite number > 0 or null", lambda v: v is None or (_is_number(v) and v > 0)),
     **dict.fromkeys(("timer_resolution_ms", "runtime_init_ms", "fetch_ms"), _MS),
     **dict.fromkeys(("user_agent", "bundle", "placement_method", "load_measured_with"), _TEXT),
     **dict.fromkeys(("ort_web_version", "ort_common_version", "ep_check", "wasm_binary"), _OPTIONAL_TEXT),

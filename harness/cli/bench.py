@@ -17,7 +17,9 @@ from harness.cli.common import (
     FamiliesOption,
     IterationsOption,
     MaxIterationsOption,
+    MaxTimeOption,
     MinDurationOption,
+    MinIterationsOption,
     ModelOption,
     ModelPathOption,
     OutputDirOption,
@@ -37,7 +39,7 @@ from harness.cli.common import (
 from harness.cli.progress import print_summary, run_with_progress
 from harness.native import DEFAULT_ENGINES, ENGINES
 from harness.run.native import run_native
-from harness.run.plan import BenchmarkRequest, RequestError, validate
+from harness.run.plan import DEFAULT_MAX_TIME_S, BenchmarkRequest, RequestError, validate
 from harness.run.recording import resume_point
 from harness.store import DEFAULT_DB, StoreError
 from harness.web.eps import WEB_HARDWARE, WEBNN_DEVICES
@@ -125,6 +127,8 @@ def native(
     iterations: IterationsOption = 20,
     min_duration: MinDurationOption = 0.5,
     max_iterations: MaxIterationsOption = 10_000,
+    max_time: MaxTimeOption = DEFAULT_MAX_TIME_S,
+    min_iterations: MinIterationsOption = 3,
     timeout: TimeoutOption = 300.0,
     profile: ProfileOption = False,
     db: DbOption = DEFAULT_DB,
@@ -136,8 +140,8 @@ def native(
     if "generate" not in modes and given(ctx, "new_tokens"):
         raise fail(f"--new-tokens applies to --mode generate only (got --mode {mode}); add generate or drop it")
     shared = run_options(model, model_families, small_models, model_path, batch_sizes, sequence_lengths,
-                         warmup, iterations, min_duration, max_iterations, timeout, db, output_dir,
-                         profile)  # fmt: skip
+                         warmup, iterations, min_duration, max_iterations, max_time, min_iterations, timeout, db,
+                         output_dir, profile)  # fmt: skip
     request = BenchmarkRequest(
         hardware=split_list(hardware),
         engines=split_list(engines),
@@ -197,6 +201,8 @@ def web(
     iterations: IterationsOption = 20,
     min_duration: MinDurationOption = 0.5,
     max_iterations: MaxIterationsOption = 10_000,
+    max_time: MaxTimeOption = DEFAULT_MAX_TIME_S,
+    min_iterations: MinIterationsOption = 3,
     timeout: TimeoutOption = 300.0,
     profile: ProfileOption = False,
     db: DbOption = DEFAULT_DB,
@@ -211,8 +217,8 @@ def web(
     if "webnn" not in (split_list(hardware) or []) and given(ctx, "webnn_device"):
         raise fail(f"--webnn-device applies to webnn only (got --hardware {hardware}); add webnn or drop it")
     shared = run_options(model, model_families, small_models, model_path, batch_sizes, sequence_lengths,
-                         warmup, iterations, min_duration, max_iterations, timeout, db, output_dir,
-                         profile)  # fmt: skip
+                         warmup, iterations, min_duration, max_iterations, max_time, min_iterations, timeout, db,
+                         output_dir, profile)  # fmt: skip
     serving = given(ctx, "host", "port", "devices", "serve_timeout", "certfile", "keyfile")
     if not serve and serving:
         raise fail(f"{', '.join(serving)}: options of --serve; add --serve or drop them")
@@ -302,6 +308,8 @@ def run(
     iterations: IterationsOption = 20,
     min_duration: MinDurationOption = 0.5,
     max_iterations: MaxIterationsOption = 10_000,
+    max_time: MaxTimeOption = DEFAULT_MAX_TIME_S,
+    min_iterations: MinIterationsOption = 3,
     timeout: TimeoutOption = 300.0,
     profile: ProfileOption = False,
     db: DbOption = DEFAULT_DB,
@@ -313,8 +321,8 @@ def run(
     from harness.run.web import WebRequest, validate_web
 
     shared = run_options(model, model_families, small_models, model_path, batch_sizes, sequence_lengths,
-                         warmup, iterations, min_duration, max_iterations, timeout, db, output_dir,
-                         profile)  # fmt: skip
+                         warmup, iterations, min_duration, max_iterations, max_time, min_iterations, timeout, db,
+                         output_dir, profile)  # fmt: skip
     native_request = BenchmarkRequest(hardware=split_list(hardware), precision=precision, **shared)
     web_request = WebRequest(
         hardware=split_list(web_hardware) or [],
@@ -353,6 +361,8 @@ def run_options(
     iterations: int,
     min_duration: float,
     max_iterations: int,
+    max_time: float,
+    min_iterations: int,
     timeout: float,
     db: Path,
     output_dir: Path,
@@ -370,6 +380,8 @@ def run_options(
         "iterations": iterations,
         "min_duration_s": min_duration,
         "max_iterations": max_iterations,
+        "max_time_s": max_time or None,  # 0: no budget
+        "min_iterations": min_iterations,
         "timeout_s": timeout,
         "db_path": db,
         "output_dir": output_dir,

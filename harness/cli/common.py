@@ -65,6 +65,17 @@ WarmupOption = Annotated[int, typer.Option("--warmup", help="Untimed runs after 
 IterationsOption = Annotated[int, typer.Option("--iterations", help="Minimum timed iterations.")]
 MinDurationOption = Annotated[float, typer.Option("--min-duration", help="Minimum seconds of timed iterations.")]
 MaxIterationsOption = Annotated[int, typer.Option("--max-iterations", help="Cap on timed iterations.")]
+MaxTimeOption = Annotated[
+    float,
+    typer.Option(
+        "--max-time",
+        help="Seconds of warmup + timed iterations per case (0: no budget). Once spent, the loop stops "
+        "after --min-iterations samples; the row records that the budget stopped it.",
+    ),
+]
+MinIterationsOption = Annotated[
+    int, typer.Option("--min-iterations", help="Timed iterations a case runs even when --max-time is spent.")
+]
 TimeoutOption = Annotated[
     float, typer.Option("--timeout", help="Seconds a worker or page may go without finishing a case.")
 ]

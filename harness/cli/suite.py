@@ -13,7 +13,7 @@ from rich.table import Table
 
 from harness.cli.common import RUN_SELECTOR, console, fail, given, split_list
 from harness.cli.progress import run_with_progress
-from harness.run.plan import RequestError
+from harness.run.plan import MAX_TIMEOUT_S, RequestError, check_seconds
 from harness.store import StoreError
 
 DEFAULT_CONFIG_PATH = Path("accelharness-suite.toml")
@@ -24,6 +24,7 @@ STORE = ("db", "output_dir")  # override the config's db and output_dir, for a r
 # The seeds' modes that only read the store, and the options only a run uses: never both.
 REPORT_ONLY = ("plot_only", "update_matrix_only", "aggregate", "plot_comparison")
 RUN_ONLY = (
+    "max_time",
     "models",
     "hardware",
     "resume",
@@ -132,6 +133,13 @@ def suite(
     check: Annotated[bool, typer.Option(help="Verify prerequisites and print the plan; run nothing.")] = False,
     models: Annotated[str | None, typer.Option(help="Only these families or models, comma-separated.")] = None,
     hardware: Annotated[str | None, typer.Option(help="Only these hardware types, comma-separated.")] = None,
+    max_time: Annotated[
+        float | None,
+        typer.Option(
+            "--max-time",
+            help="Seconds of warmup + timed iterations per case (0: no budget); default: the config's max_time_s.",
+        ),
+    ] = None,
     resume: Annotated[bool, typer.Option(help="Continue the suite's unfinished run (only missing results).")] = False,
     older_than: Annotated[
         str | None, typer.Option(help="A new run of only what the suite measured longer ago, e.g. 30d.")
@@ -170,6 +178,12 @@ def suite(
     except ConfigError as exc:
         raise fail(str(exc)) from None
     loaded = dataclasses.replace(loaded, db=db or loaded.db, output_dir=output_dir or loaded.output_dir)
+    if max_time is not None:
+        try:
+            check_seconds("--max-time", max_time, positive=False, limit=MAX_TIMEOUT_S)
+        except RequestError as exc:
+            raise fail(str(exc)) from None
+        loaded = dataclasses.replace(loaded, max_time_s=max_time)
     if plot_only or update_matrix_only or aggregate or plot_comparison:
         _report_only(loaded.db, loaded.output_dir, plot_only, update_matrix_only, aggregate, plot_comparison)
         return

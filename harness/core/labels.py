@@ -72,7 +72,8 @@ def details_of(row: Mapping[str, Any]) -> dict[str, Any]:
 def marks(row: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(kind, text) for everything that qualifies a number: a mismatch, noise, precision changes, fallbacks.
 
-    Kinds: mismatch, noisy, precision, cpu_fallback, fallback_adapter, threads_dropped (see MARK_STYLES).
+    Kinds: mismatch, noisy, precision, cpu_fallback, fallback_adapter, threads_dropped, budget_stopped
+    (see MARK_STYLES).
     """
     details = details_of(row)
     found = []
@@ -94,6 +95,8 @@ def marks(row: Mapping[str, Any]) -> list[tuple[str, str]]:
         found.append(("fallback_adapter", "WebGPU on a software (fallback) adapter"))
     if details.get("threads_dropped"):
         found.append(("threads_dropped", f"threads dropped (ran {details.get('threads_effective', '?')})"))
+    if details.get("budget_stopped"):
+        found.append(("budget_stopped", f"--max-time {details.get('max_time_s')}s stopped the loop"))
     return found
 
 
@@ -137,5 +140,6 @@ MARK_STYLES = {
     "cpu_fallback": MarkStyle("C", "C: nodes fell back to CPU", "\\\\"),
     "precision": MarkStyle("P", "P: precision changed (e.g. bf16)", ".."),
     "threads_dropped": MarkStyle("T", "T: wasm threads dropped", "++"),
+    "budget_stopped": MarkStyle("B", "B: the time budget (--max-time) stopped the loop", "--"),
     "noisy": MarkStyle("~", "~: noisy (cv > 10%), faded", ""),
 }

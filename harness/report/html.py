@@ -46,7 +46,7 @@ tr.failed td { background: #fff6f6; } tr.flagged td { background: #fffbea; }
 .mark-fallback_adapter, .mark-cpu_fallback, .mark-threads_dropped { color: #7a3e00; border-color: #d08a2e;
   background: #fff1dc; font-weight: 600; }
 .mark-precision { color: #0d47a1; border-color: #5c8fd6; background: #e6f0ff; font-weight: 600; }
-.mark-noisy { color: #555; border-color: #aaa; background: #f3f3f3; }
+.mark-noisy, .mark-budget_stopped { color: #555; border-color: #aaa; background: #f3f3f3; }
 table.results { width: 100%; } table.results td:nth-child(-n+4) { white-space: nowrap; }
 tr.error-row td { color: var(--bad); font-size: 12px; padding-left: 24px; border-top: none; overflow-wrap: anywhere; }
 figure.plot { margin: 18px 0 26px; padding: 12px 14px; border: 1px solid var(--line); border-radius: 6px; }

@@ -1,8 +1,10 @@
 """The measuring loops, written once for every native backend.
 
 first run (timed) → warmup → timed iterations until both the iteration count and the minimum
-duration are met (capped by max_iterations). Three modes share that stop rule and the
-observation of the machine around it (CPU use, load average, RSS peak, energy):
+duration are met (capped by max_iterations). A time budget (max_time_s) starts with the first run
+and caps the warmup and the timed loop: once it is spent the loop stops, but never before
+min_iterations samples (web/page/runner.mjs keeps the same rule). Three modes share that stop rule
+and the observation of the machine around it (CPU use, load average, RSS peak, energy):
   inference  one session.run per iteration; only run() sits inside the timed region
   generate   one generate() of exactly new_tokens tokens per iteration, with a timestamp per
              token (time to first token, time per output token)
@@ -14,6 +16,7 @@ profiler's overhead touches no sample and no CPU, memory or energy figure.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable
@@ -35,7 +38,51 @@ class MeasureConfig:
     iterations: int = 20
     min_duration_s: float = 0.5
     max_iterations: int = 10_000
+    min_iterations: int = 3  # the budget never stops the timed loop below this many samples
+    max_time_s: float | None = None  # warmup + timed loop budget; None: no budget
     profile_iterations: int = 0  # inference: profiled iterations after the timed loop (0: none)
+
+
+class Budget:
+    """The time budget of one case: it starts when created (before the first run) and records whether
+    it cut the warmup or the timed loop short."""
+
+    def __init__(self, config: MeasureConfig) -> None:
+        self.config = config
+        self.max_time_s = config.max_time_s
+        self.deadline = math.inf if config.max_time_s is None else time.perf_counter() + config.max_time_s
+        self.stopped = False
+        self.warmup_run = 0
+
+    def warm_up(self, run: Callable[[], object]) -> None:
+        """Up to config.warmup untimed runs, as many as the budget allows."""
+        while self.warmup_run < self.config.warmup:
+            if time.perf_counter() >= self.deadline:
+                self.stopped = True
+                return
+            run()
+            self.warmup_run += 1
+
+    def timed_iterations(self, step: Callable[[], float]) -> list[float]:
+        """Call step() (which returns its own duration in ms) until the stop rule is met."""
+        config = self.config
+        samples: list[float] = []
+        wanted = time.perf_counter() + config.min_duration_s
+        floor = min(config.min_iterations, config.iterations)
+        while len(samples) < config.max_iterations:
+            now = time.perf_counter()
+            if len(samples) >= config.iterations and now >= wanted:
+                break
+            if len(samples) >= floor and now >= self.deadline:
+                self.stopped = True
+                break
+            samples.append(step())
+        return samples
+
+    @property
+    def facts(self) -> dict[str, Any]:
+        """What a row records about the budget (the page reports the same three facts)."""
+        return {"max_time_s": self.max_time_s, "warmup_run": self.warmup_run, "budget_stopped": self.stopped}
 
 
 @dataclass
@@ -51,23 +98,18 @@ class Measurement:
     process_cpu_percent: float
     energy_j: float | None
     energy_source: str
+    budget: dict[str, Any] = field(default_factory=dict)  # Budget.facts
     ttft_samples_ms: list[float] = field(default_factory=list)
     tpot_samples_ms: list[float] = field(default_factory=list)
     profile: Profile | None = None  # per-operator times, taken after the timed loop
     profile_error: str | None = None  # why a profile asked for is missing
 
 
-def timed_iterations(step: Callable[[], float], config: MeasureConfig) -> list[float]:
-    """Call step() (which returns its own duration in ms) until the stop rule is met."""
-    samples: list[float] = []
-    deadline = time.perf_counter() + config.min_duration_s
-    while len(samples) < config.max_iterations and (len(samples) < config.iterations or time.perf_counter() < deadline):
-        samples.append(step())
-    return samples
+Body = Callable[[], tuple[float, list[float], Any, Budget]]
 
 
-def _observe(session: Session, rss: PeakRss, body: Callable[[], tuple[float, list[float], Any]]) -> Measurement:
-    """Run body() = (first_run_ms, samples, outputs) while observing the machine around it."""
+def _observe(session: Session, rss: PeakRss, body: Body) -> Measurement:
+    """Run body() = (first_run_ms, samples, outputs, budget) while observing the machine around it."""
     process = psutil.Process()
     psutil.cpu_percent(interval=None)  # start both CPU-use windows here
     process.cpu_percent(interval=None)
@@ -75,7 +117,7 @@ def _observe(session: Session, rss: PeakRss, body: Callable[[], tuple[float, lis
     session.reset_device_peak()
     meter = EnergyMeter(0 if session.facts.get("uses_nvidia_gpu") else None)
     meter.start()
-    first_run_ms, samples, outputs = body()
+    first_run_ms, samples, outputs, budget = body()
     energy = meter.stop()
     return Measurement(
         first_run_ms=first_run_ms,
@@ -89,6 +131,7 @@ def _observe(session: Session, rss: PeakRss, body: Callable[[], tuple[float, lis
         process_cpu_percent=process.cpu_percent(interval=None),
         energy_j=energy.joules,
         energy_source=energy.source,
+        budget=budget.facts,
     )
 
 
@@ -101,14 +144,14 @@ def measure(session: Session, feeds: dict[str, np.ndarray], config: MeasureConfi
         session.run(prepared)
         return clock.stop()
 
-    def body() -> tuple[float, list[float], Any]:
+    def body() -> tuple[float, list[float], Any, Budget]:
+        budget = Budget(config)
         clock.start()
         first_outputs = session.run(prepared)
         first_run_ms = clock.stop()
         outputs = session.to_numpy(first_outputs)
-        for _ in range(config.warmup):
-            session.run(prepared)
-        return first_run_ms, timed_iterations(step, config), outputs
+        budget.warm_up(lambda: session.run(prepared))
+        return first_run_ms, budget.timed_iterations(step), outputs, budget
 
     measured = _observe(session, rss, body)
     if config.profile_iterations > 0:  # after the loop and its observation: nothing profiled is timed
@@ -149,11 +192,11 @@ def measure_generation(
                 tpot.append((stamps[-1] - stamps[0]) / 1e6 / (new_tokens - 1))
         return total_ms
 
-    def body() -> tuple[float, list[float], Any]:
+    def body() -> tuple[float, list[float], Any, Budget]:
+        budget = Budget(config)
         first_run_ms = one_generation(record=False)
-        for _ in range(config.warmup):
-            one_generation(record=False)
-        return first_run_ms, timed_iterations(lambda: one_generation(record=True), config), []
+        budget.warm_up(lambda: one_generation(record=False))
+        return first_run_ms, budget.timed_iterations(lambda: one_generation(record=True)), [], budget
 
     measured = _observe(session, rss, body)
     measured.ttft_samples_ms, measured.tpot_samples_ms = ttft, tpot
@@ -170,10 +213,10 @@ def measure_training(session: Any, feeds: dict[str, np.ndarray], config: Measure
         session.train_step(prepared)
         return clock.stop()
 
-    def body() -> tuple[float, list[float], Any]:
+    def body() -> tuple[float, list[float], Any, Budget]:
+        budget = Budget(config)
         first_run_ms = step()
-        for _ in range(config.warmup):
-            session.train_step(prepared)
-        return first_run_ms, timed_iterations(step, config), []
+        budget.warm_up(lambda: session.train_step(prepared))
+        return first_run_ms, budget.timed_iterations(step), [], budget
 
     return _observe(session, rss, body)

@@ -52,6 +52,8 @@ def _run_model(plan: Plan, spec: ModelSpec, emit: Callable[[Result], None]) -> N
         request.iterations,
         request.min_duration_s,
         request.max_iterations,
+        min_iterations=request.min_iterations,
+        max_time_s=request.max_time_s,
         profile_iterations=PROFILE_ITERATIONS if request.profile else 0,
     )
     for target, availability in plan.targets:

@@ -16,6 +16,8 @@ from harness.run.hardware import NATIVE_PLATFORMS, native_targets
 from harness.run.outputs import Outputs
 from harness.store import DEFAULT_DB
 
+DEFAULT_MAX_TIME_S = 10.0
+
 
 class RequestError(ValueError):
     """Invalid user input: the message names what was wrong and what is valid."""
@@ -35,6 +37,10 @@ class RunOptions:
     iterations: int = 20
     min_duration_s: float = 0.5
     max_iterations: int = 10_000
+    # The time budget of a case's warmup + timed loop (None: none); it never stops the loop below
+    # min_iterations samples. The default keeps a 10 s/iteration software adapter to tens of seconds.
+    max_time_s: float | None = DEFAULT_MAX_TIME_S
+    min_iterations: int = 3
     timeout_s: float = 300.0
     db_path: Path = DEFAULT_DB
     output_dir: Path | None = Path("accelharness-results")
@@ -208,6 +214,10 @@ def check_measuring(request: RunOptions) -> None:
     if request.warmup < 0 or request.iterations < 1 or request.max_iterations < request.iterations:
         raise RequestError("need --warmup >= 0, --iterations >= 1 and --max-iterations >= --iterations")
     check_seconds("--min-duration", request.min_duration_s, positive=False)
+    if request.max_time_s is not None:
+        check_seconds("--max-time", request.max_time_s, positive=True, limit=MAX_TIMEOUT_S)
+    if request.min_iterations < 1:
+        raise RequestError(f"--min-iterations takes a whole number >= 1 (got {request.min_iterations})")
     check_seconds("--timeout", request.timeout_s, positive=True, limit=MAX_TIMEOUT_S)
 
 

@@ -360,6 +360,8 @@ def page_job(
         "iterations": request.iterations,
         "min_duration_ms": request.min_duration_s * 1000,
         "max_iterations": request.max_iterations,
+        "min_iterations": request.min_iterations,
+        "max_time_ms": None if request.max_time_s is None else request.max_time_s * 1000,
         "case": case.key,  # the page names the case whose session load a later case reuses
         "profile_iterations": PROFILE_ITERATIONS if request.profile else 0,  # after the timed loop
         "fault": fault,  # test-only

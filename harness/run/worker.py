@@ -57,7 +57,7 @@ def _run_mode(job: Job, session: Any, case: Case, feeds: dict[str, np.ndarray], 
 def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: PeakRss) -> Result:
     feeds, reference = job.prepared.load_case((case.batch_size, case.seq_len))
     measured = _run_mode(job, session, case, feeds, rss)
-    items = (1 + job.measure.warmup + len(measured.samples_ms)) * case.batch_size
+    items = (1 + measured.budget["warmup_run"] + len(measured.samples_ms)) * case.batch_size
     load = dict(load_facts)  # load_ms and memory_load_mb as fields, whose load they are in details
     details = dict(session.facts) | {
         "process_cpu_percent": measured.process_cpu_percent,
@@ -65,6 +65,7 @@ def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: Pea
         "memory_method": rss.method,
         "nvml_used_mb": measured.nvml_used_mb,
         "energy_source": measured.energy_source,  # the sensor, or why there is none
+        **measured.budget,  # max_time_s, warmup_run, budget_stopped
     }
     details |= load.pop("details")
     operators = []

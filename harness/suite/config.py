@@ -34,6 +34,8 @@ sequence_lengths = [32]          # text inputs only
 warmup_iterations = 5            # untimed runs after the first run
 benchmark_iterations = 20        # minimum timed iterations ...
 min_duration_s = 0.5             # ... and minimum seconds of them
+max_time_s = 10                  # seconds of warmup + timed iterations per case (0: no budget) ...
+min_iterations = 3               # ... never stopping the timed loop below this many
 timeout = 600                    # seconds a worker or page may take per case
 precision = ["fp32"]             # {", ".join(PRECISIONS)}
 profile = false                  # per-operator profiles after each inference case's timed loop
@@ -78,6 +80,8 @@ class SuiteConfig:
     warmup_iterations: int
     benchmark_iterations: int
     min_duration_s: float
+    max_time_s: float
+    min_iterations: int
     timeout: float
     precision: list[str]
     profile: bool
@@ -109,6 +113,8 @@ KEY_TYPES: dict[str, type] = {
     "warmup_iterations": int,
     "benchmark_iterations": int,
     "min_duration_s": float,
+    "max_time_s": float,
+    "min_iterations": int,
     "timeout": float,
     "precision": list,
     "profile": bool,
@@ -128,6 +134,7 @@ KEY_TYPES: dict[str, type] = {
 }
 SECONDS: dict[str, dict[str, Any]] = {  # the float keys: durations, checked like --min-duration / --timeout
     "min_duration_s": {"positive": False},
+    "max_time_s": {"positive": False, "limit": MAX_TIMEOUT_S},
     "timeout": {"positive": True, "limit": MAX_TIMEOUT_S},
 }
 LIST_ITEMS: dict[str, tuple[type, tuple[str, ...] | None]] = {

@@ -103,6 +103,8 @@ def suite_requests(
         warmup=config.warmup_iterations,
         iterations=config.benchmark_iterations,
         min_duration_s=config.min_duration_s,
+        max_time_s=config.max_time_s or None,  # 0: no budget
+        min_iterations=config.min_iterations,
         timeout_s=config.timeout,
         profile=config.profile,
         db_path=config.db,

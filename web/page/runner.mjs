@@ -300,25 +300,47 @@ async function injectFault(fault) {
   }
 }
 
-// first run (timed) -> warmup -> timed iterations until both the count and the duration are met,
-// capped by max_iterations: the same rule as harness/measure.py. session.run returns CPU tensors
-// (preferredOutputLocation defaults to 'cpu'), so the device->CPU download is inside the timing.
+// first run (timed) -> warmup -> timed iterations: the same stop rule as harness/measure.py (Budget).
+// The case's time budget (job.max_time_ms, null for none) starts with the first run and caps the warmup
+// and the timed loop. The loop runs until both the count and the duration are met, capped by
+// max_iterations, and stops early once the budget is spent, but never before min_iterations samples.
+// session.run returns CPU tensors (preferredOutputLocation defaults to 'cpu'), so the device->CPU
+// download is inside the timing.
 async function measure(session, feeds, job) {
   let t0 = performance.now();
+  const deadline = job.max_time_ms == null ? Infinity : t0 + job.max_time_ms;
   const first = await session.run(feeds);
   const first_run_ms = performance.now() - t0;
   const outputs = session.outputNames.map((name) => encodeTensor(name, first[name]));
-  for (let i = 0; i < job.warmup; i++) await session.run(feeds);
+  let warmup_run = 0;
+  while (warmup_run < job.warmup && performance.now() < deadline) {
+    await session.run(feeds);
+    warmup_run++;
+  }
   const samples = [];
   await loopMark('start');
-  const deadline = performance.now() + job.min_duration_ms;
-  while (samples.length < job.max_iterations && (samples.length < job.iterations || performance.now() < deadline)) {
+  const wanted = performance.now() + job.min_duration_ms;
+  const floor = Math.min(job.min_iterations, job.iterations);
+  let loop_stopped = false;
+  for (;;) {
+    const n = samples.length;
+    const now = performance.now();
+    if (n >= job.max_iterations || (n >= job.iterations && now >= wanted)) break;
+    if (n >= floor && now >= deadline) {
+      loop_stopped = true;
+      break;
+    }
     t0 = performance.now();
     await session.run(feeds);
     samples.push(performance.now() - t0);
   }
   await loopMark('end');
-  return { first_run_ms, samples, outputs };
+  const budget = {
+    max_time_s: job.max_time_ms == null ? null : job.max_time_ms / 1000,
+    warmup_run,
+    budget_stopped: loop_stopped || warmup_run < job.warmup,
+  };
+  return { first_run_ms, samples, outputs, budget };
 }
 
 // Per-node times, after the timed loop, from a twin session with ORT's profiler on (profiling is a session
@@ -457,7 +479,7 @@ export async function runJob(job) {
     const measured = await measure(entry.session, feeds, job);
     const asked = job.profile_iterations > 0;
     const profile = asked ? await profileRuns(entry, rt, feeds, job).catch(profileError) : null;
-    Object.assign(facts, await runtimeFacts(job, rt), {
+    Object.assign(facts, await runtimeFacts(job, rt), measured.budget, {
       fetch_ms: entry.fetch_ms,
       input_names: entry.session.inputNames,
       output_names: entry.session.outputNames,
