@@ -115,6 +115,7 @@ NOT_ONNX = "is not a valid ONNX model (onnx.checker: "
         ([*SUITE_CHECK, "@binary.toml"], "binary.toml is not UTF-8 text (byte 0x8b at offset 1)"),
         ([*SUITE_CHECK, "@twice.toml"], "key 'timeout' is set twice, at the top level and in [run]; keep one"),
         ([*SUITE_CHECK, "@below-header.toml"], "[model_families] holds 'batch_sizes', a top-level key"),
+        ([*WEB, "--serve", "--profile"], "--profile: not with --serve"),
         # A store written by a newer accelharness.
         (["report", "--db", "@newer.duckdb"], "newer.duckdb was written by a newer accelharness (schema version 99;"),
     ],
