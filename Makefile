@@ -7,6 +7,12 @@ DB        ?= accelharness.duckdb
 OUT       ?= accelharness-results
 
 WEB_STAMP := web/node_modules/.package-lock.json
+
+# Bytecode: Python writes a module's .pyc the first time any process imports it, and every later
+# process (each CLI call, worker and test) reads it. With PYTHONDONTWRITEBYTECODE set, as in CI's
+# containers, each process compiled torch, transformers and the rest from source again: 3.6 s of
+# an 8.4 s tiny native run (5.1 s with the .pyc files), in every CLI call and worker of every test.
+unexport PYTHONDONTWRITEBYTECODE
 SUDO      := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 # pytest-xdist workers for the parallel pass: CI's machine has two cores (tests start workers,
@@ -35,7 +41,7 @@ $(WEB_STAMP): web/package.json web/package-lock.json
 # torch==2.13.0 first: it is the CPU wheel on this machine's disk; any other spec pulls a
 # multi-GB CUDA build. constraints.txt pins everything else to the versions CI ran with.
 # --no-compile: byte-compiling all of torch, OpenVINO and the rest at install time cost more than
-# the whole demo; Python compiles the modules it imports when it first imports them.
+# the whole demo; Python compiles the modules it imports when it first imports them (above).
 PIP_INSTALL := $(BIN)/pip install -q --no-compile
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || python3 -m venv $(VENV)

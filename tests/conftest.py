@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -17,6 +18,11 @@ import pytest
 # ones hit the cache. Exports are renamed into place, so two workers exporting at once is safe.
 os.environ.setdefault("ACCELHARNESS_CACHE_DIR", tempfile.mkdtemp(prefix="accelharness-test-cache-"))
 os.environ.pop("ACCELHARNESS_INJECT_FAULT", None)
+# A shell without job control starts a background job (`make test &` in a script) with SIGINT
+# ignored, and every process it starts inherits that: the Ctrl-C tests would send SIGINTs that no
+# process hears, and wait out their timeouts. A handler, unlike "ignored", is not inherited across
+# exec: this process and each one it starts (each Python installs its own) take Ctrl-C as a terminal's.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 CLI = [sys.executable, "-m", "harness.cli"]
 QUICK = ["--iterations", "5", "--warmup", "1", "--min-duration", "0"]

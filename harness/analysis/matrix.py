@@ -19,9 +19,8 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from statistics import geometric_mean
 from typing import Any
-
-from scipy.stats import gmean
 
 from harness.core import labels
 from harness.core.labels import BASELINE_LABEL, baselines, case_key, case_label, details_of, flags, mode_of, speedup
@@ -151,7 +150,7 @@ def _cell(rows: list[dict[str, Any]], base: dict, is_baseline: bool) -> Cell:
     classes = [classify(r) for r in rows]
     ratios = [speedup(r, base) for r in rows]
     measured = [s for s in ratios if s is not None]
-    value = None if is_baseline or not measured else float(gmean(measured))
+    value = None if is_baseline or not measured else geometric_mean(measured)
     rating = BASELINE_RATING if is_baseline and "compatible" in classes else rate(value)
     evidence = [_evidence(r, c, None if is_baseline else s) for r, c, s in zip(rows, classes, ratios, strict=True)]
     return Cell(max(classes, key=SEVERITY.index), rating, value, len(rows), dict(Counter(classes)), evidence)

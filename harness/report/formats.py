@@ -6,9 +6,8 @@ import csv
 import json
 from collections import defaultdict
 from pathlib import Path
+from statistics import geometric_mean
 from typing import TYPE_CHECKING, Any
-
-from scipy.stats import gmean
 
 if TYPE_CHECKING:
     from harness.report.plots import Plot
@@ -88,7 +87,7 @@ def _speedups(by_key: dict, targets: list[str]) -> dict[str, tuple[float, int]]:
             row = cells.get(target)
             if target != BASELINE_LABEL and row and row["status"] == "ok" and row["latency_p50_ms"]:
                 ratios[target].append(base["latency_p50_ms"] / row["latency_p50_ms"])
-    return {t: (float(gmean(v)), len(v)) for t, v in sorted(ratios.items())}
+    return {t: (geometric_mean(v), len(v)) for t, v in sorted(ratios.items())}
 
 
 def _problems(report: RunReport) -> list[str]:

@@ -18,6 +18,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+from statistics import geometric_mean
+
 from matplotlib import colormaps
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
@@ -25,7 +27,6 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import NullFormatter
 from matplotlib.transforms import blended_transform_factory
-from scipy.stats import gmean
 
 from harness.core.labels import (
     BASELINE_LABEL,
@@ -309,7 +310,7 @@ def _heatmap(report: RunReport, colors: dict[str, str]) -> Figure | None:
         if is_baseline(rows[0]):
             texts[i][j] = "baseline"
         elif ratios:
-            grid[i][j] = math.log2(float(gmean(ratios)))
+            grid[i][j] = math.log2(geometric_mean(ratios))
             texts[i][j] = f"{2 ** grid[i][j]:.2f}×\n{len(ratios)} case{'s' * (len(ratios) > 1)}"
         else:
             texts[i][j] = min((r["status"] for r in rows), key=STATUS_ORDER.index)

@@ -110,16 +110,25 @@ FAULT_ENV = "ACCELHARNESS_INJECT_FAULT"
 GRANDCHILD_MARK = "accelharness-fault-grandchild"  # in the grandchild fault's command line, for tests to find it
 
 
+def injected_fault(job: Job) -> str | None:
+    """The fault ACCELHARNESS_INJECT_FAULT asks of this job: the first KIND[:MODEL[:ENGINE]] of its
+    comma-separated list whose model and engine (empty: any) are the job's."""
+    for fault in filter(None, os.environ.get(FAULT_ENV, "").split(",")):
+        kind, model, engine = ([*fault.split(":"), "", ""])[:3]
+        if model in ("", job.prepared.spec.name) and engine in ("", job.target.engine):
+            return kind
+    return None
+
+
 def inject_fault(job: Job) -> None:
-    """Testing hook: ACCELHARNESS_INJECT_FAULT=KIND[:MODEL[:ENGINE]] makes this worker fail for real.
+    """Testing hook: ACCELHARNESS_INJECT_FAULT=KIND[:MODEL[:ENGINE]][,…] makes this worker fail for real.
 
     KIND is segfault, abort, hang, oom (an address-space limit, then an allocation past it) or
     grandchild (start a sleeping child process, as an engine's helper might, then hang).
-    The fault matrix tests use it to prove a crash, hang or OOM leaves a correct row and the run goes on.
+    The fault matrix tests use it to prove a crash, hang or OOM leaves a correct row and the run goes
+    on; several faults in one list let one run prove them all side by side.
     """
-    kind, model, engine = ([*os.environ.get(FAULT_ENV, "").split(":"), "", ""])[:3]
-    if not kind or model not in ("", job.prepared.spec.name) or engine not in ("", job.target.engine):
-        return
+    kind = injected_fault(job)
     if kind == "segfault":
         ctypes.string_at(0)
     elif kind == "abort":
