@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import statistics
 import uuid
 from dataclasses import asdict
 from datetime import UTC, datetime
@@ -19,7 +20,7 @@ import duckdb
 import pyarrow as pa
 
 from harness.core.git import branch_tip
-from harness.core.records import Result
+from harness.core.records import Control, Result
 from harness.core.stats import summarize, summarize_generation
 
 DEFAULT_DB = Path("accelharness.duckdb")
@@ -88,12 +89,24 @@ MIGRATIONS: dict[int, list[str]] = {
         # web --serve: a browser on another device is a target of the run (its id; facts in details)
         "ALTER TABLE results ADD COLUMN IF NOT EXISTS device VARCHAR",
     ],
+    6: [
+        # `ab`: which side a row measured, and the round each of its samples was taken in
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS variant VARCHAR",
+        "ALTER TABLE samples ADD COLUMN IF NOT EXISTS round INTEGER",
+        # the drift control (harness.run.control): the machine's own speed at points of each run
+        """CREATE TABLE IF NOT EXISTS controls (
+            run_id VARCHAR NOT NULL, workload VARCHAR NOT NULL, hardware VARCHAR NOT NULL, engine VARCHAR NOT NULL,
+            provider VARCHAR, device VARCHAR, beside VARCHAR NOT NULL, position VARCHAR NOT NULL,
+            measured_at TIMESTAMP NOT NULL, iterations INTEGER NOT NULL, median_ms DOUBLE, samples_ms DOUBLE[],
+            load_avg_1m DOUBLE, error VARCHAR
+        )""",
+    ],
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 # Tables a migration created: a read-only open of an older file shows them empty.
-ADDED_TABLES = {"operators": 4}
+ADDED_TABLES = {"operators": 4, "controls": 6}
 
-TABLES = ("schema_version", "runs", "hardware", "results", "samples", "operators")
+TABLES = ("schema_version", "runs", "hardware", "results", "samples", "operators", "controls")
 
 
 class StoreError(RuntimeError):
@@ -231,6 +244,7 @@ class Store:
                 "latency_ms": pa.array(result.samples_ms, pa.float64()),
                 "ttft_ms": pa.array(result.ttft_samples_ms or [None] * len(result.samples_ms), pa.float64()),
                 "tpot_ms": pa.array(result.tpot_samples_ms or [None] * len(result.samples_ms), pa.float64()),
+                "round": pa.array(result.sample_rounds or [None] * len(result.samples_ms), pa.int32()),
             }
         )
         cursor = self.connection
@@ -285,6 +299,7 @@ class Store:
             "engine": result.target.engine,
             "provider": result.target.provider,
             "device": result.target.device,
+            "variant": result.variant,
             "batch_size": result.case.batch_size,
             "seq_len": result.case.seq_len,
             "mode": result.case.mode,
@@ -309,6 +324,19 @@ class Store:
             "git_sha": git_sha,
             "details": json.dumps(result.details, default=str),
         }
+
+    def add_control(self, run_id: str, control: Control) -> None:
+        """Commit one measurement of the drift control (one row, with its samples)."""
+        target = control.target
+        median = statistics.median(control.samples_ms) if control.samples_ms else None
+        self.connection.execute(
+            "INSERT INTO controls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                run_id, control.workload, target.hardware, target.engine, target.provider, target.device,
+                control.beside, control.position, _now(), len(control.samples_ms), median,
+                control.samples_ms, control.load_avg_1m, control.error,
+            ],
+        )  # fmt: skip
 
     # --- reads --------------------------------------------------------------------------------
     def query(self, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
@@ -412,6 +440,21 @@ class Store:
             "batch_size, seq_len, created_at",
             [run_id],
         )
+
+    def controls(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's drift-control measurements, in the order they were taken."""
+        return self.query("SELECT * FROM controls WHERE run_id = ? ORDER BY measured_at", [run_id])
+
+    def rounds(self, result_id: str) -> dict[int, list[float]]:
+        """An `ab` row's samples by the round they were taken in (empty for other rows)."""
+        rows = self.connection.execute(
+            "SELECT round, latency_ms FROM samples WHERE result_id = ? AND round IS NOT NULL ORDER BY iteration",
+            [result_id],
+        ).fetchall()
+        by_round: dict[int, list[float]] = {}
+        for number, latency in rows:
+            by_round.setdefault(number, []).append(latency)
+        return by_round
 
     def samples(self, result_id: str) -> list[float]:
         rows = self.connection.execute(

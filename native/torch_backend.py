@@ -226,6 +226,24 @@ class TorchBackend(DeviceByHardware):
             check_runs(session, request.example_feeds, request.precision)
         return session
 
+    def load_control(self, weights: list[np.ndarray], target: Target) -> TorchSession:
+        """The drift control on this target: the same chain of matmuls, in fp32."""
+        module = MatMulChain(weights).to(torch.device(HARDWARE_DEVICES[target.hardware]))
+        return TorchSession(module, ["x"], target.hardware, "fp32")
+
+
+class MatMulChain(torch.nn.Module):
+    """The drift control (harness.run.control) as torch: x @ w0 @ w1 … with the ONNX file's weights."""
+
+    def __init__(self, weights: list[np.ndarray]) -> None:
+        super().__init__()
+        self.weights = torch.nn.ParameterList(torch.from_numpy(w) for w in weights)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+        for weight in self.weights:
+            x = x @ weight
+        return (x,)
+
 
 def quantize_int8(module: torch.nn.Module, device: torch.device) -> tuple[torch.nn.Module, dict[str, Any]]:
     """Dynamic int8 quantization of every nn.Linear (torch.ao.quantization.quantize_dynamic)."""

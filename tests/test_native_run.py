@@ -64,6 +64,19 @@ def test_every_engine_stores_ok_rows_with_samples_and_parity(bert_run) -> None:
         assert count == r["iterations"]
 
 
+def test_every_job_measures_the_drift_control_at_its_start_middle_and_end(bert_run) -> None:
+    db, _, _ = bert_run
+    controls = rows(db, "SELECT * FROM controls ORDER BY engine, measured_at")
+    by_engine: dict[str, list[str]] = {}
+    for c in controls:
+        by_engine.setdefault(c["engine"], []).append(c["position"])
+        assert c["workload"] == "matmul-chain-8x512x64" and c["beside"] == "bert-tiny" and c["error"] is None
+        assert c["iterations"] >= 3 and len(c["samples_ms"]) == c["iterations"] and c["median_ms"] > 0
+        assert c["load_avg_1m"] is not None
+    # two cases per job: before the first, after the first (the middle), after the last
+    assert by_engine == {e: ["start", "middle", "end"] for e in ("onnxruntime", "openvino", "torch")}
+
+
 def test_one_load_per_job_is_stated_on_every_row(bert_run) -> None:
     """Each job loads its model once for both batch sizes: both rows carry that load's figures, and
     say it was measured with the first case and shared by two (issue 11, item 3)."""

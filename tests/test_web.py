@@ -84,6 +84,23 @@ def test_wasm_row_is_measured_and_matches_the_reference(all_eps: tuple) -> None:
     assert summary.reports and all(p.exists() for p in summary.reports)
 
 
+def test_each_ep_setting_measures_the_drift_control_in_the_page(all_eps: tuple) -> None:
+    summary, _, _, _ = all_eps
+    with open_store(summary.db_path, read_only=True) as store:
+        controls = store.controls(summary.run_id)
+    by_provider: dict[str, list[dict]] = {}
+    for c in controls:
+        by_provider.setdefault(c["provider"], []).append(c)
+    # one case per setting: before it and after it
+    assert {p: [c["position"] for c in cs] for p, cs in by_provider.items()} == {
+        p: ["start", "end"] for p in ("wasm:threads=1", "webgpu", "webnn:gpu")
+    }
+    for c in by_provider["wasm:threads=1"] + by_provider["webgpu"]:
+        assert c["error"] is None and c["iterations"] >= 3 and c["median_ms"] > 0 and c["beside"] == "bert-tiny"
+    for c in by_provider["webnn:gpu"]:  # no WebNN context on this host: the page's reason, no samples
+        assert c["error"] and c["iterations"] == 0 and c["median_ms"] is None
+
+
 def test_webgpu_runs_on_swiftshader_flagged_as_fallback(all_eps: tuple) -> None:
     _, _, rows, _ = all_eps
     row = rows["webgpu"]

@@ -32,6 +32,7 @@ import numpy as np
 from scipy import stats
 
 from harness.analysis.compare import ALPHA, case_fields, case_key
+from harness.analysis.drift import control_ms, run_controls
 from harness.analysis.tables import AnalysisError, Table, render_table
 from harness.core.labels import case_label, target_label
 from harness.core.records import MEASURED
@@ -55,6 +56,7 @@ class Point:
     change: float | None = None  # value / baseline - 1
     p_value: float | None = None
     step: bool = False
+    control_ms: float | None = None  # the run's drift control on this target (analysis.drift): the machine's speed
 
 
 @dataclass
@@ -93,7 +95,8 @@ def numeric_metrics(store: Store) -> list[str]:
 
 
 def _fetch(store: Store, model: str, filters: dict[str, Any]) -> list[dict[str, Any]]:
-    where = ["r.model = ?"] + [f"r.{column} = ?" for column in filters]
+    # an `ab` run's two sides are one paired measurement, not two points of a history
+    where = ["r.model = ?", "r.variant IS NULL"] + [f"r.{column} = ?" for column in filters]
     return store.query(
         "SELECT r.*, runs.started_at AS run_started_at FROM results r JOIN runs USING (run_id) "
         f"WHERE {' AND '.join(where)} ORDER BY runs.started_at, r.created_at",
@@ -122,8 +125,12 @@ def _group(store: Store, rows: list[dict[str, Any]], metric: str) -> list[tuple[
         point = Point(row["run_id"], row["run_started_at"], row["git_sha"], row["status"], value)
         grouped[key][1][row["run_id"]] = (point, row["result_id"])  # a run measured twice keeps its last row
     result = []
+    controls: dict[str, dict[str, list]] = {}
     for series, by_run in grouped.values():
         series.points = [point for point, _ in by_run.values()]
+        for point in series.points:
+            by_target = controls.setdefault(point.run_id, run_controls(store, point.run_id))
+            point.control_ms = control_ms(by_target.get(series.target, []))
         result.append((series, [rid for _, rid in by_run.values()]))
     return result
 
@@ -181,7 +188,7 @@ def history(
     return History(model, metric, threshold, window, [series for series, _ in grouped])
 
 
-COLUMNS = ["run_id", "started_at", "git_sha", "status", "value", "baseline", "change", "p_value", "step"]
+COLUMNS = ["run_id", "started_at", "git_sha", "status", "value", "control_ms", "baseline", "change", "p_value", "step"]
 
 
 def render(result: History, fmt: str) -> str:
@@ -192,7 +199,8 @@ def render(result: History, fmt: str) -> str:
     rule = f"step: |value / median of the previous {result.window} - 1| > {result.threshold:.0%}"
     if uses_samples(result.metric):
         rule += " and Mann-Whitney p < 0.05 against the previous run's samples"
-    parts = [f"# History of {result.metric} for {result.model}", "", rule, ""]
+    control = "control_ms: the run's drift control on the same target (a fixed MatMul chain): the machine's own speed"
+    parts = [f"# History of {result.metric} for {result.model}", "", rule, "", control, ""]
     for series in result.series:
         rows = []
         for point in series.points:

@@ -20,7 +20,7 @@ from harness.core.records import MEASURED, STATUSES
 from harness.store import open_store
 
 REPORTS = ("latest", "best-hardware", "compatibility", "regressions", "ops")
-EXPORT_TABLES = ("runs", "hardware", "results", "samples", "operators")
+EXPORT_TABLES = ("runs", "hardware", "results", "samples", "operators", "controls")
 EXPORT_FORMATS = ("parquet", "csv")
 # a column per status, the measured ones first
 COMPATIBILITY_COLUMNS = (*MEASURED, *(s for s in STATUSES if s not in MEASURED))

@@ -68,10 +68,14 @@ class Case:
         return key if self.mode == "inference" else f"{key}_{self.mode}"
 
 
-def result_key(model: str, target: Target, case: Case) -> str:
+VARIANTS = ("a", "b")  # the two sides of an `accelharness ab` run
+
+
+def result_key(model: str, target: Target, case: Case, variant: str | None = None) -> str:
     """What makes a result unique within a run: --resume skips the keys a run already holds."""
     key = f"{model}|{target.hardware}|{target.engine}|{target.provider}|{case.key}"
-    return f"{key}|@{target.device}" if target.device else key
+    key = f"{key}|@{target.device}" if target.device else key
+    return f"{key}|~{variant}" if variant else key
 
 
 @dataclass
@@ -102,10 +106,12 @@ class Result:
     energy_j_per_item: float | None = None  # only from a real sensor (RAPL, NVML)
     details: dict[str, Any] = field(default_factory=dict)
     operators: list[OperatorRow] = field(default_factory=list)  # --profile: where the time went, per operator
+    variant: str | None = None  # `ab` runs: which side (a or b) this row measured
+    sample_rounds: list[int] = field(default_factory=list)  # `ab` runs: the round each sample was taken in
 
     @property
     def key(self) -> str:
-        return result_key(self.model, self.target, self.case)
+        return result_key(self.model, self.target, self.case, self.variant)
 
     def __post_init__(self) -> None:
         if self.precision is None and isinstance(self.case, Case):
@@ -140,7 +146,26 @@ class Result:
             found.append("details must be a dict")
         if self.operators and self.status not in MEASURED:
             found.append(f"status '{self.status}' has no measurement for operator rows to profile")
+        if self.variant not in (None, *VARIANTS):
+            found.append(f"variant {self.variant!r} is not one of {', '.join(VARIANTS)}")
+        if self.sample_rounds and len(self.sample_rounds) != len(self.samples_ms):
+            found.append(f"sample_rounds holds {len(self.sample_rounds)} rounds for {len(self.samples_ms)} samples")
         bad = [op for op in self.operators if not (_is_finite(op.total_ms) and op.total_ms >= 0 and op.calls >= 1)]
         if bad:
             found.append(f"operators need finite times >= 0 and calls >= 1 ({len(bad)} do not, e.g. {bad[0].node!r})")
         return found
+
+
+@dataclass
+class Control:
+    """One measurement of a run's fixed control workload (harness.run.control) on a target: how fast
+    the machine itself was at that point of the run, so that compare can tell the machine's drift
+    between two runs from a change of the code. error: why it could not be measured (samples empty)."""
+
+    workload: str
+    target: Target
+    position: str  # start | middle | end of the (model, target) job it was measured beside
+    beside: str  # that job's model
+    samples_ms: list[float] = field(default_factory=list)
+    load_avg_1m: float | None = None
+    error: str | None = None

@@ -42,7 +42,7 @@ def _skip_reason(prepared: PreparedModel, target: Target, availability: Availabi
     return None
 
 
-def _run_model(plan: Plan, spec: ModelSpec, emit: Callable[[Result], None]) -> None:
+def _run_model(plan: Plan, spec: ModelSpec, emit: Emit) -> None:
     if not any(plan.remaining(spec, target) for target, _ in plan.targets):
         return  # a resumed run holds every result of this model: do not even export it
     prepared, error, status = _prepare(plan, spec)

@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.core.records import Result
+from harness.core.records import Control, Result
 from harness.run.hardware import hardware_rows
 from harness.run.outputs import Outputs, write_outputs
 from harness.run.provenance import host_facts
 from harness.store import StoreError, open_store
 
-Emit = Callable[[Result], None]
+Emit = Callable[[Result | Control], None]  # a case's result, or a drift-control measurement
 Body = Callable[[Emit], None]
 
 
@@ -71,7 +71,12 @@ def record_run(
             store.reopen_run(run_id)
         closed = threading.Event()
 
-        def emit(result: Result) -> None:
+        def emit(result: Result | Control) -> None:
+            if isinstance(result, Control):
+                with commit_lock:
+                    if not closed.is_set():  # a late control measurement is not worth failing a body for
+                        store.add_control(run_id, result)
+                return
             result.details.setdefault("load_avg_at_run_start", host["load_avg_at_start"])
             with commit_lock:
                 if closed.is_set():  # a body's thread outlived the run: never write into a closed run

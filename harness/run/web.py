@@ -25,10 +25,20 @@ import psutil
 
 from harness.core.parity import compare
 from harness.core.profiles import PROFILE_ITERATIONS
-from harness.core.records import PRECISIONS, Case, Result, Target, UnsupportedError, result_key
+from harness.core.records import PRECISIONS, Case, Control, Result, Target, UnsupportedError, result_key
 from harness.prepare.prepared import PreparedModel, PrepareJob, unprepared_result
 from harness.prepare.specs import ModelSpec
 from harness.prepare.variants import model_for_precision
+from harness.run.control import (
+    CONTROL_ITERATIONS,
+    CONTROL_MAX_TIME_S,
+    CONTROL_MIN_DURATION_S,
+    CONTROL_NAME,
+    CONTROL_WARMUP,
+    control_feeds,
+    control_model_path,
+    control_positions,
+)
 from harness.run.isolation import UNSUPPORTED_OPERATOR
 from harness.run.plan import (
     RequestError,
@@ -340,32 +350,57 @@ def page_job(
     """Hand the page the case's ONNX file (the export, or `model`: its precision's conversion) and input
     tensors (from the PreparedModel's npz), and describe the page job."""
     feeds, _ = prepared.load_case((case.batch_size, case.seq_len))
-    stem = _file_stem(prepared.spec.name)
-    arrays = {f"{stem}.{i}.bin": np.ascontiguousarray(v) for i, v in enumerate(feeds.values())}
     model = model or prepared.onnx_path
     assert model is not None
     # the page keeps one session per model URL: each precision's file has its own name
-    model_name = f"{stem}-{case.precision}.onnx"
-    urls = files.set_job_files({model_name: model} | {k: v.tobytes() for k, v in arrays.items()})
-    return {
-        "model_url": urls[model_name],
-        "inputs": [
-            {"name": name, "url": urls[key], "dtype": str(array.dtype), "dims": list(array.shape)}
-            for name, (key, array) in zip(feeds, arrays.items(), strict=True)
-        ],
-        "ep": setting.ep,
-        "device_type": setting.device_type,
-        "threads": setting.threads,
+    stop = {
         "warmup": request.warmup,
         "iterations": request.iterations,
         "min_duration_ms": request.min_duration_s * 1000,
         "max_iterations": request.max_iterations,
         "min_iterations": request.min_iterations,
         "max_time_ms": None if request.max_time_s is None else request.max_time_s * 1000,
-        "case": case.key,  # the page names the case whose session load a later case reuses
         "profile_iterations": PROFILE_ITERATIONS if request.profile else 0,  # after the timed loop
-        "fault": fault,  # test-only
     }
+    name = f"{_file_stem(prepared.spec.name)}-{case.precision}"
+    return _job(files, name, model, feeds, setting, stop, case.key, fault)
+
+
+def _job(files: Any, name: str, model: Path, feeds: dict[str, np.ndarray], setting: EpSetting, stop: dict[str, Any],
+         case_key: str, fault: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """A page job: the model file and input tensors served to the page, the EP setting and the stop rule."""
+    arrays = {f"{name}.{i}.bin": np.ascontiguousarray(v) for i, v in enumerate(feeds.values())}
+    urls = files.set_job_files({f"{name}.onnx": model} | {k: v.tobytes() for k, v in arrays.items()})
+    return {
+        "model_url": urls[f"{name}.onnx"],
+        "inputs": [
+            {"name": input_name, "url": urls[key], "dtype": str(array.dtype), "dims": list(array.shape)}
+            for input_name, (key, array) in zip(feeds, arrays.items(), strict=True)
+        ],
+        "ep": setting.ep,
+        "device_type": setting.device_type,
+        "threads": setting.threads,
+        "case": case_key,  # the page names the case whose session load a later case reuses
+        "fault": fault,  # test-only
+        **stop,
+    }
+
+
+async def measure_control(files: Any, session: Any, setting: EpSetting, position: str, beside: str,
+                          timeout_s: float) -> Control:  # fmt: skip
+    """The drift control (harness.run.control) in the page, on the EP setting; an EP that cannot run it
+    (WebNN here) records the page's reason."""
+    control = Control(CONTROL_NAME, setting.target, position, beside)
+    stop = {"warmup": CONTROL_WARMUP, "iterations": CONTROL_ITERATIONS,
+            "min_duration_ms": CONTROL_MIN_DURATION_S * 1000, "max_iterations": 10_000, "min_iterations": 3,
+            "max_time_ms": CONTROL_MAX_TIME_S * 1000, "profile_iterations": 0}  # fmt: skip
+    job = _job(files, CONTROL_NAME, control_model_path(), control_feeds(), setting, stop, CONTROL_NAME)
+    answer = await session.run_job(files.page_url, (CONTROL_NAME, setting), job, timeout_s)
+    if answer["status"] == "ok":
+        control.samples_ms, control.load_avg_1m = answer["samples_ms"], os.getloadavg()[0]
+    else:
+        control.error = answer["error"]
+    return control
 
 
 async def _refusal(session: Any, setting: EpSetting, case: Case, request: WebRequest) -> tuple[str | None, dict]:
@@ -452,28 +487,49 @@ async def _run_ep(
     plan: WebPlan,
     models: list[Prepared],
     ep: str,
-    emit: Callable[[Result], None],
+    emit: Emit,
     faults: Mapping[str, str],
 ) -> None:
     from harness.web.driver import BrowserSession
 
     session = None  # launched (or connected) on first use, with this EP's flags only
+    jobs = list(_ep_cases(plan, models, ep))
+    controls = _control_points(jobs)
+    timeout_s = plan.request.timeout_s
     try:
-        for spec, prepared, why, setting, case in _ep_cases(plan, models, ep):
+        for index, (spec, prepared, why, setting, case) in enumerate(jobs):
             row = not_runnable(spec, prepared, why, setting, case)
             if row is None:
                 assert prepared is not None
-                session = session or BrowserSession(playwright, plan.browser_source(ep), files)
+                if session is None:
+                    session = BrowserSession(playwright, plan.browser_source(ep), files)
+                if (setting, "start") in controls.get(index - 1, []):
+                    emit(await measure_control(files, session, setting, "start", spec.name, timeout_s))
                 row = await _run_case(files, session, plan, prepared, setting, case, faults.get(setting.provider))
             emit(row)
+            for each, position in controls.get(index, []):
+                if session is not None and position != "start":
+                    emit(await measure_control(files, session, each, position, spec.name, timeout_s))
     finally:
         if session is not None:
             await session.close()
 
 
-async def _run_all(
-    plan: WebPlan, models: list[Prepared], emit: Callable[[Result], None], faults: Mapping[str, str]
-) -> None:
+def _control_points(jobs: list[tuple[Any, ...]]) -> dict[int, list[tuple[EpSetting, str]]]:
+    """Where the drift control is measured among an EP's jobs, per EP setting: before its first job
+    (at index - 1), after its middle job and after its last."""
+    indices: dict[EpSetting, list[int]] = {}
+    for index, job in enumerate(jobs):
+        indices.setdefault(job[3], []).append(index)
+    points: dict[int, list[tuple[EpSetting, str]]] = {}
+    for setting, mine in indices.items():
+        for after, position in control_positions(len(mine)).items():
+            at = mine[0] - 1 if after == -1 else mine[after]
+            points.setdefault(at, []).append((setting, position))
+    return points
+
+
+async def _run_all(plan: WebPlan, models: list[Prepared], emit: Emit, faults: Mapping[str, str]) -> None:
     from playwright.async_api import async_playwright
 
     from harness.web.server import PageServer, RoutedPages

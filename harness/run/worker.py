@@ -21,10 +21,11 @@ from typing import Any
 import numpy as np
 
 from harness.core.parity import compare
-from harness.core.records import Case, Result, Target, UnsupportedError
+from harness.core.records import Case, Control, Result, Target, UnsupportedError
 from harness.native import capabilities
 from harness.prepare.graph_work import GraphWork, count_graph
 from harness.prepare.prepared import PreparedModel, PrepareJob, prepare_model
+from harness.run.control import ControlProbe, control_positions
 from harness.run.isolation import Outcome, classify, run_isolated, start_method
 from harness.run.measure import MeasureConfig, Measurement, measure, measure_generation, measure_training
 from harness.run.memory import PeakRss, rss_mb
@@ -144,13 +145,26 @@ def inject_fault(job: Job) -> None:
         bytearray(limit)
 
 
-def benchmark_job(job: Job) -> Iterator[Result]:
-    """Worker entry point: yields a Result per case."""
+def benchmark_job(job: Job) -> Iterator[Result | Control]:
+    """Worker entry point: yields a Result per case, and the drift control (harness.run.control)
+    measured on the job's target before its first case, after its middle one and after its last."""
     from harness.native import get_backend
-    from harness.native.base import LoadRequest
 
     inject_fault(job)
     backend = get_backend(job.target.engine)
+    probe = ControlProbe(backend, job.target, job.prepared.spec.name)
+    positions = control_positions(len(job.cases))
+    yield probe.measure(positions[-1])
+    for index, result in enumerate(_case_results(job, backend)):
+        yield result
+        if index in positions:
+            yield probe.measure(positions[index])
+
+
+def _case_results(job: Job, backend: Any) -> Iterator[Result]:
+    """A Result per case of the job, loading the model once per (precision, mode)."""
+    from harness.native.base import LoadRequest
+
     rss = PeakRss()
     # One load per (precision, mode): a training step changes the weights later cases would use.
     for (precision, mode), group in groupby(job.cases, key=lambda c: (c.precision, c.mode)):
@@ -182,12 +196,16 @@ def benchmark_job(job: Job) -> Iterator[Result]:
                 yield job.prepared.result(job.target, case, status, message, **load_facts)
 
 
-def run_job(job: Job, timeout_s: float, emit: Callable[[Result], None]) -> None:
-    """Run a job in a worker; emit every case's Result, including those the worker never reached."""
+def run_job(job: Job, timeout_s: float, emit: Callable[[Result | Control], None]) -> None:
+    """Run a job in a worker; emit every case's Result, including those the worker never reached,
+    and the worker's drift-control measurements."""
     reported: set[str] = set()
     uses_torch = capabilities(job.target.engine).worker_needs_torch
 
-    def on_result(result: Result) -> None:
+    def on_result(result: Result | Control) -> None:
+        if isinstance(result, Control):
+            emit(result)
+            return
         reported.add(result.case.key)
         result.details["worker_start"] = start_method(uses_torch)  # forked workers share torch's pages
         emit(result)

@@ -24,7 +24,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from harness.core.records import Case, Result, Target, result_key
+from harness.core.records import Case, Control, Result, Target, result_key
 from harness.prepare.prepared import unprepared_result
 from harness.prepare.specs import ModelSpec
 from harness.run.isolation import classify
@@ -190,14 +190,14 @@ def node_facts() -> dict[str, Any]:
     return facts | {"node_id": ray.get_runtime_context().get_node_id(), "node_ip": ray.util.get_node_ip_address()}
 
 
-def run_job_streaming(job: Job) -> Iterator[Result]:
+def run_job_streaming(job: Job) -> Iterator[Result | Control]:
     """The Ray task: run the job's body and yield each Result as it is emitted.
 
     The bodies call emit synchronously from deep inside their loops, so the body runs in a thread
     and hands Results to this generator through a queue; an exception in the body is re-raised here
     and reaches the driver as the task's failure."""
     node = node_facts()
-    items: queue.Queue[Result | BaseException | None] = queue.Queue()
+    items: queue.Queue[Result | Control | BaseException | None] = queue.Queue()
 
     def run() -> None:
         try:
@@ -211,6 +211,9 @@ def run_job_streaming(job: Job) -> Iterator[Result]:
     while (item := items.get()) is not None:
         if isinstance(item, BaseException):
             raise item
+        if isinstance(item, Control):  # the drift control: no case of the job
+            yield item
+            continue
         item.details["ray_node"] = node
         item.details["ray_resource"] = job.resource
         yield item
@@ -304,6 +307,9 @@ def _take_next(ray: Any, generator: Any, tracked: _Tracked, emit: Emit) -> bool:
     except ray.exceptions.RayError as exc:
         tracked.finish(emit, f"the Ray task for {label} failed: {failure_text(exc)}")
         return False
+    if isinstance(result, Control) and isinstance(result.target, Target):  # the job's drift control
+        emit(result)
+        return True
     if (unknown := tracked.unknown(result)) is not None:
         ray.cancel(generator, force=True)
         tracked.finish(emit, f"the Ray task for {label} sent {unknown}; stopped, its other results are not trusted")
