@@ -6,7 +6,8 @@ measured in both runs (status ok or mismatch) the effect is the ratio of medians
 samples, with a 95% percentile-bootstrap CI (scipy.stats.bootstrap, 2000 resamples of each run's
 samples independently, fixed seed) and a two-sided Mann-Whitney U p-value. With threshold t:
 
-1. fewer than 5 samples on a side, or a CI wider than 4·t          -> noisy (no verdict at this resolution)
+1. fewer than 5 samples on a side -> noisy; a CI wider than 4·t -> noisy (no verdict at this resolution),
+   unless p < 0.05 and the whole CI lies beyond the band (a large change: regressed / improved)
 2. a side flagged noisy (cv > 10%): the whole CI must clear the band
    CI low > 1+t and p < 0.05 -> regressed; CI high < 1-t and p < 0.05 -> improved;
    CI inside 1±t -> unchanged (any change is smaller than the band: an equivalence test);
@@ -39,6 +40,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from harness.analysis.drift import case_spread, control_drift, drift_verdict, spread_note
 from harness.analysis.tables import AnalysisError, Table, render_table
 from harness.core.labels import TARGET_FIELDS, case_label, mode_of, target_label
 from harness.core.records import MEASURED
@@ -93,6 +95,9 @@ class ComparisonRow:
     noisy_a: bool | None = None
     noisy_b: bool | None = None
     note: str = ""
+    control_ratio: float | None = None  # the drift control's B/A on this target (analysis.drift)
+    spread: float | None = None  # this case's run-to-run spread in earlier runs (slowest/fastest median)
+    spread_runs: int = 0  # how many earlier runs that spread is over
 
 
 @dataclass
@@ -104,6 +109,8 @@ class Comparison:
     quantile: float
     runs: dict[str, dict[str, Any]]
     rows: list[ComparisonRow] = field(default_factory=list)
+    paired: bool = False  # an `ab` run: A and B measured interleaved, compared round by round (analysis.paired)
+    controls: dict[str, dict[str, float | None]] = field(default_factory=dict)  # per target: drift.control_drift
 
     @property
     def counts(self) -> dict[str, int]:
@@ -159,9 +166,13 @@ def ratio_ci(a: np.ndarray, b: np.ndarray, quantile: float = 0.5) -> tuple[float
 
 def verdict(ratio: float, low: float, high: float, p: float, noisy: bool, threshold: float) -> tuple[str, str]:
     """The rule in the module docstring; returns (verdict, note)."""
-    if high - low > CI_WIDTH_FACTOR * threshold:
-        return "noisy", f"CI wider than {CI_WIDTH_FACTOR:g}×threshold"
     significant = p < ALPHA
+    if high - low > CI_WIDTH_FACTOR * threshold:  # a large change has a wide CI too: all of it beyond the band counts
+        if significant and low > 1 + threshold:
+            return "regressed", f"CI wider than {CI_WIDTH_FACTOR:g}×threshold, but all of it above the band"
+        if significant and high < 1 - threshold:
+            return "improved", f"CI wider than {CI_WIDTH_FACTOR:g}×threshold, but all of it below the band"
+        return "noisy", f"CI wider than {CI_WIDTH_FACTOR:g}×threshold"
     if noisy:
         if significant and low > 1 + threshold:
             return "regressed", "noisy side, but the whole CI is above the band"
@@ -251,13 +262,33 @@ def compare_runs(
         rows_a, rows_b = _by_key(store.results(run_a)), _by_key(store.results(run_b))
         keys = sorted(rows_a.keys() | rows_b.keys(), key=lambda k: tuple((v is None, str(v)) for v in k))
         rows = [_row(store, rows_a.get(k), rows_b.get(k), (threshold, quantile)) for k in keys]
-    return Comparison(str(db_path), run_a, run_b, threshold, quantile, runs, rows)
+        controls = control_drift(store, run_a, run_b)
+        later = max(runs[run_a]["started_at"], runs[run_b]["started_at"])
+        for row in rows:
+            _explain(store, row, controls, later, (run_a, run_b), threshold)
+    return Comparison(str(db_path), run_a, run_b, threshold, quantile, runs, rows, controls=controls)
+
+
+def _explain(store: Store, row: ComparisonRow, controls: dict, before: Any, runs: tuple[str, ...], t: float) -> None:
+    """What the machine explains of a change: the drift control's move on the row's target (a change
+    within it is `drift`), and the case's run-to-run spread in the earlier runs (a change inside it is
+    flagged)."""
+    row.control_ratio = controls.get(row.target, {}).get("ratio")
+    if row.ratio is None:
+        return
+    if drift_verdict(row.verdict, row.ratio, row.control_ratio, t):
+        moved = f"{row.verdict} ×{row.ratio:.3f}, but the drift control moved ×{row.control_ratio:.3f} on this target"
+        row.verdict, row.note = "drift", "; ".join(filter(None, [moved, row.note]))
+    key = {k: getattr(row, k) for k in KEY}
+    row.spread, row.spread_runs = case_spread(store, key, before, runs)
+    if note := spread_note(row.verdict, row.ratio, row.spread, row.spread_runs):
+        row.note = "; ".join(filter(None, [row.note, note]))
 
 
 # --- output --------------------------------------------------------------------------------------
 TABLE_COLUMNS = [
     "model", "target", "case", "status", "a_ms", "b_ms", "ratio", "ci_low", "ci_high", "p_value",
-    "verdict", "note",
+    "control_ratio", "spread", "verdict", "note",
 ]  # fmt: skip
 
 
@@ -267,14 +298,42 @@ def comparison_table(comparison: Comparison) -> Table:
         status = r.status_a if r.status_a == r.status_b else f"{r.status_a or '—'} → {r.status_b or '—'}"
         rows.append({**asdict(r), "status": status})
     counts = ", ".join(f"{v} {n}" for v, n in sorted(comparison.counts.items())) or "no cases"
-    notes = [
-        f"A = {comparison.run_a} (git {_short(comparison.runs[comparison.run_a]['git_sha'])}), "
-        f"B = {comparison.run_b} (git {_short(comparison.runs[comparison.run_b]['git_sha'])})",
-        f"ratio = {comparison.statistic} B / {comparison.statistic} A (a_ms, b_ms), 95% bootstrap CI, "
-        f"Mann-Whitney p; threshold ±{comparison.threshold:.1%}",
-        f"verdicts: {counts}",
-    ]
-    return Table(f"Comparison: {comparison.run_b} vs {comparison.run_a}", TABLE_COLUMNS, rows, notes)
+    if comparison.paired:
+        title = f"A/B run {comparison.run_a}"
+        notes = [
+            f"A and B measured interleaved in run {comparison.run_a} "
+            f"(git {_short(comparison.runs[comparison.run_a]['git_sha'])}), ABBA rounds",
+            "ratio = Hodges-Lehmann estimate of the per-round ratios median B / median A, 95% bootstrap CI "
+            "over rounds, Wilcoxon signed-rank p; a_ms, b_ms: medians of all samples; "
+            f"threshold ±{comparison.threshold:.1%}",
+        ]
+    else:
+        title = f"Comparison: {comparison.run_b} vs {comparison.run_a}"
+        notes = [
+            f"A = {comparison.run_a} (git {_short(comparison.runs[comparison.run_a]['git_sha'])}), "
+            f"B = {comparison.run_b} (git {_short(comparison.runs[comparison.run_b]['git_sha'])})",
+            f"ratio = {comparison.statistic} B / {comparison.statistic} A (a_ms, b_ms), 95% bootstrap CI, "
+            f"Mann-Whitney p; threshold ±{comparison.threshold:.1%}",
+        ]
+    notes += _control_notes(comparison)
+    notes.append(f"verdicts: {counts}")
+    return Table(title, TABLE_COLUMNS, rows, notes)
+
+
+def _control_notes(comparison: Comparison) -> list[str]:
+    """The drift control per target: how much the machine itself moved between the runs."""
+    if comparison.paired:
+        return []
+    if not comparison.controls:
+        return ["drift control: not measured in both runs (runs before schema 6 have none): verdicts are not "
+                "corrected for the machine's drift"]  # fmt: skip
+    notes = ["drift control (a fixed MatMul chain each run measures) B/A per target; `drift`: a change within "
+             "the control's move ±threshold"]  # fmt: skip
+    for target, c in comparison.controls.items():
+        ratio = f"×{c['ratio']:.3f}" if c["ratio"] else "not measured"
+        inside = ", ".join(f"within {side} ×{c[f'within_{side}']:.3f}" for side in ("a", "b") if c[f"within_{side}"])
+        notes.append(f"  {target}: {ratio} ({inside})" if inside else f"  {target}: {ratio}")
+    return notes
 
 
 def _short(sha: str | None) -> str:
@@ -296,7 +355,10 @@ def check_plot_path(path: Path) -> None:
         raise AnalysisError(f"--plot-comparison writes .png or .svg (got '{path.name}')")
 
 
-COLOURS = {"regressed": "tab:red", "improved": "tab:green", "unchanged": "tab:gray", "noisy": "tab:orange"}
+COLOURS = {
+    "regressed": "tab:red", "improved": "tab:green", "unchanged": "tab:gray", "noisy": "tab:orange",
+    "drift": "tab:blue",
+}  # fmt: skip
 
 
 def plot_comparison(comparison: Comparison, path: Path) -> Path:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from harness.cli import analysis, bench, manage, predict, suite
+from harness.cli import ab, analysis, bench, manage, predict, suite
 
 app = typer.Typer(
     help="Measured ML inference benchmarks: native backends and the browser, one DuckDB store.",
@@ -18,6 +18,7 @@ app.add_typer(db_app, name="db")
 app.command()(bench.native)
 app.command()(bench.web)
 app.command()(bench.run)
+app.command()(ab.ab)
 app.command("hardware")(manage.hardware_command)
 app.command()(manage.models)
 db_app.command("init")(manage.db_init)

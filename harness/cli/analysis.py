@@ -159,8 +159,10 @@ def compare_command(
     plot_comparison: Annotated[Path | None, typer.Option(help="Write a before/after plot (.png or .svg).")] = None,
     db: DbOption = DEFAULT_DB,
 ) -> None:
-    """Compare run B with run A (default: previous vs latest): ratio, bootstrap CI, Mann-Whitney p, verdict."""
+    """Compare run B with run A (default: previous vs latest): ratio, bootstrap CI, Mann-Whitney p, verdict.
+    One `ab` run alone: its paired analysis (B against A, round by round)."""
     from harness.analysis import compare
+    from harness.analysis.paired import compare_pair, is_ab_run
     from harness.analysis.tables import AnalysisError
 
     runs = runs or []
@@ -172,7 +174,11 @@ def compare_command(
     try:
         if plot_comparison is not None:
             compare.check_plot_path(plot_comparison)
-        result = compare.compare_runs(db, a, b, compare.parse_threshold(threshold), quantile, cwd=Path.cwd())
+        limit = compare.parse_threshold(threshold)
+        if not baseline and len(runs) == 1 and is_ab_run(db, runs[0], Path.cwd()):
+            result = compare_pair(db, runs[0], limit, cwd=Path.cwd())
+        else:
+            result = compare.compare_runs(db, a, b, limit, quantile, cwd=Path.cwd())
     except (AnalysisError, StoreError) as exc:
         raise fail(str(exc)) from None
     emit(compare.render(result, fmt), out)

@@ -106,7 +106,7 @@ def classify(exc: BaseException) -> tuple[str, str]:
     return "error", message
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Linux: the kernel SIGKILLs this worker when its parent dies, so a kill -9 of the CLI leaves
     no orphan worker running (or hanging) on the benchmark machine.
 
@@ -156,7 +156,7 @@ def _watch_group(worker: int) -> NoReturn:
 def _child_main(
     fn: Callable[[Any], Iterator[Any]], payload: Any, conn: Any, log_path: str, environment: dict[str, str], cwd: str
 ) -> None:
-    _die_with_parent()
+    die_with_parent()
     _lead_own_group()
     # A forked worker inherits the fork server's environment and directory, not the CLI's current ones.
     os.environ.clear()
@@ -249,7 +249,7 @@ def _sigkill_outcome(before: OomCount | None, suffix: str) -> Outcome:
     )
 
 
-def _describe_exit(exitcode: int | None, log_path: Path, oom_before: OomCount | None) -> Outcome:
+def describe_exit(exitcode: int | None, log_path: Path, oom_before: OomCount | None) -> Outcome:
     tail = _log_tail(log_path)
     if exitcode is not None and exitcode < 0:
         name = signal.Signals(-exitcode).name
@@ -376,6 +376,6 @@ def run_isolated(
                 _kill_group(process)  # also what it started, even once it has exited
                 process.join(timeout=30)
             receiver.close()
-        return outcome or _describe_exit(process.exitcode, log_path, oom_before)
+        return outcome or describe_exit(process.exitcode, log_path, oom_before)
     finally:
         log_path.unlink(missing_ok=True)

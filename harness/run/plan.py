@@ -145,13 +145,13 @@ def validate(request: BenchmarkRequest) -> Plan:
             raise RequestError(f"unknown native hardware '{hw}'; valid: {', '.join(NATIVE_PLATFORMS)}")
     specs = check_selection(request)
     check_db_path(Path(request.db_path))
-    targets = _choose_targets(request.hardware, engines)
+    targets = choose_targets(request.hardware, engines)
     if not targets:
         raise RequestError(f"no target serves hardware {request.hardware} with engines {engines}")
     return Plan(specs, targets, request)
 
 
-def _choose_targets(hardware: list[str] | None, engines: list[str]) -> list[tuple[Target, Availability]]:
+def choose_targets(hardware: list[str] | None, engines: list[str]) -> list[tuple[Target, Availability]]:
     """The available targets of each platform; a platform asked for by name that nothing here
     serves keeps its unavailable targets, so the run records them as `unsupported` with the reason."""
     chosen = []

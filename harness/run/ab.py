@@ -1,0 +1,428 @@
+"""`accelharness ab`: two variants measured interleaved in one run, for a verdict that survives a
+noisy machine.
+
+Two runs measured one after the other differ by the machine's drift between them (other load,
+clocks, caches), often by more than the change a user looks for. Here both variants are measured at
+the same time instead: each is loaded once, in its own worker process (harness.run.ab_worker), for
+the whole run; for every case the two workers take turns in rounds, each round a block of
+iterations from A and one from B, in ABBA order (which one starts is drawn afresh per case), so
+whatever the machine does hits both alike. The rows of both variants go into the store as one run,
+each sample tagged with its round; harness.analysis.paired turns the per-round ratios into a verdict.
+
+A variant is a model (a spec name, an HF model directory or an .onnx file), with optionally its own
+precision or its own Python environment (another onnxruntime release, say: that environment needs
+accelharness installed). Cases and targets are the same for both.
+
+from harness import AbRequest, run_ab, compare_pair
+summary = run_ab(AbRequest(a="bert-tiny", b="bert-tiny", b_precision="int8", hardware=["cpu"]))
+print(compare_pair(summary.db_path, summary.run_id))
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import random
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager, suppress
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from harness.core.records import PRECISIONS, VARIANTS, Case, Result, Target
+from harness.core.stats import MIN_PAIRED_ROUNDS
+from harness.native import DEFAULT_ENGINES, ENGINES, capabilities
+from harness.native.base import Availability
+from harness.prepare.prepared import PreparedModel, PrepareJob, unprepared_result
+from harness.prepare.specs import ModelSpec, SpecError, select_specs, spec_from_path
+from harness.run.ab_worker import VariantJob
+from harness.run.hardware import NATIVE_PLATFORMS
+from harness.run.isolation import describe_exit, oom_kill_count
+from harness.run.plan import (
+    RequestError,
+    RunOptions,
+    check_db_path,
+    check_measuring,
+    check_positive,
+    check_seconds,
+    choose_targets,
+)
+from harness.run.recording import Emit, RunSummary, record_run
+from harness.run.worker import prepare_isolated
+
+SCHEDULE_SEED = 20261125
+
+
+@dataclass
+class AbRequest(RunOptions):
+    a: str = ""  # variant A's model: a spec name, an HF model directory or an .onnx file
+    b: str = ""
+    hardware: list[str] | None = None  # None: cpu
+    engines: list[str] | None = None  # None: the default engines
+    precision: str = "fp32"  # both variants', unless a_precision / b_precision say otherwise
+    a_precision: str | None = None
+    b_precision: str | None = None
+    a_python: Path | None = None  # the interpreter of variant A's environment (None: this one)
+    b_python: Path | None = None
+    rounds: int = 10
+    block: int = 5  # at least this many iterations per variant and round…
+    block_time_s: float = 0.1  # …and at least this long
+    sequence_lengths: list[int] = field(default_factory=lambda: [32])
+
+
+@dataclass(frozen=True)
+class Variant:
+    side: str  # a | b
+    spec: ModelSpec
+    precision: str
+    python: str  # the interpreter its worker runs in
+
+
+@dataclass
+class AbPlan:
+    variants: list[Variant]
+    targets: list[tuple[Target, Availability]]
+    request: AbRequest
+
+    def cases(self, variant: Variant) -> list[Case]:
+        seqs: list[int | None] = list(self.request.sequence_lengths) if variant.spec.inputs.uses_sequence else [None]
+        return [Case(b, s, variant.precision) for b in self.request.batch_sizes for s in seqs]
+
+    @property
+    def total_results(self) -> int:
+        return sum(len(self.cases(v)) for v in self.variants) * len(self.targets)
+
+
+class CaseFailure(RuntimeError):
+    """A command failed inside a variant's worker (e.g. the engine cannot run this case); the worker
+    lives on, and the case is recorded with the side's status and reason."""
+
+    def __init__(self, side: str, status: str, message: str) -> None:
+        super().__init__(message)
+        self.side, self.status, self.message = side, status, message
+
+
+class WorkerFailure(CaseFailure):
+    """A variant's worker died or stopped answering: every case it has left gets this outcome."""
+
+
+# --- the request -----------------------------------------------------------------------------------
+def _spec(option: str, text: str) -> ModelSpec:
+    try:
+        if Path(text).exists():
+            return spec_from_path(Path(text), None)
+        (spec,) = select_specs([text], None, False)
+        return spec
+    except SpecError as exc:
+        raise RequestError(
+            f"{option} {text}: {exc} (a variant is a model name, an HF model directory or an .onnx file)"
+        ) from None
+
+
+def _python(option: str, path: Path | None) -> str:
+    """The variant's interpreter, checked to import the harness (its worker runs there)."""
+    if path is None:
+        return sys.executable
+    if not (Path(path).is_file() and os.access(path, os.X_OK)):
+        raise RequestError(f"{option} {path}: not an executable file (give the environment's bin/python)")
+    probe = subprocess.run(
+        [str(path), "-c", "import harness.run.ab_worker"], capture_output=True, text=True, timeout=120
+    )
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RequestError(
+            f"{option} {path} cannot import accelharness ({last}): install it into that environment "
+            f"(`{path} -m pip install accelharness`, or -e with this checkout)"
+        )
+    return str(path)
+
+
+def validate_ab(request: AbRequest) -> AbPlan:
+    """Check every input before anything is written; raise RequestError naming the valid values."""
+    if not request.a or not request.b:
+        raise RequestError("ab needs both variants: --a MODEL and --b MODEL (a name, an HF directory or an .onnx file)")
+    check_positive("--batch-sizes", request.batch_sizes)
+    check_positive("--sequence-lengths", request.sequence_lengths)
+    check_measuring(request)
+    if request.rounds < MIN_PAIRED_ROUNDS:
+        raise RequestError(
+            f"--rounds must be >= {MIN_PAIRED_ROUNDS} (got {request.rounds}): with fewer paired rounds the "
+            "signed-rank test can never show a change"
+        )
+    if request.block < 1:
+        raise RequestError(f"--block takes a whole number of iterations >= 1 (got {request.block})")
+    check_seconds("--block-time", request.block_time_s, positive=False, limit=3600)
+    for option, precision in (("--precision", request.precision), ("--a-precision", request.a_precision),
+                              ("--b-precision", request.b_precision)):  # fmt: skip
+        if precision is not None and precision not in PRECISIONS:
+            raise RequestError(f"{option}: unknown precision '{precision}'; valid: {', '.join(PRECISIONS)}")
+    engines = request.engines or list(DEFAULT_ENGINES)
+    for engine in engines:
+        if engine not in ENGINES:
+            raise RequestError(f"unknown engine '{engine}'; valid: {', '.join(ENGINES)}")
+    for hw in request.hardware or []:
+        if hw not in NATIVE_PLATFORMS:
+            raise RequestError(f"unknown native hardware '{hw}'; valid: {', '.join(NATIVE_PLATFORMS)}")
+    check_db_path(Path(request.db_path))
+    specs = {side: _spec(f"--{side}", getattr(request, side)) for side in VARIANTS}
+    if specs["a"].inputs.uses_sequence != specs["b"].inputs.uses_sequence:
+        raise RequestError(f"--a {specs['a'].name} and --b {specs['b'].name} take different inputs: no case fits both")
+    variants = [
+        Variant(side, specs[side], getattr(request, f"{side}_precision") or request.precision,
+                _python(f"--{side}-python", getattr(request, f"{side}_python")))
+        for side in VARIANTS
+    ]  # fmt: skip
+    targets = choose_targets(request.hardware or ["cpu"], engines)
+    if not targets:
+        raise RequestError(f"no target serves hardware {request.hardware} with engines {engines}")
+    return AbPlan(variants, targets, request)
+
+
+# --- a variant's worker ----------------------------------------------------------------------------
+class VariantWorker:
+    """The parent's end of one variant's worker process (harness.run.ab_worker)."""
+
+    def __init__(self, variant: Variant, job: VariantJob, timeout_s: float, scratch: Path) -> None:
+        self.variant, self.timeout_s = variant, timeout_s
+        job_file = scratch / f"{variant.side}.job"
+        job_file.write_bytes(pickle.dumps(job))
+        self.log_path = scratch / f"{variant.side}.log"
+        self.log: IO[bytes] = self.log_path.open("wb")
+        self.oom_before = oom_kill_count()
+        self.process = subprocess.Popen(
+            [variant.python, "-m", "harness.run.ab_worker", str(job_file)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            start_new_session=True,  # its own process group: whatever the engine starts dies with it
+        )
+
+    def ask(self, **command: Any) -> dict[str, Any]:
+        """Send one command and wait for its answer; raise WorkerFailure when the worker dies or hangs,
+        CaseFailure when the command failed inside it."""
+        assert self.process.stdin is not None and self.process.stdout is not None
+        name = f"variant {self.variant.side.upper()}'s worker"
+        try:
+            self.process.stdin.write((json.dumps(command) + "\n").encode())
+            self.process.stdin.flush()
+        except BrokenPipeError:
+            raise self._died(name) from None
+        ready, _, _ = select.select([self.process.stdout], [], [], self.timeout_s)
+        if not ready:
+            self.stop()
+            raise WorkerFailure(self.variant.side, "timeout", f"{name} did not answer '{command['op']}' within "
+                                f"{self.timeout_s:g} s")  # fmt: skip
+        line = self.process.stdout.readline()
+        if not line:
+            raise self._died(name)
+        answer = json.loads(line)
+        if "failed" in answer:
+            raise CaseFailure(self.variant.side, answer["failed"], answer["error"])
+        return answer
+
+    def _died(self, name: str) -> WorkerFailure:
+        outcome = describe_exit(self.process.wait(), self.log_path, self.oom_before)
+        return WorkerFailure(self.variant.side, outcome.status, f"{name}: {outcome.message}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            with suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+        self.log.close()
+
+
+@contextmanager
+def variant_workers(
+    jobs: dict[str, tuple[Variant, VariantJob]], timeout_s: float
+) -> Iterator[dict[str, VariantWorker]]:
+    with tempfile.TemporaryDirectory(prefix="accelharness-ab-") as scratch, ExitStack() as stack:
+        workers = {}
+        for side, (variant, job) in jobs.items():
+            workers[side] = VariantWorker(variant, job, timeout_s, Path(scratch))
+            stack.callback(workers[side].stop)
+        yield workers
+
+
+# --- measuring -------------------------------------------------------------------------------------
+@dataclass
+class SideRecord:
+    """What one variant measured of one case, round by round."""
+
+    samples_ms: list[float] = field(default_factory=list)
+    rounds: list[int] = field(default_factory=list)
+    load_avgs: list[float] = field(default_factory=list)
+    cpu_percents: list[float] = field(default_factory=list)
+    memory_peak_mb: float | None = None
+    first_run_ms: float | None = None
+    parity: dict[str, Any] | None = None
+
+    def add(self, number: int, block: dict[str, Any]) -> None:
+        self.samples_ms += block["samples_ms"]
+        self.rounds += [number] * len(block["samples_ms"])
+        self.load_avgs.append(block["load_avg_1m"])
+        self.cpu_percents.append(block["cpu_percent"])
+        self.memory_peak_mb = max(self.memory_peak_mb or 0.0, block["memory_peak_mb"])
+        if "parity" in block:
+            self.parity = block["parity"]
+
+
+def schedule(rounds: int, target: Target, case_key: str) -> list[tuple[str, str]]:
+    """ABBA…: the order alternates every round; whether A or B starts is drawn per case (seeded)."""
+    a_first = random.Random(f"{SCHEDULE_SEED}|{target.label}|{case_key}").random() < 0.5
+    return [("a", "b") if (r % 2 == 0) == a_first else ("b", "a") for r in range(rounds)]
+
+
+def measure_case(workers: dict[str, VariantWorker], index: int, case_key: str, target: Target,
+                 request: AbRequest) -> dict[str, SideRecord]:  # fmt: skip
+    records = {side: SideRecord() for side in VARIANTS}
+    for side in VARIANTS:
+        records[side].first_run_ms = workers[side].ask(op="warmup", case=index, iterations=request.warmup)[
+            "first_run_ms"
+        ]
+    for number, order in enumerate(schedule(request.rounds, target, case_key)):
+        for side in order:
+            block = workers[side].ask(
+                op="block", case=index, iterations=request.block, seconds=request.block_time_s, parity=number == 0
+            )
+            records[side].add(number, block)
+    return records
+
+
+# --- rows ------------------------------------------------------------------------------------------
+@dataclass
+class Side:
+    """A variant on one target: its prepared model, its cases and what its load told."""
+
+    variant: Variant
+    prepared: PreparedModel
+    cases: list[Case]
+    loaded: dict[str, Any] = field(default_factory=dict)
+
+    def row(self, target: Target, case: Case, status: str, error: str | None, **fields: Any) -> Result:
+        details = {"ab": {"side": self.variant.side, "python": self.variant.python}} | fields.pop("details", {})
+        return self.prepared.result(target, case, status, error, variant=self.variant.side, details=details, **fields)
+
+    def measured_row(self, target: Target, case: Case, record: SideRecord, request: AbRequest) -> Result:
+        parity = record.parity or {"status": "ok", "error": None, "fields": {}, "details": {}}
+        ab = {"side": self.variant.side, "python": self.variant.python, "rounds": request.rounds,
+              "block": request.block, "block_time_s": request.block_time_s}  # fmt: skip
+        return self.prepared.result(
+            target,
+            case,
+            parity["status"],
+            parity["error"],
+            variant=self.variant.side,
+            precision=self.loaded["precision"],
+            samples_ms=record.samples_ms,
+            sample_rounds=record.rounds,
+            load_ms=self.loaded["load_ms"],
+            first_run_ms=record.first_run_ms,
+            memory_peak_mb=record.memory_peak_mb,
+            load_avg_1m=max(record.load_avgs),
+            cpu_percent=sum(record.cpu_percents) / len(record.cpu_percents),
+            details=self.loaded["facts"] | parity["details"] | {"ab": ab},
+            **parity["fields"],
+        )
+
+
+def _fail_cases(sides: dict[str, Side], target: Target, indices: range, failure: CaseFailure, emit: Emit) -> None:
+    """The cases at `indices`: the failed side's outcome, and the other side not measured (a lone
+    side's samples have nothing to be paired with)."""
+    for index in indices:
+        for side, each in sides.items():
+            case = each.cases[index]
+            if side == failure.side:
+                emit(each.row(target, case, failure.status, failure.message))
+            else:
+                why = f"not measured: variant {failure.side.upper()} failed ({failure.message[:300]})"
+                emit(each.row(target, case, "error", why))
+
+
+def run_target(sides: dict[str, Side], target: Target, request: AbRequest, emit: Emit) -> None:
+    """Both variants' workers on one target, every case measured interleaved; two rows per case."""
+    jobs = {s: (side.variant, VariantJob(side.prepared, target, side.variant.precision, side.cases))
+            for s, side in sides.items()}  # fmt: skip
+    count = len(sides["a"].cases)
+    with variant_workers(jobs, request.timeout_s) as workers:
+        try:
+            for side in VARIANTS:
+                sides[side].loaded = workers[side].ask(op="load")
+        except CaseFailure as exc:  # a load failure is that side's outcome for every case
+            _fail_cases(sides, target, range(count), exc, emit)
+            return
+        for index in range(count):
+            try:
+                records = measure_case(workers, index, sides["a"].cases[index].key, target, request)
+            except WorkerFailure as exc:
+                _fail_cases(sides, target, range(index, count), exc, emit)
+                return
+            except CaseFailure as exc:
+                _fail_cases(sides, target, range(index, index + 1), exc, emit)
+                continue
+            for side in VARIANTS:
+                emit(sides[side].measured_row(target, sides[side].cases[index], records[side], request))
+
+
+# --- the run ---------------------------------------------------------------------------------------
+def _prepare(variant: Variant, plan: AbPlan) -> tuple[PreparedModel | None, str, str]:
+    shapes = sorted({(c.batch_size, c.seq_len) for c in plan.cases(variant)}, key=str)
+    prepared, outcome = prepare_isolated(PrepareJob(variant.spec, shapes), plan.request.timeout_s)
+    status = "error" if outcome.status == "finished" else outcome.status
+    return prepared, status, f"model preparation failed: {outcome.message or 'no reason given'}"
+
+
+def execute_ab(plan: AbPlan) -> Callable[[Emit], None]:
+    """The ab run as a body for harness.run.recording.record_run."""
+
+    def body(emit: Emit) -> None:
+        prepared = {v.side: _prepare(v, plan) for v in plan.variants}
+        for target, availability in plan.targets:
+            sides = {v.side: Side(v, prepared[v.side][0], plan.cases(v)) for v in plan.variants}  # type: ignore[arg-type]
+            if failure := _unrunnable(plan, prepared, target, availability):
+                for v in plan.variants:
+                    for case in plan.cases(v):
+                        emit(unprepared_result(v.spec, target, case, *failure[v.side]) if prepared[v.side][0] is None
+                             else sides[v.side].row(target, case, *failure[v.side]))  # fmt: skip
+                continue
+            run_target(sides, target, plan.request, emit)
+
+    return body
+
+
+def _unrunnable(plan: AbPlan, prepared: dict, target: Target, availability: Availability) -> dict | None:
+    """Per side, the (status, reason) its cases are recorded with when the pair cannot run on the
+    target at all; None when it can."""
+    reasons = {}
+    for v in plan.variants:
+        if not availability.ok:
+            reasons[v.side] = ("unsupported", availability.reason)
+        elif prepared[v.side][0] is None:
+            reasons[v.side] = prepared[v.side][1:]
+        elif v.spec.is_onnx_file and not capabilities(target.engine).runs_onnx_files:
+            reasons[v.side] = ("unsupported", "not applicable: the model is an .onnx file")
+        elif capabilities(target.engine).needs_onnx and prepared[v.side][0].onnx_path is None:
+            reasons[v.side] = ("unsupported", prepared[v.side][0].onnx_error)
+    if not reasons:
+        return None
+    for v in plan.variants:  # the side that could run is not measured alone
+        failed = next(iter(reasons))
+        reasons.setdefault(
+            v.side, ("error", f"not measured: variant {failed.upper()} cannot run ({reasons[failed][1]})")
+        )
+    return reasons
+
+
+def run_ab(request: AbRequest, on_result: Callable[[Result, str], None] | None = None,
+           plan: AbPlan | None = None) -> RunSummary:  # fmt: skip
+    """Measure the two variants interleaved; every pair of rows is committed as its case completes.
+    Ctrl-C marks the run 'interrupted' and re-raises; finished cases stay in the store."""
+    plan = plan or validate_ab(request)
+    arguments = asdict(request)
+    return record_run(request.db_path, "ab", arguments, [execute_ab(plan)], on_result, request.outputs)

@@ -1,0 +1,118 @@
+"""`accelharness ab` end to end: two real worker processes measured interleaved, the paired verdict,
+round tags in the store, the other-environment path and bad input."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pytest
+from conftest import run_cli
+
+from harness.analysis.paired import compare_pair, hodges_lehmann, paired_effect
+from harness.core.stats import MIN_PAIRED_ROUNDS
+
+FAST = ["--hardware", "cpu", "--engines", "onnxruntime", "--sequence-lengths", "16", "--rounds", "6",
+        "--block", "3", "--block-time", "0.02", "--warmup", "2"]  # fmt: skip
+
+
+def bert_dir(root: Path, layers: int) -> Path:
+    """An HF model directory (config only: seeded weights) of a BERT with `layers` layers."""
+    directory = root / f"bert-{layers}l"
+    directory.mkdir()
+    config = {"model_type": "bert", "architectures": ["BertModel"], "hidden_size": 128, "num_hidden_layers": layers,
+              "num_attention_heads": 2, "intermediate_size": 512, "vocab_size": 30522}  # fmt: skip
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+def query(db: Path, sql: str) -> list[tuple]:
+    with duckdb.connect(str(db), read_only=True) as connection:
+        return connection.execute(sql).fetchall()
+
+
+@pytest.mark.timing
+def test_identical_pair_is_unchanged_and_stored_round_by_round(tmp_path: Path) -> None:
+    db, verdicts = tmp_path / "ab.duckdb", tmp_path / "ab.json"
+    done = run_cli("ab", "--a", "bert-tiny", "--b", "bert-tiny", *FAST, "--batch-sizes", "1,2", "--threshold", "25%",
+                   "--fail-on-regression", "--format", "json", "--out", str(verdicts), "--db", str(db))  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    comparison = json.loads(verdicts.read_text())
+    assert comparison["paired"] and len(comparison["rows"]) == 2
+    for row in comparison["rows"]:
+        assert row["verdict"] == "unchanged", row
+        assert 0.8 < row["ratio"] < 1.25 and row["ci_low"] <= row["ratio"] <= row["ci_high"]
+    (run,) = query(db, "SELECT run_id, command, status FROM runs")
+    assert run[1:] == ("ab", "completed")
+    results = query(db, "SELECT variant, batch_size, status, iterations, result_id FROM results ORDER BY 2, 1")
+    assert [(r[0], r[1], r[2]) for r in results] == [("a", 1, "ok"), ("b", 1, "ok"), ("a", 2, "ok"), ("b", 2, "ok")]
+    for _, _, _, iterations, result_id in results:
+        rounds = query(db, f"SELECT round, count(*) FROM samples WHERE result_id = '{result_id}' GROUP BY 1 ORDER BY 1")
+        assert [r[0] for r in rounds] == list(range(6))  # every sample tagged with its round
+        assert all(n >= 3 for _, n in rounds) and sum(n for _, n in rounds) == iterations
+    # `compare RUN` on an ab run prints the same paired analysis
+    again = run_cli("compare", run[0], "--threshold", "25%", "--db", str(db))
+    assert again.returncode == 0 and "A/B run" in again.stdout and "Hodges-Lehmann" in again.stdout
+
+
+@pytest.mark.timing
+def test_b_doing_more_work_is_regressed_and_fails_the_job(tmp_path: Path) -> None:
+    """B has four times A's layers: measurably slower in every round, exit 1 with --fail-on-regression."""
+    db, verdicts = tmp_path / "ab.duckdb", tmp_path / "ab.json"
+    a, b = bert_dir(tmp_path, 2), bert_dir(tmp_path, 8)
+    done = run_cli("ab", "--a", str(a), "--b", str(b), *FAST, "--threshold", "10%", "--fail-on-regression",
+                   "--format", "json", "--out", str(verdicts), "--db", str(db))  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "regressed; exit 1" in done.stderr
+    (row,) = json.loads(verdicts.read_text())["rows"]
+    assert row["verdict"] == "regressed" and row["ratio"] > 1.5 and row["ci_low"] > 1.1 and row["p_value"] < 0.05
+    assert row["model"] == "bert-2l → bert-8l"
+
+
+def test_variant_in_another_python_runs_there_and_is_recorded(tmp_path: Path) -> None:
+    """--b-python: B's worker runs under that interpreter (here this venv's, given explicitly); precision per side."""
+    db = tmp_path / "ab.duckdb"
+    summary_python = Path(sys.executable)
+    done = run_cli("ab", "--a", "bert-tiny", "--b", "bert-tiny", *FAST, "--b-python", str(summary_python),
+                   "--b-precision", "int8", "--db", str(db))  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = query(db, "SELECT variant, requested_precision, precision, status, json_extract_string(details, "
+                     "'$.ab.python') FROM results ORDER BY variant")  # fmt: skip
+    assert [r[:4] for r in rows] == [("a", "fp32", "fp32", "ok"), ("b", "int8", "int8", "ok")]
+    assert rows[1][4] == str(summary_python)
+    comparison = compare_pair(db, "latest", 0.05)
+    assert len(comparison.rows) == 1 and comparison.rows[0].ratio is not None
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--rounds", "5"], f"--rounds must be >= {MIN_PAIRED_ROUNDS}"),
+        (["--b-python", "/bin/true"], "cannot import accelharness"),
+        (["--b", "no-such-model"], "--b no-such-model"),
+        (["--a-precision", "fp8"], "unknown precision 'fp8'"),
+    ],
+)
+def test_bad_input_exits_2_and_writes_nothing(tmp_path: Path, args: list[str], message: str) -> None:
+    db = tmp_path / "ab.duckdb"
+    base = {"--a": "bert-tiny", "--b": "bert-tiny"}
+    for flag, value in zip(args[::2], args[1::2], strict=True):
+        base[flag] = value
+    done = run_cli("ab", *[x for pair in base.items() for x in pair], "--db", str(db))
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert not db.exists()
+
+
+def test_paired_effect_reads_a_known_shift_and_no_shift() -> None:
+    """Ratios of 1.2 with noise: the estimate, CI and p see it; ratios around 1: p is large, CI holds 1."""
+    shifted = [1.2, 1.18, 1.23, 1.21, 1.19, 1.22, 1.2, 1.24]
+    effect = paired_effect(shifted)
+    assert effect.ratio == pytest.approx(1.205, abs=0.01) and 1.18 <= effect.ci_low < effect.ci_high <= 1.24
+    assert effect.p_value < 0.01
+    level = paired_effect([1.01, 0.99, 1.02, 0.98, 1.0, 1.01, 0.99, 1.0])
+    assert level.ci_low <= 1 <= level.ci_high and level.p_value > 0.5
+    # Walsh averages of 0, 1, 2: 0, .5, 1, 1, 1.5, 2 -> median 1
+    assert float(hodges_lehmann(np.array([0.0, 1.0, 2.0]))) == pytest.approx(1.0)
