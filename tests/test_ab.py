@@ -106,6 +106,25 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path: Path, args: list[str], m
     assert not db.exists()
 
 
+@pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="needs Chromium at /usr/bin/chromium")
+def test_browser_variants_take_turns_in_one_page(tmp_path: Path) -> None:
+    """--web-hardware: both sides' sessions in one page, blocks alternating, timed in the page."""
+    db, verdicts = tmp_path / "ab.duckdb", tmp_path / "ab.json"
+    done = run_cli("ab", "--a", "bert-tiny", "--b", "bert-tiny", "--web-hardware", "wasm", "--threads", "1",
+                   "--sequence-lengths", "16", "--rounds", "6", "--block", "3", "--block-time", "0.02", "--warmup", "1",
+                   "--format", "json", "--out", str(verdicts), "--db", str(db))  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = query(db, "SELECT variant, hardware, engine, provider, status, result_id, json_extract_string(details, "
+                     "'$.browser_version') FROM results ORDER BY variant")  # fmt: skip
+    assert [r[:5] for r in rows] == [(side, "wasm", "onnxruntime-web", "wasm:threads=1", "ok") for side in "ab"]
+    for row in rows:
+        assert row[6]  # the browser the page ran in
+        rounds = query(db, f"SELECT DISTINCT round FROM samples WHERE result_id = '{row[5]}' ORDER BY 1")
+        assert [r[0] for r in rounds] == list(range(6))
+    (paired,) = json.loads(verdicts.read_text())["rows"]
+    assert paired["target"] == "wasm/onnxruntime-web:wasm:threads=1" and paired["ratio"] is not None
+
+
 def test_paired_effect_reads_a_known_shift_and_no_shift() -> None:
     """Ratios of 1.2 with noise: the estimate, CI and p see it; ratios around 1: p is large, CI holds 1."""
     shifted = [1.2, 1.18, 1.23, 1.21, 1.19, 1.22, 1.2, 1.24]

@@ -21,7 +21,11 @@ from harness.cli.common import (
 )
 from harness.cli.progress import run_with_progress
 from harness.native import DEFAULT_ENGINES, ENGINES
+from harness.run.ab import AbRequest
 from harness.store import DEFAULT_DB
+from harness.web.eps import WEB_HARDWARE
+
+WEB_EPS = ",".join(WEB_HARDWARE)
 
 VariantOption = "A spec name (`accelharness models`), an HF model directory or an .onnx file."
 PythonHelp = "Another environment's python for variant {side} (with accelharness installed), e.g. another onnxruntime."
@@ -30,7 +34,13 @@ PythonHelp = "Another environment's python for variant {side} (with accelharness
 def ab(
     a: Annotated[str, typer.Option("--a", help=f"Variant A (the baseline). {VariantOption}")],
     b: Annotated[str, typer.Option("--b", help=f"Variant B (the change). {VariantOption}")],
-    hardware: Annotated[str, typer.Option(help="Native platforms, comma-separated (cpu, cuda, openvino, …).")] = "cpu",
+    hardware: Annotated[
+        str | None, typer.Option(help="Native platforms, comma-separated (default: cpu; none with --web-hardware).")
+    ] = None,
+    web_hardware: Annotated[
+        str | None, typer.Option(help=f"Browser EPs, comma-separated ({WEB_EPS}): both variants in one page.")
+    ] = None,
+    threads: Annotated[str, typer.Option(help="With --web-hardware: wasm thread counts, comma-separated.")] = "1",
     engines: Annotated[
         str | None, typer.Option(help=f"{','.join(ENGINES)} (default: {','.join(DEFAULT_ENGINES)})")
     ] = None,
@@ -41,9 +51,9 @@ def ab(
     b_precision: Annotated[str | None, typer.Option(help="Variant B's precision instead.")] = None,
     a_python: Annotated[Path | None, typer.Option(help=PythonHelp.format(side="A"))] = None,
     b_python: Annotated[Path | None, typer.Option(help=PythonHelp.format(side="B"))] = None,
-    rounds: Annotated[int, typer.Option(help="Rounds per case; each round one block of A and one of B.")] = 10,
-    block: Annotated[int, typer.Option(help="Fewest iterations per variant and round.")] = 5,
-    block_time: Annotated[float, typer.Option(help="Fewest seconds per variant and round.")] = 0.1,
+    rounds: Annotated[int, typer.Option(help="Rounds per case: a block of A and one of B each.")] = AbRequest.rounds,
+    block: Annotated[int, typer.Option(help="Fewest iterations per variant and round.")] = AbRequest.block,
+    block_time: Annotated[float, typer.Option(help="Fewest seconds per variant and round.")] = AbRequest.block_time_s,
     warmup: WarmupOption = 5,
     timeout: TimeoutOption = 300.0,
     threshold: Annotated[str, typer.Option(help="Smallest change that counts: 5% or 0.05.")] = "5%",
@@ -56,13 +66,14 @@ def ab(
     from harness.analysis.compare import parse_threshold, render
     from harness.analysis.paired import compare_pair
     from harness.analysis.tables import AnalysisError
-    from harness.run.ab import AbRequest, run_ab, validate_ab
+    from harness.run.ab import run_ab, validate_ab
     from harness.run.plan import RequestError
 
     if fmt not in ("md", "json"):
         raise fail(f"unknown format '{fmt}'; valid: md, json")
     request = AbRequest(
-        a=a, b=b, hardware=split_list(hardware), engines=split_list(engines),
+        a=a, b=b, hardware=split_list(hardware), engines=split_list(engines), web_hardware=split_list(web_hardware),
+        threads=int_list("--threads", threads),
         batch_sizes=int_list("--batch-sizes", batch_sizes),
         sequence_lengths=int_list("--sequence-lengths", sequence_lengths),
         precision=precision, a_precision=a_precision, b_precision=b_precision, a_python=a_python, b_python=b_python,

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import random
 import select
 import signal
 import subprocess
@@ -41,6 +40,7 @@ from harness.native import DEFAULT_ENGINES, ENGINES, capabilities
 from harness.native.base import Availability
 from harness.prepare.prepared import PreparedModel, PrepareJob, unprepared_result
 from harness.prepare.specs import ModelSpec, SpecError, select_specs, spec_from_path
+from harness.run.ab_rounds import CaseFailure, WorkerFailure, schedule
 from harness.run.ab_worker import VariantJob
 from harness.run.hardware import NATIVE_PLATFORMS
 from harness.run.isolation import describe_exit, oom_kill_count
@@ -54,25 +54,29 @@ from harness.run.plan import (
     choose_targets,
 )
 from harness.run.recording import Emit, RunSummary, record_run
+from harness.run.web import WebPlan
 from harness.run.worker import prepare_isolated
-
-SCHEDULE_SEED = 20261125
 
 
 @dataclass
 class AbRequest(RunOptions):
     a: str = ""  # variant A's model: a spec name, an HF model directory or an .onnx file
     b: str = ""
-    hardware: list[str] | None = None  # None: cpu
+    hardware: list[str] | None = None  # native platforms; None: cpu, unless web_hardware is given
+    web_hardware: list[str] | None = None  # browser EPs (wasm, webgpu, webnn): both variants in one page
+    threads: list[int] = field(default_factory=lambda: [1])  # wasm threads, as `web --threads`
     engines: list[str] | None = None  # None: the default engines
     precision: str = "fp32"  # both variants', unless a_precision / b_precision say otherwise
     a_precision: str | None = None
     b_precision: str | None = None
     a_python: Path | None = None  # the interpreter of variant A's environment (None: this one)
     b_python: Path | None = None
-    rounds: int = 10
-    block: int = 5  # at least this many iterations per variant and round…
-    block_time_s: float = 0.1  # …and at least this long
+    # Many short rounds rather than a few long ones: a burst of load on a shared machine spoils the
+    # rounds it falls in, and the signed-rank test shrugs off a few spoiled rounds out of 20 (two
+    # spoiled out of 10 already cost it p < 0.05).
+    rounds: int = 20
+    block: int = 3  # at least this many iterations per variant and round…
+    block_time_s: float = 0.05  # …and at least this long
     sequence_lengths: list[int] = field(default_factory=lambda: [32])
 
 
@@ -89,6 +93,7 @@ class AbPlan:
     variants: list[Variant]
     targets: list[tuple[Target, Availability]]
     request: AbRequest
+    web: WebPlan | None = None  # the browser half's EP settings and launch (--web-hardware)
 
     def cases(self, variant: Variant) -> list[Case]:
         seqs: list[int | None] = list(self.request.sequence_lengths) if variant.spec.inputs.uses_sequence else [None]
@@ -96,20 +101,8 @@ class AbPlan:
 
     @property
     def total_results(self) -> int:
-        return sum(len(self.cases(v)) for v in self.variants) * len(self.targets)
-
-
-class CaseFailure(RuntimeError):
-    """A command failed inside a variant's worker (e.g. the engine cannot run this case); the worker
-    lives on, and the case is recorded with the side's status and reason."""
-
-    def __init__(self, side: str, status: str, message: str) -> None:
-        super().__init__(message)
-        self.side, self.status, self.message = side, status, message
-
-
-class WorkerFailure(CaseFailure):
-    """A variant's worker died or stopped answering: every case it has left gets this outcome."""
+        settings = len(self.web.settings) if self.web else 0
+        return sum(len(self.cases(v)) for v in self.variants) * (len(self.targets) + settings)
 
 
 # --- the request -----------------------------------------------------------------------------------
@@ -178,10 +171,26 @@ def validate_ab(request: AbRequest) -> AbPlan:
                 _python(f"--{side}-python", getattr(request, f"{side}_python")))
         for side in VARIANTS
     ]  # fmt: skip
-    targets = choose_targets(request.hardware or ["cpu"], engines)
-    if not targets:
+    web = _web_plan(request) if request.web_hardware else None
+    if any(v.python != sys.executable for v in variants) and web is not None:
+        raise RequestError("--a-python/--b-python choose a native worker's environment; the browser half has none")
+    hardware = request.hardware or ([] if web else ["cpu"])
+    targets = choose_targets(hardware, engines) if hardware else []
+    if hardware and not targets:
         raise RequestError(f"no target serves hardware {request.hardware} with engines {engines}")
-    return AbPlan(variants, targets, request)
+    return AbPlan(variants, targets, request, web)
+
+
+def _web_plan(request: AbRequest) -> WebPlan:
+    """The browser half's EP settings and launch, checked as `web` checks them."""
+    from harness.run.web import WebRequest, validate_web
+
+    web = WebRequest(
+        hardware=list(request.web_hardware or []), threads=request.threads, batch_sizes=request.batch_sizes,
+        sequence_lengths=request.sequence_lengths, warmup=request.warmup, timeout_s=request.timeout_s,
+        db_path=request.db_path, output_dir=None,
+    )  # fmt: skip
+    return validate_web(web)
 
 
 # --- a variant's worker ----------------------------------------------------------------------------
@@ -271,12 +280,6 @@ class SideRecord:
         self.memory_peak_mb = max(self.memory_peak_mb or 0.0, block["memory_peak_mb"])
         if "parity" in block:
             self.parity = block["parity"]
-
-
-def schedule(rounds: int, target: Target, case_key: str) -> list[tuple[str, str]]:
-    """ABBA…: the order alternates every round; whether A or B starts is drawn per case (seeded)."""
-    a_first = random.Random(f"{SCHEDULE_SEED}|{target.label}|{case_key}").random() < 0.5
-    return [("a", "b") if (r % 2 == 0) == a_first else ("b", "a") for r in range(rounds)]
 
 
 def measure_case(workers: dict[str, VariantWorker], index: int, case_key: str, target: Target,
@@ -371,11 +374,53 @@ def run_target(sides: dict[str, Side], target: Target, request: AbRequest, emit:
 
 
 # --- the run ---------------------------------------------------------------------------------------
-def _prepare(variant: Variant, plan: AbPlan) -> tuple[PreparedModel | None, str, str]:
+@dataclass(frozen=True)
+class Prepared:
+    """A variant's prepared model, or the status and reason it has none."""
+
+    variant: Variant
+    model: PreparedModel | None
+    status: str = "ok"
+    why: str = ""
+
+    def row(self, target: Target, case: Case, status: str, error: str) -> Result:
+        """A row for a case this side did not measure."""
+        if self.model is not None:
+            return self.model.result(target, case, status, error, variant=self.variant.side)
+        row = unprepared_result(self.variant.spec, target, case, status, error)
+        row.variant = self.variant.side
+        return row
+
+
+def _prepare(variant: Variant, plan: AbPlan) -> Prepared:
     shapes = sorted({(c.batch_size, c.seq_len) for c in plan.cases(variant)}, key=str)
-    prepared, outcome = prepare_isolated(PrepareJob(variant.spec, shapes), plan.request.timeout_s)
+    model, outcome = prepare_isolated(PrepareJob(variant.spec, shapes), plan.request.timeout_s)
+    if model is not None:
+        return Prepared(variant, model)
     status = "error" if outcome.status == "finished" else outcome.status
-    return prepared, status, f"model preparation failed: {outcome.message or 'no reason given'}"
+    return Prepared(variant, None, status, f"model preparation failed: {outcome.message or 'no reason given'}")
+
+
+def _blocked(prepared: dict[str, Prepared], target: Target, availability: Availability | None) -> dict | None:
+    """Per side, the (status, reason) its cases get when the pair cannot run on the target at all (a
+    side that could run is not measured alone); None when both can. availability None: a browser EP."""
+    reasons = {}
+    for side, each in prepared.items():
+        can = capabilities(target.engine) if availability is not None else None
+        if availability is not None and not availability.ok:
+            reasons[side] = ("unsupported", availability.reason)
+        elif each.model is None:
+            reasons[side] = (each.status, each.why)
+        elif can is not None and each.variant.spec.is_onnx_file and not can.runs_onnx_files:
+            reasons[side] = ("unsupported", "not applicable: the model is an .onnx file")
+        elif (can is None or can.needs_onnx) and each.model.onnx_path is None:
+            reasons[side] = ("unsupported", f"ONNX export failed: {each.model.onnx_error}")
+    if not reasons:
+        return None
+    failed, (_, why) = next(iter(reasons.items()))
+    for side in prepared:
+        reasons.setdefault(side, ("error", f"not measured: variant {failed.upper()} cannot run ({why[:300]})"))
+    return reasons
 
 
 def execute_ab(plan: AbPlan) -> Callable[[Emit], None]:
@@ -384,39 +429,36 @@ def execute_ab(plan: AbPlan) -> Callable[[Emit], None]:
     def body(emit: Emit) -> None:
         prepared = {v.side: _prepare(v, plan) for v in plan.variants}
         for target, availability in plan.targets:
-            sides = {v.side: Side(v, prepared[v.side][0], plan.cases(v)) for v in plan.variants}  # type: ignore[arg-type]
-            if failure := _unrunnable(plan, prepared, target, availability):
-                for v in plan.variants:
-                    for case in plan.cases(v):
-                        emit(unprepared_result(v.spec, target, case, *failure[v.side]) if prepared[v.side][0] is None
-                             else sides[v.side].row(target, case, *failure[v.side]))  # fmt: skip
+            if reasons := _blocked(prepared, target, availability):
+                _emit_blocked(plan, prepared, target, reasons, emit)
                 continue
-            run_target(sides, target, plan.request, emit)
+            sides = {side: Side(each.variant, each.model, plan.cases(each.variant)) for side, each in prepared.items()}
+            run_target(sides, target, plan.request, emit)  # type: ignore[arg-type]
+        if plan.web is not None:
+            _run_web(plan, plan.web, prepared, emit)
 
     return body
 
 
-def _unrunnable(plan: AbPlan, prepared: dict, target: Target, availability: Availability) -> dict | None:
-    """Per side, the (status, reason) its cases are recorded with when the pair cannot run on the
-    target at all; None when it can."""
-    reasons = {}
-    for v in plan.variants:
-        if not availability.ok:
-            reasons[v.side] = ("unsupported", availability.reason)
-        elif prepared[v.side][0] is None:
-            reasons[v.side] = prepared[v.side][1:]
-        elif v.spec.is_onnx_file and not capabilities(target.engine).runs_onnx_files:
-            reasons[v.side] = ("unsupported", "not applicable: the model is an .onnx file")
-        elif capabilities(target.engine).needs_onnx and prepared[v.side][0].onnx_path is None:
-            reasons[v.side] = ("unsupported", prepared[v.side][0].onnx_error)
-    if not reasons:
-        return None
-    for v in plan.variants:  # the side that could run is not measured alone
-        failed = next(iter(reasons))
-        reasons.setdefault(
-            v.side, ("error", f"not measured: variant {failed.upper()} cannot run ({reasons[failed][1]})")
-        )
-    return reasons
+def _emit_blocked(plan: AbPlan, prepared: dict[str, Prepared], target: Target, reasons: dict, emit: Emit) -> None:
+    for side, each in prepared.items():
+        for case in plan.cases(each.variant):
+            emit(each.row(target, case, *reasons[side]))
+
+
+def _run_web(plan: AbPlan, web: WebPlan, prepared: dict[str, Prepared], emit: Emit) -> None:
+    """The browser half: both variants in one page per EP setting (harness.run.ab_web)."""
+    from harness.run.ab_web import WebSide, run_web_pairs
+    from harness.web.driver import run_sync
+
+    blocked = {setting.target: _blocked(prepared, setting.target, None) for setting in web.settings}
+    for target, reasons in blocked.items():
+        if reasons:
+            _emit_blocked(plan, prepared, target, reasons, emit)
+    if not any(reasons for reasons in blocked.values()):
+        sides = {side: WebSide(side, each.model, each.variant.precision, plan.cases(each.variant))
+                 for side, each in prepared.items()}  # type: ignore[arg-type]  # fmt: skip
+        run_sync(run_web_pairs(web, plan.request, sides, emit))
 
 
 def run_ab(request: AbRequest, on_result: Callable[[Result, str], None] | None = None,

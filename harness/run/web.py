@@ -363,10 +363,10 @@ def page_job(
         "profile_iterations": PROFILE_ITERATIONS if request.profile else 0,  # after the timed loop
     }
     name = f"{_file_stem(prepared.spec.name)}-{case.precision}"
-    return _job(files, name, model, feeds, setting, stop, case.key, fault)
+    return web_job(files, name, model, feeds, setting, stop, case.key, fault)
 
 
-def _job(files: Any, name: str, model: Path, feeds: dict[str, np.ndarray], setting: EpSetting, stop: dict[str, Any],
+def web_job(files: Any, name: str, model: Path, feeds: dict[str, np.ndarray], setting: EpSetting, stop: dict[str, Any],
          case_key: str, fault: str | None = None) -> dict[str, Any]:  # fmt: skip
     """A page job: the model file and input tensors served to the page, the EP setting and the stop rule."""
     arrays = {f"{name}.{i}.bin": np.ascontiguousarray(v) for i, v in enumerate(feeds.values())}
@@ -394,7 +394,7 @@ async def measure_control(files: Any, session: Any, setting: EpSetting, position
     stop = {"warmup": CONTROL_WARMUP, "iterations": CONTROL_ITERATIONS,
             "min_duration_ms": CONTROL_MIN_DURATION_S * 1000, "max_iterations": 10_000, "min_iterations": 3,
             "max_time_ms": CONTROL_MAX_TIME_S * 1000, "profile_iterations": 0}  # fmt: skip
-    job = _job(files, CONTROL_NAME, control_model_path(), control_feeds(), setting, stop, CONTROL_NAME)
+    job = web_job(files, CONTROL_NAME, control_model_path(), control_feeds(), setting, stop, CONTROL_NAME)
     answer = await session.run_job(files.page_url, (CONTROL_NAME, setting), job, timeout_s)
     if answer["status"] == "ok":
         control.samples_ms, control.load_avg_1m = answer["samples_ms"], os.getloadavg()[0]
@@ -403,7 +403,7 @@ async def measure_control(files: Any, session: Any, setting: EpSetting, position
     return control
 
 
-async def _refusal(session: Any, setting: EpSetting, case: Case, request: WebRequest) -> tuple[str | None, dict]:
+async def page_refusal(session: Any, setting: EpSetting, case: Case, request: WebRequest) -> tuple[str | None, dict]:
     """(why this case must not run, the adapter facts for the row): webgpu on a software adapter under
     --require-hardware-gpu, or fp16 on an adapter without shader-f16. Decided before any model is loaded."""
     from harness.web.adapter import adapter_details, webgpu_refusal
@@ -418,7 +418,7 @@ async def _run_case(
     files: Any, session: Any, plan: WebPlan, prepared: PreparedModel, setting: EpSetting, case: Case, fault: str | None
 ) -> Result:
     problem = await session.ensure_started()
-    refusal, adapter = await _refusal(session, setting, case, plan.request)
+    refusal, adapter = await page_refusal(session, setting, case, plan.request)
     details = session.facts() | adapter  # the browser this job ran in, even if it is restarted after a failure
     details |= {"page_transport_origin": files.origin, "cross_origin_isolation_served": files.isolate}
     if problem is not None:  # not started, or not reachable: tried once for this case
