@@ -57,6 +57,9 @@ from harness.run.recording import Emit, RunSummary, record_run
 from harness.run.web import WebPlan
 from harness.run.worker import prepare_isolated
 
+PROBE_OK = "accelharness ab worker importable"
+EXIT_GRACE_S = 5.0  # how long a worker whose stdin closed may take to exit before it is killed
+
 
 @dataclass
 class AbRequest(RunOptions):
@@ -125,9 +128,10 @@ def _python(option: str, path: Path | None) -> str:
     if not (Path(path).is_file() and os.access(path, os.X_OK)):
         raise RequestError(f"{option} {path}: not an executable file (give the environment's bin/python)")
     probe = subprocess.run(
-        [str(path), "-c", "import harness.run.ab_worker"], capture_output=True, text=True, timeout=120
-    )
-    if probe.returncode != 0:
+        [str(path), "-c", f"import harness.run.ab_worker; print('{PROBE_OK}')"], capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    if probe.returncode != 0 or PROBE_OK not in probe.stdout:  # an executable that is not that Python prints nothing
         last = (probe.stderr.strip().splitlines() or ["no output"])[-1]
         raise RequestError(
             f"{option} {path} cannot import accelharness ({last}): install it into that environment "
@@ -224,7 +228,7 @@ class VariantWorker:
             raise self._died(name) from None
         ready, _, _ = select.select([self.process.stdout], [], [], self.timeout_s)
         if not ready:
-            self.stop()
+            self.kill()
             raise WorkerFailure(self.variant.side, "timeout", f"{name} did not answer '{command['op']}' within "
                                 f"{self.timeout_s:g} s")  # fmt: skip
         line = self.process.stdout.readline()
@@ -239,11 +243,19 @@ class VariantWorker:
         outcome = describe_exit(self.process.wait(), self.log_path, self.oom_before)
         return WorkerFailure(self.variant.side, outcome.status, f"{name}: {outcome.message}")
 
+    def kill(self) -> None:
+        with suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+
     def stop(self) -> None:
-        if self.process.poll() is None:
-            with suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait()
+        """End the worker: its stdin closed, it exits; one that does not (a hang) is killed with its group."""
+        with suppress(OSError):
+            self.process.stdin.close()  # type: ignore[union-attr]
+        try:
+            self.process.wait(timeout=EXIT_GRACE_S)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            self.process.wait()
         self.log.close()
 
 

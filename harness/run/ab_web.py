@@ -57,6 +57,8 @@ async def ab_case(files: Any, session: Any, plan: WebPlan, request: Any, sides: 
     timeout_s = request.timeout_s
     first_runs, blocks = {}, {side: [] for side in VARIANTS}
     facts = {}
+    if (problem := await session.ensure_started()) is not None:  # not started, or not reachable
+        raise CaseFailure("a", "error", problem)
     for side in VARIANTS:
         case = sides[side].cases[index]
         refusal, adapter = await page_refusal(session, setting, case, plan.request)

@@ -63,8 +63,10 @@ class VariantServer:
 
     def load(self) -> dict[str, Any]:
         from harness.native.base import LoadRequest
+        from harness.run.worker import inject_fault
 
         job = self.job
+        inject_fault(job)  # ACCELHARNESS_INJECT_FAULT: the tests' crash and hang on purpose, as in run_job
         first = job.cases[0]
         example, _ = job.prepared.load_case((first.batch_size, first.seq_len))
         started = time.perf_counter()

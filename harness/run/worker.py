@@ -111,7 +111,7 @@ FAULT_ENV = "ACCELHARNESS_INJECT_FAULT"
 GRANDCHILD_MARK = "accelharness-fault-grandchild"  # in the grandchild fault's command line, for tests to find it
 
 
-def injected_fault(job: Job) -> str | None:
+def injected_fault(job: Any) -> str | None:
     """The fault ACCELHARNESS_INJECT_FAULT asks of this job: the first KIND[:MODEL[:ENGINE]] of its
     comma-separated list whose model and engine (empty: any) are the job's."""
     for fault in filter(None, os.environ.get(FAULT_ENV, "").split(",")):
@@ -121,8 +121,9 @@ def injected_fault(job: Job) -> str | None:
     return None
 
 
-def inject_fault(job: Job) -> None:
+def inject_fault(job: Any) -> None:
     """Testing hook: ACCELHARNESS_INJECT_FAULT=KIND[:MODEL[:ENGINE]][,…] makes this worker fail for real.
+    job: a Job, or an ab variant's job (harness.run.ab_worker): anything with .prepared and .target.
 
     KIND is segfault, abort, hang, oom (an address-space limit, then an allocation past it) or
     grandchild (start a sleeping child process, as an engine's helper might, then hang).
