@@ -70,7 +70,7 @@ def test_every_job_measures_the_drift_control_at_its_start_middle_and_end(bert_r
     by_engine: dict[str, list[str]] = {}
     for c in controls:
         by_engine.setdefault(c["engine"], []).append(c["position"])
-        assert c["workload"] == "matmul-chain-8x512x64" and c["beside"] == "bert-tiny" and c["error"] is None
+        assert c["workload"] == "matmul-chain-4x256x64" and c["beside"] == "bert-tiny" and c["error"] is None
         assert c["iterations"] >= 3 and len(c["samples_ms"]) == c["iterations"] and c["median_ms"] > 0
         assert c["load_avg_1m"] is not None
     # two cases per job: before the first, after the first (the middle), after the last

@@ -54,7 +54,7 @@ from harness.run.plan import (
     choose_targets,
 )
 from harness.run.recording import Emit, RunSummary, record_run
-from harness.run.web import WebPlan
+from harness.run.web import PREPARE_TIMEOUT_FLOOR_S, WebPlan
 from harness.run.worker import prepare_isolated
 
 PROBE_OK = "accelharness ab worker importable"
@@ -406,7 +406,9 @@ class Prepared:
 
 def _prepare(variant: Variant, plan: AbPlan) -> Prepared:
     shapes = sorted({(c.batch_size, c.seq_len) for c in plan.cases(variant)}, key=str)
-    model, outcome = prepare_isolated(PrepareJob(variant.spec, shapes), plan.request.timeout_s)
+    # --timeout bounds a command to a worker; a cold export may take longer (as in `web`)
+    timeout_s = max(plan.request.timeout_s, PREPARE_TIMEOUT_FLOOR_S)
+    model, outcome = prepare_isolated(PrepareJob(variant.spec, shapes), timeout_s)
     if model is not None:
         return Prepared(variant, model)
     status = "error" if outcome.status == "finished" else outcome.status
