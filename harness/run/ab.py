@@ -36,18 +36,18 @@ from typing import IO, Any
 
 from harness.core.records import PRECISIONS, VARIANTS, Case, Result, Target
 from harness.core.stats import MIN_PAIRED_ROUNDS
-from harness.native import DEFAULT_ENGINES, ENGINES, capabilities
+from harness.native import capabilities
 from harness.native.base import Availability
 from harness.prepare.prepared import PreparedModel, PrepareJob, unprepared_result
 from harness.prepare.specs import ModelSpec, SpecError, select_specs, spec_from_path
 from harness.run.ab_rounds import CaseFailure, WorkerFailure, schedule
 from harness.run.ab_worker import VariantJob
-from harness.run.hardware import NATIVE_PLATFORMS
 from harness.run.isolation import describe_exit, oom_kill_count
 from harness.run.plan import (
     RequestError,
     RunOptions,
     check_db_path,
+    check_engines,
     check_measuring,
     check_positive,
     check_seconds,
@@ -159,13 +159,7 @@ def validate_ab(request: AbRequest) -> AbPlan:
                               ("--b-precision", request.b_precision)):  # fmt: skip
         if precision is not None and precision not in PRECISIONS:
             raise RequestError(f"{option}: unknown precision '{precision}'; valid: {', '.join(PRECISIONS)}")
-    engines = request.engines or list(DEFAULT_ENGINES)
-    for engine in engines:
-        if engine not in ENGINES:
-            raise RequestError(f"unknown engine '{engine}'; valid: {', '.join(ENGINES)}")
-    for hw in request.hardware or []:
-        if hw not in NATIVE_PLATFORMS:
-            raise RequestError(f"unknown native hardware '{hw}'; valid: {', '.join(NATIVE_PLATFORMS)}")
+    engines = check_engines(request.engines, request.hardware)
     check_db_path(Path(request.db_path))
     specs = {side: _spec(f"--{side}", getattr(request, side)) for side in VARIANTS}
     if specs["a"].inputs.uses_sequence != specs["b"].inputs.uses_sequence:

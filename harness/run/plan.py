@@ -136,19 +136,26 @@ def validate(request: BenchmarkRequest) -> Plan:
     if request.new_tokens < 1:
         raise RequestError(f"--new-tokens must be >= 1 (got {request.new_tokens})")
     check_measuring(request)
-    engines = request.engines or list(DEFAULT_ENGINES)  # an opt-in engine runs when named
-    for engine in engines:
-        if engine not in ENGINES:
-            raise RequestError(f"unknown engine '{engine}'; valid: {', '.join(ENGINES)}")
-    for hw in request.hardware or []:
-        if hw not in NATIVE_PLATFORMS:
-            raise RequestError(f"unknown native hardware '{hw}'; valid: {', '.join(NATIVE_PLATFORMS)}")
+    engines = check_engines(request.engines, request.hardware)
     specs = check_selection(request)
     check_db_path(Path(request.db_path))
     targets = choose_targets(request.hardware, engines)
     if not targets:
         raise RequestError(f"no target serves hardware {request.hardware} with engines {engines}")
     return Plan(specs, targets, request)
+
+
+def check_engines(engines: list[str] | None, hardware: list[str] | None) -> list[str]:
+    """The engines a native request runs (None: the default ones; an opt-in engine runs when named),
+    each engine and hardware name checked."""
+    chosen = engines or list(DEFAULT_ENGINES)
+    for engine in chosen:
+        if engine not in ENGINES:
+            raise RequestError(f"unknown engine '{engine}'; valid: {', '.join(ENGINES)}")
+    for hw in hardware or []:
+        if hw not in NATIVE_PLATFORMS:
+            raise RequestError(f"unknown native hardware '{hw}'; valid: {', '.join(NATIVE_PLATFORMS)}")
+    return chosen
 
 
 def choose_targets(hardware: list[str] | None, engines: list[str]) -> list[tuple[Target, Availability]]:
