@@ -29,6 +29,9 @@ UA = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chr
 OTHER_UA = "Mozilla/5.0 (Linux; Android 14; Pixel 8) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/141.0 Mobile"
 OUTPUT = np.arange(4, dtype=np.float32)
 MAX_ITERATIONS = 10
+# the page job's stop rule (harness.run.web.page_job): 3 timed samples, at most MAX_ITERATIONS
+STOP = {"iterations": 3, "min_iterations": 3, "max_iterations": MAX_ITERATIONS, "max_time_ms": None}
+STOP |= {"profile_iterations": 0}
 
 
 class Source:
@@ -43,10 +46,7 @@ class Source:
 
     def jobs(self, device: Device, _files: Any) -> list[ServeJob]:
         limit = answer_limit(OUTPUT.nbytes, MAX_ITERATIONS)
-        return [
-            ServeJob(f"{device.id}|{n}", "wasm:threads=1", f"job {n}", {"max_iterations": MAX_ITERATIONS}, limit)
-            for n in range(2)
-        ]
+        return [ServeJob(f"{device.id}|{n}", "wasm:threads=1", f"job {n}", STOP, limit) for n in range(2)]
 
     def answered(self, device: Device, job: ServeJob, answer: dict[str, Any], _page: Page) -> dict[str, Any]:
         self.rows.append((device.id, job.key, answer))
@@ -220,6 +220,27 @@ def test_answers_that_are_malformed_oversized_out_of_schema_or_duplicate_get_4xx
     status, said = post_answer(served, job, page, answer())
     assert status == 409 and "stored once" in said["error"]
     assert len(served.source.rows) == 1
+
+
+def test_timings_the_page_clock_cannot_have_measured_are_422_and_the_job_stays_open(served: Served) -> None:
+    """Issue 23, item 4: 1e-300 ms samples (~1e302 items/s, first in `recommend`), 1e300 ms, one sample
+    where the job gives at least three. Each is refused with its reason; the same page may still answer."""
+    page = page_id(1)
+    job = take_job(served, page)
+    refused = [
+        (answer(samples_ms=[1e-300] * 3), "samples_ms[0] is 1e-300 ms, less than one step of the page's timer"),
+        (answer(samples_ms=[1e300] * 3), "samples_ms[0] is 1e+300 ms, longer than the job's --timeout (60 s)"),
+        (answer(load_ms=1e300), "load_ms is 1e+300 ms, longer than the job's --timeout"),
+        (answer(samples_ms=[1.0]), "result has 1 samples; this job's stop rule gives 3..10"),
+        (answer(browser_memory={"memory_peak_mb": 1e-300}), "result.browser_memory is measured by the harness"),
+    ]
+    for bad, reason in refused:
+        status, said = post_answer(served, job, page, bad)
+        assert status == 422 and reason in said["error"], said
+    assert served.source.rows == []
+    status, stored = post_answer(served, job, page, answer())
+    assert status == 200 and stored["stored"] == {"status": "ok"}
+    assert [row[2]["samples_ms"] for row in served.source.rows] == [[1.0, 1.1, 1.2]]
 
 
 def test_a_device_cannot_post_for_another_device_or_another_run(served: Served) -> None:

@@ -372,7 +372,7 @@ class DeviceServer(PageServer):
         if job.holder != page_id or device.holder != page_id:
             raise ApiError(409, f"page {page_id} does not hold the lease on job {job_id} (device {device.id})")
         try:
-            answer = validate_page_result(data.get("answer"), job.page_job["max_iterations"])
+            answer = validate_page_result(data.get("answer"), job.page_job, self.timeout_s)
             if answer["status"] == "ok":
                 decode_outputs(answer["outputs"])
         except (PageResultError, ValueError, binascii.Error) as exc:
