@@ -8,6 +8,7 @@ import asyncio
 import base64
 import http.client
 import json
+import logging
 import shutil
 import ssl
 import subprocess
@@ -16,12 +17,14 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import psutil
 import pytest
 
+from harness.cli.serve import ServeDisplay
 from harness.web import serve
 from harness.web.serve import Device, DeviceServer, Page, ServeError, ServeJob, answer_limit, serve_until
 
@@ -50,7 +53,7 @@ class Source:
 
     def answered(self, device: Device, job: ServeJob, answer: dict[str, Any], _page: Page) -> dict[str, Any]:
         self.rows.append((device.id, job.key, answer))
-        return {"status": answer["status"]}
+        return {"status": answer["status"]} | ({"error": answer["error"]} if "error" in answer else {})
 
     def unanswered(self, device: Device, job: ServeJob, status: str, why: str) -> dict[str, Any]:
         self.missing.append((device.id, job.key, status, why))
@@ -241,6 +244,56 @@ def test_timings_the_page_clock_cannot_have_measured_are_422_and_the_job_stays_o
     status, stored = post_answer(served, job, page, answer())
     assert status == 200 and stored["stored"] == {"status": "ok"}
     assert [row[2]["samples_ms"] for row in served.source.rows] == [[1.0, 1.1, 1.2]]
+
+
+@pytest.mark.parametrize("route", ["hello", "result"])
+def test_nested_or_non_standard_json_is_a_400_with_one_log_line(
+    served: Served, caplog: pytest.LogCaptureFixture, route: str
+) -> None:
+    """Issue 23, item 5: ~60 KB of [[[…]]] (under the body limit) answered 500 and printed a 35-line
+    RecursionError traceback per request. Now: a 400, one line each, nothing stored."""
+    page = page_id(1)
+    job = take_job(served, page)
+    path = f"/{served.server.token}/api/" + ("hello" if route == "hello" else f"result/{job['id']}")
+    deep = 40  # parses, but deeper than any page's post
+    bodies = {
+        b"[" * 30_000 + b"]" * 30_000: "deeper than 32 levels",
+        b'{"page_id": "' + page.encode() + b'", "x": ' + b"[" * deep + b"]" * deep + b"}": "deeper than 32 levels",
+        b'{"page_id": "' + page.encode() + b'", "x": NaN}': "NaN is not a JSON value",
+        b'{"page_id": "' + page.encode() + b'", "x": 1e999}': "number 1e999 is out of range",
+    }
+    caplog.clear()
+    for body, reason in bodies.items():
+        assert len(body) < serve.SMALL_BODY
+        status, said = served.request("POST", path, body)
+        assert status == 400 and reason in said["error"], said
+    lines = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.name for r in lines] == ["harness.web.serve"] * len(bodies)
+    assert all(r.exc_info is None and "\n" not in r.getMessage() and " 400 " in r.getMessage() for r in lines)
+    assert served.source.rows == [] and len(served.server.devices) == 1
+
+
+def test_device_text_reaches_the_terminal_without_control_characters(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 23, item 6: a model name holding ESC [31m was printed raw in the "device … arrived" line.
+    Every line showing what a device sent (its name, GPU, error messages) is stripped of escapes."""
+    display = ServeDisplay(SimpleNamespace(devices=None, host="127.0.0.1", certfile=None))
+    running = Served(Source(), on_event=display.on_event)
+    try:
+        page = page_id(1)
+        hostile = facts() | {
+            "user_agent_data": {"model": "\x1b[31mPixel\x1b[0m \u202eevil\u202c \x9b2J8"},
+            "adapter": {"available": True, "info": {"vendor": "\x1b]0;owned\x07gpu\x1b[2J\x1b[H\x07"}},
+        }
+        assert running.api("hello", {"page_id": page, "facts": hostile})[0] == 200
+        job = running.api("next", {"page_id": page})[1]["job"]
+        said = {"status": "error", "error": "\x1b[2Jboom \x1b[1A\x1b[K\u202efaked line", "facts": {"user_agent": UA}}
+        assert post_answer(running, job, page, said)[0] == 200
+    finally:
+        running.stop()
+    shown = capsys.readouterr().out
+    assert "arrived (chrome 141 on linux (Pixel evil 8), GPU gpu)" in shown, shown
+    assert ": error: boom faked line [1/2]" in shown, shown
+    assert not any(c in shown for c in "\x1b\x07\x9b\u202e\u202c\u2028"), repr(shown)
 
 
 def test_a_device_cannot_post_for_another_device_or_another_run(served: Served) -> None:

@@ -30,6 +30,7 @@ import hashlib
 import io
 import ipaddress
 import json
+import logging
 import math
 import re
 import secrets
@@ -44,12 +45,19 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from harness.core.terminal import terminal_text
 from harness.web.server import PageResultError, PageServer, check_facts, decode_outputs, validate_page_result
+
+log = logging.getLogger(__name__)
 
 LEASE_S = 10.0  # a holding page silent this long loses its device (and the job it was running)
 HEARTBEAT_S = 2.0  # how often the holding page's worker renews its lease
 SWEEP_S = 0.25  # how often leases, job timeouts and the end condition are checked
 SMALL_BODY = 64 * 1024  # hello, next, heartbeat
+# Refused posts are logged a line each, LOG_BURST at once and LOG_PER_S a second after that (the rest
+# counted in the next line): a flood of bad posts cannot flood the operator's terminal.
+LOG_BURST, LOG_PER_S = 10, 1.0
+MAX_JSON_DEPTH = 32  # a page's posts nest a few levels (answer.facts.webnn.cpu); deeper is not a page's
 # What an answer may hold besides its outputs: facts and console lines, and per timed sample a number.
 FACTS_ALLOWANCE = 256 * 1024
 BYTES_PER_SAMPLE = 32
@@ -76,6 +84,31 @@ SYSTEMS = (
 
 class ServeError(ValueError):
     """A serve option cannot work (TLS files, an address this machine does not have)."""
+
+
+class TokenBucket:
+    """`burst` tokens, refilled at `per_s` a second: take() says whether one was left (and takes it)."""
+
+    def __init__(self, burst: float, per_s: float) -> None:
+        self.burst, self.per_s = burst, per_s
+        self.tokens, self.stamp = burst, time.monotonic()
+
+    def _refill(self) -> None:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.per_s)
+        self.stamp = now
+
+    def take(self) -> bool:
+        self._refill()
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+    @property
+    def full(self) -> bool:
+        self._refill()
+        return self.tokens >= self.burst
 
 
 class ApiError(Exception):
@@ -208,7 +241,8 @@ def _check_hello(facts: Any) -> dict[str, Any]:
 
 
 async def _read_json(request: web.Request, limit: int) -> dict[str, Any]:
-    """The request's JSON object, refused (413) past `limit` bytes before more than that is read."""
+    """The request's JSON object, refused (413) past `limit` bytes before more than that is read, and
+    (400) when it is not JSON, not an object, or nested deeper than MAX_JSON_DEPTH."""
     if request.content_length is not None and request.content_length > limit:
         raise ApiError(413, f"body of {request.content_length} bytes; this route takes at most {limit}")
     body = bytearray()
@@ -217,12 +251,38 @@ async def _read_json(request: web.Request, limit: int) -> dict[str, Any]:
         if len(body) > limit:
             raise ApiError(413, f"body larger than {limit} bytes, the most this route takes")
     try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = json.loads(body, parse_constant=_not_json, parse_float=_finite)
+    except RecursionError:  # the decoder's own bound on nesting (the interpreter's recursion limit)
+        raise ApiError(400, f"body nests arrays or objects deeper than {MAX_JSON_DEPTH} levels") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of too many digits...
         raise ApiError(400, f"body is not JSON: {exc}") from None
     if not isinstance(data, dict):
         raise ApiError(400, f"body must be a JSON object, not {type(data).__name__}")
+    if _nesting(data) > MAX_JSON_DEPTH:
+        raise ApiError(400, f"body nests arrays or objects deeper than {MAX_JSON_DEPTH} levels")
     return data
+
+
+def _not_json(constant: str) -> None:
+    raise ValueError(f"{constant} is not a JSON value")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:40]} is out of range")
+    return value
+
+
+def _nesting(value: Any) -> int:
+    """How deep arrays and objects nest in `value`, walked without recursion, stopping past the bound."""
+    deepest, todo = 0, [(value, 1)]
+    while todo and deepest <= MAX_JSON_DEPTH:
+        item, depth = todo.pop()
+        deepest = max(deepest, depth)
+        children = item.values() if isinstance(item, dict) else item
+        todo += [(child, depth + 1) for child in children if isinstance(child, dict | list)]
+    return deepest
 
 
 def _page_id(data: dict[str, Any]) -> str:
@@ -260,6 +320,8 @@ class DeviceServer(PageServer):
         self._jobs: dict[str, tuple[Device, ServeJob]] = {}
         self._pages: dict[str, Device] = {}
         self._job_files: dict[str, Path | bytes] = {}
+        self._log_budget = TokenBucket(LOG_BURST, LOG_PER_S)
+        self._unlogged = 0  # refused posts not logged since the last line
 
     transport = "web --serve: the device page asks this server for jobs over HTTP(S)"
 
@@ -300,7 +362,21 @@ class DeviceServer(PageServer):
         try:
             return web.json_response(await self._api(request, parts[2:]))
         except ApiError as exc:
+            self._log_refused(request, "/".join(parts[2:]), exc)
             return web.json_response({"error": str(exc)}, status=exc.status)
+
+    def _log_refused(self, request: web.Request, route: str, refused: ApiError) -> None:
+        """One line per refused post (409s aside: the lease protocol at work, shown by its own events), in
+        terminal-safe text: what a device sent may be quoted in the reason."""
+        if refused.status == 409:
+            return
+        if not self._log_budget.take():
+            self._unlogged += 1
+            return
+        more = f" ({self._unlogged} more refused since the last line)" if self._unlogged else ""
+        self._unlogged = 0
+        line = f"web --serve refused POST …/api/{route[:80]} from {request.remote}: {refused.status} {refused}{more}"
+        log.warning(terminal_text(line))
 
     async def _api(self, request: web.Request, route: list[str]) -> dict[str, Any]:
         if route[0] == "result" and len(route) == 2:
