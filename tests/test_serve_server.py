@@ -63,9 +63,11 @@ class Source:
 class Served:
     """serve_until running in a loop thread, as the CLI runs it; stop() cancels it (Ctrl-C)."""
 
-    def __init__(self, source: Source, timeout_s: float = 60.0, devices: int | None = None, **server: Any) -> None:
+    def __init__(
+        self, source: Source, timeout_s: float = 60.0, devices: int | None = None, max_devices: int = 8, **server: Any
+    ) -> None:
         self.source = source
-        self.server = DeviceServer(source, timeout_s, **server)
+        self.server = DeviceServer(source, timeout_s, max_devices=max_devices, **server)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -294,6 +296,43 @@ def test_device_text_reaches_the_terminal_without_control_characters(capsys: pyt
     assert "arrived (chrome 141 on linux (Pixel evil 8), GPU gpu)" in shown, shown
     assert ": error: boom faked line [1/2]" in shown, shown
     assert not any(c in shown for c in "\x1b\x07\x9b\u202e\u202c\u2028"), repr(shown)
+
+
+def test_a_flood_of_hellos_is_bounded_by_the_rate_limit_and_max_devices(served: Served) -> None:
+    """Issue 23, item 7: 1,000 hellos with distinct user agents in 3.5 s all got 200 (1,000 devices, +16 MB).
+    Now: --max-devices devices at most (8 here), HELLO_BURST hellos per address at once, then HELLO_PER_S a
+    second; the rest a 429 saying which. Loopback only, one kept-alive connection."""
+    connection = http.client.HTTPConnection("127.0.0.1", served.server.port, timeout=10)
+    path = f"/{served.server.token}/api/hello"
+    answers: list[tuple[int, dict[str, Any]]] = []
+    deadline = time.monotonic() + 60
+    for n in range(1000):
+        body = json.dumps({"page_id": page_id(n), "facts": facts(f"{UA} flood/{n}")})
+        connection.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        answers.append((response.status, json.loads(response.read())))
+        assert time.monotonic() < deadline
+    connection.close()
+    took = time.monotonic() - (deadline - 60)
+    assert {status for status, _ in answers} == {200, 429}
+    assert [status for status, _ in answers[:8]] == [200] * 8 and len(served.server.devices) == 8
+    refused = [said for status, said in answers if status == 429]
+    assert "this run takes at most 8 devices (--max-devices 8)" in refused[0]["error"]
+    limited = [said for said in refused if "too many hellos from 127.0.0.1" in said["error"]]
+    assert limited and all(said["retry_s"] == 1 / serve.HELLO_PER_S for said in limited)
+    passed = sum(status != 429 or "too many hellos" not in said["error"] for status, said in answers)
+    assert passed <= serve.HELLO_BURST + serve.HELLO_PER_S * took + 1  # the bucket, refilled while it ran
+    assert sum(len(device.pages) for device in served.server.devices.values()) == 8
+    time.sleep(1.2 / serve.HELLO_PER_S)  # the bucket refills: an admitted device's page may say hello again
+    status, again = served.api("hello", {"page_id": page_id(0), "facts": facts(f"{UA} flood/0")})
+    assert status == 200 and again["holding"]
+
+
+def test_a_device_past_its_page_bound_is_refused(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(serve, "MAX_PAGES", 3)
+    statuses = [served.api("hello", {"page_id": page_id(n), "facts": facts()})[0] for n in range(4)]
+    assert statuses == [200, 200, 200, 429]
+    assert served.api("hello", {"page_id": page_id(0), "facts": facts()})[0] == 200  # a known page reloads
 
 
 def test_a_device_cannot_post_for_another_device_or_another_run(served: Served) -> None:

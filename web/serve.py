@@ -57,6 +57,11 @@ SMALL_BODY = 64 * 1024  # hello, next, heartbeat
 # Refused posts are logged a line each, LOG_BURST at once and LOG_PER_S a second after that (the rest
 # counted in the next line): a flood of bad posts cannot flood the operator's terminal.
 LOG_BURST, LOG_PER_S = 10, 1.0
+# Hellos per client address: HELLO_BURST at once, then HELLO_PER_S a second. A page says hello once per
+# load (a load per EP setting, about six per device), so several devices behind one address pass.
+HELLO_BURST, HELLO_PER_S = 20, 2.0
+MAX_CLIENTS = 1024  # client addresses whose recent hellos are remembered at once
+MAX_PAGES = 32  # open pages (tabs) of one device
 MAX_JSON_DEPTH = 32  # a page's posts nest a few levels (answer.facts.webnn.cpu); deeper is not a page's
 # What an answer may hold besides its outputs: facts and console lines, and per timed sample a number.
 FACTS_ALLOWANCE = 256 * 1024
@@ -112,11 +117,13 @@ class TokenBucket:
 
 
 class ApiError(Exception):
-    """A request refused with this HTTP status; nothing of it was stored."""
+    """A request refused with this HTTP status; nothing of it was stored. retry_s: when the same request
+    may pass (a rate limit), for the page to wait and ask again."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, retry_s: float | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.retry_s = retry_s
 
 
 @dataclass
@@ -311,10 +318,14 @@ class DeviceServer(PageServer):
         port: int = 0,
         ssl_context: ssl.SSLContext | None = None,
         on_event: Event | None = None,
+        *,
+        max_devices: int,
     ) -> None:
         super().__init__(isolate=True, host=host, port=port, ssl_context=ssl_context)
         self.source = source
         self.timeout_s = timeout_s
+        self.max_devices = max_devices  # devices this run takes; a new one beyond them gets a 429
+        self._hellos: dict[str, TokenBucket] = {}  # per client address
         self.on_event = on_event or (lambda kind, device, job: None)
         self.devices: dict[str, Device] = {}
         self._jobs: dict[str, tuple[Device, ServeJob]] = {}
@@ -363,7 +374,8 @@ class DeviceServer(PageServer):
             return web.json_response(await self._api(request, parts[2:]))
         except ApiError as exc:
             self._log_refused(request, "/".join(parts[2:]), exc)
-            return web.json_response({"error": str(exc)}, status=exc.status)
+            retry = {} if exc.retry_s is None else {"retry_s": exc.retry_s}
+            return web.json_response({"error": str(exc)} | retry, status=exc.status)
 
     def _log_refused(self, request: web.Request, route: str, refused: ApiError) -> None:
         """One line per refused post (409s aside: the lease protocol at work, shown by its own events), in
@@ -384,8 +396,27 @@ class DeviceServer(PageServer):
         handlers = {"hello": self._hello, "next": self._next, "heartbeat": self._heartbeat}
         if len(route) != 1 or route[0] not in handlers:
             raise ApiError(404, f"no API route '{'/'.join(route)}'; routes: hello, next, heartbeat, result/<job>")
+        if route[0] == "hello":
+            self._admit_hello(request.remote or "?")  # before the body is read
         data = await _read_json(request, SMALL_BODY)
         return handlers[route[0]](request, data)
+
+    def _admit_hello(self, address: str) -> None:
+        """A token of this address's hello bucket, or a 429. A full bucket is the same as none, so those
+        are forgotten first when MAX_CLIENTS addresses are remembered."""
+        bucket = self._hellos.get(address)
+        if bucket is None:
+            if len(self._hellos) >= MAX_CLIENTS:
+                self._hellos = {known: b for known, b in self._hellos.items() if not b.full}
+            if len(self._hellos) >= MAX_CLIENTS:
+                raise ApiError(429, f"hellos from {MAX_CLIENTS} client addresses at once; try again", 1.0)
+            bucket = self._hellos[address] = TokenBucket(HELLO_BURST, HELLO_PER_S)
+        if not bucket.take():
+            raise ApiError(
+                429,
+                f"too many hellos from {address}: at most {HELLO_BURST} at once, then {HELLO_PER_S:g} a second",
+                1 / HELLO_PER_S,
+            )
 
     # --- the routes ---------------------------------------------------------------------------------
 
@@ -398,6 +429,14 @@ class DeviceServer(PageServer):
             raise ApiError(409, f"page {page_id} belongs to device {known.id}, not {device_id}")
         device = self.devices.get(device_id)
         arrived = device is None
+        if device is None and len(self.devices) >= self.max_devices:
+            raise ApiError(
+                429,
+                f"this run takes at most {self.max_devices} devices (--max-devices {self.max_devices}), and "
+                f"{len(self.devices)} have said hello; {name} is not measured",
+            )
+        if device is not None and page_id not in device.pages and len(device.pages) >= MAX_PAGES:
+            raise ApiError(429, f"device {device.id} has {MAX_PAGES} pages open, the most one device may have")
         if device is None:
             device = self.devices[device_id] = Device(device_id, name, facts)
             device.jobs = self.source.jobs(device, self)
