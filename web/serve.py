@@ -7,6 +7,8 @@ run's token (every case's files at once) plus four POST routes under /<token>/ap
 
 - hello: the page's facts (user agent, adapter, WebNN contexts, isolation...); the server names
   the device (id = hash of user agent and adapter facts) and answers with its jobs and progress.
+  Hellos are rate-limited per client address, and a device beyond the run's max_devices is refused
+  (429): a flood of made-up devices holds neither memory nor the terminal.
 - next: the device's next job. One page at a time holds a device (its lease); another page of
   the same device waits until that lease is released or expires.
 - heartbeat: sent every HEARTBEAT_S by a worker of the holding page (a worker keeps beating while
@@ -18,6 +20,9 @@ run's token (every case's files at once) plus four POST routes under /<token>/ap
   the Playwright path's validator, and it must come from the page holding that job's lease:
   anything malformed, oversized, out of schema, duplicate or from elsewhere gets a 4xx and stores
   nothing. A valid answer goes to JobSource.answered exactly once.
+
+Every body is JSON nested at most MAX_JSON_DEPTH deep (else a 400); each refused post is one log line
+(rate-limited), in terminal-safe text.
 
 What a device runs and how an answer becomes a row belong to the caller (JobSource).
 """
