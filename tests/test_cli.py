@@ -116,6 +116,10 @@ NOT_ONNX = "is not a valid ONNX model (onnx.checker: "
         ([*SUITE_CHECK, "@twice.toml"], "key 'timeout' is set twice, at the top level and in [run]; keep one"),
         ([*SUITE_CHECK, "@below-header.toml"], "[model_families] holds 'batch_sizes', a top-level key"),
         ([*WEB, "--serve", "--profile"], "--profile: not with --serve"),
+        ([*WEB, "--serve", "--max-devices", "0"], "--max-devices 0: must be 1 to 1000"),
+        ([*WEB, "--serve", "--max-devices", "100000"], "--max-devices 100000: must be 1 to 1000"),
+        ([*WEB, "--serve", "--devices", "40"], "--devices 40: must be 1 to --max-devices (32)"),
+        ([*WEB, "--max-devices", "5"], "--max-devices: options of --serve; add --serve or drop them"),
         # A store written by a newer accelharness.
         (["report", "--db", "@newer.duckdb"], "newer.duckdb was written by a newer accelharness (schema version 99;"),
     ],

@@ -8,6 +8,7 @@ import asyncio
 import base64
 import http.client
 import json
+import logging
 import shutil
 import ssl
 import subprocess
@@ -16,12 +17,14 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import psutil
 import pytest
 
+from harness.cli.serve import ServeDisplay
 from harness.web import serve
 from harness.web.serve import Device, DeviceServer, Page, ServeError, ServeJob, answer_limit, serve_until
 
@@ -29,6 +32,9 @@ UA = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chr
 OTHER_UA = "Mozilla/5.0 (Linux; Android 14; Pixel 8) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/141.0 Mobile"
 OUTPUT = np.arange(4, dtype=np.float32)
 MAX_ITERATIONS = 10
+# the page job's stop rule (harness.run.web.page_job): 3 timed samples, at most MAX_ITERATIONS
+STOP = {"iterations": 3, "min_iterations": 3, "max_iterations": MAX_ITERATIONS, "max_time_ms": None}
+STOP |= {"profile_iterations": 0}
 
 
 class Source:
@@ -43,14 +49,11 @@ class Source:
 
     def jobs(self, device: Device, _files: Any) -> list[ServeJob]:
         limit = answer_limit(OUTPUT.nbytes, MAX_ITERATIONS)
-        return [
-            ServeJob(f"{device.id}|{n}", "wasm:threads=1", f"job {n}", {"max_iterations": MAX_ITERATIONS}, limit)
-            for n in range(2)
-        ]
+        return [ServeJob(f"{device.id}|{n}", "wasm:threads=1", f"job {n}", STOP, limit) for n in range(2)]
 
     def answered(self, device: Device, job: ServeJob, answer: dict[str, Any], _page: Page) -> dict[str, Any]:
         self.rows.append((device.id, job.key, answer))
-        return {"status": answer["status"]}
+        return {"status": answer["status"]} | ({"error": answer["error"]} if "error" in answer else {})
 
     def unanswered(self, device: Device, job: ServeJob, status: str, why: str) -> dict[str, Any]:
         self.missing.append((device.id, job.key, status, why))
@@ -60,9 +63,11 @@ class Source:
 class Served:
     """serve_until running in a loop thread, as the CLI runs it; stop() cancels it (Ctrl-C)."""
 
-    def __init__(self, source: Source, timeout_s: float = 60.0, devices: int | None = None, **server: Any) -> None:
+    def __init__(
+        self, source: Source, timeout_s: float = 60.0, devices: int | None = None, max_devices: int = 8, **server: Any
+    ) -> None:
         self.source = source
-        self.server = DeviceServer(source, timeout_s, **server)
+        self.server = DeviceServer(source, timeout_s, max_devices=max_devices, **server)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -220,6 +225,114 @@ def test_answers_that_are_malformed_oversized_out_of_schema_or_duplicate_get_4xx
     status, said = post_answer(served, job, page, answer())
     assert status == 409 and "stored once" in said["error"]
     assert len(served.source.rows) == 1
+
+
+def test_timings_the_page_clock_cannot_have_measured_are_422_and_the_job_stays_open(served: Served) -> None:
+    """Issue 23, item 4: 1e-300 ms samples (~1e302 items/s, first in `recommend`), 1e300 ms, one sample
+    where the job gives at least three. Each is refused with its reason; the same page may still answer."""
+    page = page_id(1)
+    job = take_job(served, page)
+    refused = [
+        (answer(samples_ms=[1e-300] * 3), "samples_ms[0] is 1e-300 ms, less than one step of the page's timer"),
+        (answer(samples_ms=[1e300] * 3), "samples_ms[0] is 1e+300 ms, longer than the job's --timeout (60 s)"),
+        (answer(load_ms=1e300), "load_ms is 1e+300 ms, longer than the job's --timeout"),
+        (answer(samples_ms=[1.0]), "result has 1 samples; this job's stop rule gives 3..10"),
+        (answer(browser_memory={"memory_peak_mb": 1e-300}), "result.browser_memory is measured by the harness"),
+    ]
+    for bad, reason in refused:
+        status, said = post_answer(served, job, page, bad)
+        assert status == 422 and reason in said["error"], said
+    assert served.source.rows == []
+    status, stored = post_answer(served, job, page, answer())
+    assert status == 200 and stored["stored"] == {"status": "ok"}
+    assert [row[2]["samples_ms"] for row in served.source.rows] == [[1.0, 1.1, 1.2]]
+
+
+@pytest.mark.parametrize("route", ["hello", "result"])
+def test_nested_or_non_standard_json_is_a_400_with_one_log_line(
+    served: Served, caplog: pytest.LogCaptureFixture, route: str
+) -> None:
+    """Issue 23, item 5: ~60 KB of [[[…]]] (under the body limit) answered 500 and printed a 35-line
+    RecursionError traceback per request. Now: a 400, one line each, nothing stored."""
+    page = page_id(1)
+    job = take_job(served, page)
+    path = f"/{served.server.token}/api/" + ("hello" if route == "hello" else f"result/{job['id']}")
+    deep = 40  # parses, but deeper than any page's post
+    bodies = {
+        b"[" * 30_000 + b"]" * 30_000: "deeper than 32 levels",
+        b'{"page_id": "' + page.encode() + b'", "x": ' + b"[" * deep + b"]" * deep + b"}": "deeper than 32 levels",
+        b'{"page_id": "' + page.encode() + b'", "x": NaN}': "NaN is not a JSON value",
+        b'{"page_id": "' + page.encode() + b'", "x": 1e999}': "number 1e999 is out of range",
+    }
+    caplog.clear()
+    for body, reason in bodies.items():
+        assert len(body) < serve.SMALL_BODY
+        status, said = served.request("POST", path, body)
+        assert status == 400 and reason in said["error"], said
+    lines = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.name for r in lines] == ["harness.web.serve"] * len(bodies)
+    assert all(r.exc_info is None and "\n" not in r.getMessage() and " 400 " in r.getMessage() for r in lines)
+    assert served.source.rows == [] and len(served.server.devices) == 1
+
+
+def test_device_text_reaches_the_terminal_without_control_characters(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 23, item 6: a model name holding ESC [31m was printed raw in the "device … arrived" line.
+    Every line showing what a device sent (its name, GPU, error messages) is stripped of escapes."""
+    display = ServeDisplay(SimpleNamespace(devices=None, host="127.0.0.1", certfile=None))
+    running = Served(Source(), on_event=display.on_event)
+    try:
+        page = page_id(1)
+        hostile = facts() | {
+            "user_agent_data": {"model": "\x1b[31mPixel\x1b[0m \u202eevil\u202c \x9b2J8"},
+            "adapter": {"available": True, "info": {"vendor": "\x1b]0;owned\x07gpu\x1b[2J\x1b[H\x07"}},
+        }
+        assert running.api("hello", {"page_id": page, "facts": hostile})[0] == 200
+        job = running.api("next", {"page_id": page})[1]["job"]
+        said = {"status": "error", "error": "\x1b[2Jboom \x1b[1A\x1b[K\u202efaked line", "facts": {"user_agent": UA}}
+        assert post_answer(running, job, page, said)[0] == 200
+    finally:
+        running.stop()
+    shown = capsys.readouterr().out
+    assert "arrived (chrome 141 on linux (Pixel evil 8), GPU gpu)" in shown, shown
+    assert ": error: boom faked line [1/2]" in shown, shown
+    assert not any(c in shown for c in "\x1b\x07\x9b\u202e\u202c\u2028"), repr(shown)
+
+
+def test_a_flood_of_hellos_is_bounded_by_the_rate_limit_and_max_devices(served: Served) -> None:
+    """Issue 23, item 7: 1,000 hellos with distinct user agents in 3.5 s all got 200 (1,000 devices, +16 MB).
+    Now: --max-devices devices at most (8 here), HELLO_BURST hellos per address at once, then HELLO_PER_S a
+    second; the rest a 429 saying which. Loopback only, one kept-alive connection."""
+    connection = http.client.HTTPConnection("127.0.0.1", served.server.port, timeout=10)
+    path = f"/{served.server.token}/api/hello"
+    answers: list[tuple[int, dict[str, Any]]] = []
+    deadline = time.monotonic() + 60
+    for n in range(1000):
+        body = json.dumps({"page_id": page_id(n), "facts": facts(f"{UA} flood/{n}")})
+        connection.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        answers.append((response.status, json.loads(response.read())))
+        assert time.monotonic() < deadline
+    connection.close()
+    took = time.monotonic() - (deadline - 60)
+    assert {status for status, _ in answers} == {200, 429}
+    assert [status for status, _ in answers[:8]] == [200] * 8 and len(served.server.devices) == 8
+    refused = [said for status, said in answers if status == 429]
+    assert "this run takes at most 8 devices (--max-devices 8)" in refused[0]["error"]
+    limited = [said for said in refused if "too many hellos from 127.0.0.1" in said["error"]]
+    assert limited and all(said["retry_s"] == 1 / serve.HELLO_PER_S for said in limited)
+    passed = sum(status != 429 or "too many hellos" not in said["error"] for status, said in answers)
+    assert passed <= serve.HELLO_BURST + serve.HELLO_PER_S * took + 1  # the bucket, refilled while it ran
+    assert sum(len(device.pages) for device in served.server.devices.values()) == 8
+    time.sleep(1.2 / serve.HELLO_PER_S)  # the bucket refills: an admitted device's page may say hello again
+    status, again = served.api("hello", {"page_id": page_id(0), "facts": facts(f"{UA} flood/0")})
+    assert status == 200 and again["holding"]
+
+
+def test_a_device_past_its_page_bound_is_refused(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(serve, "MAX_PAGES", 3)
+    statuses = [served.api("hello", {"page_id": page_id(n), "facts": facts()})[0] for n in range(4)]
+    assert statuses == [200, 200, 200, 429]
+    assert served.api("hello", {"page_id": page_id(0), "facts": facts()})[0] == 200  # a known page reloads
 
 
 def test_a_device_cannot_post_for_another_device_or_another_run(served: Served) -> None:

@@ -123,6 +123,10 @@ def test_without_isolation_no_coop_coep() -> None:
 
 # --- the page-answer validator ------------------------------------------------------------------------
 
+# A page job's stop rule (harness.run.web.page_job): at least 3 samples, at most 10; --timeout 60 s.
+JOB = {"iterations": 3, "min_iterations": 3, "max_iterations": 10, "max_time_ms": None, "profile_iterations": 0}
+TIMEOUT_S = 60.0
+
 
 def answer(**changes: object) -> dict:
     base = {
@@ -137,8 +141,8 @@ def answer(**changes: object) -> dict:
 
 
 def test_valid_answers_pass() -> None:
-    assert validate_page_result(answer(), 10)["samples_ms"] == [1.0, 2.0, 1.5]
-    assert validate_page_result({"status": "unsupported", "error": "no WebNN", "facts": {}}, 10)["status"]
+    assert validate_page_result(answer(), JOB, TIMEOUT_S)["samples_ms"] == [1.0, 2.0, 1.5]
+    assert validate_page_result({"status": "unsupported", "error": "no WebNN", "facts": {}}, JOB, TIMEOUT_S)["status"]
 
 
 @pytest.mark.parametrize(
@@ -164,18 +168,60 @@ def test_valid_answers_pass() -> None:
 )
 def test_malformed_answers_are_rejected(bad: object) -> None:
     with pytest.raises(PageResultError):
-        validate_page_result(bad, 10)
+        validate_page_result(bad, JOB, TIMEOUT_S)
 
 
 @pytest.mark.parametrize(
     ("samples", "first_run_ms", "where"),
-    [([1.0, 0.0, 1.2], 5.0, "samples_ms[1]"), ([1.0], 0, "first_run_ms"), ([0.0, 0.0], 0.0, "samples_ms[0]")],
+    [([1.0, 0.0, 1.2], 5.0, "samples_ms[1]"), ([1.0] * 3, 0, "first_run_ms"), ([0.0] * 3, 0.0, "samples_ms[0]")],
 )
 def test_zero_ms_durations_are_a_timer_fault(samples: list, first_run_ms: float, where: str) -> None:
     """performance.now() that did not advance across a run measured nothing: the row is an error saying so."""
     bad = answer(samples_ms=samples, first_run_ms=first_run_ms, facts={"timer_resolution_ms": 0.1})
-    with pytest.raises(PageResultError, match=rf"{re.escape(where)} is 0 ms: a timer fault.*resolution: 0.1 ms"):
-        validate_page_result(bad, 10)
+    with pytest.raises(PageResultError, match=rf"{re.escape(where)} is 0 ms: a timer fault.*its step: 0.1 ms"):
+        validate_page_result(bad, JOB, TIMEOUT_S)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"samples_ms": [1e-300] * 3}, "samples_ms[0] is 1e-300 ms, less than one step of the page's timer (0.005 ms)"),
+        ({"load_ms": 1e-9}, "load_ms is 1e-09 ms, less than one step"),
+        (  # the page's own step, when coarser than the finest any browser has
+            {"samples_ms": [1.0, 0.05, 1.0], "facts": {"timer_resolution_ms": 0.1}},
+            "samples_ms[1] is 0.05 ms, less than one step of the page's timer (0.1 ms)",
+        ),
+        (  # a page claiming a finer step than any browser gives is held to 5 µs
+            {"samples_ms": [1e-4] * 3, "facts": {"timer_resolution_ms": 1e-9}},
+            "less than one step of the page's timer (0.005 ms)",
+        ),
+        ({"samples_ms": [1e300] * 3}, "samples_ms[0] is 1e+300 ms, longer than the job's --timeout (60 s)"),
+        ({"first_run_ms": 61_000.0}, "first_run_ms is 61000 ms, longer than the job's --timeout (60 s)"),
+        ({"samples_ms": [25_000.0] * 3}, "the first run and the timed samples together is 75005 ms, longer than"),
+        ({"facts": {"fetch_ms": 1e300}}, "facts.fetch_ms is 1e+300 ms, longer than the job's --timeout"),
+        ({"samples_ms": [1.0]}, "result has 1 samples; this job's stop rule gives 3..10"),
+        ({"browser_memory": {"memory_peak_mb": 1.0}}, "result.browser_memory is measured by the harness"),
+        ({"profile": {"events": []}}, "result.profile: this job asked for no profile"),
+        ({"facts": {"page_memory": {"bytes": "many"}}}, "facts.page_memory must be null or an object whose sizes"),
+        ({"facts": {"page_memory": {"bytes": 1e300}}}, "facts.page_memory must be null or an object whose sizes"),
+    ],
+)
+def test_durations_the_page_clock_cannot_have_measured_are_refused(changes: dict, message: str) -> None:
+    """Below the timer's step, past the job's --timeout, fewer samples than the stop rule gives, figures
+    only the harness measures (issue 23, item 4)."""
+    with pytest.raises(PageResultError, match=re.escape(message)):
+        validate_page_result(answer(**changes), JOB, TIMEOUT_S)
+
+
+def test_durations_the_page_clock_can_measure_pass() -> None:
+    step = 100.005 - 100.0  # two 5 µs-clamped readings: a rounding error under 0.005
+    assert step < 0.005
+    fine = answer(samples_ms=[step, 1.0, 20_000.0], facts={"timer_resolution_ms": 0.005})
+    assert validate_page_result(fine, JOB, TIMEOUT_S)["samples_ms"][0] == step
+    budget = JOB | {"iterations": 20, "min_iterations": 3, "max_time_ms": 1000.0}  # stopped by its budget at 3
+    assert len(validate_page_result(answer(), budget, TIMEOUT_S)["samples_ms"]) == 3
+    error = {"status": "error", "error": "boom", "facts": {"runtime_init_ms": 0.0}}  # a runtime not started
+    assert validate_page_result(error, JOB, TIMEOUT_S)["status"] == "error"
 
 
 @pytest.mark.parametrize(
@@ -189,7 +235,8 @@ def test_zero_ms_durations_are_a_timer_fault(samples: list, first_run_ms: float,
         ({"threads_effective": "4"}, "facts.threads_effective must be an integer >= 0"),
         ({"threads_dropped": 0}, "facts.threads_dropped must be a boolean"),
         ({"adapter": "SwiftShader"}, "facts.adapter must be an object or null"),
-        ({"timer_resolution_ms": -1}, "facts.timer_resolution_ms must be a finite number >= 0"),
+        ({"timer_resolution_ms": -1}, "facts.timer_resolution_ms must be a number > 0 and <= 1000"),
+        ({"timer_resolution_ms": 1e300}, "facts.timer_resolution_ms must be a number > 0 and <= 1000"),
         ({"ort_web_version": 1.3}, "facts.ort_web_version must be a string or null"),
     ],
 )
@@ -197,7 +244,7 @@ def test_malformed_facts_fail_the_answer(facts: dict, message: str) -> None:
     """Facts are type-checked like the rest of the answer, an error answer's too (issue 11, item 11)."""
     for bad in (answer(facts=facts), {"status": "error", "error": "boom", "facts": facts}):
         with pytest.raises(PageResultError, match=re.escape(message)):
-            validate_page_result(bad, 10)
+            validate_page_result(bad, JOB, TIMEOUT_S)
 
 
 def test_well_formed_facts_and_unknown_keys_pass() -> None:
@@ -210,4 +257,4 @@ def test_well_formed_facts_and_unknown_keys_pass() -> None:
         "timer_resolution_ms": 0.005,
         "a_fact_added_later": {"anything": [1, "two"]},
     }
-    assert validate_page_result(answer(facts=facts), 10)["facts"] == facts
+    assert validate_page_result(answer(facts=facts), JOB, TIMEOUT_S)["facts"] == facts

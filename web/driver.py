@@ -425,7 +425,7 @@ class BrowserSession:
                 killer.cancel()
             self._stop_memory()  # a loop that never reached its end mark
         try:
-            answer = validate_page_result(raw, job["max_iterations"])
+            answer = validate_page_result(raw, job, timeout_s)
         except PageResultError as exc:
             return _failure("error", f"the page's answer failed validation: {exc}")
         answer["browser_memory"] = self._memory_result

@@ -7,6 +7,8 @@ run's token (every case's files at once) plus four POST routes under /<token>/ap
 
 - hello: the page's facts (user agent, adapter, WebNN contexts, isolation...); the server names
   the device (id = hash of user agent and adapter facts) and answers with its jobs and progress.
+  Hellos are rate-limited per client address, and a device beyond the run's max_devices is refused
+  (429): a flood of made-up devices holds neither memory nor the terminal.
 - next: the device's next job. One page at a time holds a device (its lease); another page of
   the same device waits until that lease is released or expires.
 - heartbeat: sent every HEARTBEAT_S by a worker of the holding page (a worker keeps beating while
@@ -19,6 +21,9 @@ run's token (every case's files at once) plus four POST routes under /<token>/ap
   anything malformed, oversized, out of schema, duplicate or from elsewhere gets a 4xx and stores
   nothing. A valid answer goes to JobSource.answered exactly once.
 
+Every body is JSON nested at most MAX_JSON_DEPTH deep (else a 400); each refused post is one log line
+(rate-limited), in terminal-safe text.
+
 What a device runs and how an answer becomes a row belong to the caller (JobSource).
 """
 
@@ -30,6 +35,7 @@ import hashlib
 import io
 import ipaddress
 import json
+import logging
 import math
 import re
 import secrets
@@ -44,12 +50,24 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from harness.core.terminal import terminal_text
 from harness.web.server import PageResultError, PageServer, check_facts, decode_outputs, validate_page_result
+
+log = logging.getLogger(__name__)
 
 LEASE_S = 10.0  # a holding page silent this long loses its device (and the job it was running)
 HEARTBEAT_S = 2.0  # how often the holding page's worker renews its lease
 SWEEP_S = 0.25  # how often leases, job timeouts and the end condition are checked
 SMALL_BODY = 64 * 1024  # hello, next, heartbeat
+# Refused posts are logged a line each, LOG_BURST at once and LOG_PER_S a second after that (the rest
+# counted in the next line): a flood of bad posts cannot flood the operator's terminal.
+LOG_BURST, LOG_PER_S = 10, 1.0
+# Hellos per client address: HELLO_BURST at once, then HELLO_PER_S a second. A page says hello once per
+# load (a load per EP setting, about six per device), so several devices behind one address pass.
+HELLO_BURST, HELLO_PER_S = 20, 2.0
+MAX_CLIENTS = 1024  # client addresses whose recent hellos are remembered at once
+MAX_PAGES = 32  # open pages (tabs) of one device
+MAX_JSON_DEPTH = 32  # a page's posts nest a few levels (answer.facts.webnn.cpu); deeper is not a page's
 # What an answer may hold besides its outputs: facts and console lines, and per timed sample a number.
 FACTS_ALLOWANCE = 256 * 1024
 BYTES_PER_SAMPLE = 32
@@ -78,12 +96,39 @@ class ServeError(ValueError):
     """A serve option cannot work (TLS files, an address this machine does not have)."""
 
 
-class ApiError(Exception):
-    """A request refused with this HTTP status; nothing of it was stored."""
+class TokenBucket:
+    """`burst` tokens, refilled at `per_s` a second: take() says whether one was left (and takes it)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, burst: float, per_s: float) -> None:
+        self.burst, self.per_s = burst, per_s
+        self.tokens, self.stamp = burst, time.monotonic()
+
+    def _refill(self) -> None:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.per_s)
+        self.stamp = now
+
+    def take(self) -> bool:
+        self._refill()
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+    @property
+    def full(self) -> bool:
+        self._refill()
+        return self.tokens >= self.burst
+
+
+class ApiError(Exception):
+    """A request refused with this HTTP status; nothing of it was stored. retry_s: when the same request
+    may pass (a rate limit), for the page to wait and ask again."""
+
+    def __init__(self, status: int, message: str, retry_s: float | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.retry_s = retry_s
 
 
 @dataclass
@@ -208,7 +253,8 @@ def _check_hello(facts: Any) -> dict[str, Any]:
 
 
 async def _read_json(request: web.Request, limit: int) -> dict[str, Any]:
-    """The request's JSON object, refused (413) past `limit` bytes before more than that is read."""
+    """The request's JSON object, refused (413) past `limit` bytes before more than that is read, and
+    (400) when it is not JSON, not an object, or nested deeper than MAX_JSON_DEPTH."""
     if request.content_length is not None and request.content_length > limit:
         raise ApiError(413, f"body of {request.content_length} bytes; this route takes at most {limit}")
     body = bytearray()
@@ -217,12 +263,38 @@ async def _read_json(request: web.Request, limit: int) -> dict[str, Any]:
         if len(body) > limit:
             raise ApiError(413, f"body larger than {limit} bytes, the most this route takes")
     try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = json.loads(body, parse_constant=_not_json, parse_float=_finite)
+    except RecursionError:  # the decoder's own bound on nesting (the interpreter's recursion limit)
+        raise ApiError(400, f"body nests arrays or objects deeper than {MAX_JSON_DEPTH} levels") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of too many digits...
         raise ApiError(400, f"body is not JSON: {exc}") from None
     if not isinstance(data, dict):
         raise ApiError(400, f"body must be a JSON object, not {type(data).__name__}")
+    if _nesting(data) > MAX_JSON_DEPTH:
+        raise ApiError(400, f"body nests arrays or objects deeper than {MAX_JSON_DEPTH} levels")
     return data
+
+
+def _not_json(constant: str) -> None:
+    raise ValueError(f"{constant} is not a JSON value")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:40]} is out of range")
+    return value
+
+
+def _nesting(value: Any) -> int:
+    """How deep arrays and objects nest in `value`, walked without recursion, stopping past the bound."""
+    deepest, todo = 0, [(value, 1)]
+    while todo and deepest <= MAX_JSON_DEPTH:
+        item, depth = todo.pop()
+        deepest = max(deepest, depth)
+        children = item.values() if isinstance(item, dict) else item
+        todo += [(child, depth + 1) for child in children if isinstance(child, dict | list)]
+    return deepest
 
 
 def _page_id(data: dict[str, Any]) -> str:
@@ -251,15 +323,21 @@ class DeviceServer(PageServer):
         port: int = 0,
         ssl_context: ssl.SSLContext | None = None,
         on_event: Event | None = None,
+        *,
+        max_devices: int,
     ) -> None:
         super().__init__(isolate=True, host=host, port=port, ssl_context=ssl_context)
         self.source = source
         self.timeout_s = timeout_s
+        self.max_devices = max_devices  # devices this run takes; a new one beyond them gets a 429
+        self._hellos: dict[str, TokenBucket] = {}  # per client address
         self.on_event = on_event or (lambda kind, device, job: None)
         self.devices: dict[str, Device] = {}
         self._jobs: dict[str, tuple[Device, ServeJob]] = {}
         self._pages: dict[str, Device] = {}
         self._job_files: dict[str, Path | bytes] = {}
+        self._log_budget = TokenBucket(LOG_BURST, LOG_PER_S)
+        self._unlogged = 0  # refused posts not logged since the last line
 
     transport = "web --serve: the device page asks this server for jobs over HTTP(S)"
 
@@ -300,7 +378,22 @@ class DeviceServer(PageServer):
         try:
             return web.json_response(await self._api(request, parts[2:]))
         except ApiError as exc:
-            return web.json_response({"error": str(exc)}, status=exc.status)
+            self._log_refused(request, "/".join(parts[2:]), exc)
+            retry = {} if exc.retry_s is None else {"retry_s": exc.retry_s}
+            return web.json_response({"error": str(exc)} | retry, status=exc.status)
+
+    def _log_refused(self, request: web.Request, route: str, refused: ApiError) -> None:
+        """One line per refused post (409s aside: the lease protocol at work, shown by its own events), in
+        terminal-safe text: what a device sent may be quoted in the reason."""
+        if refused.status == 409:
+            return
+        if not self._log_budget.take():
+            self._unlogged += 1
+            return
+        more = f" ({self._unlogged} more refused since the last line)" if self._unlogged else ""
+        self._unlogged = 0
+        line = f"web --serve refused POST …/api/{route[:80]} from {request.remote}: {refused.status} {refused}{more}"
+        log.warning(terminal_text(line))
 
     async def _api(self, request: web.Request, route: list[str]) -> dict[str, Any]:
         if route[0] == "result" and len(route) == 2:
@@ -308,8 +401,27 @@ class DeviceServer(PageServer):
         handlers = {"hello": self._hello, "next": self._next, "heartbeat": self._heartbeat}
         if len(route) != 1 or route[0] not in handlers:
             raise ApiError(404, f"no API route '{'/'.join(route)}'; routes: hello, next, heartbeat, result/<job>")
+        if route[0] == "hello":
+            self._admit_hello(request.remote or "?")  # before the body is read
         data = await _read_json(request, SMALL_BODY)
         return handlers[route[0]](request, data)
+
+    def _admit_hello(self, address: str) -> None:
+        """A token of this address's hello bucket, or a 429. A full bucket is the same as none, so those
+        are forgotten first when MAX_CLIENTS addresses are remembered."""
+        bucket = self._hellos.get(address)
+        if bucket is None:
+            if len(self._hellos) >= MAX_CLIENTS:
+                self._hellos = {known: b for known, b in self._hellos.items() if not b.full}
+            if len(self._hellos) >= MAX_CLIENTS:
+                raise ApiError(429, f"hellos from {MAX_CLIENTS} client addresses at once; try again", 1.0)
+            bucket = self._hellos[address] = TokenBucket(HELLO_BURST, HELLO_PER_S)
+        if not bucket.take():
+            raise ApiError(
+                429,
+                f"too many hellos from {address}: at most {HELLO_BURST} at once, then {HELLO_PER_S:g} a second",
+                1 / HELLO_PER_S,
+            )
 
     # --- the routes ---------------------------------------------------------------------------------
 
@@ -322,6 +434,14 @@ class DeviceServer(PageServer):
             raise ApiError(409, f"page {page_id} belongs to device {known.id}, not {device_id}")
         device = self.devices.get(device_id)
         arrived = device is None
+        if device is None and len(self.devices) >= self.max_devices:
+            raise ApiError(
+                429,
+                f"this run takes at most {self.max_devices} devices (--max-devices {self.max_devices}), and "
+                f"{len(self.devices)} have said hello; {name} is not measured",
+            )
+        if device is not None and page_id not in device.pages and len(device.pages) >= MAX_PAGES:
+            raise ApiError(429, f"device {device.id} has {MAX_PAGES} pages open, the most one device may have")
         if device is None:
             device = self.devices[device_id] = Device(device_id, name, facts)
             device.jobs = self.source.jobs(device, self)
@@ -372,7 +492,7 @@ class DeviceServer(PageServer):
         if job.holder != page_id or device.holder != page_id:
             raise ApiError(409, f"page {page_id} does not hold the lease on job {job_id} (device {device.id})")
         try:
-            answer = validate_page_result(data.get("answer"), job.page_job["max_iterations"])
+            answer = validate_page_result(data.get("answer"), job.page_job, self.timeout_s)
             if answer["status"] == "ok":
                 decode_outputs(answer["outputs"])
         except (PageResultError, ValueError, binascii.Error) as exc:

@@ -21,6 +21,7 @@ import re
 import secrets
 import ssl
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -272,18 +273,60 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _timed_ms(value: Any, name: str, timer_resolution_ms: Any) -> float:
-    """A duration from performance.now(): finite and > 0. Every run takes time, so 0 ms means the
-    clock did not advance across it: a timer fault (too coarse for the work, or frozen), not a figure."""
-    if not _is_number(value) or value < 0:
-        raise PageResultError(f"{name} must be a finite number > 0 (got {value!r})")
-    if value == 0:
-        resolution = f"{timer_resolution_ms:g} ms" if _is_number(timer_resolution_ms) else "unknown"
-        raise PageResultError(
-            f"{name} is 0 ms: a timer fault, performance.now() did not advance across the run (its resolution: "
-            f"{resolution}); nothing was measured"
-        )
-    return float(value)
+# performance.now() is coarsened by every browser: 5 µs when cross-origin isolated, 100 µs (or more)
+# otherwise (the HR-Time spec). No browser gives a finer step, whatever a page says its step is.
+MIN_TIMER_STEP_MS = 0.005
+# Two readings one step apart are doubles: their difference may come out a rounding error under the step.
+STEP_ROUNDING = 1e-6
+
+
+@dataclass(frozen=True)
+class Clock:
+    """What a duration the page measured can be: at least one step of its timer (a shorter positive
+    duration cannot be read off performance.now()), at most the job's --timeout (a job that ran longer
+    would have been stopped)."""
+
+    step_ms: float
+    limit_ms: float
+
+    @classmethod
+    def of(cls, facts: dict[str, Any], timeout_s: float) -> Clock:
+        reported = facts.get("timer_resolution_ms")  # the page's own smallest observed step
+        step = max(MIN_TIMER_STEP_MS, reported if _is_number(reported) else 0.0)
+        return cls(step, timeout_s * 1000)
+
+    def duration(self, value: Any, name: str) -> float:
+        """A duration from performance.now(). Every run takes time, so 0 ms means the clock did not
+        advance across it: a timer fault (too coarse for the work, or frozen), not a figure."""
+        if not _is_number(value) or value < 0:
+            raise PageResultError(f"{name} must be a finite number > 0 (got {value!r})")
+        if value == 0:
+            raise PageResultError(
+                f"{name} is 0 ms: a timer fault, performance.now() did not advance across the run (its step: "
+                f"{self.step_ms:g} ms); nothing was measured"
+            )
+        if value < self.step_ms * (1 - STEP_ROUNDING):
+            raise PageResultError(
+                f"{name} is {value:g} ms, less than one step of the page's timer ({self.step_ms:g} ms): "
+                "performance.now() cannot measure it; not a measurement"
+            )
+        return self.at_most_limit(float(value), name)
+
+    def at_most_limit(self, value: float, name: str) -> float:
+        if value > self.limit_ms:
+            raise PageResultError(
+                f"{name} is {value:g} ms, longer than the job's --timeout ({self.limit_ms / 1000:g} s), "
+                "past which the job is stopped; not a measurement"
+            )
+        return value
+
+
+def fewest_samples(job: dict[str, Any]) -> int:
+    """The fewest timed samples runner.mjs's measure() returns for this job: its loop runs to
+    `iterations`, and a time budget (max_time_ms) stops it early, but never below min_iterations."""
+    if job["max_time_ms"] is None:
+        return job["iterations"]
+    return min(job["min_iterations"], job["iterations"])
 
 
 # The facts the page reports (web/page/runner.mjs), checked like the rest of its answer: reports and
@@ -297,6 +340,23 @@ _TEXT: FactCheck = ("a string", lambda v: isinstance(v, str))
 _OPTIONAL_TEXT: FactCheck = ("a string or null", lambda v: v is None or isinstance(v, str))
 _TEXTS: FactCheck = ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v))
 _OBJECT: FactCheck = ("an object or null", lambda v: v is None or isinstance(v, dict))
+PAGE_MEMORY_MAX_BYTES = 2**40  # far above what a page's heaps and wasm memories can hold (a few GiB)
+
+
+def _page_memory(value: Any) -> bool:
+    """runner.mjs's pageMemory(): {bytes, by_type} (measureUserAgentSpecificMemory) or {error}."""
+    if value is None:
+        return True
+    if not isinstance(value, dict) or not isinstance(value.get("by_type", {}), dict):
+        return False
+    sizes = [value.get("bytes"), *value.get("by_type", {}).values()]
+    return all(s is None or (_is_number(s) and 0 <= s <= PAGE_MEMORY_MAX_BYTES) for s in sizes)
+
+
+_PAGE_MEMORY: FactCheck = (
+    f"null or an object whose sizes (bytes, by_type) are numbers 0..{PAGE_MEMORY_MAX_BYTES}",
+    _page_memory,
+)
 _COUNTS: FactCheck = (
     "an object of node counts (integers >= 0)",
     lambda v: isinstance(v, dict) and all(_COUNT[1](n) for n in v.values()),
@@ -317,11 +377,14 @@ FACT_CHECKS: dict[str, FactCheck] = {
     ),
     **dict.fromkeys(("hardware_concurrency", "threads_requested", "threads_effective", "warmup_run"), _COUNT),
     "max_time_s": ("a finite number > 0 or null", lambda v: v is None or (_is_number(v) and v > 0)),
-    **dict.fromkeys(("timer_resolution_ms", "runtime_init_ms", "fetch_ms"), _MS),
+    **dict.fromkeys(("runtime_init_ms", "fetch_ms"), _MS),
+    # runner.mjs's timerResolutionMs(): a step it saw the clock take (a coarse browser's is 1 ms or 16.7 ms)
+    "timer_resolution_ms": ("a number > 0 and <= 1000", lambda v: _is_number(v) and 0 < v <= 1000),
     **dict.fromkeys(("user_agent", "bundle", "placement_method", "load_measured_with"), _TEXT),
     **dict.fromkeys(("ort_web_version", "ort_common_version", "ep_check", "wasm_binary"), _OPTIONAL_TEXT),
     **dict.fromkeys(("wasm_files", "input_names", "output_names", "console_warnings"), _TEXTS),
-    **dict.fromkeys(("probed_adapter", "adapter", "page_memory"), _OBJECT),
+    **dict.fromkeys(("probed_adapter", "adapter"), _OBJECT),
+    "page_memory": _PAGE_MEMORY,
     "device_features": ("a list of strings or null", lambda v: v is None or _TEXTS[1](v)),
     "node_placement": _COUNTS,
 }
@@ -349,9 +412,15 @@ def _check_outputs(outputs: Any) -> None:
         _require(out, "data_b64", (str,), where)
 
 
-def validate_page_result(result: Any, max_samples: int) -> dict[str, Any]:
-    """Check the page's answer: required keys, types (facts included), durations finite and > 0,
-    sample-count bounds. A failure makes that job's row an `error` naming what was wrong."""
+# What the harness adds to an answer itself (the launched browser's memory): never the page's to send.
+HARNESS_KEYS = ("browser_memory",)
+
+
+def validate_page_result(result: Any, job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """Check the page's answer to `job` (run under --timeout `timeout_s`): required keys, types (facts
+    included), every duration one the page's clock could have measured (harness.web.server.Clock), as
+    many samples as the job's stop rule gives. A failure makes that job's row an `error` naming what was
+    wrong (a served device's answer: a 422, nothing stored)."""
     if not isinstance(result, dict):
         raise PageResultError(f"the page returned {type(result).__name__}, not an object")
     status = _require(result, "status", (str,))
@@ -359,19 +428,34 @@ def validate_page_result(result: Any, max_samples: int) -> dict[str, Any]:
         raise PageResultError(f"result.status '{status}' is not one of {RESULT_STATUSES}")
     facts = _require(result, "facts", (dict,))
     check_facts(facts)
+    clock = Clock.of(facts, timeout_s)
+    for key in ("runtime_init_ms", "fetch_ms"):  # measured by the page, maybe in an earlier job of its load
+        if key in facts:
+            clock.at_most_limit(facts[key], f"facts.{key}")
+    for key in HARNESS_KEYS:
+        if key in result:
+            raise PageResultError(f"result.{key} is measured by the harness, never sent by a page")
+    if "profile" in result and not job["profile_iterations"]:
+        raise PageResultError("result.profile: this job asked for no profile")
     if status != "ok":
         if not _require(result, "error", (str,)).strip():
             raise PageResultError(f"a '{status}' result must say why (result.error is empty)")
         return result
-    samples = _require(result, "samples_ms", (list,))
-    if not 1 <= len(samples) <= max_samples:
-        raise PageResultError(f"result has {len(samples)} samples; expected 1..{max_samples}")
-    resolution = facts.get("timer_resolution_ms")
-    result["samples_ms"] = [_timed_ms(s, f"samples_ms[{i}]", resolution) for i, s in enumerate(samples)]
+    _check_samples(result, job, clock)
     for key in ("first_run_ms", "load_ms"):
-        result[key] = _timed_ms(_require(result, key, (int, float)), key, resolution)
+        result[key] = clock.duration(_require(result, key, (int, float)), key)
     _check_outputs(result.get("outputs"))
     return result
+
+
+def _check_samples(result: dict[str, Any], job: dict[str, Any], clock: Clock) -> None:
+    samples = _require(result, "samples_ms", (list,))
+    fewest, most = fewest_samples(job), job["max_iterations"]
+    if not fewest <= len(samples) <= most:
+        raise PageResultError(f"result has {len(samples)} samples; this job's stop rule gives {fewest}..{most}")
+    result["samples_ms"] = [clock.duration(s, f"samples_ms[{i}]") for i, s in enumerate(samples)]
+    timed = sum(result["samples_ms"]) + clock.duration(_require(result, "first_run_ms", (int, float)), "first_run_ms")
+    clock.at_most_limit(timed, "the first run and the timed samples together")
 
 
 def decode_outputs(outputs: list[dict[str, Any]]) -> list[np.ndarray]:

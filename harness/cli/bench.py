@@ -41,6 +41,7 @@ from harness.native import DEFAULT_ENGINES, ENGINES
 from harness.run.native import run_native
 from harness.run.plan import DEFAULT_MAX_TIME_S, BenchmarkRequest, RequestError, validate
 from harness.run.recording import resume_point
+from harness.run.serve import DEFAULT_MAX_DEVICES, MAX_DEVICES_LIMIT
 from harness.store import DEFAULT_DB, StoreError
 from harness.web.eps import WEB_HARDWARE, WEBNN_DEVICES
 
@@ -192,6 +193,12 @@ def web(
     devices: Annotated[
         int | None, typer.Option(help="--serve: stop once this many devices finished every job (default: Ctrl-C).")
     ] = None,
+    max_devices: Annotated[
+        int,
+        typer.Option(
+            help=f"--serve: the most devices this run takes (1 to {MAX_DEVICES_LIMIT}); one beyond them is refused."
+        ),
+    ] = DEFAULT_MAX_DEVICES,
     serve_timeout: Annotated[float | None, typer.Option(help="--serve: stop serving after this many seconds.")] = None,
     certfile: Annotated[
         Path | None, typer.Option(help="--serve: HTTPS certificate (PEM; self-signed works), with --keyfile.")
@@ -219,7 +226,7 @@ def web(
     shared = run_options(model, model_families, small_models, model_path, batch_sizes, sequence_lengths,
                          warmup, iterations, min_duration, max_iterations, max_time, min_iterations, timeout, db,
                          output_dir, profile)  # fmt: skip
-    serving = given(ctx, "host", "port", "devices", "serve_timeout", "certfile", "keyfile")
+    serving = given(ctx, "host", "port", "devices", "max_devices", "serve_timeout", "certfile", "keyfile")
     if not serve and serving:
         raise fail(f"{', '.join(serving)}: options of --serve; add --serve or drop them")
     if serve:
@@ -233,7 +240,8 @@ def web(
         from harness.run.serve import ServeRequest
 
         served = ServeRequest(hardware=split_list(hardware) or [], precision=precision, host=host, port=port,
-                              devices=devices, serve_timeout_s=serve_timeout, certfile=certfile, keyfile=keyfile,
+                              devices=devices, max_devices=max_devices, serve_timeout_s=serve_timeout,
+                              certfile=certfile, keyfile=keyfile,
                               **shared)  # fmt: skip
         serve_devices(served, resume)
         return

@@ -14,9 +14,11 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 from harness.cli.common import console, errors, fail
 from harness.core.records import Result
+from harness.core.terminal import terminal_text
 from harness.run.recording import RunSummary
 from harness.store import StoreError
 
@@ -76,7 +78,7 @@ def summary_table(rows: list[Result]) -> Table:
         marked = {"status": r.status, "precision": r.precision, "requested_precision": r.case.precision}
         marked |= {"noisy": bool(s and s.noisy), "latency_cv": s.cv if s else None, "details": r.details}
         notes = flags(marked)  # the same warnings the reports put next to the number
-        notes += [r.error.splitlines()[0][:100]] if r.error else []
+        notes += [terminal_text(r.error.splitlines()[0][:100])] if r.error else []  # a served device's words
         table.add_row(
             r.model,
             r.target.label,
@@ -85,6 +87,6 @@ def summary_table(rows: list[Result]) -> Table:
             f"{s.median_ms:.3f}" if s else "—",
             f"{s.throughput_per_s:.1f}" if s and s.throughput_per_s is not None else "—",
             f"{r.max_abs_diff:.2g}" if r.max_abs_diff is not None else "—",
-            "; ".join(notes),
+            Text("; ".join(notes)),  # text, not markup: "[/x]" in an error would stop the table
         )
     return table

@@ -8,6 +8,7 @@ from typing import Any
 
 from harness.cli.common import console, errors
 from harness.core.records import Result
+from harness.core.terminal import terminal_text
 
 
 class ServeDisplay:
@@ -54,7 +55,8 @@ class ServeDisplay:
         }.get(kind)
         if line is None:
             return
-        console.print(line(), highlight=False, markup=False)
+        # names, models, GPU descriptions, addresses and error messages come from the device
+        console.print(terminal_text(line()), highlight=False, markup=False)
         if kind in ("answered", "timeout") and progress["finished"]:
             console.print(f"{device.id}: finished all {progress['total']} jobs", highlight=False, markup=False)
         sys.stdout.flush()

@@ -47,6 +47,8 @@ INSECURE = (
     "not a secure context (plain HTTP off loopback): the browser hides WebGPU and WebNN, gives no "
     "SharedArrayBuffer (wasm threads drop to 1) and coarsens its timer; serve HTTPS with --certfile/--keyfile"
 )
+DEFAULT_MAX_DEVICES = 32  # devices one run takes unless told (--max-devices)
+MAX_DEVICES_LIMIT = 1000  # the most --max-devices may be: each device holds its jobs and pages in memory
 ServeEvent = Callable[[str, Any, Any], None]  # (kind, harness.web.serve.Device, ServeJob | None)
 
 
@@ -61,6 +63,7 @@ class ServeRequest(RunOptions):
     host: str = "127.0.0.1"  # loopback unless asked: anyone who reaches the port with the URL can post
     port: int = 0  # 0: a free port
     devices: int | None = None  # stop once this many devices finished every job (None: serve until Ctrl-C)
+    max_devices: int = DEFAULT_MAX_DEVICES  # a device beyond these is refused (429), as hellos past a rate are
     serve_timeout_s: float | None = None  # stop serving after this long
     certfile: Path | None = None  # HTTPS (a self-signed pair works): a LAN origin is then a secure context
     keyfile: Path | None = None
@@ -85,8 +88,7 @@ def validate_serve(request: ServeRequest) -> ServePlan:
     specs = check_browser_request(request)
     if request.profile:  # a device's answer has no room for a trace, and its page's file is not counted here
         raise RequestError("--profile: not with --serve (profile in a browser this harness launches or reaches)")
-    if request.devices is not None and request.devices < 1:
-        raise RequestError(f"--devices {request.devices}: must be >= 1 (or left out: serve until Ctrl-C)")
+    check_devices(request.devices, request.max_devices)
     limit = request.serve_timeout_s
     if limit is not None and not (math.isfinite(limit) and limit > 0):
         raise RequestError(f"--serve-timeout {limit}: must be a finite number of seconds > 0")
@@ -97,6 +99,16 @@ def validate_serve(request: ServeRequest) -> ServePlan:
     except (ServeError, SetupError) as exc:
         raise RequestError(str(exc)) from exc
     return ServePlan(specs, request, tls)
+
+
+def check_devices(devices: int | None, max_devices: int) -> None:
+    if not 1 <= max_devices <= MAX_DEVICES_LIMIT:
+        raise RequestError(f"--max-devices {max_devices}: must be 1 to {MAX_DEVICES_LIMIT}")
+    if devices is not None and not 1 <= devices <= max_devices:
+        raise RequestError(
+            f"--devices {devices}: must be 1 to --max-devices ({max_devices}), the most devices this run takes "
+            "(or left out: serve until Ctrl-C)"
+        )
 
 
 def device_settings(request: ServeRequest, device: Any) -> list[EpSetting]:
@@ -264,7 +276,9 @@ def execute_serve(plan: ServePlan, on_ready: Callable[[str], None], on_event: Se
         request = plan.request
         models = [prepare_spec(plan, spec) for spec in plan.specs]
         jobs = ServedJobs(plan, models, emit)
-        server = DeviceServer(jobs, request.timeout_s, request.host, request.port, plan.tls, on_event)
+        server = DeviceServer(
+            jobs, request.timeout_s, request.host, request.port, plan.tls, on_event, max_devices=request.max_devices
+        )
         ended = run_sync(serve_until(server, request.devices, request.serve_timeout_s, on_ready))
         if ended == "timeout" and request.devices is not None:
             raise ServeIncomplete(

@@ -14,9 +14,10 @@ const API = new URL('../api/', import.meta.url).href;
 const PAGE_KEY = 'accelharness-page-id';
 
 class ApiError extends Error {
-  constructor(status, message) {
+  constructor(status, message, retryS = null) {
     super(message);
     this.status = status;
+    this.retryS = retryS; // a rate limit: the same request may pass after this many seconds
   }
 }
 
@@ -41,7 +42,9 @@ async function post(path, body) {
     body: JSON.stringify(body),
   });
   const data = await response.json().catch(() => ({}));
-  if (!response.ok) throw new ApiError(response.status, data.error ?? `${path} answered HTTP ${response.status}`);
+  if (!response.ok) {
+    throw new ApiError(response.status, data.error ?? `${path} answered HTTP ${response.status}`, data.retry_s ?? null);
+  }
   return data;
 }
 
@@ -183,16 +186,29 @@ async function work(id) {
   }
 }
 
+// Say hello, waiting out the server's rate limit on hellos (a 429 with retry_s); any other refusal stops.
+async function hello(id, facts) {
+  for (;;) {
+    try {
+      return await post('hello', { page_id: id, facts });
+    } catch (e) {
+      if (!(e instanceof ApiError) || e.retryS == null) throw e;
+      status(`Waiting: ${e.message}`);
+      await sleep(e.retryS * 1000);
+    }
+  }
+}
+
 async function main() {
   const id = pageId();
   status('Probing what this browser offers…');
   const facts = await deviceFacts();
-  const hello = await post('hello', { page_id: id, facts });
-  renderDevice(hello, facts);
-  renderRun(hello.run);
-  renderJobs(hello);
+  const state = await hello(id, facts);
+  renderDevice(state, facts);
+  renderRun(state.run);
+  renderJobs(state);
   navigator.wakeLock?.request('screen').catch(() => {}); // keep a phone's screen on while it measures
-  heartbeat = startHeartbeat(hello);
+  heartbeat = startHeartbeat(state);
   heartbeat.onmessage = () => status('This page lost its lease on the device; it will start again after this job.');
   if ((await work(id)) === 'done') heartbeat.terminate();
 }
