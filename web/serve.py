@@ -58,6 +58,10 @@ log = logging.getLogger(__name__)
 LEASE_S = 10.0  # a holding page silent this long loses its device (and the job it was running)
 HEARTBEAT_S = 2.0  # how often the holding page's worker renews its lease
 SWEEP_S = 0.25  # how often leases, job timeouts and the end condition are checked
+# A device's page asks for work once more after its last result and is told it is done (its "You can close
+# this tab"); its last posts must find the server still answering, so a finished device ends the serving once
+# its page was told so, or after this long (a page that went away asks nothing more).
+DONE_LINGER_S = 3.0
 SMALL_BODY = 64 * 1024  # hello, next, heartbeat
 # Refused posts are logged a line each, LOG_BURST at once and LOG_PER_S a second after that (the rest
 # counted in the next line): a flood of bad posts cannot flood the operator's terminal.
@@ -171,6 +175,8 @@ class Device:
     holder: str | None = None  # the page holding its lease
     seen: float = 0.0  # the holder's last request (monotonic)
     pages: dict[str, Page] = field(default_factory=dict)
+    told_done: bool = False  # a page of it asked for work after the last result and was told it is done
+    finished_at: float | None = None  # when the serving loop first saw every job with its outcome (monotonic)
 
     @property
     def finished(self) -> bool:
@@ -466,6 +472,7 @@ class DeviceServer(PageServer):
         job = next((j for j in device.jobs if j.holder == page_id and j.outcome is None), None)
         job = job or next((j for j in device.jobs if j.holder is None and j.outcome is None), None)
         if job is None:
+            device.told_done = device.finished
             return self._state(device, page_id, True)
         if job.holder is None:
             job.holder, job.taken = page_id, time.monotonic()
@@ -580,7 +587,15 @@ class DeviceServer(PageServer):
         return state
 
     def finished_devices(self) -> int:
-        return sum(device.finished and bool(device.pages) for device in self.devices.values())
+        """Devices done with every job whose page was told so (or that had DONE_LINGER_S to ask)."""
+        now = time.monotonic()
+        done = 0
+        for device in self.devices.values():
+            if not (device.finished and device.pages):
+                continue
+            device.finished_at = device.finished_at or now
+            done += device.told_done or now - device.finished_at >= DONE_LINGER_S
+        return done
 
 
 async def serve_until(
