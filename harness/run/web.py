@@ -411,6 +411,8 @@ async def page_refusal(session: Any, setting: EpSetting, case: Case, request: We
 
     if not EPS[setting.ep].gpu_adapter or session.browser is None:
         return None, {}
+    if session.device_stall(setting.ep, setting.device_type) is not None:  # its page job answers at once
+        return None, {}
     report = await session.webgpu_adapter()
     return webgpu_refusal(report, case.precision, request.require_hardware_gpu), adapter_details(report)
 

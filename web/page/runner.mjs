@@ -167,7 +167,7 @@ const PROBE_SHADER = `@group(0) @binding(0) var<storage, read_write> words: arra
 @compute @workgroup_size(${PROBE_WORDS}) fn main(@builtin(global_invocation_id) id: vec3<u32>) {
   words[id.x] = id.x * 3u + 1u;
 }`;
-let adapterProbe = null; // the promise of this page's probe adapter: {adapter, info}
+let adapterProbe = null; // the promise of this page's one adapter, {adapter, info}: probed, reported, proved
 let deviceProof = null; // the promise of this page's trivial dispatch on it
 const deviceProbe = {}; // what the probe found so far (read synchronously into every answer's facts)
 // Test-only (tests/test_web.py): the page faults 'stall' and 'hang', inside the dispatch.
@@ -190,10 +190,16 @@ function withDeadline(promise, ep, why) {
   return Promise.race([promise, late]).finally(() => clearTimeout(timer));
 }
 
-function probeAdapter(ep) {
+// The table's WebGPU EP: its deadline bounds the page's adapter request whoever asks (adapterReport too).
+const WEBGPU_EP = Object.keys(EPS).find((name) => EPS[name].setup === 'webgpu-adapter');
+
+function probeAdapter(ep = WEBGPU_EP) {
   deviceProbe.deadline_s = EPS[ep].device_probe_s;
   adapterProbe ??= withDeadline(requestAdapter(), ep, (s) => `navigator.gpu.requestAdapter() made no progress in ${s} s`);
-  return adapterProbe.then(({ info }) => (deviceProbe.adapter = info));
+  return adapterProbe.then((found) => {
+    deviceProbe.adapter = found.info;
+    return found;
+  });
 }
 
 async function dispatch(adapter, fault) {
@@ -224,8 +230,7 @@ async function dispatch(adapter, fault) {
 
 // Resolves with the adapter's info once its device answered; rejects with NoProgress past the deadline.
 function proveDevice(ep, fault = null) {
-  deviceProof ??= probeAdapter(ep).then(async (info) => {
-    const { adapter } = await adapterProbe;
+  deviceProof ??= probeAdapter(ep).then(async ({ adapter, info }) => {
     const why = (s) => `WebGPU adapter '${adapterLabel(info)}' made no progress on a trivial dispatch in ${s} s`;
     deviceProbe.dispatch_ms = await withDeadline(dispatch(adapter, fault), ep, why);
     return info;
@@ -246,7 +251,7 @@ async function probeStep(step) {
 // What decides what can run on the adapter: its own description, every feature, the size limits.
 export async function adapterReport() {
   try {
-    const { adapter, info } = await requestAdapter();
+    const { adapter, info } = await probeAdapter();
     const limits = { maxBufferSize: adapter.limits.maxBufferSize };
     limits.maxStorageBufferBindingSize = adapter.limits.maxStorageBufferBindingSize;
     return { available: true, info, features: [...adapter.features].sort(), limits };
