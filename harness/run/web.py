@@ -422,8 +422,7 @@ async def _run_case(
 ) -> Result:
     stall = session.device_stall(setting.ep, setting.device_type)
     if stall is not None:  # its device made no progress: no browser, no page, no wait
-        details = session.facts() | _page_details(stall["facts"], setting, {})
-        return prepared.result(setting.target, case, "unsupported", stall["error"], details=details)
+        return build_result(prepared, setting, case, stall, {"details": session.facts()}, [])
     problem = await session.ensure_started()
     refusal, adapter = await page_refusal(session, setting, case, plan.request)
     details = session.facts() | adapter  # the browser this job ran in, even if it is restarted after a failure
