@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import pytest
 from harness.run.web import EpSetting, WebRequest, run_web, validate_web
 from harness.store import open_store
 from harness.web import driver
+from harness.web.eps import EPS
 from harness.web.flags import gpu_profile, launch_flags
 
 pytestmark = pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="needs Chromium at /usr/bin/chromium")
@@ -111,6 +113,9 @@ def test_webgpu_runs_on_swiftshader_flagged_as_fallback(all_eps: tuple) -> None:
     assert details["probed_adapter"]["description"] == details["adapter"]["description"]
     assert row["memory_peak_mb"] > 0 and details["memory_peak_by_type_mb"]["gpu-process"] > 0
     assert details["node_placement"].get("WebGpuExecutionProvider", 0) > 0
+    # the page proved the device before loading the model: the adapter's one trivial dispatch answered
+    probe = details["device_probe"]
+    assert probe["dispatch_ms"] > 0 and probe["adapter"]["architecture"] == "swiftshader" and probe["deadline_s"] == 10
     assert details["wasm_build"] == "ort-wasm-simd-threaded.asyncify.wasm"
 
 
@@ -216,6 +221,48 @@ def test_faults_leave_rows_and_the_run_goes_on(web_cache: Path, tmp_path: Path) 
     assert fine["status"] == "ok" and len(samples["wasm:threads=4"]) >= 5
     assert fine["details"]["browser_restarts"] == 2  # once after the hang, once after the kill
     assert fine["details"]["threads_effective"] == 4
+
+
+@pytest.mark.parametrize("fault", ["device_stall", "device_hang"])
+def test_a_webgpu_device_that_makes_no_progress_fails_its_setting_once(
+    web_cache: Path, tmp_path: Path, fault: str
+) -> None:
+    """A device whose trivial dispatch never finishes (device_stall: the page's own deadline answers) or
+    whose page's main thread is stuck in it (device_hang: the driver's deadline answers): the case whose
+    page met it and every later case and control of the setting are `unsupported` naming the adapter, in
+    one probe deadline, never one --timeout per page (issue 24, item 6). The start control's page came
+    first and proved the device; the fault is in the first case's page."""
+    timeout_s = 120
+    request = WebRequest(
+        models=["bert-tiny"], hardware=["webgpu"], batch_sizes=[1, 2, 4], timeout_s=timeout_s,
+        db_path=tmp_path / "d.duckdb", output_dir=None, **QUICK,
+    )  # fmt: skip
+    finished: list[float] = []
+    started = time.monotonic()
+    on_result = lambda _result, _id: finished.append(time.monotonic())  # noqa: E731
+    summary = run_web(request, on_result=on_result, faults={"webgpu": fault})
+    assert time.monotonic() - started < timeout_s  # a single page waiting out --timeout takes that long alone
+    assert summary.counts == {"unsupported": 3}
+    # the later cases waited for nothing: together they took less than one probe deadline
+    deadline_s = EPS["webgpu"].device_probe_s
+    assert deadline_s is not None and finished[-1] - finished[0] < deadline_s
+    adapter = "WebGPU adapter 'google swiftshader: SwiftShader Device (Subzero)'"
+    said = f"{adapter} made no progress on a trivial dispatch in {deadline_s:g} s"
+    with open_store(request.db_path, read_only=True) as store:
+        rows = [r | {"details": json.loads(r["details"])} for r in store.results(summary.run_id)]
+        controls = {c["position"]: c for c in store.controls(summary.run_id)}
+    for row in rows:
+        assert row["status"] == "unsupported" and row["error"].startswith(said), row["error"]
+        details = row["details"]
+        assert details["device_probe"]["adapter"]["architecture"] == "swiftshader"
+        assert "dispatch_ms" not in details["device_probe"]
+        assert details["adapter_class"] == "software" and details["fallback_adapter"] is True
+    if fault == "device_hang":  # the page could not say it: the driver did, and restarted the browser
+        assert all("(its main thread is stuck)" in row["error"] for row in rows)
+        assert rows[-1]["details"]["browser_restarts"] == 1
+    assert controls["start"]["error"] is None and controls["start"]["median_ms"] > 0
+    for position in ("middle", "end"):
+        assert controls[position]["error"].startswith(said) and controls[position]["iterations"] == 0
 
 
 def test_bad_answers_fail_their_row_only(web_cache: Path, tmp_path: Path) -> None:

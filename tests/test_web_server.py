@@ -235,6 +235,7 @@ def test_durations_the_page_clock_can_measure_pass() -> None:
         ({"threads_effective": "4"}, "facts.threads_effective must be an integer >= 0"),
         ({"threads_dropped": 0}, "facts.threads_dropped must be a boolean"),
         ({"adapter": "SwiftShader"}, "facts.adapter must be an object or null"),
+        ({"device_probe": "no progress"}, "facts.device_probe must be an object or null"),
         ({"timer_resolution_ms": -1}, "facts.timer_resolution_ms must be a number > 0 and <= 1000"),
         ({"timer_resolution_ms": 1e300}, "facts.timer_resolution_ms must be a number > 0 and <= 1000"),
         ({"ort_web_version": 1.3}, "facts.ort_web_version must be a string or null"),

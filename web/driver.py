@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import os
 import re
 import shutil
@@ -28,6 +29,7 @@ import psutil
 
 from harness.web.adapter import adapter_name, classify_adapter
 from harness.web.browser_memory import LoopMemory
+from harness.web.device_probe import probes_device, prove_device
 from harness.web.eps import WEB_HARDWARE
 from harness.web.flags import GpuProfile, VirtualDisplay, gpu_profile, launch_flags, needs_virtual_display
 from harness.web.server import PageFiles, PageResultError, RoutedPages, SetupError, validate_page_result
@@ -312,6 +314,10 @@ class BrowserSession:
         self._adapter: dict[str, Any] | None = None
         self._memory: LoopMemory | None = None
         self._memory_result: dict[str, Any] | None = None
+        self._proven: Any = None  # the page whose WebGPU device answered its trivial dispatch
+        # (ep, device type) -> the `unsupported` answer of a device that made no progress; kept across
+        # restarts, so every later job of that setting gets it at once
+        self._stalls: dict[tuple[str, str | None], dict[str, Any]] = {}
 
     async def start(self) -> None:
         self.browser = await self.source.open(self.playwright)
@@ -396,7 +402,11 @@ class BrowserSession:
 
     async def run_job(self, url: str, key: object, job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         """The page's validated answer (with `browser_memory`, the launched browser's peak during the timed
-        loop), or a synthesized timeout/error answer (the browser is then restarted)."""
+        loop), or a synthesized timeout/error answer (the browser is then restarted). A WebGPU page's device
+        is proved first (harness.web.device_probe); one that made no progress answers for its setting."""
+        stall = self.device_stall(job["ep"], job.get("device_type"))
+        if stall is not None:
+            return stall
         problem = await self.ensure_started()
         if problem is not None:
             return _failure("error", problem)
@@ -405,6 +415,10 @@ class BrowserSession:
         self._memory_result = None
         try:
             page = await asyncio.wait_for(self.page(url, key), timeout_s)
+            stage = "proving the WebGPU device"
+            stall = await self._prove(page, job)
+            if stall is not None:
+                return stall
             stage = "running the job"
             if job.get("fault") == "kill":  # test-only: SIGKILL the browser while the page is mid-job
                 killer = asyncio.get_running_loop().call_later(KILL_FAULT_DELAY_S, self.source.kill)
@@ -430,6 +444,24 @@ class BrowserSession:
             return _failure("error", f"the page's answer failed validation: {exc}")
         answer["browser_memory"] = self._memory_result
         return answer
+
+    def device_stall(self, ep: str, device_type: str | None) -> dict[str, Any] | None:
+        """The answer of this setting's device that made no progress (a fresh copy), or None."""
+        stall = self._stalls.get((ep, device_type))
+        return None if stall is None else copy.deepcopy(stall)
+
+    async def _prove(self, page: Any, job: dict[str, Any]) -> dict[str, Any] | None:
+        """None once the page's device answered (or when the EP has none); else the stall's answer."""
+        if page is self._proven or not probes_device(job["ep"]):
+            return None
+        stall = await prove_device(page, job["ep"], job.get("fault"))
+        if stall is None:
+            self._proven = page
+            return None
+        self._stalls[(job["ep"], job.get("device_type"))] = stall.answer
+        if stall.page_stuck:
+            await self.restart()
+        return self.device_stall(job["ep"], job.get("device_type"))
 
     def facts(self) -> dict[str, Any]:
         return self.source.facts() | {

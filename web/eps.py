@@ -6,9 +6,10 @@ gets the plain, non-asyncify build: on bert-tiny the JSEP/asyncify builds ran th
 env.wasm.wasmBinary and checks it against the glue code ORT loaded); the provider name ORT gives
 its nodes (a profiled node on another provider ran on a fallback); the browser flags it needs;
 the device types it takes; how the page sets it up (`setup`: wasm | webgpu-adapter |
-webnn-context); whether node placement is read from ORT's log; and the sentence recorded on every
-row saying how the page checks that this EP is what ran. Adding an EP is a row in that file (and
-a `setup` kind in runner.mjs if it needs a new one).
+webnn-context); for a WebGPU EP, how long its device gets to answer the page's trivial dispatch
+(`device_probe_s`, harness.web.device_probe); whether node placement is read from ORT's log; and
+the sentence recorded on every row saying how the page checks that this EP is what ran. Adding an
+EP is a row in that file (and a `setup` kind in runner.mjs if it needs a new one).
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ class BrowserEp:
     flags: tuple[str, ...]
     device_types: tuple[str, ...]  # empty: the EP takes no device type
     setup: str
+    # A WebGPU device that makes no progress hangs every ORT call on it until --timeout (lavapipe under
+    # `--gpu on`: 300 s per page). A one-workgroup dispatch takes milliseconds on SwiftShader and on a GPU
+    # (a cold shader compile included), so 10 s is far above any device that works and still a wait
+    # paid once per EP setting, not once per case. None: the EP has no WebGPU device to prove.
+    device_probe_s: float | None
     node_placement: bool
     check: str
 
@@ -54,6 +60,7 @@ def _load() -> dict[str, BrowserEp]:
             tuple(row["flags"]),
             tuple(row["device_types"]),
             row["setup"],
+            row["device_probe_s"],
             row["node_placement"],
             row["check"],
         )

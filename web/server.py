@@ -383,7 +383,7 @@ FACT_CHECKS: dict[str, FactCheck] = {
     **dict.fromkeys(("user_agent", "bundle", "placement_method", "load_measured_with"), _TEXT),
     **dict.fromkeys(("ort_web_version", "ort_common_version", "ep_check", "wasm_binary"), _OPTIONAL_TEXT),
     **dict.fromkeys(("wasm_files", "input_names", "output_names", "console_warnings"), _TEXTS),
-    **dict.fromkeys(("probed_adapter", "adapter"), _OBJECT),
+    **dict.fromkeys(("probed_adapter", "adapter", "device_probe"), _OBJECT),
     "page_memory": _PAGE_MEMORY,
     "device_features": ("a list of strings or null", lambda v: v is None or _TEXTS[1](v)),
     "node_placement": _COUNTS,

@@ -242,8 +242,9 @@ def _page_details(facts: dict[str, Any], setting: EpSetting, probed: dict[str, A
     details = dict(facts)
     details["console_warnings"] = [ANSI.sub("", line) for line in facts.get("console_warnings", [])]
     details["wasm_build"] = facts.get("wasm_binary")  # checked by the page against the glue ORT loaded
-    if EPS[setting.ep].gpu_adapter:  # the adapter ORT's device runs on, else the one probed before the job
-        verdict = classify_adapter(facts.get("adapter") or probed.get("probed_adapter"))
+    if EPS[setting.ep].gpu_adapter:  # the adapter ORT's device runs on, else the one the page or driver probed
+        proved = (facts.get("device_probe") or {}).get("adapter")
+        verdict = classify_adapter(facts.get("adapter") or proved or probed.get("probed_adapter"))
         if verdict is not None:
             details |= {"adapter_class": verdict.kind, "adapter_class_why": verdict.why}
         details["fallback_adapter"] = verdict is not None and verdict.software
@@ -410,6 +411,8 @@ async def page_refusal(session: Any, setting: EpSetting, case: Case, request: We
 
     if not EPS[setting.ep].gpu_adapter or session.browser is None:
         return None, {}
+    if session.device_stall(setting.ep, setting.device_type) is not None:  # its page job answers at once
+        return None, {}
     report = await session.webgpu_adapter()
     return webgpu_refusal(report, case.precision, request.require_hardware_gpu), adapter_details(report)
 
@@ -417,6 +420,9 @@ async def page_refusal(session: Any, setting: EpSetting, case: Case, request: We
 async def _run_case(
     files: Any, session: Any, plan: WebPlan, prepared: PreparedModel, setting: EpSetting, case: Case, fault: str | None
 ) -> Result:
+    stall = session.device_stall(setting.ep, setting.device_type)
+    if stall is not None:  # its device made no progress: no browser, no page, no wait
+        return build_result(prepared, setting, case, stall, {"details": session.facts()}, [])
     problem = await session.ensure_started()
     refusal, adapter = await page_refusal(session, setting, case, plan.request)
     details = session.facts() | adapter  # the browser this job ran in, even if it is restarted after a failure

@@ -42,6 +42,8 @@ const sessions = new Map(); // model_url -> {session, load_ms, fetch_ms, placeme
 
 // The EP cannot run in this browser at all (no adapter, no WebNN context): recorded as 'unsupported'.
 class Unsupported extends Error {}
+// The WebGPU device did not answer the trivial dispatch within its deadline (harness.web.device_probe).
+class NoProgress extends Unsupported {}
 
 function captureConsole() {
   // ORT-web reports fallbacks (threads, node placement, removed EPs) only on the console: keep them.
@@ -154,10 +156,102 @@ async function requestAdapter() {
   return { adapter, info };
 }
 
+// A WebGPU device that makes no progress (Mesa's lavapipe behind Chromium's `--gpu on` with no GPU) never
+// fails: every ORT call on it waits until Python's --timeout. So before a WebGPU page loads a model it proves
+// the device once: an adapter, then a one-workgroup compute shader writing a buffer that is mapped back,
+// each step under the EP's deadline (eps.json's device_probe_s). A failure stays for the page's life, so its
+// later jobs fail at once. Python asks for the two steps apart (probeAdapter, then proveDevice) and waits for
+// each with its own limit: a page whose main thread is stuck cannot report, but the adapter it found can be.
+const PROBE_WORDS = 64;
+const PROBE_SHADER = `@group(0) @binding(0) var<storage, read_write> words: array<u32>;
+@compute @workgroup_size(${PROBE_WORDS}) fn main(@builtin(global_invocation_id) id: vec3<u32>) {
+  words[id.x] = id.x * 3u + 1u;
+}`;
+let adapterProbe = null; // the promise of this page's one adapter, {adapter, info}: probed, reported, proved
+let deviceProof = null; // the promise of this page's trivial dispatch on it
+const deviceProbe = {}; // what the probe found so far (read synchronously into every answer's facts)
+// Test-only (tests/test_web.py): the page faults 'stall' and 'hang', inside the dispatch.
+const DEVICE_FAULTS = { device_stall: 'stall', device_hang: 'hang' };
+
+// "vendor architecture: description", as harness.web.adapter.adapter_name writes it.
+function adapterLabel(info) {
+  const head = [info.vendor, info.architecture].filter(Boolean).join(' ');
+  const tail = info.description || info.device || '';
+  return head && tail ? `${head}: ${tail}` : head || tail || 'an adapter that gives no name';
+}
+
+// `why(seconds)` is called only when the deadline passes, so it names what was found by then.
+function withDeadline(promise, ep, why) {
+  const seconds = EPS[ep].device_probe_s;
+  let timer;
+  const late = new Promise((_, reject) => {
+    timer = setTimeout(() => reject(new NoProgress(why(seconds))), seconds * 1000);
+  });
+  return Promise.race([promise, late]).finally(() => clearTimeout(timer));
+}
+
+// The table's WebGPU EP: its deadline bounds the page's adapter request whoever asks (adapterReport too).
+const WEBGPU_EP = Object.keys(EPS).find((name) => EPS[name].setup === 'webgpu-adapter');
+
+function probeAdapter(ep = WEBGPU_EP) {
+  deviceProbe.deadline_s = EPS[ep].device_probe_s;
+  adapterProbe ??= withDeadline(requestAdapter(), ep, (s) => `navigator.gpu.requestAdapter() made no progress in ${s} s`);
+  return adapterProbe.then((found) => {
+    deviceProbe.adapter = found.info;
+    return found;
+  });
+}
+
+async function dispatch(adapter, fault) {
+  const started = performance.now();
+  const device = await adapter.requestDevice();
+  const module = device.createShaderModule({ code: PROBE_SHADER });
+  const pipeline = await device.createComputePipelineAsync({ layout: 'auto', compute: { module, entryPoint: 'main' } });
+  const size = PROBE_WORDS * 4;
+  const out = device.createBuffer({ size, usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC });
+  const read = device.createBuffer({ size, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+  const entries = [{ binding: 0, resource: { buffer: out } }];
+  const encoder = device.createCommandEncoder();
+  const pass = encoder.beginComputePass();
+  pass.setPipeline(pipeline);
+  pass.setBindGroup(0, device.createBindGroup({ layout: pipeline.getBindGroupLayout(0), entries }));
+  pass.dispatchWorkgroups(1);
+  pass.end();
+  encoder.copyBufferToBuffer(out, 0, read, 0, size);
+  device.queue.submit([encoder.finish()]);
+  await injectFault(DEVICE_FAULTS[fault]);
+  await read.mapAsync(GPUMapMode.READ);
+  const words = new Uint32Array(read.getMappedRange().slice(0));
+  device.destroy();
+  const wrong = words.findIndex((word, i) => word !== i * 3 + 1);
+  if (wrong >= 0) throw new Error(`the WebGPU device wrote ${words[wrong]} at word ${wrong} of a trivial dispatch`);
+  return performance.now() - started;
+}
+
+// Resolves with the adapter's info once its device answered; rejects with NoProgress past the deadline.
+function proveDevice(ep, fault = null) {
+  deviceProof ??= probeAdapter(ep).then(async ({ adapter, info }) => {
+    const why = (s) => `WebGPU adapter '${adapterLabel(info)}' made no progress on a trivial dispatch in ${s} s`;
+    deviceProbe.dispatch_ms = await withDeadline(dispatch(adapter, fault), ep, why);
+    return info;
+  });
+  return deviceProof;
+}
+
+// The two steps as Python asks for them: never rejected, what failed is in the answer.
+async function probeStep(step) {
+  try {
+    await step();
+    return { ok: true, device_probe: deviceProbe };
+  } catch (e) {
+    return { ok: false, no_progress: e instanceof NoProgress, error: errorText(e), device_probe: deviceProbe };
+  }
+}
+
 // What decides what can run on the adapter: its own description, every feature, the size limits.
 export async function adapterReport() {
   try {
-    const { adapter, info } = await requestAdapter();
+    const { adapter, info } = await probeAdapter();
     const limits = { maxBufferSize: adapter.limits.maxBufferSize };
     limits.maxStorageBufferBindingSize = adapter.limits.maxStorageBufferBindingSize;
     return { available: true, info, features: [...adapter.features].sort(), limits };
@@ -183,7 +277,7 @@ async function executionProvider(job) {
   const setup = EPS[job.ep]?.setup;
   if (setup === 'wasm') return { option: job.ep, facts: {} };
   if (setup === 'webgpu-adapter') {
-    await requestAdapter();
+    await proveDevice(job.ep, job.fault);
     return { option: job.ep, facts: {} };
   }
   if (setup === 'webnn-context') {
@@ -470,6 +564,7 @@ function consoleWarnings() {
 
 export async function runJob(job) {
   const facts = await environmentFacts();
+  if (EPS[job.ep]?.device_probe_s) facts.device_probe = deviceProbe;
   let rt = null;
   try {
     rt = await startRuntime(job);
@@ -523,5 +618,11 @@ export async function probe(deviceType) {
   return facts;
 }
 
-window.accelharness = { runJob, probe, adapterReport };
+window.accelharness = {
+  runJob,
+  probe,
+  adapterReport,
+  probeAdapter: (ep) => probeStep(() => probeAdapter(ep)),
+  proveDevice: (ep, fault) => probeStep(() => proveDevice(ep, fault)),
+};
 window.accelharnessReady = true;
