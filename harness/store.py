@@ -512,7 +512,14 @@ def _current_columns() -> dict[str, list[tuple[str, str, str | None]]]:
     return columns
 
 
+def refuse_directory(path: Path) -> None:
+    """A directory given as --db is named as one (DuckDB would say only that it cannot read it)."""
+    if path.is_dir():
+        raise StoreError(f"--db {path} is a directory; --db takes a DuckDB file (e.g. {path / DEFAULT_DB.name})")
+
+
 def _open(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
+    refuse_directory(path)
     try:
         return duckdb.connect(str(path), read_only=read_only)
     except duckdb.IOException as exc:
@@ -547,18 +554,39 @@ def open_store(path: Path = DEFAULT_DB, read_only: bool = False) -> Store:
     return store
 
 
+# Every DuckDB database file holds these bytes at this offset (after the header block's checksum).
+DUCKDB_MAGIC, DUCKDB_MAGIC_OFFSET = b"DUCK", 8
+
+
+def is_duckdb_file(path: Path) -> bool:
+    """Whether `path` is a file that starts like a DuckDB database (a corrupt one included)."""
+    try:
+        with path.open("rb") as file:
+            file.seek(DUCKDB_MAGIC_OFFSET)
+            return file.read(len(DUCKDB_MAGIC)) == DUCKDB_MAGIC
+    except OSError:
+        return False
+
+
 def init_store(path: Path, overwrite: bool) -> None:
     """`accelharness db init`: create the schema; with overwrite, start from an empty file.
 
-    The old file is deleted only while this process holds DuckDB's write lock on it: a file another
-    process has open (writing, or reading) is refused with that process's PID, never deleted."""
+    Overwrite deletes a DuckDB file only (a text file given as --db by mistake is refused, untouched),
+    and only while this process holds DuckDB's write lock on it: a file another process has open
+    (writing, or reading) is refused with that process's PID, never deleted."""
     path = Path(path)
+    refuse_directory(path)
     if overwrite and path.exists():
+        if not is_duckdb_file(path):
+            raise StoreError(
+                f"--overwrite replaces a DuckDB store only, and {path} is not one (no DuckDB header); it was "
+                "left untouched: move it away, or choose another --db"
+            )
         try:
             holding = _open(path, read_only=False)
         except StoreLockedError:
             raise
-        except StoreError:  # not a DuckDB file (corrupt): no DuckDB process can have it open
+        except StoreError:  # a corrupt DuckDB file: no DuckDB process can have it open
             holding = None
         try:
             for suffix in ("", ".wal"):
