@@ -85,7 +85,7 @@ def ab(
         plan = validate_ab(request)
     except (AnalysisError, RequestError) as exc:
         raise fail(str(exc)) from None
-    summary = run_with_progress(plan.total_results, lambda on_result: run_ab(request, on_result, plan))
+    summary = run_with_progress(plan.total_results, lambda on_result: run_ab(request, on_result, plan), False)
     comparison = compare_pair(db, summary.run_id, limit)
     emit(render(comparison, fmt), out)
     if fail_on_regression and comparison.regressed:

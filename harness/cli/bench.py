@@ -37,6 +37,7 @@ from harness.cli.common import (
     split_list,
 )
 from harness.cli.progress import print_summary, run_with_progress
+from harness.cli.signals import interrupted
 from harness.native import DEFAULT_ENGINES, ENGINES
 from harness.run.native import run_native
 from harness.run.plan import DEFAULT_MAX_TIME_S, BenchmarkRequest, RequestError, validate
@@ -281,6 +282,8 @@ def serve_devices(request: Any, resume: bool) -> None:
         raise typer.Exit(1) from None
     except StoreError as exc:
         raise fail(str(exc)) from None
+    except KeyboardInterrupt:
+        raise interrupted() from None
     print_summary(summary, display.rows)
 
 

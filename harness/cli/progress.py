@@ -16,13 +16,17 @@ from rich.progress import (
 from rich.table import Table
 
 from harness.cli.common import console, errors, fail
+from harness.cli.signals import interrupted
 from harness.core.records import Result
 from harness.run.recording import RunSummary
 from harness.store import StoreError
 
 
-def run_with_progress(total: int, start: Callable[[Callable[[Result, str], None]], RunSummary]) -> RunSummary:
-    """Run with a progress bar (ETA) fed by each committed result, then print the summary."""
+def run_with_progress(
+    total: int, start: Callable[[Callable[[Result, str], None]], RunSummary], resumable: bool = True
+) -> RunSummary:
+    """Run with a progress bar (ETA) fed by each committed result, then print the summary. Ctrl-C or
+    SIGTERM: the run is kept `interrupted`, and the way to continue it (--resume, when `resumable`) printed."""
     rows: list[Result] = []
     columns = (
         TextColumn("{task.description}"),
@@ -49,6 +53,8 @@ def run_with_progress(total: int, start: Callable[[Callable[[Result, str], None]
             summary = start(on_result)
         except StoreError as exc:
             raise fail(str(exc)) from None
+        except KeyboardInterrupt:
+            raise interrupted(resumable) from None
     return print_summary(summary, rows)
 
 
