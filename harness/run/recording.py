@@ -8,6 +8,7 @@ compatibility matrix are written from the store (harness.run.outputs).
 
 from __future__ import annotations
 
+import errno
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -38,9 +39,10 @@ class RunSummary:
         try:
             self.reports = writer()
         except OSError as exc:
+            remedy = "Free space" if exc.errno == errno.ENOSPC else "Fix that"  # a full disk, or anything else
             self.report_error = (
                 f"run {self.run_id} is stored in {self.db_path}, but its reports could not be written to "
-                f"{output_dir}: {exc}. Free space, then: accelharness report --run {self.run_id} "
+                f"{output_dir}: {exc}. {remedy}, then: accelharness report --run {self.run_id} "
                 f"--output-dir {output_dir} --db {self.db_path}"
             )
 
