@@ -379,6 +379,55 @@ def test_disk_full_output_dir_keeps_the_results(tmp_path: Path, full_disk: Path)
     assert rows(db, "SELECT status FROM runs") == [{"status": "completed"}]
 
 
+def _fill(mount: Path) -> None:
+    """Fill `mount` to the brim (4 KiB at a time, as a busy disk is found full)."""
+    with contextlib.suppress(OSError), open(mount / "filler", "wb") as filler:  # its close fails too, on a full disk
+        while True:
+            filler.write(b"\0" * 4096)
+            filler.flush()
+
+
+def test_disk_full_under_the_db_stops_the_run_in_one_line_and_keeps_its_rows(tmp_path: Path) -> None:
+    """The DB's disk fills up mid-run (after the first row, while the next job's worker starts): one
+    line naming the file, the disk and the OS's reason, not DuckDB's two chained tracebacks; exit 1,
+    the run `interrupted` (where that last small write still fits), the finished row kept; once space
+    is freed, the printed command finishes the run."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here to fill: {made.stderr.decode().strip()}")
+    try:
+        db = mount / "d.duckdb"
+        args = ["native", "--model", "bert-tiny,vit-tiny", "--engines", "torch,onnxruntime", "--hardware", "cpu"]
+        args += [*QUICK, "--batch-sizes", "1", "--sequence-lengths", "16"]
+        args += ["--db", str(db), "--output-dir", str(tmp_path / "out")]
+        running = CliProcess(*args)
+        running.wait_for("[1/4] stored")
+        _fill(mount)
+        assert running.process.wait(120) == 1, "".join(running.lines)
+        output = "".join(running.lines)
+        assert "Traceback" not in output and "TransactionException" not in output, output
+        (line,) = [line for line in running.lines if "cannot write to" in line]
+        assert f"cannot write to {db}: " in line and "No space left on device" in line, line
+        assert f"the disk mounted at {mount} has 0.0 MiB free" in line and "free space, then continue with:" in line
+        (mount / "filler").unlink()
+        # Marking the run is one more small write, which a disk full to the last byte refuses too: then the
+        # line says so, and the run stays `running`, as after kill -9 (--resume continues both alike).
+        (run,) = rows(db, "SELECT status FROM runs")
+        unmarked = "the run could not be marked interrupted either and stays running" in line
+        assert run["status"] == ("running" if unmarked else "interrupted"), line
+        before = rows(db, "SELECT * FROM results ORDER BY created_at")
+        assert [(r["model"], r["engine"], r["status"]) for r in before] == [("bert-tiny", "torch", "ok")]
+        resumed = run_cli(*shlex.split(line.split("continue with: ", 1)[1])[1:])
+        assert resumed.returncode == 0 and "3 results still to run" in resumed.stdout, resumed.stderr
+        after = rows(db, "SELECT * FROM results ORDER BY created_at")
+        assert len(after) == len({r["result_key"] for r in after}) == 4
+        assert rows(db, "SELECT status FROM runs") == [{"status": "completed"}]
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
 def test_db_init_overwrite_refuses_a_file_in_use(tmp_path: Path) -> None:
     """`db init --overwrite` takes the file's lock before deleting anything: held by another process, it
     refuses (exit 2, naming that process) and the holder's data stays; free, it starts an empty file."""

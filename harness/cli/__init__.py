@@ -6,7 +6,7 @@ from __future__ import annotations
 import typer
 
 from harness.cli import ab, analysis, bench, manage, predict, suite
-from harness.cli.signals import install_handlers
+from harness.cli.stops import install_handlers
 
 app = typer.Typer(
     help="Measured ML inference benchmarks: native backends and the browser, one DuckDB store.",

@@ -37,7 +37,7 @@ from harness.cli.common import (
     split_list,
 )
 from harness.cli.progress import print_summary, run_with_progress
-from harness.cli.signals import interrupted
+from harness.cli.stops import interrupted
 from harness.native import DEFAULT_ENGINES, ENGINES
 from harness.run.native import run_native
 from harness.run.plan import DEFAULT_MAX_TIME_S, BenchmarkRequest, RequestError, validate

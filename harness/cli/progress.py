@@ -16,10 +16,10 @@ from rich.progress import (
 from rich.table import Table
 
 from harness.cli.common import console, errors, fail
-from harness.cli.signals import interrupted
+from harness.cli.stops import interrupted, stopped
 from harness.core.records import Result
 from harness.run.recording import RunSummary
-from harness.store import StoreError
+from harness.store import StoreError, StoreWriteError
 
 
 def run_with_progress(
@@ -51,6 +51,8 @@ def run_with_progress(
 
         try:
             summary = start(on_result)
+        except StoreWriteError as exc:  # not bad input: the run stopped, what it finished is kept
+            raise stopped(exc, resumable) from None
         except StoreError as exc:
             raise fail(str(exc)) from None
         except KeyboardInterrupt:

@@ -20,7 +20,7 @@ from harness.core.records import Control, Result
 from harness.run.hardware import hardware_rows
 from harness.run.outputs import Outputs, write_outputs
 from harness.run.provenance import host_facts
-from harness.store import StoreError, open_store
+from harness.store import StoreError, StoreWriteError, open_store
 
 Emit = Callable[[Result | Control], None]  # a case's result, or a drift-control measurement
 Body = Callable[[Emit], None]
@@ -91,12 +91,20 @@ def record_run(
         def close(status: str) -> None:
             with commit_lock:
                 closed.set()
-                store.finish_run(run_id, status)
-                store.close()
+                try:
+                    store.finish_run(run_id, status)
+                finally:
+                    store.close()
 
         try:
             for body in bodies:
                 body(emit)
+        except StoreWriteError as failed:  # a full disk: marking the run is one small write that may still fit
+            try:
+                close("interrupted")
+            except StoreWriteError:
+                failed.args = (f"{failed}; the run could not be marked interrupted either and stays running",)
+            raise
         except BaseException:
             close("interrupted")
             raise

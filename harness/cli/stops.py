@@ -1,4 +1,5 @@
-"""How the CLI takes a stop: Ctrl-C (SIGINT) and SIGTERM end a run the same way.
+"""How the CLI takes a stop: Ctrl-C (SIGINT) and SIGTERM end a run the same way; a store that
+cannot be written (a full disk) ends it too, with one line instead of DuckDB's chain of tracebacks.
 
 SIGTERM is handed to whatever takes SIGINT at that moment: Python's handler, which raises
 KeyboardInterrupt, or asyncio's while a browser's event loop runs, which cancels its main task
@@ -19,6 +20,7 @@ import typer
 from rich.markup import escape
 
 from harness.cli.common import errors
+from harness.store import StoreWriteError
 
 _received: set[signal.Signals] = set()  # SIGTERM once it came: the exit code says which signal stopped the run
 
@@ -48,13 +50,23 @@ def resume_command() -> str:
     return shlex.join(["accelharness", *arguments, *([] if "--resume" in arguments else ["--resume"])])
 
 
+def _how_to_continue(resumable: bool) -> str:
+    if resumable:
+        return f"continue with: {resume_command()}"
+    return "ab has no --resume (its verdict pairs rounds measured side by side): run it again"
+
+
 def interrupted(resumable: bool = True) -> typer.Exit:
     """Say the run stopped, what is kept and how to go on; the exit for the signal that stopped it."""
     number = signal.SIGTERM if signal.SIGTERM in _received else signal.SIGINT
     kept = f"interrupted by {number.name}: every finished result is stored, and the run is marked interrupted"
-    if resumable:
-        how = f"continue with: {resume_command()}"
-    else:  # ab: its verdict pairs rounds measured together, so it starts over
-        how = "ab has no --resume (its verdict pairs rounds measured side by side): run it again"
-    errors.print(f"{escape(kept)}; {escape(how)}", highlight=False, soft_wrap=True)
+    errors.print(f"{escape(kept)}; {escape(_how_to_continue(resumable))}", highlight=False, soft_wrap=True)
     return typer.Exit(128 + number)
+
+
+def stopped(failure: StoreWriteError, resumable: bool = True) -> typer.Exit:
+    """A run the store stopped (a full disk): one line with the reason, what is kept, how to go on; exit 1."""
+    remedy = "free space, then" if failure.disk_full else "once it can be written,"
+    line = f"{failure}. Every result before it is stored; {remedy} {_how_to_continue(resumable)}"
+    errors.print(f"[red]error:[/red] {escape(line)}", highlight=False, soft_wrap=True)
+    return typer.Exit(1)
