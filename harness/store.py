@@ -6,11 +6,15 @@ arrives, so an interrupted run keeps everything it finished. Samples go in throu
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import os
 import re
+import shutil
 import statistics
 import uuid
+from collections.abc import Iterator
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -117,6 +121,31 @@ class StoreLockedError(StoreError):
     """Another process has the database file open (DuckDB allows one writer, or readers only)."""
 
 
+class StoreWriteError(StoreError):
+    """A write DuckDB could not make (a full disk, an I/O error): the run stops; what it committed stays."""
+
+    def __init__(self, message: str, disk_full: bool) -> None:
+        super().__init__(message)
+        self.disk_full = disk_full
+
+
+def _mount_point(path: Path) -> Path:
+    where = path.absolute().parent
+    while not os.path.ismount(where):
+        where = where.parent
+    return where
+
+
+def _write_failure(path: Path, exc: duckdb.Error) -> StoreWriteError:
+    """One line: the file, DuckDB's reason, and the disk it is on with its free space."""
+    mount = _mount_point(path)
+    free_mib = shutil.disk_usage(mount).free / 2**20
+    reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    disk = f"the disk mounted at {mount} has {free_mib:.1f} MiB free"
+    full = "no space left on device" in str(exc).lower()  # DuckDB passes on the OS's words, not its errno
+    return StoreWriteError(f"cannot write to {path}: {reason} ({disk})", disk_full=full)
+
+
 def _now() -> datetime:
     return datetime.now(UTC).replace(tzinfo=None)
 
@@ -134,6 +163,14 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """A write DuckDB fails (a full disk) becomes one StoreWriteError naming the disk, not DuckDB's chain."""
+        try:
+            yield
+        except duckdb.Error as exc:
+            raise _write_failure(self.path, exc) from None
 
     # --- schema -------------------------------------------------------------------------------
     def ensure_schema(self) -> None:
@@ -211,9 +248,10 @@ class Store:
         self.connection.execute("UPDATE runs SET finished_at = NULL, status = 'running' WHERE run_id = ?", [run_id])
 
     def finish_run(self, run_id: str, status: str) -> None:
-        self.connection.execute(
-            "UPDATE runs SET finished_at = ?, status = ? WHERE run_id = ?", [_now(), status, run_id]
-        )
+        with self._writing():
+            self.connection.execute(
+                "UPDATE runs SET finished_at = ?, status = ? WHERE run_id = ?", [_now(), status, run_id]
+            )
 
     def add_hardware(self, run_id: str, rows: list[dict[str, Any]]) -> None:
         self.connection.executemany(
@@ -247,6 +285,11 @@ class Store:
                 "round": pa.array(result.sample_rounds or [None] * len(result.samples_ms), pa.int32()),
             }
         )
+        with self._writing():
+            self._commit_result(result_id, columns, samples, result)
+        return result_id
+
+    def _commit_result(self, result_id: str, columns: dict[str, Any], samples: pa.Table, result: Result) -> None:
         cursor = self.connection
         cursor.execute("BEGIN TRANSACTION")
         try:
@@ -263,9 +306,9 @@ class Store:
                 cursor.unregister("new_operators")
             cursor.execute("COMMIT")
         except BaseException:
-            cursor.execute("ROLLBACK")
+            with contextlib.suppress(duckdb.TransactionException):  # a COMMIT that failed has rolled back already
+                cursor.execute("ROLLBACK")
             raise
-        return result_id
 
     @staticmethod
     def _result_columns(result_id: str, run_id: str, result: Result, git_sha: str | None) -> dict[str, Any]:
@@ -329,14 +372,15 @@ class Store:
         """Commit one measurement of the drift control (one row, with its samples)."""
         target = control.target
         median = statistics.median(control.samples_ms) if control.samples_ms else None
-        self.connection.execute(
-            "INSERT INTO controls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [
-                run_id, control.workload, target.hardware, target.engine, target.provider, target.device,
-                control.beside, control.position, _now(), len(control.samples_ms), median,
-                control.samples_ms, control.load_avg_1m, control.error,
-            ],
-        )  # fmt: skip
+        with self._writing():
+            self.connection.execute(
+                "INSERT INTO controls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    run_id, control.workload, target.hardware, target.engine, target.provider, target.device,
+                    control.beside, control.position, _now(), len(control.samples_ms), median,
+                    control.samples_ms, control.load_avg_1m, control.error,
+                ],
+            )  # fmt: skip
 
     # --- reads --------------------------------------------------------------------------------
     def query(self, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
@@ -512,7 +556,14 @@ def _current_columns() -> dict[str, list[tuple[str, str, str | None]]]:
     return columns
 
 
+def refuse_directory(path: Path) -> None:
+    """A directory given as --db is named as one (DuckDB would say only that it cannot read it)."""
+    if path.is_dir():
+        raise StoreError(f"--db {path} is a directory; --db takes a DuckDB file (e.g. {path / DEFAULT_DB.name})")
+
+
 def _open(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
+    refuse_directory(path)
     try:
         return duckdb.connect(str(path), read_only=read_only)
     except duckdb.IOException as exc:
@@ -547,18 +598,39 @@ def open_store(path: Path = DEFAULT_DB, read_only: bool = False) -> Store:
     return store
 
 
+# Every DuckDB database file holds these bytes at this offset (after the header block's checksum).
+DUCKDB_MAGIC, DUCKDB_MAGIC_OFFSET = b"DUCK", 8
+
+
+def is_duckdb_file(path: Path) -> bool:
+    """Whether `path` is a file that starts like a DuckDB database (a corrupt one included)."""
+    try:
+        with path.open("rb") as file:
+            file.seek(DUCKDB_MAGIC_OFFSET)
+            return file.read(len(DUCKDB_MAGIC)) == DUCKDB_MAGIC
+    except OSError:
+        return False
+
+
 def init_store(path: Path, overwrite: bool) -> None:
     """`accelharness db init`: create the schema; with overwrite, start from an empty file.
 
-    The old file is deleted only while this process holds DuckDB's write lock on it: a file another
-    process has open (writing, or reading) is refused with that process's PID, never deleted."""
+    Overwrite deletes a DuckDB file only (a text file given as --db by mistake is refused, untouched),
+    and only while this process holds DuckDB's write lock on it: a file another process has open
+    (writing, or reading) is refused with that process's PID, never deleted."""
     path = Path(path)
+    refuse_directory(path)
     if overwrite and path.exists():
+        if not is_duckdb_file(path):
+            raise StoreError(
+                f"--overwrite replaces a DuckDB store only, and {path} is not one (no DuckDB header); it was "
+                "left untouched: move it away, or choose another --db"
+            )
         try:
             holding = _open(path, read_only=False)
         except StoreLockedError:
             raise
-        except StoreError:  # not a DuckDB file (corrupt): no DuckDB process can have it open
+        except StoreError:  # a corrupt DuckDB file: no DuckDB process can have it open
             holding = None
         try:
             for suffix in ("", ".wal"):

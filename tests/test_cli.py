@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -235,3 +237,57 @@ def test_summary_table_carries_the_reports_warnings() -> None:
     webgpu_line, openvino_line = [line for line in console.export_text().splitlines() if "bert-tiny" in line]
     assert "WebGPU on a software (fallback) adapter" in webgpu_line
     assert "ran fp32 (asked fp16)" in openvino_line and "noisy" not in openvino_line
+
+
+@pytest.fixture
+def read_only_dir(tmp_path: Path):
+    """A directory no one may write in, root included: a read-only tmpfs (needs CAP_SYS_ADMIN, as root in CI)."""
+    mount = tmp_path / "read-only"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(mount)], capture_output=True)
+    if made.returncode != 0:
+        mount.chmod(0o555)  # enough for anyone but root
+        if os.access(mount, os.W_OK):
+            pytest.skip(f"cannot make a read-only directory here: {made.stderr.decode().strip()}")
+    yield mount
+    if made.returncode == 0:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+    else:
+        mount.chmod(0o755)  # so pytest can remove tmp_path
+
+
+READ_ONLY = "is not writable (Read-only file system)"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([*NATIVE, "--output-dir", "@notes.txt"], "--output-dir @notes.txt: @notes.txt is a file, not a directory"),
+        ([*NATIVE, "--output-dir", "@notes.txt/reports"], "@notes.txt is a file, not a directory; nothing was run"),
+        ([*NATIVE, "--output-dir", "@read-only/reports"], "--output-dir @read-only/reports: @read-only "),
+        ([*WEB, "--output-dir", "@notes.txt"], "--output-dir @notes.txt: @notes.txt is a file, not a directory"),
+        ([*NATIVE, "--db", "@read-only/bench.duckdb"], "--db @read-only/bench.duckdb: @read-only "),
+        (["ab", "--a", "bert-tiny", "--b", "bert-tiny", "--out", "@read-only/v.md"], "--out @read-only/v.md: @read-o"),
+        (["ab", "--a", "bert-tiny", "--b", "bert-tiny", "--out", "@notes.txt/v.md"], "@notes.txt is a file, not a"),
+        (["suite", "--config", "@suite.toml", "--output-dir", "@notes.txt"], "output_dir @notes.txt: @notes.txt is a"),
+        (["export", "--db", "@store.duckdb", "--out", "@notes.txt"], "--out @notes.txt: @notes.txt is a file, not a"),
+    ],
+)
+def test_bad_output_paths_are_refused_before_anything_runs(
+    tmp_path: Path, read_only_dir: Path, args: list[str], message: str
+) -> None:
+    """An output path that cannot be written is found out before a run exists (it once cost the whole run,
+    then a traceback): exit 2, one line, no DB created, every file as it was."""
+    (tmp_path / "notes.txt").write_text("my notes\n")
+    (tmp_path / "suite.toml").write_text(SUITE)
+    with open_store(tmp_path / "store.duckdb"):
+        pass
+    before = _tree(tmp_path)
+    done = run_cli(*(a.replace("@", f"{tmp_path}/") for a in args), cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    stderr = " ".join(done.stderr.split())
+    assert message.replace("@", f"{tmp_path}/") in stderr, stderr
+    if "read-only" in message:
+        assert READ_ONLY in stderr or "Permission denied" in stderr, stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert _tree(tmp_path) == before  # no accelharness.duckdb, no report, the notes byte-identical

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,32 @@ def test_too_little_data_is_refused(db: Path) -> None:
         predict(db, [])
     done = run_cli("predict", "--model", "bert-tiny", "--db", str(db))
     assert done.returncode == 2 and "too little data" in done.stderr
+
+
+def test_predict_model_path_counts_the_folders_own_model(db: Path, tmp_path: Path) -> None:
+    """An HF folder's parameter count is its config.json's, also once its export is cached (it was
+    bert-base's, the spec it takes inputs from); a config whose graph cannot be built is refused with
+    the reason, not "no measured target matches"."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    seed(db, MODELS)
+    torch.manual_seed(1)
+    tiny = BertModel(
+        BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vocab_size=500)
+    )
+    tiny.save_pretrained(tmp_path / "my-bert")
+    size = f"my-bert ({sum(p.numel() for p in tiny.parameters()):,} parameters)"
+    for export in ("exported now", "cached"):
+        done = run_cli("predict", "--model-path", str(tmp_path / "my-bert"), "--db", str(db))
+        assert done.returncode == 0 and size in done.stdout, (export, done.stdout, done.stderr)
+    broken = tmp_path / "broken-bert"
+    broken.mkdir()
+    (broken / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": "big"}))
+    refused = run_cli("predict", "--model-path", str(broken), "--db", str(db))
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    reason = " ".join(refused.stderr.split())
+    assert f"--model-path {broken}: counting broken-bert's graph failed" in reason and "hidden_size" in reason, reason
 
 
 def test_recommend_honours_the_hardware_the_user_has(db: Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -74,13 +75,20 @@ def run_bert_on_ort(db: Path, output_dir: Path) -> subprocess.CompletedProcess:
     return run_cli("native", "--model", "bert-tiny", "--engines", "onnxruntime", *QUICK, *where)
 
 
-class CliProcess:
-    """A real `accelharness …` in its own process group, its output lines collected as they come."""
+# A script's `cmd &`: a shell without job control starts the job with SIGINT ignored (the shell itself
+# ignores it too here, so its exit status is the job's).
+BACKGROUND_JOB = 'trap "" INT; "$@" & wait $!'
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+
+class CliProcess:
+    """A real `accelharness …` in its own process group, its output lines collected as they come;
+    `background_job`: started as a script's background job (`setsid sh -c 'accelharness … &'`)."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None, background_job: bool = False) -> None:
         self.lines: list[str] = []
+        command = [*CLI, *args]
         self.process = subprocess.Popen(
-            [*CLI, *args],
+            ["sh", "-c", BACKGROUND_JOB, "sh", *command] if background_job else command,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -156,7 +164,8 @@ def test_native_ctrl_c_then_resume_continues_the_same_run(tmp_path: Path) -> Non
     running.wait_for("[2/4] stored")
     time.sleep(2)
     os.killpg(running.process.pid, signal.SIGINT)
-    assert running.process.wait(60) != 0
+    assert running.process.wait(60) == 130
+    assert "--resume" in "".join(running.lines)
     before = rows(db, "SELECT * FROM results ORDER BY created_at")
     assert [r["model"] for r in before] == ["bert-tiny", "bert-tiny"]
     # other options (one model, one engine, batch 2: the smallest run that differs) start a new run
@@ -171,6 +180,50 @@ def test_native_ctrl_c_then_resume_continues_the_same_run(tmp_path: Path) -> Non
     first = [r for r in rows(db, "SELECT * FROM results ORDER BY created_at") if r["run_id"] == runs[0]["run_id"]]
     assert len(first) == len({r["result_key"] for r in first}) == 4
     assert [r["result_id"] for r in first[:2]] == [r["result_id"] for r in before]
+
+
+def _stop_native_then_resume(tmp_path: Path, stop: signal.Signals, background_job: bool) -> None:
+    """Stop `accelharness native` with `stop` once bert-tiny's two rows are stored (vit-tiny's torch
+    worker hangs), then run the command it prints to continue: the rest, once each, in the same run."""
+    db = tmp_path / "s.duckdb"
+    args = ["native", "--model", "bert-tiny,vit-tiny", "--engines", "torch,onnxruntime", "--hardware", "cpu"]
+    args += [*QUICK, "--batch-sizes", "1", "--sequence-lengths", "16", "--db", str(db), "--output-dir", str(tmp_path)]
+    running = CliProcess(*args, env=HANG_VIT_ON_TORCH, background_job=background_job)
+    running.wait_for("[2/4] stored")
+    time.sleep(2)  # the vit-tiny torch worker is hanging now
+    processes = psutil.Process(running.process.pid).children(recursive=True)
+    if background_job:  # kill -INT -PGID: the job's whole group
+        os.killpg(running.process.pid, stop)
+    else:  # kill PID: the CLI alone
+        running.process.send_signal(stop)
+    assert running.process.wait(60) == 128 + stop, "".join(running.lines)
+    _gone, alive = psutil.wait_procs(processes, timeout=10)
+    assert not alive, f"left running: {alive}"
+    assert rows(db, "SELECT status FROM runs") == [{"status": "interrupted"}]
+    before = rows(db, "SELECT * FROM results ORDER BY created_at")
+    assert [r["model"] for r in before] == ["bert-tiny", "bert-tiny"]
+    (hint,) = [line for line in running.lines if "continue with: " in line]
+    assert f"interrupted by {stop.name}" in hint
+    continued = shlex.split(hint.split("continue with: ", 1)[1])
+    assert continued == ["accelharness", *args, "--resume"]
+    resumed = run_cli(*continued[1:])
+    assert resumed.returncode == 0 and "2 results still to run" in resumed.stdout, resumed.stderr
+    after = rows(db, "SELECT * FROM results ORDER BY created_at")
+    assert len(after) == len({r["result_key"] for r in after}) == 4
+    assert [r["result_id"] for r in after[:2]] == [r["result_id"] for r in before]  # kept, not re-measured
+    assert rows(db, "SELECT status FROM runs") == [{"status": "completed"}]
+
+
+def test_sigterm_is_handled_as_ctrl_c_then_resume_completes(tmp_path: Path) -> None:
+    """`kill PID` (SIGTERM) of `native`: exit 143, the run `interrupted`, the workers gone, the command
+    to continue printed; that command finishes the run without a duplicate."""
+    _stop_native_then_resume(tmp_path, signal.SIGTERM, background_job=False)
+
+
+def test_sigint_reaches_a_background_job_then_resume_completes(tmp_path: Path) -> None:
+    """Started as a script's background job (SIGINT ignored on entry), `native` still takes `kill -INT`
+    to its group: exit 130, the run `interrupted`, then the printed command finishes it."""
+    _stop_native_then_resume(tmp_path, signal.SIGINT, background_job=True)
 
 
 def test_second_writer_is_told_who_holds_the_db(tmp_path: Path) -> None:
@@ -324,6 +377,55 @@ def test_disk_full_output_dir_keeps_the_results(tmp_path: Path, full_disk: Path)
     assert "No space left on device" in stderr and "accelharness report --run" in stderr, done.stderr
     assert [r["status"] for r in rows(db)] == ["ok"]
     assert rows(db, "SELECT status FROM runs") == [{"status": "completed"}]
+
+
+def _fill(mount: Path) -> None:
+    """Fill `mount` to the brim (4 KiB at a time, as a busy disk is found full)."""
+    with contextlib.suppress(OSError), open(mount / "filler", "wb") as filler:  # its close fails too, on a full disk
+        while True:
+            filler.write(b"\0" * 4096)
+            filler.flush()
+
+
+def test_disk_full_under_the_db_stops_the_run_in_one_line_and_keeps_its_rows(tmp_path: Path) -> None:
+    """The DB's disk fills up mid-run (after the first row, while the next job's worker starts): one
+    line naming the file, the disk and the OS's reason, not DuckDB's two chained tracebacks; exit 1,
+    the run `interrupted` (where that last small write still fits), the finished row kept; once space
+    is freed, the printed command finishes the run."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here to fill: {made.stderr.decode().strip()}")
+    try:
+        db = mount / "d.duckdb"
+        args = ["native", "--model", "bert-tiny,vit-tiny", "--engines", "torch,onnxruntime", "--hardware", "cpu"]
+        args += [*QUICK, "--batch-sizes", "1", "--sequence-lengths", "16"]
+        args += ["--db", str(db), "--output-dir", str(tmp_path / "out")]
+        running = CliProcess(*args)
+        running.wait_for("[1/4] stored")
+        _fill(mount)
+        assert running.process.wait(120) == 1, "".join(running.lines)
+        output = "".join(running.lines)
+        assert "Traceback" not in output and "TransactionException" not in output, output
+        (line,) = [line for line in running.lines if "cannot write to" in line]
+        assert f"cannot write to {db}: " in line and "No space left on device" in line, line
+        assert f"the disk mounted at {mount} has 0.0 MiB free" in line and "free space, then continue with:" in line
+        (mount / "filler").unlink()
+        # Marking the run is one more small write, which a disk full to the last byte refuses too: then the
+        # line says so, and the run stays `running`, as after kill -9 (--resume continues both alike).
+        (run,) = rows(db, "SELECT status FROM runs")
+        unmarked = "the run could not be marked interrupted either and stays running" in line
+        assert run["status"] == ("running" if unmarked else "interrupted"), line
+        before = rows(db, "SELECT * FROM results ORDER BY created_at")
+        assert [(r["model"], r["engine"], r["status"]) for r in before] == [("bert-tiny", "torch", "ok")]
+        resumed = run_cli(*shlex.split(line.split("continue with: ", 1)[1])[1:])
+        assert resumed.returncode == 0 and "3 results still to run" in resumed.stdout, resumed.stderr
+        after = rows(db, "SELECT * FROM results ORDER BY created_at")
+        assert len(after) == len({r["result_key"] for r in after}) == 4
+        assert rows(db, "SELECT status FROM runs") == [{"status": "completed"}]
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_db_init_overwrite_refuses_a_file_in_use(tmp_path: Path) -> None:

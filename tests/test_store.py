@@ -186,3 +186,45 @@ def test_report_takes_the_same_selectors_as_compare(db: Path, tmp_path: Path) ->
     done = run_cli("report", "--run", "previous", "--db", str(db), "--format", "json", "--out", str(out))
     assert done.returncode == 0, done.stderr
     assert json.loads(out.read_text())["run"]["run_id"] == older
+
+
+def test_db_init_overwrite_refuses_a_file_that_is_not_a_store(tmp_path: Path) -> None:
+    """`--overwrite` replaces a DuckDB store only: a text file given as --db by mistake is refused and
+    left byte-identical (an empty file too); a DuckDB store is still replaced."""
+    notes = tmp_path / "notes.txt"
+    notes.write_bytes(b"my notes\n" * 100)
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    for path in (notes, empty):
+        before = path.read_bytes()
+        refused = run_cli("db", "init", "--overwrite", "--db", str(path))
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert "replaces a DuckDB store only" in " ".join(refused.stderr.split()), refused.stderr
+        assert path.read_bytes() == before
+    store = tmp_path / "store.duckdb"
+    with open_store(store) as opened:
+        opened.start_run("test", {}, {})
+    replaced = run_cli("db", "init", "--overwrite", "--db", str(store))
+    assert replaced.returncode == 0, replaced.stderr
+    with open_store(store, read_only=True) as opened:
+        assert opened.query("SELECT count(*) AS n FROM runs") == [{"n": 0}]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["db", "init"],
+        ["db", "init", "--overwrite"],
+        ["report"],
+        ["query", "--sql", "SELECT 1"],
+        ["models"],
+        ["native", "--model", "bert-tiny"],
+    ],
+)
+def test_a_directory_as_db_is_refused_by_name(tmp_path: Path, command: list[str]) -> None:
+    directory = tmp_path / "results"
+    directory.mkdir()
+    done = run_cli(*command, "--db", str(directory))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr and f"--db {directory}" in done.stderr, done.stderr
+    assert list(directory.iterdir()) == []

@@ -16,6 +16,7 @@ import duckdb
 
 from harness.analysis.tables import AnalysisError, Table
 from harness.core.labels import case_label, target_label
+from harness.core.paths import unwritable_directory
 from harness.core.records import MEASURED, STATUSES
 from harness.store import open_store
 
@@ -183,6 +184,8 @@ def export_tables(db_path: Path, out_dir: Path, fmt: str, table: str = "all") ->
         raise AnalysisError(f"unknown export format '{fmt}'; valid: {', '.join(EXPORT_FORMATS)}")
     if table != "all" and table not in EXPORT_TABLES:
         raise AnalysisError(f"unknown table '{table}'; valid: {', '.join(EXPORT_TABLES)}, all")
+    if why := unwritable_directory(out_dir):
+        raise AnalysisError(f"--out {out_dir}: {why}; --out is the directory the tables are written to")
     names = EXPORT_TABLES if table == "all" else (table,)
     options = "FORMAT parquet" if fmt == "parquet" else "FORMAT csv, HEADER true"
     paths = []

@@ -6,11 +6,13 @@ from __future__ import annotations
 import typer
 
 from harness.cli import ab, analysis, bench, manage, predict, suite
+from harness.cli.stops import install_handlers
 
 app = typer.Typer(
     help="Measured ML inference benchmarks: native backends and the browser, one DuckDB store.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    callback=install_handlers,  # before any command: SIGINT and SIGTERM stop a run alike
 )
 db_app = typer.Typer(help="Manage the DuckDB store.", no_args_is_help=True)
 app.add_typer(db_app, name="db")

@@ -20,6 +20,7 @@ from harness.cli.common import (
     split_list,
 )
 from harness.cli.progress import run_with_progress
+from harness.core.paths import unwritable_file
 from harness.native import DEFAULT_ENGINES, ENGINES
 from harness.run.ab import AbRequest
 from harness.store import DEFAULT_DB
@@ -85,7 +86,9 @@ def ab(
         plan = validate_ab(request)
     except (AnalysisError, RequestError) as exc:
         raise fail(str(exc)) from None
-    summary = run_with_progress(plan.total_results, lambda on_result: run_ab(request, on_result, plan))
+    if out is not None and (why := unwritable_file(out)):  # found out now, not after the rounds
+        raise fail(f"--out {out}: {why}; nothing was run")
+    summary = run_with_progress(plan.total_results, lambda on_result: run_ab(request, on_result, plan), False)
     comparison = compare_pair(db, summary.run_id, limit)
     emit(render(comparison, fmt), out)
     if fail_on_regression and comparison.regressed:

@@ -143,8 +143,11 @@ def emit(text: str, out: Path | None) -> None:
     if out is None:
         typer.echo(text.rstrip("\n"))
         return
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+    except OSError as exc:
+        raise fail(f"--out {out} could not be written: {exc}") from None
     console.print(f"wrote {out}")
 
 

@@ -37,12 +37,13 @@ from harness.cli.common import (
     split_list,
 )
 from harness.cli.progress import print_summary, run_with_progress
+from harness.cli.stops import interrupted, stopped
 from harness.native import DEFAULT_ENGINES, ENGINES
 from harness.run.native import run_native
 from harness.run.plan import DEFAULT_MAX_TIME_S, BenchmarkRequest, RequestError, validate
 from harness.run.recording import resume_point
 from harness.run.serve import DEFAULT_MAX_DEVICES, MAX_DEVICES_LIMIT
-from harness.store import DEFAULT_DB, StoreError
+from harness.store import DEFAULT_DB, StoreError, StoreWriteError
 from harness.web.eps import WEB_HARDWARE, WEBNN_DEVICES
 
 WEB_EPS = ",".join(WEB_HARDWARE)
@@ -287,8 +288,12 @@ def serve_devices(request: Any, resume: bool) -> None:
     except ServeIncomplete as exc:
         errors.print(f"[red]stopped:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
+    except StoreWriteError as exc:  # a full disk: the run stopped, the answers so far are kept
+        raise stopped(exc) from None
     except StoreError as exc:
         raise fail(str(exc)) from None
+    except KeyboardInterrupt:
+        raise interrupted() from None
     print_summary(summary, display.rows)
 
 

@@ -66,7 +66,8 @@ def predict(
     )  # fmt: skip
     try:
         fits = operator_fits(db, asked)
-        counted, notes = _count(spec, asked, timeout) if spec is not None and (fits or model_path) else (None, [])
+        counts = spec is not None and (fits or model_path)  # a graph to count, and a use for it
+        counted, notes = _count(spec, asked, timeout, model_path) if counts else (None, [])
         asked = dataclasses.replace(asked, **_facts(db, asked, counted, model_path))
         result = predict_model(db, asked, fits, counted.work if counted else None)
     except (StoreError, InsufficientData) as exc:
@@ -90,8 +91,10 @@ def _spec(model: str | None, model_path: Path | None, family: str | None) -> Any
     return load_specs().get(model or "")
 
 
-def _count(spec: Any, asked: Any, timeout: float) -> tuple[GraphWork | None, list[str]]:
-    """The model's graph counted at the asked cases (or None), and notes: the cases it cannot take, or why not."""
+def _count(spec: Any, asked: Any, timeout: float, model_path: Path | None) -> tuple[GraphWork | None, list[str]]:
+    """The model's graph counted at the asked cases (or None), and notes: the cases it cannot take, or why not.
+    A --model-path model that cannot be counted is refused with the reason: its graph is all there is to
+    go on (its size included), and the store knows nothing of it."""
     from harness.prepare.prepared import PrepareJob
     from harness.run.worker import count_isolated
 
@@ -99,6 +102,8 @@ def _count(spec: Any, asked: Any, timeout: float) -> tuple[GraphWork | None, lis
     try:
         counted = count_isolated(PrepareJob(spec, asked.shapes), timeout)
     except RuntimeError as exc:
+        if model_path is not None:
+            raise fail(f"--model-path {model_path}: {exc}") from None
         return None, [f"operators: {exc}"]
     return counted, [f"b{b} s{s}: {why}" for (b, s), why in counted.skipped.items()]
 

@@ -17,14 +17,18 @@ from rich.table import Table
 from rich.text import Text
 
 from harness.cli.common import console, errors, fail
+from harness.cli.stops import interrupted, stopped
 from harness.core.records import Result
 from harness.core.terminal import terminal_text
 from harness.run.recording import RunSummary
-from harness.store import StoreError
+from harness.store import StoreError, StoreWriteError
 
 
-def run_with_progress(total: int, start: Callable[[Callable[[Result, str], None]], RunSummary]) -> RunSummary:
-    """Run with a progress bar (ETA) fed by each committed result, then print the summary."""
+def run_with_progress(
+    total: int, start: Callable[[Callable[[Result, str], None]], RunSummary], resumable: bool = True
+) -> RunSummary:
+    """Run with a progress bar (ETA) fed by each committed result, then print the summary. Ctrl-C or
+    SIGTERM: the run is kept `interrupted`, and the way to continue it (--resume, when `resumable`) printed."""
     rows: list[Result] = []
     columns = (
         TextColumn("{task.description}"),
@@ -49,8 +53,12 @@ def run_with_progress(total: int, start: Callable[[Callable[[Result, str], None]
 
         try:
             summary = start(on_result)
+        except StoreWriteError as exc:  # not bad input: the run stopped, what it finished is kept
+            raise stopped(exc, resumable) from None
         except StoreError as exc:
             raise fail(str(exc)) from None
+        except KeyboardInterrupt:
+            raise interrupted(resumable) from None
     return print_summary(summary, rows)
 
 

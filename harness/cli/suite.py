@@ -212,9 +212,6 @@ def suite(
         summary = run_with_progress(plan.total_results, lambda on_result: run_suite(plan, on_result, ray_address))
     except RequestError as exc:  # --ray-address: Ray not installed, or no cluster there
         raise fail(str(exc)) from None
-    except KeyboardInterrupt:
-        console.print(f"interrupted: finished results are stored; continue with --config {config} --resume")
-        raise typer.Exit(130) from None
     if baseline_run is not None:
         _compare_with_baseline(loaded.db, baseline_run, summary.run_id, threshold, fail_on_regression)
 

@@ -66,12 +66,12 @@ def _onnx_file(job: PrepareJob) -> tuple[Path, int, Shapes, dict[CaseShape, str]
 def _exported(job: PrepareJob) -> tuple[Path, int, Shapes, dict[CaseShape, str], dict[str, Any]]:
     from harness.prepare.export import cached_export, export_dir, export_key, export_onnx
     from harness.prepare.workload import (
-        build_config,
         build_module,
         count_parameters,
         find_weights,
         make_inputs,
         max_sequence_length,
+        model_config,
     )
 
     spec = job.spec
@@ -83,11 +83,9 @@ def _exported(job: PrepareJob) -> tuple[Path, int, Shapes, dict[CaseShape, str],
         parameters = sum(p.numel() for p in module.parameters())
         example = make_inputs(spec, config, 2, 16 if spec.inputs.uses_sequence else None)
         outcome = export_onnx(spec, module, weights, example)
-    else:
-        import transformers
-
-        config = transformers.AutoConfig.from_pretrained(directory) if directory is not None else build_config(spec)
-        parameters = count_parameters(spec)
+    else:  # the folder's own config (--model-path), not the spec it took inputs and outputs from
+        config = model_config(spec, directory)
+        parameters = count_parameters(spec, config)
     if outcome.path is None:
         raise RuntimeError(f"{spec.name} could not be exported to ONNX: {outcome.error}")
     limit = max_sequence_length(config) if spec.inputs.uses_sequence else None

@@ -29,6 +29,7 @@ __all__ = [
     "make_inputs",
     "make_signature_inputs",
     "max_sequence_length",
+    "model_config",
 ]
 
 WEIGHT_SEED = 0
@@ -97,7 +98,7 @@ def build_module(spec: ModelSpec) -> tuple[Any, Weights]:
     if weights.kind == "pretrained":
         model = model_class.from_pretrained(directory)
     else:
-        config = transformers.AutoConfig.from_pretrained(directory) if directory is not None else build_config(spec)
+        config = model_config(spec, directory)
         torch.manual_seed(WEIGHT_SEED)
         model = model_class(config)
     return OutputSelector(model, input_names(spec), spec.outputs).eval(), weights
@@ -110,14 +111,23 @@ def build_config(spec: ModelSpec) -> Any:
     return transformers.AutoConfig.for_model(spec.model_type, **spec.config)
 
 
-def count_parameters(spec: ModelSpec) -> int:
-    """Parameters of the spec's architecture, counted on the meta device: no weights allocated."""
+def model_config(spec: ModelSpec, directory: Path | None) -> Any:
+    """The config the model is built with: its directory's config.json (--model-path, a pretrained
+    model's files) when it has one, else the spec's."""
+    import transformers
+
+    return transformers.AutoConfig.from_pretrained(directory) if directory is not None else build_config(spec)
+
+
+def count_parameters(spec: ModelSpec, config: Any = None) -> int:
+    """Parameters of the spec's architecture built with `config` (default: the spec's own), counted on
+    the meta device: no weights allocated."""
     import transformers
 
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()  # config-validation notices would drown a listing
     try:
-        config = build_config(spec)
+        config = config if config is not None else build_config(spec)
         with torch.device("meta"):
             model = getattr(transformers, spec.architecture)(config)
     finally:

@@ -46,9 +46,9 @@ from harness.run.isolation import describe_exit, oom_kill_count
 from harness.run.plan import (
     RequestError,
     RunOptions,
-    check_db_path,
     check_engines,
     check_measuring,
+    check_paths,
     check_positive,
     check_seconds,
     choose_targets,
@@ -160,7 +160,7 @@ def validate_ab(request: AbRequest) -> AbPlan:
         if precision is not None and precision not in PRECISIONS:
             raise RequestError(f"{option}: unknown precision '{precision}'; valid: {', '.join(PRECISIONS)}")
     engines = check_engines(request.engines, request.hardware)
-    check_db_path(Path(request.db_path))
+    check_paths(request)
     specs = {side: _spec(f"--{side}", getattr(request, side)) for side in VARIANTS}
     if specs["a"].inputs.uses_sequence != specs["b"].inputs.uses_sequence:
         raise RequestError(f"--a {specs['a'].name} and --b {specs['b'].name} take different inputs: no case fits both")

@@ -4,10 +4,10 @@ model × target × case × mode, less what a resumed run already holds."""
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.core.paths import unwritable_directory, unwritable_file
 from harness.core.records import MODES, PRECISIONS, Case, Target, result_key
 from harness.native import DEFAULT_ENGINES, ENGINES, capabilities
 from harness.native.base import Availability
@@ -138,7 +138,7 @@ def validate(request: BenchmarkRequest) -> Plan:
     check_measuring(request)
     engines = check_engines(request.engines, request.hardware)
     specs = check_selection(request)
-    check_db_path(Path(request.db_path))
+    check_paths(request)
     targets = choose_targets(request.hardware, engines)
     if not targets:
         raise RequestError(f"no target serves hardware {request.hardware} with engines {engines}")
@@ -228,10 +228,9 @@ def check_measuring(request: RunOptions) -> None:
     check_seconds("--timeout", request.timeout_s, positive=True, limit=MAX_TIMEOUT_S)
 
 
-def check_db_path(path: Path) -> None:
-    if path.exists() and not path.is_file():
-        raise RequestError(f"--db {path} is not a file")
-    if path.exists() and not os.access(path, os.W_OK):
-        raise RequestError(f"--db {path} is not writable")
-    if not path.exists() and not os.access(path.parent if str(path.parent) else Path("."), os.W_OK):
-        raise RequestError(f"--db {path}: directory {path.parent} does not exist or is not writable")
+def check_paths(request: RunOptions) -> None:
+    """The store's file and the reports' directory can be written: found out now, not after the run."""
+    if why := unwritable_file(Path(request.db_path)):
+        raise RequestError(f"--db {request.db_path}: {why}; nothing was run")
+    if request.output_dir is not None and (why := unwritable_directory(Path(request.output_dir))):
+        raise RequestError(f"--output-dir {request.output_dir}: {why}; nothing was run")

@@ -8,6 +8,7 @@ compatibility matrix are written from the store (harness.run.outputs).
 
 from __future__ import annotations
 
+import errno
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from harness.core.records import Control, Result
 from harness.run.hardware import hardware_rows
 from harness.run.outputs import Outputs, write_outputs
 from harness.run.provenance import host_facts
-from harness.store import StoreError, open_store
+from harness.store import StoreError, StoreWriteError, open_store
 
 Emit = Callable[[Result | Control], None]  # a case's result, or a drift-control measurement
 Body = Callable[[Emit], None]
@@ -38,9 +39,10 @@ class RunSummary:
         try:
             self.reports = writer()
         except OSError as exc:
+            remedy = "Free space" if exc.errno == errno.ENOSPC else "Fix that"  # a full disk, or anything else
             self.report_error = (
                 f"run {self.run_id} is stored in {self.db_path}, but its reports could not be written to "
-                f"{output_dir}: {exc}. Free space, then: accelharness report --run {self.run_id} "
+                f"{output_dir}: {exc}. {remedy}, then: accelharness report --run {self.run_id} "
                 f"--output-dir {output_dir} --db {self.db_path}"
             )
 
@@ -89,12 +91,20 @@ def record_run(
         def close(status: str) -> None:
             with commit_lock:
                 closed.set()
-                store.finish_run(run_id, status)
-                store.close()
+                try:
+                    store.finish_run(run_id, status)
+                finally:
+                    store.close()
 
         try:
             for body in bodies:
                 body(emit)
+        except StoreWriteError as failed:  # a full disk: marking the run is one small write that may still fit
+            try:
+                close("interrupted")
+            except StoreWriteError:
+                failed.args = (f"{failed}; the run could not be marked interrupted either and stays running",)
+            raise
         except BaseException:
             close("interrupted")
             raise

@@ -43,8 +43,8 @@ from harness.run.isolation import UNSUPPORTED_OPERATOR
 from harness.run.plan import (
     RequestError,
     RunOptions,
-    check_db_path,
     check_measuring,
+    check_paths,
     check_positive,
     check_selection,
     precisions,
@@ -206,7 +206,7 @@ def check_browser_request(request: Any) -> list[ModelSpec]:
     if not asked or any(p not in PRECISIONS for p in asked):
         raise RequestError(f"--precision {','.join(asked)}: valid: {', '.join(PRECISIONS)}")
     specs = check_selection(request)
-    check_db_path(Path(request.db_path))
+    check_paths(request)
     return specs
 
 

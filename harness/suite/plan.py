@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from harness.core.paths import unwritable_directory
 from harness.core.records import Target
 from harness.native import get_backend
 from harness.prepare.cache import cache_root
@@ -170,6 +171,8 @@ def plan_suite(
     try:
         native = validate(native_request) if native_request else None
         web = validate_web(web_request) if web_request else None
+        if why := unwritable_directory(Path(config.output_dir)):
+            raise RequestError(f"output_dir {config.output_dir}: {why}; nothing was run")
     except RequestError as exc:
         raise RequestError(f"{config.source or 'suite config'}: {exc}") from exc
     done, resume_run_id, resume_note = _done_keys(config, resume, older_than)
