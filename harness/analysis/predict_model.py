@@ -158,3 +158,29 @@ def compare_methods(db_path: Path) -> list[MethodErrors]:
             notes.append(f"{LOG_LINEAR}: {old_why}")
         errors.append(MethodErrors(target, len(found.observations), len(found.models), found.mape, log_linear, notes))
     return errors
+
+
+# --- predict --method / --max-error: only what a user can act on -------------------------------------------
+METHOD_CHOICES = ("any", OPERATORS)
+
+
+def believable(
+    rows: list[dict[str, Any]], method: str = "any", max_error: float | None = None
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The rows of `method` (any: every method) whose held-out error is known and at most `max_error`
+    (None: any known error), and one reason per target left out. Without a filter every row is kept."""
+    if method == "any" and max_error is None:
+        return rows, []
+    kept, left_out = [], {}
+    for row in rows:
+        target = f"{row['hardware']}/{row['engine']}:{row['provider']}"
+        error = row["held_out_mape"]
+        if method != "any" and row["method"] != method:
+            left_out[target] = f"{target} has no {method} prediction (only {row['method']})"
+        elif error is None:
+            left_out[target] = f"{target}: {row['method']} has no held-out error (too few models)"
+        elif max_error is not None and error > max_error:
+            left_out[target] = f"{target}: {row['method']}'s held-out error {error:.0%} is above {max_error:.0%}"
+        else:
+            kept.append(row)
+    return kept, sorted(set(left_out.values()))

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import typer
 
-from harness.cli import ab, analysis, bench, manage, predict, suite
+from harness.cli import ab, analysis, bench, manage, predict, suite, welcome
 
-app = typer.Typer(
-    help="Measured ML inference benchmarks: native backends and the browser, one DuckDB store.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-)
+# No command: welcome.welcome prints the three commands a newcomer needs rather than Typer's list.
+app = typer.Typer(invoke_without_command=True, pretty_exceptions_enable=False)
+app.callback()(welcome.welcome)
 db_app = typer.Typer(help="Manage the DuckDB store.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 
