@@ -1,4 +1,6 @@
 # Idempotent entry points. `make demo` and `make test` set up everything they need first.
+# mkdocs-material prints an end-of-life banner on every build
+export NO_MKDOCS_2_WARNING := 1
 VENV      := .venv
 BIN       := $(VENV)/bin
 STAMP     := $(VENV)/.installed

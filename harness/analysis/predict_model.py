@@ -19,7 +19,9 @@ import numpy as np
 
 from harness.analysis.op_predict import TargetFit, TargetKey, Work, fit_targets
 from harness.analysis.predict import TARGETS, InsufficientData, Predictor, Query, predict, training_rows
+from harness.core.labels import MARK_STYLES, marks
 from harness.prepare.prepared import CaseShape
+from harness.store import open_store
 
 OPERATORS, LOG_LINEAR = "operators", "log-linear"
 
@@ -55,8 +57,26 @@ def operator_fits(db_path: Path, asked: Asked) -> dict[TargetKey, TargetFit]:
     }
 
 
-def _operator_rows(asked: Asked, fits: Mapping[TargetKey, TargetFit], work: Mapping[CaseShape, Any]) -> list[dict]:
+def learned_marks(db_path: Path, fits: Mapping[TargetKey, TargetFit]) -> dict[TargetKey, str]:
+    """Per target, the mark codes (M, F, C, P, T, B, ~) of the measured rows its fit learned from: a
+    prediction learned from a software adapter's or a noisy loop's rows carries their marks."""
+    ids = {key: {o.result_id for o in found.observations if o.result_id} for key, found in fits.items()}
+    with open_store(db_path, read_only=True) as store:
+        rows = store.query(
+            "SELECT * FROM results WHERE result_id IN (SELECT unnest(?))", [sorted(set().union(*ids.values()))]
+        )
+    kinds = {row["result_id"]: {kind for kind, _ in marks(row)} for row in rows}
+    return {
+        key: "".join(style.code for kind, style in MARK_STYLES.items() if any(kind in kinds.get(i, ()) for i in found))
+        for key, found in ids.items()
+    }
+
+
+def _operator_rows(
+    asked: Asked, fits: Mapping[TargetKey, TargetFit], work: Mapping[CaseShape, Any], db_path: Path
+) -> list[dict]:
     rows = []
+    learned = learned_marks(db_path, fits)
     for (hardware, engine, provider, precision), found in fits.items():
         assert found.model is not None
         for (batch, seq), by_class in work.items():
@@ -67,6 +87,7 @@ def _operator_rows(asked: Asked, fits: Mapping[TargetKey, TargetFit], work: Mapp
                 "batch_size": batch, "seq_len": seq, "method": OPERATORS, "held_out_mape": found.mape,
                 "predicted_latency_p50_ms": latency, "predicted_throughput_per_s": batch * 1000.0 / latency,
                 "predicted_memory_peak_mb": None,  # operators say nothing of memory
+                "learned_from_marks": learned[(hardware, engine, provider, precision)],
             }  # fmt: skip
             same = [
                 o.latency_ms
@@ -100,7 +121,7 @@ def predict_model(
 ) -> ModelPredictions:
     """Operators where `fits` has the target and the graph's `work` (per case, per class) is known;
     the log-linear fit elsewhere. Raises InsufficientData when neither method can predict anything."""
-    rows = _operator_rows(asked, fits, work) if work else []
+    rows = _operator_rows(asked, fits, work, db_path) if work else []
     notes = []
     covered = {key[:3] for key in fits} if work else set()
     if asked.parameters is None:
@@ -180,7 +201,8 @@ def believable(
         elif error is None:
             left_out[target] = f"{target}: {row['method']} has no held-out error (too few models)"
         elif max_error is not None and error > max_error:
-            left_out[target] = f"{target}: {row['method']}'s held-out error {error:.0%} is above {max_error:.0%}"
+            why = f"the {row['method']} method's held-out error {error:.0%} is above {max_error:.0%}"
+            left_out[target] = f"{target}: {why}"
         else:
             kept.append(row)
     return kept, sorted(set(left_out.values()))

@@ -164,10 +164,12 @@ def _facts(db: Path, asked: Any, counted: GraphWork | None, model_path: Path | N
 
 
 def _print_predictions(asked: Any, result: Any) -> None:
+    from harness.core.labels import MARK_STYLES
+
     size = f"{asked.parameters:,} parameters" if asked.parameters else "parameters unknown"
     table = Table(title=f"Predicted for {asked.model} ({size}) — predictions, not measurements")
     columns = ("target", "precision", "batch", "seq", "method", "p50 ms", "items/s", "memory MB", "held-out MAPE")
-    for name in (*columns, "measured p50 ms"):
+    for name in (*columns, "learned from", "measured p50 ms"):
         table.add_column(name)
     for row in result.rows:
         cells = (row["predicted_latency_p50_ms"], row["predicted_throughput_per_s"], row["predicted_memory_peak_mb"])
@@ -176,11 +178,17 @@ def _print_predictions(asked: Any, result: Any) -> None:
             f"{row['hardware']}/{row['engine']}:{row['provider']}", row["precision"], str(row["batch_size"]),
             str(row["seq_len"] or "—"), row["method"],
             *(f"{v:.{d}f}" if v is not None else "—" for v, d in zip(cells, (3, 1, 0), strict=True)),
-            f"{mape:.1%}" if mape is not None else "— (too few models)", f"{measured:.3f}" if measured else "—",
+            f"{mape:.1%}" if mape is not None else "— (too few models)",
+            f"rows marked {row['learned_from_marks']}" if row.get("learned_from_marks") else "—",
+            f"{measured:.3f}" if measured else "—",
         )  # fmt: skip
     console.print(table)
     for method in sorted({row["method"] for row in result.rows}):
         console.print(f"{method}: {METHODS[method]}")
+    codes = "".join(row.get("learned_from_marks") or "" for row in result.rows)
+    legends = [style.legend for style in MARK_STYLES.values() if style.code in codes]
+    if legends:
+        console.print(f"learned from: the measured rows behind a prediction carry these marks; {'; '.join(legends)}")
     for note in result.notes:
         console.print(f"note: {note}")
 
