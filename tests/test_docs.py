@@ -247,3 +247,18 @@ def test_the_ab_api_example_runs(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "cpu/onnxruntime:CPUExecutionProvider" in done.stdout
     assert re.search(r"\b(unchanged|improved|regressed|noisy)\b", done.stdout), done.stdout
+
+
+def test_no_command_prints_the_three_first_commands() -> None:
+    """`accelharness` alone: the three commands a newcomer needs and where the rest is, exit 0;
+    --help still lists every command."""
+    done = subprocess.run([sys.executable, "-m", "harness.cli"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert [line for line in done.stdout.splitlines() if line.startswith("  accelharness ")] == [
+        f"  {command:<{max(len(c) for c, _ in FIRST_COMMANDS)}}  # {why}" for command, why in FIRST_COMMANDS
+    ]
+    assert "docs/" in done.stdout
+    listed = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert all(name.split()[0] in listed.stdout for name in commands())
