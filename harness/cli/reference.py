@@ -1,5 +1,5 @@
 """The CLI reference, from the Typer app itself: every command (`db init` included) and its options,
-as the Markdown pages of the manual (docs/hooks.py builds one page per command at `make docs`) and as
+as the Markdown pages of the manual (tools/mkdocs_hooks.py adds one page per command at `make docs`) and as
 the option sets tests/test_docs.py checks every documented command line against."""
 
 from __future__ import annotations
