@@ -65,6 +65,7 @@ def predict(
     if not batches or not seqs or min(batches + seqs) < 1:
         raise fail("--batch-sizes and --sequence-lengths take comma-separated integers >= 1")
     error_bound = _error_bound(method, max_error)
+    from harness.analysis.op_predict import MIN_MODELS
     from harness.analysis.predict import InsufficientData
     from harness.analysis.predict_model import OPERATORS, Asked, believable, operator_fits, predict_model
 
@@ -78,8 +79,8 @@ def predict(
     try:
         fits = operator_fits(db, asked)
         if method == OPERATORS and not fits:
-            return _refuse(asked.model, [f"no target here has operator profiles of 2+ models at {precision} "
-                                         "(run with --profile)"], as_json)  # fmt: skip
+            why = f"no target here has operator profiles of {MIN_MODELS}+ models at {precision} (run with --profile)"
+            return _refuse(asked.model, [why], as_json)
         counted, notes = _count(spec, asked, timeout) if spec is not None and (fits or model_path) else (None, [])
         asked = dataclasses.replace(asked, **_facts(db, asked, counted, model_path))
         result = predict_model(db, asked, fits, counted.work if counted else None)
