@@ -5,7 +5,7 @@ and 2 and sequence 32 and 128 (images and audio have no sequence), through the r
 (`accelharness native --profile`, stored in its own DuckDB file), then scores both predictors on
 the same stored results: each model's rows are predicted by a fit that saw no row of that model,
 exactly the situation of a prediction for an unmeasured model. Prints a Markdown table per target
-(the README's) and each model's held-out error.
+(the one in docs/deciding.md) and each model's held-out error.
 
     .venv/bin/python bench/predict_accuracy.py [--db bench-predict.duckdb] [--no-collect]
 

@@ -13,7 +13,7 @@ from conftest import run_cli
 from sklearn.metrics import mean_absolute_percentage_error
 
 from harness.analysis.predict import InsufficientData, Predictor, Query, _matrix, _pipeline, predict, training_rows
-from harness.analysis.recommend import ScoreWeights, recommend
+from harness.analysis.recommend import ScoreWeights, one_line, recommend
 from harness.core.records import Case, Result, Target
 from harness.store import open_store
 
@@ -271,3 +271,26 @@ def test_predict_learns_each_mode_from_its_own_rows(mixed_modes: tuple[Path, dic
     (row,) = predict(db, [query]).rows
     assert row["measured_latency_p50_ms"] == pytest.approx(np.median(spread(true_latency(16e6, 4, 3.0))))
     assert len(training_rows(db, "training")) == 2 * len(MODELS) * 4  # torch's training steps only
+
+
+# --- recommend --one-line (issue 27, item 4) ----------------------------------------------------------------
+
+WASM = Target("wasm", "onnxruntime-web", "wasm:threads=1")
+
+
+def test_one_line_names_the_fastest_target_and_the_browser_best(db: Path) -> None:
+    """One sentence from the store: the fastest target here for the model at that batch and the browser's
+    fastest, each with the p50 its rows hold; a model with no ok row says so instead."""
+    seed(db, MODELS, targets=TARGETS | {WASM: (5.0, 400.0)})
+    with open_store(db, read_only=True) as store:
+        sql = "SELECT latency_p50_ms FROM results WHERE model = 'm2' AND batch_size = 1 AND hardware = 'wasm'"
+        (wasm,) = store.query(sql)
+    line = one_line(db, "m2", 1)
+    assert line.startswith("for m2 at batch 1, sequence 32, fp32, here: cpu/onnxruntime:CPUExecutionProvider, ")
+    assert f"the browser's best: wasm/onnxruntime-web:wasm:threads=1, {wasm['latency_p50_ms']:.3g} ms p50" in line
+    done = run_cli("recommend", "--model", "m2", "--batch-size", "1", "--one-line", "--db", str(db))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == line
+    assert "nothing to recommend" in one_line(db, "m2", 16)
+    refused = run_cli("recommend", "--model", "m2", "--one-line", "--hardware", "cpu", "--db", str(db))
+    assert refused.returncode == 2 and "--one-line takes" in refused.stderr

@@ -1,7 +1,7 @@
 """The fault matrix: each fault driven for real; the message, the exit code, and nothing completed lost.
 
 Browser faults (crash, page hang, page JS error) are in test_web.py (test_faults_leave_rows_and_the_run_goes_on),
-bad CLI values (unknown model/hardware, batch 0/-1) in test_cli.py; README's reliability table lists them all.
+bad CLI values (unknown model/hardware, batch 0/-1) in test_cli.py; docs/reliability.md lists them all.
 """
 
 from __future__ import annotations

@@ -208,9 +208,9 @@ def test_what_a_worker_started_dies_with_it(uses_torch: bool, then: str) -> None
 
 
 def readme_api_example() -> str:
-    """The README's Python API example, with a quick workload (ONNX Runtime only, 3 iterations)."""
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    section = readme[readme.index("## Python API") :]
+    """The manual's Python API example (docs/python-api.md), with a quick workload (ONNX Runtime only, 3
+    iterations)."""
+    section = (Path(__file__).parents[1] / "docs" / "python-api.md").read_text()
     example = section[section.index("```python\n") + len("```python\n") : section.index("```\n", 10)]
     assert "iterations=50," in example and "run_native(" in example and "__main__" not in example
     return example.replace("iterations=50,", 'engines=["onnxruntime"], iterations=3, warmup=0, min_duration_s=0,')

@@ -4,6 +4,7 @@ the CLI, then a prediction for an ONNX file that was never measured, and `predic
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from conftest import QUICK, run_cli
 from tiny_prepared import prepared
 
 from harness.analysis.predict_model import compare_methods
+from harness.store import open_store
 
 PROFILED = ("bert-tiny", "distilbert-tiny", "roberta-tiny")
 TARGET = "cpu/onnxruntime:CPUExecutionProvider"
@@ -62,3 +64,46 @@ def test_evaluate_prints_both_methods_held_out_error(profiled: Path) -> None:
     assert f"{errors.operators:.1%}" in done.stdout and f"{errors.log_linear:.1%}" in done.stdout
     refused = run_cli("predict", "--evaluate", "--model", "bert-tiny", "--db", str(profiled))
     assert refused.returncode == 2 and "takes no --model" in refused.stderr
+
+
+def demo_predict_options() -> list[str]:
+    """The options `make demo` gives `predict` after its model and cases, with the Makefile's variables."""
+    makefile = (Path(__file__).parents[1] / "Makefile").read_text().replace("\\\n", " ")
+    variables = dict(re.findall(r"^(\w+) \?= (\S+)$", makefile, re.MULTILINE))
+    (line,) = [line for line in makefile.splitlines() if "accelharness predict" in line]
+    options = line[line.index("--method") : line.index("--db")].split()
+    return [re.sub(r"\$\((\w+)\)", lambda m: variables[m.group(1)], option) for option in options]
+
+
+def test_the_demo_prediction_names_the_operator_method_and_its_error_or_refuses_in_one_line(
+    profiled: Path, tmp_path: Path
+) -> None:
+    """predict as `make demo` calls it, on a profiled store: a table of operator rows, each with its held-out
+    error and no log-linear row; or, when no row is believable, exactly one line saying why. A bound no
+    error meets and a store without profiles both give that line; bad values of the options exit 2."""
+    options = demo_predict_options()
+    assert options[:2] == ["--method", "operators"] and options[2] == "--max-error", options
+    ask = ("predict", "--model", "gpt2-tiny", "--batch-sizes", "1", "--sequence-lengths", "16")
+    done = run_cli(*ask, *options, "--db", str(profiled))
+    assert done.returncode == 0, done.stderr
+    said = [line for line in done.stdout.strip().splitlines() if not line.startswith("counting gpt2-tiny's graph")]
+    if said[0].startswith("no prediction for gpt2-tiny"):
+        assert len(said) == 1 and "held-out error" in said[0], said
+    else:
+        assert "operators" in done.stdout and "log-linear" not in done.stdout
+        assert re.search(rf"{TARGET[:20]}.*operators.*\d+\.\d%", done.stdout.replace("\n", " ")), done.stdout
+    strict = run_cli(*ask, "--method", "operators", "--max-error", "0.0001", "--db", str(profiled))
+    assert strict.returncode == 0, strict.stderr
+    (line,) = [line for line in strict.stdout.strip().splitlines() if not line.startswith("counting")]
+    assert line.startswith("no prediction for gpt2-tiny worth acting on here: ") and "is above 0%" in line
+    empty = tmp_path / "empty.duckdb"
+    with open_store(empty):
+        pass
+    unprofiled = run_cli("predict", "--model", "bert-tiny", "--method", "operators", "--db", str(empty))
+    assert unprofiled.stdout.strip() == (
+        "no prediction for bert-tiny worth acting on here: no target here has operator profiles of 2+ models "
+        "at fp32 (run with --profile)"
+    )
+    for bad in (["--method", "best"], ["--max-error", "2"], ["--max-error", "much"]):
+        refused = run_cli(*ask, *bad, "--db", str(profiled))
+        assert refused.returncode == 2 and bad[0] in refused.stderr, refused.stderr

@@ -468,7 +468,7 @@ def test_tls_serves_https_only(tmp_path: Path) -> None:
 
 
 def self_signed(directory: Path) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1 (the README's recipe)."""
+    """A self-signed certificate for 127.0.0.1 (the manual's recipe, docs/devices.md)."""
     cert, key = directory / "cert.pem", directory / "key.pem"
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",

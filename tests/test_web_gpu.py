@@ -297,7 +297,7 @@ def remote_chromium(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, str, str
             "--disable-background-networking",
             "--disable-component-update",
             "--no-first-run",
-            "--disable-renderer-backgrounding",  # as README advises for a remote browser
+            "--disable-renderer-backgrounding",  # as docs/gpu-and-remote-browsers.md advises
             "about:blank",
         ],
         stderr=subprocess.PIPE,

@@ -19,7 +19,9 @@ import numpy as np
 
 from harness.analysis.op_predict import TargetFit, TargetKey, Work, fit_targets
 from harness.analysis.predict import TARGETS, InsufficientData, Predictor, Query, predict, training_rows
+from harness.core.labels import MARK_STYLES, marks
 from harness.prepare.prepared import CaseShape
+from harness.store import open_store
 
 OPERATORS, LOG_LINEAR = "operators", "log-linear"
 
@@ -55,8 +57,26 @@ def operator_fits(db_path: Path, asked: Asked) -> dict[TargetKey, TargetFit]:
     }
 
 
-def _operator_rows(asked: Asked, fits: Mapping[TargetKey, TargetFit], work: Mapping[CaseShape, Any]) -> list[dict]:
+def learned_marks(db_path: Path, fits: Mapping[TargetKey, TargetFit]) -> dict[TargetKey, str]:
+    """Per target, the mark codes (M, F, C, P, T, B, ~) of the measured rows its fit learned from: a
+    prediction learned from a software adapter's or a noisy loop's rows carries their marks."""
+    ids = {key: {o.result_id for o in found.observations if o.result_id} for key, found in fits.items()}
+    with open_store(db_path, read_only=True) as store:
+        rows = store.query(
+            "SELECT * FROM results WHERE result_id IN (SELECT unnest(?))", [sorted(set().union(*ids.values()))]
+        )
+    kinds = {row["result_id"]: {kind for kind, _ in marks(row)} for row in rows}
+    return {
+        key: "".join(style.code for kind, style in MARK_STYLES.items() if any(kind in kinds.get(i, ()) for i in found))
+        for key, found in ids.items()
+    }
+
+
+def _operator_rows(
+    asked: Asked, fits: Mapping[TargetKey, TargetFit], work: Mapping[CaseShape, Any], db_path: Path
+) -> list[dict]:
     rows = []
+    learned = learned_marks(db_path, fits)
     for (hardware, engine, provider, precision), found in fits.items():
         assert found.model is not None
         for (batch, seq), by_class in work.items():
@@ -67,6 +87,7 @@ def _operator_rows(asked: Asked, fits: Mapping[TargetKey, TargetFit], work: Mapp
                 "batch_size": batch, "seq_len": seq, "method": OPERATORS, "held_out_mape": found.mape,
                 "predicted_latency_p50_ms": latency, "predicted_throughput_per_s": batch * 1000.0 / latency,
                 "predicted_memory_peak_mb": None,  # operators say nothing of memory
+                "learned_from_marks": learned[(hardware, engine, provider, precision)],
             }  # fmt: skip
             same = [
                 o.latency_ms
@@ -100,7 +121,7 @@ def predict_model(
 ) -> ModelPredictions:
     """Operators where `fits` has the target and the graph's `work` (per case, per class) is known;
     the log-linear fit elsewhere. Raises InsufficientData when neither method can predict anything."""
-    rows = _operator_rows(asked, fits, work) if work else []
+    rows = _operator_rows(asked, fits, work, db_path) if work else []
     notes = []
     covered = {key[:3] for key in fits} if work else set()
     if asked.parameters is None:
@@ -158,3 +179,30 @@ def compare_methods(db_path: Path) -> list[MethodErrors]:
             notes.append(f"{LOG_LINEAR}: {old_why}")
         errors.append(MethodErrors(target, len(found.observations), len(found.models), found.mape, log_linear, notes))
     return errors
+
+
+# --- predict --method / --max-error: only what a user can act on -------------------------------------------
+METHOD_CHOICES = ("any", OPERATORS)
+
+
+def believable(
+    rows: list[dict[str, Any]], method: str = "any", max_error: float | None = None
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The rows of `method` (any: every method) whose held-out error is known and at most `max_error`
+    (None: any known error), and one reason per target left out. Without a filter every row is kept."""
+    if method == "any" and max_error is None:
+        return rows, []
+    kept, left_out = [], {}
+    for row in rows:
+        target = f"{row['hardware']}/{row['engine']}:{row['provider']}"
+        error = row["held_out_mape"]
+        if method != "any" and row["method"] != method:
+            left_out[target] = f"{target} has no {method} prediction (only {row['method']})"
+        elif error is None:
+            left_out[target] = f"{target}: {row['method']} has no held-out error (too few models)"
+        elif max_error is not None and error > max_error:
+            why = f"the {row['method']} method's held-out error {error:.0%} is above {max_error:.0%}"
+            left_out[target] = f"{target}: {why}"
+        else:
+            kept.append(row)
+    return kept, sorted(set(left_out.values()))

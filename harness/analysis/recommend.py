@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from harness.analysis.predict import InsufficientData, Predictor, Query, model_facts, training_rows
-from harness.core.labels import TARGET_FIELDS, target_key, target_label
+from harness.core.labels import BROWSER_ENGINE, TARGET_FIELDS, flags, target_key, target_label
 from harness.store import open_store
 
 TASK_FAMILIES = {
@@ -225,6 +225,33 @@ def recommend(
         ranked.sort(key=lambda c: c.score, reverse=True)
     subject = model or f"family {family}"
     return Recommendation(subject, batch_size, mode, ranked[0] if ranked else None, ranked[1:], excluded, weights)
+
+
+def one_line(db_path: Path, model: str, batch_size: int = 1, mode: str = "inference") -> str:
+    """One sentence a user can act on, from the store's latest ok rows of `model` at `batch_size` on this
+    machine: its fastest target by p50, and the browser's fastest at the same sequence and precision."""
+    rows = [
+        r
+        for r in _latest_rows(db_path, [model], mode)
+        if r["status"] == "ok" and r["batch_size"] == batch_size and r["device"] is None
+    ]
+    if not rows:
+        return f"{model} has no ok {mode} row at batch {batch_size} on this machine in {db_path}: nothing to recommend"
+    best = min(rows, key=lambda r: r["latency_p50_ms"])
+    same_case = [r for r in rows if (r["seq_len"], r["precision"]) == (best["seq_len"], best["precision"])]
+    browser = [r for r in same_case if r["engine"] == BROWSER_ENGINE]
+    case = f"batch {batch_size}" + (f", sequence {best['seq_len']}" if best["seq_len"] else "")
+    line = f"for {model} at {case}, {best['precision']}, here: {_fastest(best)}"
+    if best["engine"] == BROWSER_ENGINE:
+        return f"{line} (a browser target is the fastest)"
+    if not browser:
+        return f"{line}; no browser target ran it ok"
+    return f"{line}; the browser's best: {_fastest(min(browser, key=lambda r: r['latency_p50_ms']))}"
+
+
+def _fastest(row: dict[str, Any]) -> str:
+    marks = flags(row)
+    return f"{target_label(row)}, {row['latency_p50_ms']:.3g} ms p50" + (f" ({'; '.join(marks)})" if marks else "")
 
 
 def size_class(parameters: int) -> str:

@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import typer
 
-from harness.cli import ab, analysis, bench, manage, predict, suite
+from harness.cli import ab, analysis, bench, manage, predict, suite, welcome
 from harness.cli.stops import install_handlers
 
-app = typer.Typer(
-    help="Measured ML inference benchmarks: native backends and the browser, one DuckDB store.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    callback=install_handlers,  # before any command: SIGINT and SIGTERM stop a run alike
-)
+app = typer.Typer(invoke_without_command=True, pretty_exceptions_enable=False)
+
+
+@app.callback()
+def start(ctx: typer.Context) -> None:
+    """Measured ML inference benchmarks: native backends and the browser, one DuckDB store."""
+    install_handlers()  # before any command: SIGINT and SIGTERM stop a run alike
+    welcome.welcome(ctx)  # no command: the three commands a newcomer needs rather than Typer's list
+
+
 db_app = typer.Typer(help="Manage the DuckDB store.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 

@@ -95,6 +95,10 @@ def recommend(
     hardware: Annotated[str | None, typer.Option(help="The hardware you have (comma-separated).")] = None,
     weights: Annotated[str, typer.Option(help="latency,throughput,memory,compatibility weights.")] = "0.4,0.3,0.1,0.2",
     create_map: Annotated[Path | None, typer.Option(help="Write the selection map JSON here.")] = None,
+    one_line: Annotated[
+        bool,
+        typer.Option("--one-line", help="One sentence: the model's fastest target here and the browser's fastest."),
+    ] = False,
     db: DbOption = DEFAULT_DB,
 ) -> None:
     """Recommend hardware for a model, family or task from measured rows (or marked predictions)."""
@@ -109,6 +113,10 @@ def recommend(
         raise fail(f"--weights takes four numbers latency,throughput,memory,compatibility (got '{weights}')") from None
     if mode not in ("inference", "training") or batch_size < 1:
         raise fail("--mode is inference or training and --batch-size >= 1")
+    if one_line:
+        if model_family or task or hardware or create_map:
+            raise fail("--one-line takes --model, --batch-size, --mode and --db; the ranking's options do nothing")
+        return _one_line(model, batch_size, mode, db)
     try:
         if create_map is not None:
             create_map.write_text(json.dumps(selection_map(db, score_weights), indent=2))
@@ -136,6 +144,17 @@ def recommend(
     console.print(f"primary: {result.primary.target if result.primary else 'none — no candidate ran ok'}")
     for line in result.excluded:
         console.print(f"excluded: {line}")
+
+
+def _one_line(model: str | None, batch_size: int, mode: str, db: Path) -> None:
+    from harness.analysis.recommend import one_line
+
+    if model is None:
+        raise fail("--one-line speaks of one model: give --model")
+    try:
+        typer.echo(one_line(db, model, batch_size, mode))
+    except StoreError as exc:
+        raise fail(str(exc)) from None
 
 
 def emit(text: str, out: Path | None) -> None:

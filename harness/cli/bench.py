@@ -184,7 +184,7 @@ def web(
         typer.Option(
             "--serve",
             help="Serve the jobs to any browser that opens the printed URL (a phone, a laptop, another browser): "
-            "each device becomes a target of the run. See the README's \"Your users' devices\".",
+            "each device becomes a target of the run. See the manual's \"Your users' devices\" (docs/devices.md).",
         ),
     ] = False,
     host: Annotated[

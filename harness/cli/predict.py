@@ -36,6 +36,16 @@ def predict(
     evaluate: Annotated[
         bool, typer.Option("--evaluate", help="Print each method's leave-one-model-out latency MAPE per target.")
     ] = False,
+    method: Annotated[
+        str, typer.Option(help="any: each target by the best method it has; operators: that method's targets only.")
+    ] = "any",
+    max_error: Annotated[
+        str | None,
+        typer.Option(
+            help="Leave out targets whose held-out error is unknown or above this (e.g. 50%); none left: "
+            "one line says why instead of a table."
+        ),
+    ] = None,
     timeout: Annotated[float, typer.Option(help="Seconds the graph's export and count may take.")] = 900.0,
     db: DbOption = DEFAULT_DB,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
@@ -54,8 +64,10 @@ def predict(
     batches, seqs = int_list("--batch-sizes", batch_sizes), int_list("--sequence-lengths", sequence_lengths)
     if not batches or not seqs or min(batches + seqs) < 1:
         raise fail("--batch-sizes and --sequence-lengths take comma-separated integers >= 1")
+    error_bound = _error_bound(method, max_error)
+    from harness.analysis.op_predict import MIN_MODELS
     from harness.analysis.predict import InsufficientData
-    from harness.analysis.predict_model import Asked, operator_fits, predict_model
+    from harness.analysis.predict_model import OPERATORS, Asked, believable, operator_fits, predict_model
 
     spec = _spec(model, model_path, model_family)
     if spec is not None and not spec.inputs.uses_sequence:
@@ -66,6 +78,9 @@ def predict(
     )  # fmt: skip
     try:
         fits = operator_fits(db, asked)
+        if method == OPERATORS and not fits:
+            why = f"no target here has operator profiles of {MIN_MODELS}+ models at {precision} (run with --profile)"
+            return _refuse(asked.model, [why], as_json)
         counts = spec is not None and (fits or model_path)  # a graph to count, and a use for it
         counted, notes = _count(spec, asked, timeout, model_path) if counts else (None, [])
         asked = dataclasses.replace(asked, **_facts(db, asked, counted, model_path))
@@ -73,10 +88,39 @@ def predict(
     except (StoreError, InsufficientData) as exc:
         raise fail(str(exc)) from None
     result.notes[:0] = notes
+    result.rows, left_out = believable(result.rows, method, error_bound)
+    if not result.rows:
+        return _refuse(asked.model, notes + left_out, as_json)
+    result.notes += [f"left out: {why}" for why in left_out]
     if as_json:
         console.print_json(json.dumps(dataclasses.asdict(result) | {"methods": METHODS}, default=str))
         return
     _print_predictions(asked, result)
+
+
+def _error_bound(method: str, max_error: str | None) -> float | None:
+    """--max-error as a fraction (None: no bound), after checking --method."""
+    from harness.analysis.compare import parse_threshold
+    from harness.analysis.predict_model import METHOD_CHOICES
+
+    if method not in METHOD_CHOICES:
+        raise fail(f"unknown --method '{method}'; valid: {', '.join(METHOD_CHOICES)}")
+    if max_error is None:
+        return None
+    try:
+        return parse_threshold(max_error)
+    except ValueError:
+        why = f"--max-error takes a percentage or a fraction in (0, 1), e.g. 30% or 0.3 (got '{max_error}')"
+        raise fail(why) from None
+
+
+def _refuse(model: str, reasons: list[str], as_json: bool) -> None:
+    """One line instead of a table: no prediction here has a held-out error a user can believe."""
+    line = f"no prediction for {model} worth acting on here: {'; '.join(reasons)}"
+    if as_json:
+        console.print_json(json.dumps({"rows": [], "refused": line}))
+    else:
+        typer.echo(line)
 
 
 def _spec(model: str | None, model_path: Path | None, family: str | None) -> Any:
@@ -126,10 +170,12 @@ def _facts(db: Path, asked: Any, counted: GraphWork | None, model_path: Path | N
 
 
 def _print_predictions(asked: Any, result: Any) -> None:
+    from harness.core.labels import MARK_STYLES
+
     size = f"{asked.parameters:,} parameters" if asked.parameters else "parameters unknown"
     table = Table(title=f"Predicted for {asked.model} ({size}) — predictions, not measurements")
     columns = ("target", "precision", "batch", "seq", "method", "p50 ms", "items/s", "memory MB", "held-out MAPE")
-    for name in (*columns, "measured p50 ms"):
+    for name in (*columns, "learned from", "measured p50 ms"):
         table.add_column(name)
     for row in result.rows:
         cells = (row["predicted_latency_p50_ms"], row["predicted_throughput_per_s"], row["predicted_memory_peak_mb"])
@@ -138,11 +184,17 @@ def _print_predictions(asked: Any, result: Any) -> None:
             f"{row['hardware']}/{row['engine']}:{row['provider']}", row["precision"], str(row["batch_size"]),
             str(row["seq_len"] or "—"), row["method"],
             *(f"{v:.{d}f}" if v is not None else "—" for v, d in zip(cells, (3, 1, 0), strict=True)),
-            f"{mape:.1%}" if mape is not None else "— (too few models)", f"{measured:.3f}" if measured else "—",
+            f"{mape:.1%}" if mape is not None else "— (too few models)",
+            f"rows marked {row['learned_from_marks']}" if row.get("learned_from_marks") else "—",
+            f"{measured:.3f}" if measured else "—",
         )  # fmt: skip
     console.print(table)
     for method in sorted({row["method"] for row in result.rows}):
         console.print(f"{method}: {METHODS[method]}")
+    codes = "".join(row.get("learned_from_marks") or "" for row in result.rows)
+    legends = [style.legend for style in MARK_STYLES.values() if style.code in codes]
+    if legends:
+        console.print(f"learned from: the measured rows behind a prediction carry these marks; {'; '.join(legends)}")
     for note in result.notes:
         console.print(f"note: {note}")
 

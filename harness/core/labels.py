@@ -13,7 +13,8 @@ BASELINE = ("cpu", "torch")  # (hardware, engine): speedups are relative to torc
 BASELINE_LABEL = "/".join(BASELINE)
 # Engines whose provider is the device the hardware already names: their labels leave it out.
 DEVICE_PROVIDER_ENGINES = ("torch",)
-ENGINE_ABBREVIATIONS = {"onnxruntime": "ort", "onnxruntime-web": "ort-web"}
+BROWSER_ENGINE = "onnxruntime-web"  # the engine of every row measured in a browser
+ENGINE_ABBREVIATIONS = {"onnxruntime": "ort", BROWSER_ENGINE: "ort-web"}
 
 
 # What names a target: a result's (hardware, engine, provider) and, for a device served by `web --serve`,

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 import numpy as np
 import psutil
 
+from harness.core.labels import BROWSER_ENGINE
 from harness.core.parity import compare
 from harness.core.profiles import PROFILE_ITERATIONS
 from harness.core.records import PRECISIONS, Case, Control, Result, Target, UnsupportedError, result_key
@@ -55,7 +56,7 @@ from harness.run.worker import prepare_isolated
 from harness.web.eps import EPS, WEB_HARDWARE, WEBNN_DEVICES
 from harness.web.flags import GPU_MODES, GpuProfile
 
-ENGINE = "onnxruntime-web"
+ENGINE = BROWSER_ENGINE
 # --timeout bounds a page job; a cold export in the prepare child can legitimately take longer.
 PREPARE_TIMEOUT_FLOOR_S = 120.0
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
