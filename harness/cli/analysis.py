@@ -21,6 +21,7 @@ from harness.cli.common import (
     fail,
     split_list,
 )
+from harness.core.bounds import MAX_BATCH, out_of_range
 from harness.store import DEFAULT_DB, StoreError
 
 AnalysisFormat = Annotated[str, typer.Option("--format", help="md, json or html.")]
@@ -107,8 +108,10 @@ def recommend(
         score_weights = ScoreWeights(*values)
     except (ValueError, TypeError):
         raise fail(f"--weights takes four numbers latency,throughput,memory,compatibility (got '{weights}')") from None
-    if mode not in ("inference", "training") or batch_size < 1:
-        raise fail("--mode is inference or training and --batch-size >= 1")
+    if mode not in ("inference", "training"):
+        raise fail(f"unknown --mode '{mode}'; valid: inference, training")
+    if problem := out_of_range("--batch-size", batch_size, 1, MAX_BATCH):
+        raise fail(problem)
     try:
         if create_map is not None:
             create_map.write_text(json.dumps(selection_map(db, score_weights), indent=2))

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from harness.core.bounds import MAX_ITERATIONS, MAX_ROUNDS, MAX_THREADS
 from harness.core.records import PRECISIONS, VARIANTS, Case, Result, Target
 from harness.core.stats import MIN_PAIRED_ROUNDS
 from harness.native import capabilities
@@ -46,11 +47,12 @@ from harness.run.isolation import describe_exit, oom_kill_count
 from harness.run.plan import (
     RequestError,
     RunOptions,
+    check_count,
     check_db_path,
     check_engines,
     check_measuring,
-    check_positive,
     check_seconds,
+    check_shapes,
     choose_targets,
 )
 from harness.run.recording import Emit, RunSummary, record_run
@@ -144,16 +146,21 @@ def validate_ab(request: AbRequest) -> AbPlan:
     """Check every input before anything is written; raise RequestError naming the valid values."""
     if not request.a or not request.b:
         raise RequestError("ab needs both variants: --a MODEL and --b MODEL (a name, an HF directory or an .onnx file)")
-    check_positive("--batch-sizes", request.batch_sizes)
-    check_positive("--sequence-lengths", request.sequence_lengths)
+    check_shapes(request)
     check_measuring(request)
     if request.rounds < MIN_PAIRED_ROUNDS:
         raise RequestError(
             f"--rounds must be >= {MIN_PAIRED_ROUNDS} (got {request.rounds}): with fewer paired rounds the "
             "signed-rank test can never show a change"
         )
-    if request.block < 1:
-        raise RequestError(f"--block takes a whole number of iterations >= 1 (got {request.block})")
+    check_count("--rounds", request.rounds, MAX_ROUNDS, low=MIN_PAIRED_ROUNDS)
+    check_count("--block", request.block, MAX_ITERATIONS)
+    if request.rounds * request.block > MAX_ITERATIONS:  # a variant's iterations per case, as --max-iterations
+        raise RequestError(
+            f"--rounds × --block: at most {MAX_ITERATIONS:,} iterations per variant and case "
+            f"(got {request.rounds} × {request.block})"
+        )
+    check_count("--threads", request.threads, MAX_THREADS)
     check_seconds("--block-time", request.block_time_s, positive=False, limit=3600)
     for option, precision in (("--precision", request.precision), ("--a-precision", request.a_precision),
                               ("--b-precision", request.b_precision)):  # fmt: skip

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 import numpy as np
 import psutil
 
+from harness.core.bounds import MAX_THREADS
 from harness.core.parity import compare
 from harness.core.profiles import PROFILE_ITERATIONS
 from harness.core.records import PRECISIONS, Case, Control, Result, Target, UnsupportedError, result_key
@@ -43,10 +44,11 @@ from harness.run.isolation import UNSUPPORTED_OPERATOR
 from harness.run.plan import (
     RequestError,
     RunOptions,
+    check_count,
     check_db_path,
     check_measuring,
-    check_positive,
     check_selection,
+    check_shapes,
     precisions,
 )
 from harness.run.profiling import page_profile, profiled_fields
@@ -194,8 +196,7 @@ def _check_launch(request: WebRequest) -> None:
 def check_browser_request(request: Any) -> list[ModelSpec]:
     """What every browser run checks (web, and web --serve): cases, stop rule, EPs, precisions, the model
     selection and the store's path. Returns the selected specs."""
-    check_positive("--batch-sizes", request.batch_sizes)
-    check_positive("--sequence-lengths", request.sequence_lengths)
+    check_shapes(request)
     check_measuring(request)
     if not request.hardware:
         raise RequestError(f"--hardware is empty; valid: {', '.join(WEB_HARDWARE)}")
@@ -216,7 +217,7 @@ def validate_web(request: WebRequest) -> WebPlan:
     from harness.web.flags import gpu_profile
     from harness.web.server import SetupError, dist_files
 
-    check_positive("--threads", request.threads)
+    check_count("--threads", request.threads, MAX_THREADS)
     if request.webnn_device not in WEBNN_DEVICES:
         raise RequestError(f"unknown WebNN device '{request.webnn_device}'; valid: {', '.join(WEBNN_DEVICES)}")
     if request.browser not in BROWSERS:
