@@ -438,19 +438,49 @@ def _blocked(prepared: dict[str, Prepared], target: Target, availability: Availa
     return reasons
 
 
+def _unpaired(plan: AbPlan, prepared: dict[str, Prepared]) -> dict[int, dict[str, tuple[str, str]]]:
+    """The cases (by index) that a side could not prepare (harness.prepare.prepared: a case fails
+    alone), with each side's (status, reason): the other side is not measured alone."""
+    cases = {side: plan.cases(each.variant) for side, each in prepared.items()}
+    unpaired = {}
+    for index in range(len(cases["a"])):
+        outcomes = {side: each.model.unprepared(cases[side][index]) if each.model else None
+                    for side, each in prepared.items()}  # fmt: skip
+        failing = [(side, outcome) for side, outcome in outcomes.items() if outcome]
+        if failing:
+            side, (_, reason) = failing[0]
+            why = f"not measured: variant {side.upper()} cannot run this case ({reason[:300]})"
+            unpaired[index] = {side: outcome or ("error", why) for side, outcome in outcomes.items()}
+    return unpaired
+
+
+def _paired_cases(plan: AbPlan, prepared: dict[str, Prepared], unpaired: dict, target: Target, emit: Emit) -> dict:
+    """Each side's cases both sides prepared; the others get their rows on this target here."""
+    paired: dict[str, list[Case]] = {}
+    for side, each in prepared.items():
+        cases = plan.cases(each.variant)
+        for index in unpaired:
+            emit(each.row(target, cases[index], *unpaired[index][side]))
+        paired[side] = [case for index, case in enumerate(cases) if index not in unpaired]
+    return paired
+
+
 def execute_ab(plan: AbPlan) -> Callable[[Emit], None]:
     """The ab run as a body for harness.run.recording.record_run."""
 
     def body(emit: Emit) -> None:
         prepared = {v.side: _prepare(v, plan) for v in plan.variants}
+        unpaired = _unpaired(plan, prepared)
         for target, availability in plan.targets:
             if reasons := _blocked(prepared, target, availability):
                 _emit_blocked(plan, prepared, target, reasons, emit)
                 continue
-            sides = {side: Side(each.variant, each.model, plan.cases(each.variant)) for side, each in prepared.items()}
-            run_target(sides, target, plan.request, emit)  # type: ignore[arg-type]
+            cases = _paired_cases(plan, prepared, unpaired, target, emit)
+            sides = {side: Side(each.variant, each.model, cases[side]) for side, each in prepared.items()}
+            if cases["a"]:
+                run_target(sides, target, plan.request, emit)  # type: ignore[arg-type]
         if plan.web is not None:
-            _run_web(plan, plan.web, prepared, emit)
+            _run_web(plan, plan.web, prepared, unpaired, emit)
 
     return body
 
@@ -461,7 +491,7 @@ def _emit_blocked(plan: AbPlan, prepared: dict[str, Prepared], target: Target, r
             emit(each.row(target, case, *reasons[side]))
 
 
-def _run_web(plan: AbPlan, web: WebPlan, prepared: dict[str, Prepared], emit: Emit) -> None:
+def _run_web(plan: AbPlan, web: WebPlan, prepared: dict[str, Prepared], unpaired: dict, emit: Emit) -> None:
     """The browser half: both variants in one page per EP setting (harness.run.ab_web)."""
     from harness.run.ab_web import WebSide, run_web_pairs
     from harness.web.driver import run_sync
@@ -471,9 +501,12 @@ def _run_web(plan: AbPlan, web: WebPlan, prepared: dict[str, Prepared], emit: Em
         if reasons:
             _emit_blocked(plan, prepared, target, reasons, emit)
     if not any(reasons for reasons in blocked.values()):
-        sides = {side: WebSide(side, each.model, each.variant.precision, plan.cases(each.variant))
+        cases = {target: _paired_cases(plan, prepared, unpaired, target, emit) for target in blocked}
+        paired = next(iter(cases.values()))  # the same cases on every EP setting
+        sides = {side: WebSide(side, each.model, each.variant.precision, paired[side])
                  for side, each in prepared.items()}  # type: ignore[arg-type]  # fmt: skip
-        run_sync(run_web_pairs(web, plan.request, sides, emit))
+        if paired["a"]:
+            run_sync(run_web_pairs(web, plan.request, sides, emit))
 
 
 def run_ab(request: AbRequest, on_result: Callable[[Result, str], None] | None = None,

@@ -24,6 +24,7 @@ import numpy as np
 import psutil
 
 from harness.core.bounds import MAX_THREADS
+from harness.core.failures import UNSUPPORTED_OPERATOR
 from harness.core.parity import compare
 from harness.core.profiles import PROFILE_ITERATIONS
 from harness.core.records import PRECISIONS, Case, Control, Result, Target, UnsupportedError, result_key
@@ -40,7 +41,6 @@ from harness.run.control import (
     control_model_path,
     control_positions,
 )
-from harness.run.isolation import UNSUPPORTED_OPERATOR
 from harness.run.plan import (
     RequestError,
     RunOptions,
@@ -471,9 +471,8 @@ def not_runnable(
     """The row for a case that cannot reach the browser, or None when it can."""
     if prepared is None:
         return unprepared_result(spec, setting.target, case, "error", why)
-    skip = prepared.skipped.get((case.batch_size, case.seq_len))
-    if skip:
-        return prepared.result(setting.target, case, "unsupported", skip)
+    if outcome := prepared.unprepared(case):
+        return prepared.result(setting.target, case, *outcome)
     if prepared.onnx_path is None:
         return prepared.result(setting.target, case, "unsupported", f"ONNX export failed: {prepared.onnx_error}")
     return None
