@@ -129,6 +129,7 @@ def test_a_case_one_variant_cannot_prepare_fails_alone(tmp_path: Path) -> None:
         (["--b-python", "/bin/true"], "cannot import accelharness"),  # runs, exits 0, is not a Python
         (["--b", "no-such-model"], "--b no-such-model"),
         (["--a-precision", "fp8"], "unknown precision 'fp8'"),
+        (["--threads", "4"], "--threads 4: wasm thread counts of the browser half, which runs only with --web-hard"),
     ],
 )
 def test_bad_input_exits_2_and_writes_nothing(tmp_path: Path, args: list[str], message: str) -> None:

@@ -159,6 +159,27 @@ def test_recommend_cli_prints_primary_and_backing(db: Path, tmp_path: Path) -> N
     assert "embedding/small/batch4/inference" in selection.read_text()
 
 
+def test_recommend_shows_no_memory_where_none_was_measured(db: Path) -> None:
+    """A device served by `web --serve` has no process whose memory is read: its memory column is "—"
+    (not "nan"), the score leaves memory out for it, and a measured target keeps its figure."""
+    phone = Target("wasm", "onnxruntime-web", "wasm", device="phone-1")
+    seed(db, {"m2": MODELS["m2"]}, targets={TORCH: TARGETS[TORCH]})
+    with open_store(db) as store:
+        run_id = store.start_run("web-serve", {}, {})
+        for batch in (1, 2):
+            row = Result("m2", "embedding", "random", phone, Case(batch, 32, "fp32"), "ok", samples_ms=spread(1.0),
+                         details={"parameters": int(MODELS["m2"])})  # fmt: skip
+            store.add_result(run_id, row, None)
+    result = recommend(db, model="m2", batch_size=2)
+    by_target = {c.target: c for c in [result.primary, *result.fallbacks]}
+    served = next(c for c in by_target.values() if c.device == "phone-1")
+    assert served.memory_mb is None and by_target["cpu/torch"].memory_mb == pytest.approx(904.0)
+    done = run_cli("recommend", "--model", "m2", "--batch-size", "2", "--db", str(db))
+    assert done.returncode == 0, done.stderr
+    (line,) = [line for line in done.stdout.splitlines() if "phone-1" in line]
+    assert "nan" not in done.stdout.lower() and "—" in line
+
+
 # --- modes are kept apart (issue 11, item 2) ------------------------------------------------------------
 
 TORCH = Target("cpu", "torch", "cpu")

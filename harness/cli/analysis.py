@@ -131,7 +131,7 @@ def recommend(
             f"{c.score:.3f}",
             f"{c.latency_ms:.3f}",
             f"{c.throughput_per_s:.1f}",
-            f"{c.memory_mb:.0f}",
+            f"{c.memory_mb:.0f}" if c.memory_mb is not None else "—",  # not measured
             f"{c.compatibility:.0%}",
             evidence,
         )

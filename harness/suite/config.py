@@ -276,7 +276,22 @@ def load_config(path: Path) -> SuiteConfig:
     config = SuiteConfig(**values, source=path)
     if not config.models:
         raise ConfigError(f'{path}: model_families names no model; e.g. embedding = ["bert-tiny"]')
+    _check_platforms(path, config)
     return config
+
+
+def _check_platforms(path: Path, config: SuiteConfig) -> None:
+    """The config runs something, and each half it turns on has platforms to run on."""
+    if config.include_web_platforms and not config.web_platforms:
+        raise ConfigError(
+            f"{path}: include_web_platforms = true with web_platforms = []: list the browser EPs to run "
+            f"({', '.join(WEB_HARDWARE)}), or set include_web_platforms = false"
+        )
+    if not config.hardware_types and not config.include_web_platforms:
+        raise ConfigError(
+            f"{path}: hardware_types = [] and include_web_platforms = false: the config runs nothing; list native "
+            f"platforms in hardware_types ({', '.join(NATIVE_PLATFORMS)}) or set include_web_platforms = true"
+        )
 
 
 def write_default_config(path: Path) -> None:
