@@ -41,6 +41,7 @@ SEVENTY = ",".join(str(n) for n in range(1, 71))
         ([*WEB, "--serve", "--serve-timeout", "1e9"], "--serve-timeout takes a finite number of seconds > 0 and <="),
         (["run", "--model", "bert-tiny", "--sequence-lengths", "200000"], "--sequence-lengths takes whole numbers fr"),
         (["predict", "--model", "bert-tiny", "--batch-sizes", "99999"], "--batch-sizes takes whole numbers from 1 to"),
+        (["predict", "--model", "bert-tiny", "--timeout", "inf"], "--timeout takes a finite number of seconds > 0 and"),
         (["recommend", "--batch-size", "3000000000"], "--batch-size takes a whole number from 1 to 4,096 (got 3000"),
         (["history", "--model", "bert-tiny", "--window", "100000"], "--window takes a whole number from 1 to 1,000"),
         (["history", "--model", "bert-tiny", "--batch-size", "3000000000"], "--batch-size takes a whole number from"),

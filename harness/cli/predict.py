@@ -13,6 +13,7 @@ from rich.table import Table
 
 from harness.cli.common import DbOption, ModelPathOption, console, fail, int_list, split_list
 from harness.core.bounds import MAX_BATCH, MAX_SEQUENCE, out_of_range
+from harness.run.plan import MAX_TIMEOUT_S, RequestError, check_seconds
 from harness.store import DEFAULT_DB, StoreError
 
 if TYPE_CHECKING:
@@ -54,6 +55,10 @@ def predict(
     for option, values, high in (("--batch-sizes", batches, MAX_BATCH), ("--sequence-lengths", seqs, MAX_SEQUENCE)):
         if problem := out_of_range(option, values, 1, high):
             raise fail(problem)
+    try:
+        check_seconds("--timeout", timeout, positive=True, limit=MAX_TIMEOUT_S)
+    except RequestError as exc:
+        raise fail(str(exc)) from None
     if not db.exists():
         raise fail(f"no store at {db}: run benchmarks first (accelharness native ...)")
     from harness.analysis.predict import InsufficientData
