@@ -11,6 +11,8 @@ import duckdb
 import numpy as np
 import pytest
 from conftest import run_cli
+from test_cli import _tiny_onnx
+from test_native_run import _fixed_batch_onnx
 
 from harness.analysis.paired import compare_pair, hodges_lehmann, paired_effect
 from harness.core.stats import MIN_PAIRED_ROUNDS
@@ -105,6 +107,21 @@ def test_a_crashing_or_hanging_variant_leaves_rows_and_the_run_completes(
     assert query(db, "SELECT status FROM runs") == [("completed",)]
 
 
+def test_a_case_one_variant_cannot_prepare_fails_alone(tmp_path: Path) -> None:
+    """B's graph cannot take batch 2 (its reference cannot be computed): that case's rows say why on both
+    sides (A is not measured alone), and the b1 pair is measured and ok."""
+    db, a, b = tmp_path / "ab.duckdb", tmp_path / "a.onnx", tmp_path / "fixed.onnx"
+    _fixed_batch_onnx(b)
+    _tiny_onnx(a)  # takes any batch
+    done = run_cli("ab", "--a", str(a), "--b", str(b), *FAST, "--sequence-lengths", "7", "--batch-sizes", "1,2",
+                   "--db", str(db))  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = query(db, "SELECT batch_size, variant, status, error FROM results ORDER BY 1, 2")
+    assert [r[:3] for r in rows] == [(1, "a", "ok"), (1, "b", "ok"), (2, "a", "error"), (2, "b", "error")]
+    assert rows[3][3].startswith("preparing the inputs and reference outputs failed")
+    assert rows[2][3].startswith("not measured: variant B cannot run this case")
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -112,6 +129,7 @@ def test_a_crashing_or_hanging_variant_leaves_rows_and_the_run_completes(
         (["--b-python", "/bin/true"], "cannot import accelharness"),  # runs, exits 0, is not a Python
         (["--b", "no-such-model"], "--b no-such-model"),
         (["--a-precision", "fp8"], "unknown precision 'fp8'"),
+        (["--threads", "4"], "--threads 4: wasm thread counts of the browser half, which runs only with --web-hard"),
     ],
 )
 def test_bad_input_exits_2_and_writes_nothing(tmp_path: Path, args: list[str], message: str) -> None:

@@ -39,6 +39,11 @@ def _model_dir_with_binary_config(path: Path) -> None:
     (path / "config.json").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
 
 
+def _model_dir_with_a_wrong_type(path: Path) -> None:
+    path.mkdir()
+    (path / "config.json").write_text('{"model_type": "bert", "hidden_size": "big", "num_hidden_layers": 1}')
+
+
 def _text(text: str | bytes) -> Callable[[Path], None]:
     return lambda path: path.write_bytes(text if isinstance(text, bytes) else text.encode())
 
@@ -51,6 +56,7 @@ INPUT_FILES: dict[str, Callable[[Path], None]] = {
     "truncated.onnx": _truncated_onnx,
     "empty.onnx": _text(b""),
     "my-model": _model_dir_with_binary_config,
+    "big-model": _model_dir_with_a_wrong_type,
     "newer.duckdb": _newer_store,
     "suite.toml": _text(SUITE),
     "inf-timeout.toml": _text("timeout = inf\n" + SUITE),
@@ -59,6 +65,8 @@ INPUT_FILES: dict[str, Callable[[Path], None]] = {
     "binary.toml": _text(b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03\xcb\x48\xcd\xc9\xc9\x07\x00"),
     "twice.toml": _text("timeout = 60\n[run]\ntimeout = 30\n" + SUITE),
     "below-header.toml": _text(SUITE + "batch_sizes = [2]\n"),
+    "no-web-platforms.toml": _text("include_web_platforms = true\nweb_platforms = []\n" + SUITE),
+    "runs-nothing.toml": _text("hardware_types = []\ninclude_web_platforms = false\n" + SUITE),
 }
 # Small runs, so a case a regression lets through fails in seconds instead of benchmarking every model.
 NATIVE = ["native", "--model", "bert-tiny", "--hardware", "cpu", "--engines", "onnxruntime", "--iterations", "3"]
@@ -75,8 +83,8 @@ NOT_ONNX = "is not a valid ONNX model (onnx.checker: "
         (["native", "--model", "bert-giant"], "unknown model 'bert-giant'; valid: all-minilm-l6-v2, bert-base-uncased"),
         (["native", "--hardware", "tpu"], "unknown native hardware 'tpu'; valid: cpu, cuda"),
         (["native", "--model-families", "robots"], "unknown model family 'robots'; valid: embedding"),
-        (["native", "--batch-sizes", "0"], "--batch-sizes must be integers >= 1"),
-        (["native", "--batch-sizes", "-1"], "--batch-sizes must be integers >= 1"),
+        (["native", "--batch-sizes", "0"], "--batch-sizes takes whole numbers from 1 to 4,096 (got 0)"),
+        (["native", "--batch-sizes", "-1"], "--batch-sizes takes whole numbers from 1 to 4,096 (got -1)"),
         (["native", "--batch-sizes", "two"], "--batch-sizes takes comma-separated integers"),
         (["native", "--engines", "tensorflow"], "unknown engine 'tensorflow'; valid: torch, onnxruntime, openvino"),
         (["native", "--precision", "fp8"], "unknown precision 'fp8'; valid: fp32"),
@@ -90,7 +98,7 @@ NOT_ONNX = "is not a valid ONNX model (onnx.checker: "
         ([*WEB, "--timeout", "inf"], f"{TIMEOUT_RANGE} (got inf)"),
         ([*RUN, "--min-duration", "nan"], "--min-duration takes a finite number of seconds >= 0 (got nan)"),
         ([*NATIVE, "--max-time", "inf"], "--max-time takes a finite number of seconds > 0 and <= 604800 (got inf)"),
-        ([*WEB, "--min-iterations", "0"], "--min-iterations takes a whole number >= 1 (got 0)"),
+        ([*WEB, "--min-iterations", "0"], "--min-iterations takes a whole number from 1 to 1,000,000 (got 0)"),
         ([*SUITE_CHECK, "@suite.toml", "--max-time", "-1"], "--max-time takes a finite number of seconds >= 0 and"),
         ([*SUITE_CHECK, "@inf-timeout.toml"], "key 'timeout' takes a finite number of seconds > 0"),
         ([*SUITE_CHECK, "@nan.json"], "key 'min_duration_s' takes a finite number of seconds >= 0 (got nan)"),
@@ -112,11 +120,15 @@ NOT_ONNX = "is not a valid ONNX model (onnx.checker: "
         (["native", "--model-path", "@truncated.onnx"], NOT_ONNX),
         (["native", "--model-path", "@empty.onnx"], NOT_ONNX),
         (["native", "--model-path", "@my-model"], "cannot read config.json ('utf-8' codec can't decode byte 0x89"),
+        (["native", "--model-path", "@big-model"], "config.json key 'hidden_size' must be an integer, got str \"big\""),
+        (["ab", "--a", "bert-tiny", "--b", "@big-model"], "config.json key 'hidden_size' must be an integer, got str"),
         # Suite config files.
         ([*SUITE_CHECK, "@latin1.toml"], "latin1.toml is not UTF-8 text (byte 0xe9 at offset 11)"),
         ([*SUITE_CHECK, "@binary.toml"], "binary.toml is not UTF-8 text (byte 0x8b at offset 1)"),
         ([*SUITE_CHECK, "@twice.toml"], "key 'timeout' is set twice, at the top level and in [run]; keep one"),
         ([*SUITE_CHECK, "@below-header.toml"], "[model_families] holds 'batch_sizes', a top-level key"),
+        ([*SUITE_CHECK, "@no-web-platforms.toml"], "include_web_platforms = true with web_platforms = []: list the"),
+        ([*SUITE_CHECK, "@runs-nothing.toml"], "hardware_types = [] and include_web_platforms = false: the config run"),
         ([*WEB, "--serve", "--profile"], "--profile: not with --serve"),
         ([*WEB, "--serve", "--max-devices", "0"], "--max-devices 0: must be 1 to 1000"),
         ([*WEB, "--serve", "--max-devices", "100000"], "--max-devices 100000: must be 1 to 1000"),

@@ -191,7 +191,7 @@ def test_history_bad_input(steady) -> None:
     assert len(done.stderr.strip().splitlines()) == 1
     with pytest.raises(AnalysisError, match="no results for model 'nope'; models in the store: chain"):
         history(db, "nope")
-    with pytest.raises(AnalysisError, match="--window must be >= 1"):
+    with pytest.raises(AnalysisError, match="--window takes a whole number from 1 to 1,000"):
         history(db, "chain", window=0)
 
 

@@ -137,11 +137,13 @@ def test_predict_model_path_counts_the_folders_own_model(db: Path, tmp_path: Pat
         assert done.returncode == 0 and size in done.stdout, (export, done.stdout, done.stderr)
     broken = tmp_path / "broken-bert"
     broken.mkdir()
-    (broken / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": "big"}))
+    # Well-typed (the up-front config check passes it) but not a model: BERT's own check refuses it.
+    (broken / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": 30, "num_attention_heads": 4}))
     refused = run_cli("predict", "--model-path", str(broken), "--db", str(db))
     assert refused.returncode == 2, refused.stdout + refused.stderr
     reason = " ".join(refused.stderr.split())
-    assert f"--model-path {broken}: counting broken-bert's graph failed" in reason and "hidden_size" in reason, reason
+    assert f"--model-path {broken}: counting broken-bert's graph failed" in reason, reason
+    assert "not a multiple of the number of attention heads" in reason, reason
 
 
 def test_recommend_honours_the_hardware_the_user_has(db: Path) -> None:
@@ -184,6 +186,27 @@ def test_recommend_cli_prints_primary_and_backing(db: Path, tmp_path: Path) -> N
     done = run_cli("recommend", "--create-map", str(selection), "--db", str(db))
     assert done.returncode == 0, done.stderr
     assert "embedding/small/batch4/inference" in selection.read_text()
+
+
+def test_recommend_shows_no_memory_where_none_was_measured(db: Path) -> None:
+    """A device served by `web --serve` has no process whose memory is read: its memory column is "—"
+    (not "nan"), the score leaves memory out for it, and a measured target keeps its figure."""
+    phone = Target("wasm", "onnxruntime-web", "wasm", device="phone-1")
+    seed(db, {"m2": MODELS["m2"]}, targets={TORCH: TARGETS[TORCH]})
+    with open_store(db) as store:
+        run_id = store.start_run("web-serve", {}, {})
+        for batch in (1, 2):
+            row = Result("m2", "embedding", "random", phone, Case(batch, 32, "fp32"), "ok", samples_ms=spread(1.0),
+                         details={"parameters": int(MODELS["m2"])})  # fmt: skip
+            store.add_result(run_id, row, None)
+    result = recommend(db, model="m2", batch_size=2)
+    by_target = {c.target: c for c in [result.primary, *result.fallbacks]}
+    served = next(c for c in by_target.values() if c.device == "phone-1")
+    assert served.memory_mb is None and by_target["cpu/torch"].memory_mb == pytest.approx(904.0)
+    done = run_cli("recommend", "--model", "m2", "--batch-size", "2", "--db", str(db))
+    assert done.returncode == 0, done.stderr
+    (line,) = [line for line in done.stdout.splitlines() if "phone-1" in line]
+    assert "nan" not in done.stdout.lower() and "—" in line
 
 
 # --- modes are kept apart (issue 11, item 2) ------------------------------------------------------------

@@ -268,7 +268,7 @@ def test_corrupt_db_exits_2_and_is_left_alone(tmp_path: Path) -> None:
         ("hw.toml", '[hardware]\nhardware_types = ["tpu"]', "key 'hardware_types': unknown value 'tpu'; valid: cpu"),
         ("model.toml", '[model_families]\nvision = ["vit-huge"]', "unknown model 'vit-huge'; valid: "),
         ("family.toml", '[model_families]\nrobots = ["vit-tiny"]', "unknown family 'robots'; valid: embedding"),
-        ("zero.toml", "batch_sizes = [0]", "key 'batch_sizes' takes integers >= 1, got 0"),
+        ("zero.toml", "batch_sizes = [0]", "key 'batch_sizes' takes whole numbers from 1 to 4,096 (got 0)"),
     ],
 )
 def test_malformed_config_exits_2_naming_file_and_key(tmp_path: Path, name: str, text: str, message: str) -> None:

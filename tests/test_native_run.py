@@ -297,3 +297,59 @@ def test_warm_cache_prepare_builds_no_module(monkeypatch: pytest.MonkeyPatch) ->
     assert list(warm.skipped) == [(1, 4096)] and warm.parameters > 0
     with pytest.raises(AssertionError, match="built the module"):  # no run here used (3, 13): no inputs yet
         next(prepare_model(PrepareJob(job.spec, [(3, 13)])))
+
+
+def _fixed_batch_onnx(path: Path) -> None:
+    """A graph whose input dims are symbolic but which reshapes to [1, 7]: batch 1 runs, batch 2 cannot."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 7])
+    shape = helper.make_tensor("shape", TensorProto.INT64, [2], [1, 7])
+    graph = helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"])], "fixed", [x], [y], [shape])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), path)
+
+
+def test_a_case_that_cannot_be_prepared_fails_alone(tmp_path: Path) -> None:
+    """The b2 case's reference cannot be computed (ONNX Runtime refuses the reshape): that case is its own
+    `error` row with the real reason, and the b1 case of the same model runs and is ok."""
+    model, db = tmp_path / "fixed.onnx", tmp_path / "fixed.duckdb"
+    _fixed_batch_onnx(model)
+    done = run_cli(
+        "native", "--model-path", str(model), "--engines", "onnxruntime", "--batch-sizes", "1,2",
+        "--sequence-lengths", "7", *QUICK, "--db", str(db), "--output-dir", str(tmp_path / "o"),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    by_batch = {r["batch_size"]: r for r in rows(db)}
+    assert by_batch[1]["status"] == "ok", by_batch[1]["error"]
+    assert by_batch[2]["status"] == "error"
+    assert "preparing the inputs and reference outputs failed" in by_batch[2]["error"]
+    assert "reshape" in by_batch[2]["error"].lower()
+
+
+def test_a_spec_models_case_whose_inputs_cannot_be_allocated_fails_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An allocation past any memory while building one case's inputs (numpy's "Unable to allocate … TiB",
+    the issue's 477 GiB batch): that case is `oom`, the model's other case is prepared."""
+    import numpy as np
+
+    import harness.prepare.workload
+    from harness.core.records import Case, Target
+    from harness.prepare.prepared import PrepareJob, prepare_model
+    from harness.prepare.specs import load_specs
+
+    make_inputs = harness.prepare.workload.make_inputs
+
+    def huge_for_batch_3(spec: object, config: object, batch: int, seq: int | None) -> dict:
+        if batch == 3:
+            np.zeros((batch, 2**50), dtype=np.int64)  # raises at once: nothing is allocated
+        return make_inputs(spec, config, batch, seq)
+
+    monkeypatch.setattr(harness.prepare.workload, "make_inputs", huge_for_batch_3)
+    prepared = next(prepare_model(PrepareJob(load_specs()["bert-tiny"], [(1, 11), (3, 11)])))
+    assert prepared.case_files[(1, 11)].exists() and (3, 11) not in prepared.case_files
+    status, why = prepared.unprepared(Case(3, 11, "fp32"))  # type: ignore[misc]
+    assert status == "oom" and "Unable to allocate" in why
+    assert prepared.unprepared(Case(1, 11, "fp32")) is None
+    row = prepared.result(Target("cpu", "torch", "cpu"), Case(3, 11, "fp32"), status, why)
+    assert row.status == "oom" and row.weights == "random"  # the model's facts, not an unprepared model's

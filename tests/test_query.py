@@ -145,7 +145,8 @@ def test_sql_refuses_anything_but_one_read(store, sql: str, message: str) -> Non
         ("COPY results TO '/tmp/leak.csv'", "COPY statements are refused"),
         ("PRAGMA database_size", "PRAGMA statements are refused"),
         ("SET threads = 1", "SET statements are refused"),
-        ("INSTALL httpfs", "LOAD statements are refused"),
+        ("INSTALL httpfs", "--sql is read-only: INSTALL statements are refused"),  # DuckDB files it under LOAD
+        ("force install httpfs", "--sql is read-only: FORCE INSTALL statements are refused"),
         ("LOAD httpfs", "LOAD statements are refused"),
         ("CALL pragma_version()", "CALL statements are refused"),
         ("DETACH other", "DETACH statements are refused"),

@@ -364,3 +364,22 @@ def test_missing_npm_install_names_make_setup(monkeypatch: pytest.MonkeyPatch, t
     monkeypatch.setattr(ort_dist, "CHECKOUT_DIR", tmp_path / "node_modules" / "onnxruntime-web" / "dist")
     with pytest.raises(RequestError, match="make setup"):
         validate_web(WebRequest(models=["bert-tiny"], db_path=tmp_path / "x.duckdb"))
+
+
+def test_a_case_that_cannot_be_prepared_fails_alone_in_the_browser(tmp_path: Path) -> None:
+    """The graph reshapes to [1, 7]: batch 2's reference cannot be computed, so that case is an `error` row
+    with the real reason, and batch 1 of the same model runs in the page and is ok."""
+    from test_native_run import _fixed_batch_onnx
+
+    model = tmp_path / "fixed.onnx"
+    _fixed_batch_onnx(model)
+    request = WebRequest(model_path=model, hardware=["wasm"], batch_sizes=[1, 2], sequence_lengths=[7],
+                         db_path=tmp_path / "p.duckdb", output_dir=None, **QUICK)  # fmt: skip
+    assert run_web(request).counts == {"ok": 1, "error": 1}
+    with open_store(request.db_path, read_only=True) as store:
+        rows = {b: (status, error) for b, status, error in store.connection.execute(
+            "SELECT batch_size, status, error FROM results").fetchall()}  # fmt: skip
+    assert rows[1] == ("ok", None)
+    status, error = rows[2]
+    assert status == "error" and error.startswith("preparing the inputs and reference outputs failed")
+    assert "reshape" in error.lower()

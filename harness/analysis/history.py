@@ -34,6 +34,7 @@ from scipy import stats
 from harness.analysis.compare import ALPHA, case_fields, case_key
 from harness.analysis.drift import control_ms, run_controls
 from harness.analysis.tables import AnalysisError, Table, render_table
+from harness.core.bounds import MAX_BATCH, MAX_WINDOW, out_of_range
 from harness.core.labels import case_label, target_label
 from harness.core.records import MEASURED
 from harness.core.stats import nearest_rank
@@ -169,9 +170,12 @@ def history(
     window: int = 5,
 ) -> History:
     """The metric over runs for every series of `model` matching `filters` (hardware, engine, batch_size…)."""
-    if window < 1:
-        raise AnalysisError(f"--window must be >= 1 (got {window})")
     filters = {k: v for k, v in (filters or {}).items() if v is not None}
+    problem = out_of_range("--window", window, 1, MAX_WINDOW)
+    if "batch_size" in filters:  # a filter past the INT32 column is refused, not a DuckDB conversion error
+        problem = problem or out_of_range("--batch-size", filters["batch_size"], 1, MAX_BATCH)
+    if problem:
+        raise AnalysisError(problem)
     with open_store(Path(db_path), read_only=True) as store:
         metrics = numeric_metrics(store)
         if metric not in metrics and not SAMPLE_QUANTILE.match(metric):

@@ -41,7 +41,10 @@ def check_read_only(sql: str) -> None:
         raise AnalysisError(f"--sql takes exactly one SELECT statement (got {len(statements)} statements)")
     statement = statements[0]
     if statement.type not in READ_TYPES:
-        raise AnalysisError(f"--sql is read-only: {statement.type.name} statements are refused; use SELECT")
+        # by its own first word: DuckDB files INSTALL under LOAD, and "LOAD statements" would name another one
+        keyword = re.match(r"\s*((?:FORCE\s+)?[A-Za-z]+)", statement.query, re.IGNORECASE)
+        named = keyword.group(1).upper() if keyword else statement.type.name
+        raise AnalysisError(f"--sql is read-only: {named} statements are refused; use SELECT")
     if statement.type == duckdb.StatementType.EXPLAIN:
         inner = EXPLAIN_PREFIX.sub("", statement.query, count=1)
         try:

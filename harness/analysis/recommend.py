@@ -58,7 +58,7 @@ class Candidate:
     source: str  # measured | predicted
     latency_ms: float
     throughput_per_s: float
-    memory_mb: float
+    memory_mb: float | None  # None where nothing was measured (a served device has no process to watch)
     compatibility: float  # share of this target's rows for the model (or family) that ran ok
     evidence: list[str] = field(default_factory=list)  # result ids, or the prediction's error
     score: float = 0.0
@@ -112,7 +112,7 @@ def _measured_candidates(rows: list[dict[str, Any]], batch: int) -> tuple[dict[t
                 source="measured",
                 latency_ms=float(np.median([r["latency_p50_ms"] for r in at_batch])),
                 throughput_per_s=float(np.median([r["throughput_per_s"] for r in at_batch])),
-                memory_mb=float(np.median([r["memory_peak_mb"] or np.nan for r in at_batch])),
+                memory_mb=_median_measured([r["memory_peak_mb"] for r in at_batch]),
                 compatibility=compatibility,
                 evidence=[r["result_id"] for r in at_batch],
             )
@@ -146,22 +146,27 @@ def _predicted_candidates(
             source="predicted",
             latency_ms=values["latency_p50_ms"],
             throughput_per_s=values["throughput_per_s"],
-            memory_mb=values["memory_peak_mb"],
+            memory_mb=_median_measured([values["memory_peak_mb"]]),
             compatibility=family_compat[target],
             evidence=[error],
         )
     return candidates, []
 
 
+def _median_measured(values: list[float | None]) -> float | None:
+    """The median of the measured values (neither NULL nor NaN), or None when none was measured."""
+    measured = [v for v in values if v is not None and not np.isnan(v)]
+    return float(np.median(measured)) if measured else None
+
+
 def _score(candidates: list[Candidate], weights: ScoreWeights) -> None:
     """Each metric normalised to the best candidate (1.0), then the weighted mean."""
     best_latency = min(c.latency_ms for c in candidates)
     best_throughput = max(c.throughput_per_s for c in candidates)
-    memories = [c.memory_mb for c in candidates if not np.isnan(c.memory_mb)]
-    best_memory = min(memories) if memories else np.nan
+    memories = [c.memory_mb for c in candidates if c.memory_mb is not None]
     total = weights.latency + weights.throughput + weights.memory + weights.compatibility
     for c in candidates:
-        memory_score = best_memory / c.memory_mb if memories and not np.isnan(c.memory_mb) else 0.0
+        memory_score = min(memories) / c.memory_mb if c.memory_mb is not None else 0.0
         c.score = (
             weights.latency * best_latency / c.latency_ms
             + weights.throughput * c.throughput_per_s / best_throughput

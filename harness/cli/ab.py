@@ -16,6 +16,7 @@ from harness.cli.common import (
     WarmupOption,
     errors,
     fail,
+    given,
     int_list,
     split_list,
 )
@@ -33,6 +34,7 @@ PythonHelp = "Another environment's python for variant {side} (with accelharness
 
 
 def ab(
+    ctx: typer.Context,
     a: Annotated[str, typer.Option("--a", help=f"Variant A (the baseline). {VariantOption}")],
     b: Annotated[str, typer.Option("--b", help=f"Variant B (the change). {VariantOption}")],
     hardware: Annotated[
@@ -72,6 +74,11 @@ def ab(
 
     if fmt not in ("md", "json"):
         raise fail(f"unknown format '{fmt}'; valid: md, json")
+    if not web_hardware and given(ctx, "threads"):
+        raise fail(
+            f"--threads {threads}: wasm thread counts of the browser half, which runs only with --web-hardware "
+            "(native engines choose their own threads); add --web-hardware wasm or drop --threads"
+        )
     request = AbRequest(
         a=a, b=b, hardware=split_list(hardware), engines=split_list(engines), web_hardware=split_list(web_hardware),
         threads=int_list("--threads", threads),

@@ -21,6 +21,7 @@ from harness.cli.common import (
     fail,
     split_list,
 )
+from harness.core.bounds import MAX_BATCH, out_of_range
 from harness.store import DEFAULT_DB, StoreError
 
 AnalysisFormat = Annotated[str, typer.Option("--format", help="md, json or html.")]
@@ -111,8 +112,10 @@ def recommend(
         score_weights = ScoreWeights(*values)
     except (ValueError, TypeError):
         raise fail(f"--weights takes four numbers latency,throughput,memory,compatibility (got '{weights}')") from None
-    if mode not in ("inference", "training") or batch_size < 1:
-        raise fail("--mode is inference or training and --batch-size >= 1")
+    if mode not in ("inference", "training"):
+        raise fail(f"unknown --mode '{mode}'; valid: inference, training")
+    if problem := out_of_range("--batch-size", batch_size, 1, MAX_BATCH):
+        raise fail(problem)
     if one_line:
         if model_family or task or hardware or create_map:
             raise fail("--one-line takes --model, --batch-size, --mode and --db; the ranking's options do nothing")
@@ -136,7 +139,7 @@ def recommend(
             f"{c.score:.3f}",
             f"{c.latency_ms:.3f}",
             f"{c.throughput_per_s:.1f}",
-            f"{c.memory_mb:.0f}",
+            f"{c.memory_mb:.0f}" if c.memory_mb is not None else "—",  # not measured
             f"{c.compatibility:.0%}",
             evidence,
         )

@@ -38,11 +38,12 @@ from harness.cli.common import (
 )
 from harness.cli.progress import print_summary, run_with_progress
 from harness.cli.stops import interrupted, stopped
+from harness.core.bounds import MAX_DEVICES
 from harness.native import DEFAULT_ENGINES, ENGINES
 from harness.run.native import run_native
 from harness.run.plan import DEFAULT_MAX_TIME_S, BenchmarkRequest, RequestError, validate
 from harness.run.recording import resume_point
-from harness.run.serve import DEFAULT_MAX_DEVICES, MAX_DEVICES_LIMIT
+from harness.run.serve import DEFAULT_MAX_DEVICES
 from harness.store import DEFAULT_DB, StoreError, StoreWriteError
 from harness.web.eps import WEB_HARDWARE, WEBNN_DEVICES
 
@@ -197,7 +198,7 @@ def web(
     max_devices: Annotated[
         int,
         typer.Option(
-            help=f"--serve: the most devices this run takes (1 to {MAX_DEVICES_LIMIT}); one beyond them is refused."
+            help=f"--serve: the most devices this run takes (1 to {MAX_DEVICES}); one beyond them is refused."
         ),
     ] = DEFAULT_MAX_DEVICES,
     serve_timeout: Annotated[float | None, typer.Option(help="--serve: stop serving after this many seconds.")] = None,

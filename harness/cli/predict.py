@@ -12,6 +12,8 @@ import typer
 from rich.table import Table
 
 from harness.cli.common import DbOption, ModelPathOption, console, fail, int_list, split_list
+from harness.core.bounds import MAX_BATCH, MAX_SEQUENCE, out_of_range
+from harness.run.plan import MAX_TIMEOUT_S, RequestError, check_seconds
 from harness.store import DEFAULT_DB, StoreError
 
 if TYPE_CHECKING:
@@ -59,11 +61,16 @@ def predict(
         return _evaluate(db, as_json)
     if (model is None) == (model_path is None):
         raise fail("give one of --model (a spec or a measured model) or --model-path (an .onnx file or HF directory)")
+    batches, seqs = int_list("--batch-sizes", batch_sizes), int_list("--sequence-lengths", sequence_lengths)
+    for option, values, high in (("--batch-sizes", batches, MAX_BATCH), ("--sequence-lengths", seqs, MAX_SEQUENCE)):
+        if problem := out_of_range(option, values, 1, high):
+            raise fail(problem)
+    try:
+        check_seconds("--timeout", timeout, positive=True, limit=MAX_TIMEOUT_S)
+    except RequestError as exc:
+        raise fail(str(exc)) from None
     if not db.exists():
         raise fail(f"no store at {db}: run benchmarks first (accelharness native ...)")
-    batches, seqs = int_list("--batch-sizes", batch_sizes), int_list("--sequence-lengths", sequence_lengths)
-    if not batches or not seqs or min(batches + seqs) < 1:
-        raise fail("--batch-sizes and --sequence-lengths take comma-separated integers >= 1")
     error_bound = _error_bound(method, max_error)
     from harness.analysis.op_predict import MIN_MODELS
     from harness.analysis.predict import InsufficientData

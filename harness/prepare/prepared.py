@@ -18,6 +18,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
+from harness.core.failures import classify
 from harness.core.records import Case, Result, Target
 from harness.prepare.specs import ModelSpec
 
@@ -41,6 +42,8 @@ class PreparedModel:
     export: dict[str, Any] = field(default_factory=dict)
     case_files: dict[CaseShape, Path] = field(default_factory=dict)
     skipped: dict[CaseShape, str] = field(default_factory=dict)  # case → why it cannot run
+    # case → (status, why) when its inputs or reference outputs could not be made: that case fails alone
+    failed: dict[CaseShape, tuple[str, str]] = field(default_factory=dict)
     onnx_past_path: Path | None = None  # the export with past key/values, for ONNX generation
     onnx_past_error: str | None = None  # why there is none when it was asked for
     output_names: tuple[str, ...] = ()  # the reference outputs' names, in order (parity messages name them)
@@ -64,6 +67,14 @@ class PreparedModel:
             details=details,
             **fields,
         )
+
+    def unprepared(self, case: Case) -> tuple[str, str] | None:
+        """(status, why) for a case this model has no inputs for: a sequence past its positions
+        (`unsupported`), or its inputs or reference failed to build (`oom`, `error`); None when it has them."""
+        shape = (case.batch_size, case.seq_len)
+        if shape in self.skipped:
+            return "unsupported", self.skipped[shape]
+        return self.failed.get(shape)
 
     def load_case(self, shape: CaseShape) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
         with np.load(self.case_files[shape]) as data:
@@ -105,6 +116,25 @@ def write_atomically(path: Path, write: Callable[[IO[bytes]], object]) -> None:
 def _save_case(path: Path, feeds: dict[str, np.ndarray], reference: list[np.ndarray]) -> None:
     arrays = {f"in:{k}": v for k, v in feeds.items()} | {f"ref:{i}": r for i, r in enumerate(reference)}
     write_atomically(path, lambda file: np.savez(file, **arrays))
+
+
+def _build_cases(
+    case_files: dict[CaseShape, Path], build: Callable[[int, int | None], tuple[dict[str, np.ndarray], list]]
+) -> dict[CaseShape, tuple[str, str]]:
+    """Each missing case's inputs and reference outputs, built and saved; a case whose build fails (an
+    allocation past memory, a graph that refuses the shape) is taken out of case_files and returned
+    with its status and reason: it fails alone, the model's other cases run."""
+    failed = {}
+    for (batch, seq), path in list(case_files.items()):
+        if path.exists():
+            continue
+        try:
+            _save_case(path, *build(batch, seq))
+        except Exception as exc:  # that case's outcome, not the model's
+            status, message = classify(exc)
+            failed[(batch, seq)] = (status, f"preparing the inputs and reference outputs failed: {message}")
+            del case_files[(batch, seq)]
+    return failed
 
 
 def _prepare_spec_model(job: PrepareJob) -> PreparedModel:
@@ -159,16 +189,18 @@ def _build_and_prepare(job: PrepareJob, case_dir: Path) -> PreparedModel:
     parameters = sum(p.numel() for p in module.parameters())
     limit = max_sequence_length(config) if spec.inputs.uses_sequence else None
     case_files, skipped = _case_paths(job, case_dir, limit)
-    # References first: exporting traces the module and may leave it changed.
-    for (batch, seq), path in case_files.items():
-        if not path.exists():
-            feeds = make_inputs(spec, config, batch, seq)
-            with torch.inference_mode():
-                outputs = module(*(torch.from_numpy(feeds[n]) for n in module.input_names))
-            _save_case(path, feeds, [o.float().numpy() for o in outputs])
+
+    def build(batch: int, seq: int | None) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+        feeds = make_inputs(spec, config, batch, seq)
+        with torch.inference_mode():
+            outputs = module(*(torch.from_numpy(feeds[n]) for n in module.input_names))
+        return feeds, [o.float().numpy() for o in outputs]
+
+    failed = _build_cases(case_files, build)  # references first: exporting traces the module and may change it
     example_seq = 16 if spec.inputs.uses_sequence else None
     outcome = export_onnx(spec, module, weights, make_inputs(spec, config, 2, example_seq))
     prepared = _prepared(job, weights, outcome, parameters, case_files, skipped)
+    prepared.failed = failed
     if job.with_past:
         from harness.prepare.export_past import export_with_past
 
@@ -240,12 +272,13 @@ def _prepare_onnx_file(job: PrepareJob) -> PreparedModel:
         output_names=tuple(o.name for o in session.get_outputs()) if session is not None else (),
     )
     case_dir = _case_dir(digest)
-    for batch, seq in job.shapes:
-        path = case_dir / f"b{batch}_s{seq}.npz"
-        if not path.exists():
-            feeds = make_signature_inputs(signature, spec.name, batch, seq)
-            _save_case(path, feeds, list(session.run(None, feeds)) if session is not None else [])
-        prepared.case_files[(batch, seq)] = path
+    prepared.case_files = {(batch, seq): case_dir / f"b{batch}_s{seq}.npz" for batch, seq in job.shapes}
+
+    def build(batch: int, seq: int | None) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+        feeds = make_signature_inputs(signature, spec.name, batch, seq)
+        return feeds, list(session.run(None, feeds)) if session is not None else []
+
+    prepared.failed = _build_cases(prepared.case_files, build)
     return prepared
 
 

@@ -221,6 +221,8 @@ def spec_from_path(path: Path, family: str | None) -> ModelSpec:
         raise SpecError(f"--model-path {path}: cannot read config.json ({exc})") from exc
     if not isinstance(config, dict):
         raise SpecError(f"--model-path {path}: config.json must hold a JSON object, got {type(config).__name__}")
+    if problem := config_type_error(config):
+        raise SpecError(f"--model-path {path}: config.json {problem}")
     model_type = config.get("model_type")
     template = next((s for s in load_specs().values() if s.model_type == model_type), None)
     if template is None:
@@ -241,6 +243,38 @@ def spec_from_path(path: Path, family: str | None) -> ModelSpec:
         local_path=path.resolve(),
         source=str(path),
     )
+
+
+# The config.json keys that size a model, by the JSON type transformers needs: a wrong type ("hidden_size":
+# "big") is refused before a run exists, instead of failing every case in the worker. Sub-configs
+# (text_config, vision_config, …) are checked alike.
+INTEGER_CONFIG_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                       "intermediate_size", "max_position_embeddings", "type_vocab_size", "head_dim", "n_embd",
+                       "n_layer", "n_head", "n_positions", "n_ctx", "n_inner", "d_model", "d_ff", "d_kv",
+                       "num_layers", "num_heads", "num_decoder_layers", "encoder_layers", "decoder_layers",
+                       "num_channels", "projection_dim")  # fmt: skip
+NUMBER_CONFIG_KEYS = ("layer_norm_eps", "rms_norm_eps", "initializer_range", "hidden_dropout_prob",
+                      "attention_probs_dropout_prob", "rope_theta")  # fmt: skip
+CONFIG_KEY_TYPES = dict.fromkeys(INTEGER_CONFIG_KEYS, (int,)) | dict.fromkeys(NUMBER_CONFIG_KEYS, (int, float))
+
+
+def config_type_error(config: dict[str, Any], where: str = "") -> str | None:
+    """What is wrong with the types of a config.json's sizing keys ("key 'hidden_size' must be …"), or None."""
+    for key, value in config.items():
+        expected = CONFIG_KEY_TYPES.get(key)
+        if expected and not _sized_as(value, expected):
+            kind = "an integer" if expected == (int,) else "a number"
+            return f"key '{where}{key}' must be {kind}, got {type(value).__name__} {json.dumps(value)[:80]}"
+        if key.endswith("_config") and isinstance(value, dict) and (problem := config_type_error(value, f"{key}.")):
+            return problem
+    return None
+
+
+def _sized_as(value: Any, expected: tuple[type, ...]) -> bool:
+    """null (the default), a number of the expected type (a bool is none), or a list of them (per-stage
+    sizes, as CLAP's audio encoder has)."""
+    values = value if isinstance(value, list) else [value]
+    return value is None or all(isinstance(v, expected) and not isinstance(v, bool) for v in values)
 
 
 def check_onnx_file(path: Path) -> None:

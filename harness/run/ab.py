@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from harness.core.bounds import MAX_ITERATIONS, MAX_ROUNDS, MAX_THREADS
 from harness.core.records import PRECISIONS, VARIANTS, Case, Result, Target
 from harness.core.stats import MIN_PAIRED_ROUNDS
 from harness.native import capabilities
@@ -46,11 +47,12 @@ from harness.run.isolation import describe_exit, oom_kill_count
 from harness.run.plan import (
     RequestError,
     RunOptions,
+    check_count,
     check_engines,
     check_measuring,
     check_paths,
-    check_positive,
     check_seconds,
+    check_shapes,
     choose_targets,
 )
 from harness.run.recording import Emit, RunSummary, record_run
@@ -144,16 +146,21 @@ def validate_ab(request: AbRequest) -> AbPlan:
     """Check every input before anything is written; raise RequestError naming the valid values."""
     if not request.a or not request.b:
         raise RequestError("ab needs both variants: --a MODEL and --b MODEL (a name, an HF directory or an .onnx file)")
-    check_positive("--batch-sizes", request.batch_sizes)
-    check_positive("--sequence-lengths", request.sequence_lengths)
+    check_shapes(request)
     check_measuring(request)
     if request.rounds < MIN_PAIRED_ROUNDS:
         raise RequestError(
             f"--rounds must be >= {MIN_PAIRED_ROUNDS} (got {request.rounds}): with fewer paired rounds the "
             "signed-rank test can never show a change"
         )
-    if request.block < 1:
-        raise RequestError(f"--block takes a whole number of iterations >= 1 (got {request.block})")
+    check_count("--rounds", request.rounds, MAX_ROUNDS, low=MIN_PAIRED_ROUNDS)
+    check_count("--block", request.block, MAX_ITERATIONS)
+    if request.rounds * request.block > MAX_ITERATIONS:  # a variant's iterations per case, as --max-iterations
+        raise RequestError(
+            f"--rounds × --block: at most {MAX_ITERATIONS:,} iterations per variant and case "
+            f"(got {request.rounds} × {request.block})"
+        )
+    check_count("--threads", request.threads, MAX_THREADS)
     check_seconds("--block-time", request.block_time_s, positive=False, limit=3600)
     for option, precision in (("--precision", request.precision), ("--a-precision", request.a_precision),
                               ("--b-precision", request.b_precision)):  # fmt: skip
@@ -431,19 +438,49 @@ def _blocked(prepared: dict[str, Prepared], target: Target, availability: Availa
     return reasons
 
 
+def _unpaired(plan: AbPlan, prepared: dict[str, Prepared]) -> dict[int, dict[str, tuple[str, str]]]:
+    """The cases (by index) that a side could not prepare (harness.prepare.prepared: a case fails
+    alone), with each side's (status, reason): the other side is not measured alone."""
+    cases = {side: plan.cases(each.variant) for side, each in prepared.items()}
+    unpaired = {}
+    for index in range(len(cases["a"])):
+        outcomes = {side: each.model.unprepared(cases[side][index]) if each.model else None
+                    for side, each in prepared.items()}  # fmt: skip
+        failing = [(side, outcome) for side, outcome in outcomes.items() if outcome]
+        if failing:
+            side, (_, reason) = failing[0]
+            why = f"not measured: variant {side.upper()} cannot run this case ({reason[:300]})"
+            unpaired[index] = {side: outcome or ("error", why) for side, outcome in outcomes.items()}
+    return unpaired
+
+
+def _paired_cases(plan: AbPlan, prepared: dict[str, Prepared], unpaired: dict, target: Target, emit: Emit) -> dict:
+    """Each side's cases both sides prepared; the others get their rows on this target here."""
+    paired: dict[str, list[Case]] = {}
+    for side, each in prepared.items():
+        cases = plan.cases(each.variant)
+        for index in unpaired:
+            emit(each.row(target, cases[index], *unpaired[index][side]))
+        paired[side] = [case for index, case in enumerate(cases) if index not in unpaired]
+    return paired
+
+
 def execute_ab(plan: AbPlan) -> Callable[[Emit], None]:
     """The ab run as a body for harness.run.recording.record_run."""
 
     def body(emit: Emit) -> None:
         prepared = {v.side: _prepare(v, plan) for v in plan.variants}
+        unpaired = _unpaired(plan, prepared)
         for target, availability in plan.targets:
             if reasons := _blocked(prepared, target, availability):
                 _emit_blocked(plan, prepared, target, reasons, emit)
                 continue
-            sides = {side: Side(each.variant, each.model, plan.cases(each.variant)) for side, each in prepared.items()}
-            run_target(sides, target, plan.request, emit)  # type: ignore[arg-type]
+            cases = _paired_cases(plan, prepared, unpaired, target, emit)
+            sides = {side: Side(each.variant, each.model, cases[side]) for side, each in prepared.items()}
+            if cases["a"]:
+                run_target(sides, target, plan.request, emit)  # type: ignore[arg-type]
         if plan.web is not None:
-            _run_web(plan, plan.web, prepared, emit)
+            _run_web(plan, plan.web, prepared, unpaired, emit)
 
     return body
 
@@ -454,7 +491,7 @@ def _emit_blocked(plan: AbPlan, prepared: dict[str, Prepared], target: Target, r
             emit(each.row(target, case, *reasons[side]))
 
 
-def _run_web(plan: AbPlan, web: WebPlan, prepared: dict[str, Prepared], emit: Emit) -> None:
+def _run_web(plan: AbPlan, web: WebPlan, prepared: dict[str, Prepared], unpaired: dict, emit: Emit) -> None:
     """The browser half: both variants in one page per EP setting (harness.run.ab_web)."""
     from harness.run.ab_web import WebSide, run_web_pairs
     from harness.web.driver import run_sync
@@ -464,9 +501,12 @@ def _run_web(plan: AbPlan, web: WebPlan, prepared: dict[str, Prepared], emit: Em
         if reasons:
             _emit_blocked(plan, prepared, target, reasons, emit)
     if not any(reasons for reasons in blocked.values()):
-        sides = {side: WebSide(side, each.model, each.variant.precision, plan.cases(each.variant))
+        cases = {target: _paired_cases(plan, prepared, unpaired, target, emit) for target in blocked}
+        paired = next(iter(cases.values()))  # the same cases on every EP setting
+        sides = {side: WebSide(side, each.model, each.variant.precision, paired[side])
                  for side, each in prepared.items()}  # type: ignore[arg-type]  # fmt: skip
-        run_sync(run_web_pairs(web, plan.request, sides, emit))
+        if paired["a"]:
+            run_sync(run_web_pairs(web, plan.request, sides, emit))
 
 
 def run_ab(request: AbRequest, on_result: Callable[[Result, str], None] | None = None,

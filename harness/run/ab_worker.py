@@ -113,7 +113,8 @@ class VariantServer:
 
 def serve(job_path: Path) -> None:
     """Answer the parent's commands until stdin closes."""
-    from harness.run.isolation import classify, die_with_parent
+    from harness.core.failures import classify
+    from harness.run.isolation import die_with_parent
 
     die_with_parent()
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)

@@ -94,7 +94,7 @@ class ControlProbe:
         self.error: str | None = None
 
     def measure(self, position: str) -> Control:
-        from harness.run.isolation import classify
+        from harness.core.failures import classify
         from harness.run.measure import MeasureConfig, measure
         from harness.run.memory import PeakRss
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from harness.core.records import UnsupportedError
+from harness.core.failures import classify
 
 LOG_TAIL_LINES = 12
 # What the fork server imports once: a spawned worker spent ~2.5 s of every job importing these.
@@ -52,13 +52,6 @@ TORCH_PRELOAD = [
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 GROUP_WATCH_SIGNAL = signal.SIGUSR1  # what the kernel sends a worker's group watcher when the worker dies
 EXIT_GRACE_S = 5.0  # after "done", how long a worker may take to exit before its group is killed
-# How the engines say a graph holds an operator they have no kernel or conversion for (lower case):
-# a fact about the engine, recorded as `unsupported`, not a crash.
-UNSUPPORTED_OPERATOR = (
-    "is not a registered function/op",  # ONNX Runtime, unknown op or domain
-    "could not find an implementation for",  # ONNX Runtime, no kernel for this op/type on the EP
-    "no conversion rule found for operations",  # OpenVINO's ONNX frontend
-)
 
 
 @dataclass(frozen=True)
@@ -91,19 +84,6 @@ def stopping() -> bool:
     """Whether the calling thread's jobs have been told to stop."""
     event = getattr(_thread, "stop", None)
     return event is not None and event.is_set()
-
-
-def classify(exc: BaseException) -> tuple[str, str]:
-    """The status and one-paragraph message a failure is recorded with."""
-    message = "".join(traceback.format_exception_only(exc)).strip()[:2000]
-    text = message.lower()
-    if isinstance(exc, MemoryError) or "outofmemory" in type(exc).__name__.lower() or "out of memory" in text:
-        return "oom", message
-    if isinstance(exc, UnsupportedError) or type(exc).__name__ == "NotImplemented":
-        return "unsupported", message
-    if any(pattern in text for pattern in UNSUPPORTED_OPERATOR):
-        return "unsupported", message
-    return "error", message
 
 
 def die_with_parent() -> None:

@@ -31,14 +31,18 @@ def _prepare(plan: Plan, spec: ModelSpec) -> tuple[PreparedModel | None, str | N
     return None, outcome.message or "model preparation failed", outcome.status
 
 
-def _skip_reason(prepared: PreparedModel, target: Target, availability: Availability, case: Case) -> str | None:
-    """Why a case cannot run on a target (recorded as `unsupported`), or None when it can."""
+def _not_runnable(
+    prepared: PreparedModel, target: Target, availability: Availability, case: Case
+) -> tuple[str, str | None] | None:
+    """(status, why) for a case that cannot run on a target, or None when it can: the target is not
+    available, the case has no inputs (past the model's positions, or they failed to build), or the
+    engine needs the ONNX export that failed."""
     if not availability.ok:
-        return availability.reason
-    if skip := prepared.skipped.get((case.batch_size, case.seq_len)):
-        return skip
+        return "unsupported", availability.reason
+    if outcome := prepared.unprepared(case):
+        return outcome
     if capabilities(target.engine).needs_onnx and prepared.onnx_path is None:
-        return prepared.onnx_error
+        return "unsupported", prepared.onnx_error
     return None
 
 
@@ -69,8 +73,8 @@ def _run_model(plan: Plan, spec: ModelSpec, emit: Emit) -> None:
             job = Job(prepared, target, [], measure)
             runnable = []
             for case in cases:
-                if reason := _skip_reason(prepared, target, availability, case):
-                    emit(job.prepared.result(job.target, case, "unsupported", reason))
+                if outcome := _not_runnable(prepared, target, availability, case):
+                    emit(job.prepared.result(job.target, case, *outcome))
                 else:
                     runnable.append(case)
             if runnable:

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.core.bounds import MAX_BATCH, MAX_ITERATIONS, MAX_NEW_TOKENS, MAX_SEQUENCE, out_of_range
 from harness.core.paths import unwritable_directory, unwritable_file
 from harness.core.records import MODES, PRECISIONS, Case, Target, result_key
 from harness.native import DEFAULT_ENGINES, ENGINES, capabilities
@@ -115,16 +116,21 @@ def precisions(request: BenchmarkRequest) -> list[str]:
     return list(dict.fromkeys(p.strip() for p in given if p.strip()))
 
 
-def check_positive(name: str, values: list[int]) -> None:
-    bad = [v for v in values if v < 1]
-    if bad or not values:
-        raise RequestError(f"{name} must be integers >= 1 (got {values})")
+def check_count(name: str, values: int | list[int], high: int, low: int = 1) -> None:
+    """A count option, or a list of them, within low..high (the bounds of harness.core.bounds)."""
+    if problem := out_of_range(name, values, low, high):
+        raise RequestError(problem)
+
+
+def check_shapes(request: RunOptions) -> None:
+    """The batch sizes and sequence lengths every benchmark request takes."""
+    check_count("--batch-sizes", request.batch_sizes, MAX_BATCH)
+    check_count("--sequence-lengths", request.sequence_lengths, MAX_SEQUENCE)
 
 
 def validate(request: BenchmarkRequest) -> Plan:
     """Check every input before anything is written; raise RequestError naming the valid values."""
-    check_positive("--batch-sizes", request.batch_sizes)
-    check_positive("--sequence-lengths", request.sequence_lengths)
+    check_shapes(request)
     if not precisions(request):
         raise RequestError(f"--precision needs at least one of: {', '.join(PRECISIONS)}")
     for precision in precisions(request):
@@ -133,8 +139,7 @@ def validate(request: BenchmarkRequest) -> Plan:
     for mode in request.modes:
         if mode not in MODES:
             raise RequestError(f"unknown mode '{mode}'; valid: {', '.join(MODES)}")
-    if request.new_tokens < 1:
-        raise RequestError(f"--new-tokens must be >= 1 (got {request.new_tokens})")
+    check_count("--new-tokens", request.new_tokens, MAX_NEW_TOKENS)
     check_measuring(request)
     engines = check_engines(request.engines, request.hardware)
     specs = check_selection(request)
@@ -218,13 +223,13 @@ def check_seconds(name: str, value: float, *, positive: bool, limit: float = mat
 
 def check_measuring(request: RunOptions) -> None:
     """The stop-rule and time-limit options every request shares."""
-    if request.warmup < 0 or request.iterations < 1 or request.max_iterations < request.iterations:
-        raise RequestError("need --warmup >= 0, --iterations >= 1 and --max-iterations >= --iterations")
+    check_count("--warmup", request.warmup, MAX_ITERATIONS, low=0)
+    check_count("--iterations", request.iterations, MAX_ITERATIONS)
+    check_count("--max-iterations", request.max_iterations, MAX_ITERATIONS, low=request.iterations)
+    check_count("--min-iterations", request.min_iterations, MAX_ITERATIONS)
     check_seconds("--min-duration", request.min_duration_s, positive=False)
     if request.max_time_s is not None:
         check_seconds("--max-time", request.max_time_s, positive=True, limit=MAX_TIMEOUT_S)
-    if request.min_iterations < 1:
-        raise RequestError(f"--min-iterations takes a whole number >= 1 (got {request.min_iterations})")
     check_seconds("--timeout", request.timeout_s, positive=True, limit=MAX_TIMEOUT_S)
 
 

@@ -15,7 +15,6 @@ summary = run_serve(ServeRequest(models=["bert-tiny"], hardware=["wasm"], device
 
 from __future__ import annotations
 
-import math
 import ssl
 import statistics
 from collections.abc import Callable
@@ -23,11 +22,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.core.bounds import MAX_DEVICES
 from harness.core.labels import case_label
 from harness.core.records import Case, Result, result_key
 from harness.prepare.prepared import PreparedModel
 from harness.prepare.specs import ModelSpec
-from harness.run.plan import RequestError, RunOptions
+from harness.run.plan import MAX_TIMEOUT_S, RequestError, RunOptions, check_seconds
 from harness.run.recording import Body, Emit, RunSummary, record_run
 from harness.run.web import (
     EpSetting,
@@ -48,7 +48,6 @@ INSECURE = (
     "SharedArrayBuffer (wasm threads drop to 1) and coarsens its timer; serve HTTPS with --certfile/--keyfile"
 )
 DEFAULT_MAX_DEVICES = 32  # devices one run takes unless told (--max-devices)
-MAX_DEVICES_LIMIT = 1000  # the most --max-devices may be: each device holds its jobs and pages in memory
 ServeEvent = Callable[[str, Any, Any], None]  # (kind, harness.web.serve.Device, ServeJob | None)
 
 
@@ -89,9 +88,8 @@ def validate_serve(request: ServeRequest) -> ServePlan:
     if request.profile:  # a device's answer has no room for a trace, and its page's file is not counted here
         raise RequestError("--profile: not with --serve (profile in a browser this harness launches or reaches)")
     check_devices(request.devices, request.max_devices)
-    limit = request.serve_timeout_s
-    if limit is not None and not (math.isfinite(limit) and limit > 0):
-        raise RequestError(f"--serve-timeout {limit}: must be a finite number of seconds > 0")
+    if request.serve_timeout_s is not None:
+        check_seconds("--serve-timeout", request.serve_timeout_s, positive=True, limit=MAX_TIMEOUT_S)
     try:
         dist_files()
         check_bind(request.host, request.port)
@@ -102,8 +100,8 @@ def validate_serve(request: ServeRequest) -> ServePlan:
 
 
 def check_devices(devices: int | None, max_devices: int) -> None:
-    if not 1 <= max_devices <= MAX_DEVICES_LIMIT:
-        raise RequestError(f"--max-devices {max_devices}: must be 1 to {MAX_DEVICES_LIMIT}")
+    if not 1 <= max_devices <= MAX_DEVICES:
+        raise RequestError(f"--max-devices {max_devices}: must be 1 to {MAX_DEVICES}")
     if devices is not None and not 1 <= devices <= max_devices:
         raise RequestError(
             f"--devices {devices}: must be 1 to --max-devices ({max_devices}), the most devices this run takes "

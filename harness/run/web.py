@@ -23,6 +23,8 @@ from urllib.parse import urlsplit
 import numpy as np
 import psutil
 
+from harness.core.bounds import MAX_THREADS
+from harness.core.failures import UNSUPPORTED_OPERATOR
 from harness.core.labels import BROWSER_ENGINE
 from harness.core.parity import compare
 from harness.core.profiles import PROFILE_ITERATIONS
@@ -40,14 +42,14 @@ from harness.run.control import (
     control_model_path,
     control_positions,
 )
-from harness.run.isolation import UNSUPPORTED_OPERATOR
 from harness.run.plan import (
     RequestError,
     RunOptions,
+    check_count,
     check_measuring,
     check_paths,
-    check_positive,
     check_selection,
+    check_shapes,
     precisions,
 )
 from harness.run.profiling import page_profile, profiled_fields
@@ -195,8 +197,7 @@ def _check_launch(request: WebRequest) -> None:
 def check_browser_request(request: Any) -> list[ModelSpec]:
     """What every browser run checks (web, and web --serve): cases, stop rule, EPs, precisions, the model
     selection and the store's path. Returns the selected specs."""
-    check_positive("--batch-sizes", request.batch_sizes)
-    check_positive("--sequence-lengths", request.sequence_lengths)
+    check_shapes(request)
     check_measuring(request)
     if not request.hardware:
         raise RequestError(f"--hardware is empty; valid: {', '.join(WEB_HARDWARE)}")
@@ -217,7 +218,7 @@ def validate_web(request: WebRequest) -> WebPlan:
     from harness.web.flags import gpu_profile
     from harness.web.server import SetupError, dist_files
 
-    check_positive("--threads", request.threads)
+    check_count("--threads", request.threads, MAX_THREADS)
     if request.webnn_device not in WEBNN_DEVICES:
         raise RequestError(f"unknown WebNN device '{request.webnn_device}'; valid: {', '.join(WEBNN_DEVICES)}")
     if request.browser not in BROWSERS:
@@ -471,9 +472,8 @@ def not_runnable(
     """The row for a case that cannot reach the browser, or None when it can."""
     if prepared is None:
         return unprepared_result(spec, setting.target, case, "error", why)
-    skip = prepared.skipped.get((case.batch_size, case.seq_len))
-    if skip:
-        return prepared.result(setting.target, case, "unsupported", skip)
+    if outcome := prepared.unprepared(case):
+        return prepared.result(setting.target, case, *outcome)
     if prepared.onnx_path is None:
         return prepared.result(setting.target, case, "unsupported", f"ONNX export failed: {prepared.onnx_error}")
     return None

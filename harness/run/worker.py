@@ -20,13 +20,14 @@ from typing import Any
 
 import numpy as np
 
+from harness.core.failures import classify
 from harness.core.parity import compare
 from harness.core.records import Case, Control, Result, Target, UnsupportedError
 from harness.native import capabilities
 from harness.prepare.graph_work import GraphWork, count_graph
 from harness.prepare.prepared import PreparedModel, PrepareJob, prepare_model
 from harness.run.control import ControlProbe, control_positions
-from harness.run.isolation import Outcome, classify, run_isolated, start_method
+from harness.run.isolation import Outcome, run_isolated, start_method
 from harness.run.measure import MeasureConfig, Measurement, measure, measure_generation, measure_training
 from harness.run.memory import PeakRss, rss_mb
 from harness.run.profiling import profiled_fields

@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from harness.core.bounds import MAX_BATCH, MAX_ITERATIONS, MAX_SEQUENCE, MAX_THREADS, out_of_range
 from harness.core.records import PRECISIONS
 from harness.native import DEFAULT_ENGINES, ENGINES
 from harness.prepare.specs import FAMILIES, load_specs
@@ -146,6 +147,14 @@ LIST_ITEMS: dict[str, tuple[type, tuple[str, ...] | None]] = {
     "engines": (str, ENGINES),
     "web_platforms": (str, WEB_HARDWARE),
 }
+COUNTS: dict[str, tuple[int, int]] = {  # the count keys (or lists of counts): their valid range, as their flags'
+    "batch_sizes": (1, MAX_BATCH),
+    "sequence_lengths": (1, MAX_SEQUENCE),
+    "web_threads": (1, MAX_THREADS),
+    "warmup_iterations": (0, MAX_ITERATIONS),
+    "benchmark_iterations": (1, MAX_ITERATIONS),
+    "min_iterations": (1, MAX_ITERATIONS),
+}
 CHOICES: dict[str, tuple[str, ...]] = {"gpu": GPU_MODES}  # string keys with a closed set of values
 
 
@@ -219,8 +228,8 @@ def _check_type(path: Path, key: str, value: Any) -> Any:
                 raise ConfigError(f"{path}: key '{key}' takes a list of {item_type.__name__}, got {item!r}")
             if valid is not None and item not in valid:
                 raise ConfigError(f"{path}: key '{key}': unknown value '{item}'; valid: {', '.join(valid)}")
-            if item_type is int and item < 1:
-                raise ConfigError(f"{path}: key '{key}' takes integers >= 1, got {item}")
+    if key in COUNTS and (problem := out_of_range(f"key '{key}'", value, *COUNTS[key])):
+        raise ConfigError(f"{path}: {problem}")
     return value
 
 
@@ -267,7 +276,22 @@ def load_config(path: Path) -> SuiteConfig:
     config = SuiteConfig(**values, source=path)
     if not config.models:
         raise ConfigError(f'{path}: model_families names no model; e.g. embedding = ["bert-tiny"]')
+    _check_platforms(path, config)
     return config
+
+
+def _check_platforms(path: Path, config: SuiteConfig) -> None:
+    """The config runs something, and each half it turns on has platforms to run on."""
+    if config.include_web_platforms and not config.web_platforms:
+        raise ConfigError(
+            f"{path}: include_web_platforms = true with web_platforms = []: list the browser EPs to run "
+            f"({', '.join(WEB_HARDWARE)}), or set include_web_platforms = false"
+        )
+    if not config.hardware_types and not config.include_web_platforms:
+        raise ConfigError(
+            f"{path}: hardware_types = [] and include_web_platforms = false: the config runs nothing; list native "
+            f"platforms in hardware_types ({', '.join(NATIVE_PLATFORMS)}) or set include_web_platforms = true"
+        )
 
 
 def write_default_config(path: Path) -> None:

@@ -24,10 +24,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from harness.core.failures import classify
 from harness.core.records import Case, Control, Result, Target, result_key
 from harness.prepare.prepared import unprepared_result
 from harness.prepare.specs import ModelSpec
-from harness.run.isolation import classify
 from harness.run.native import execute_native
 from harness.run.plan import Plan, RequestError
 from harness.run.recording import Body, Emit
