@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,23 @@ def takes_past(input_names: Sequence[str], output_names: Sequence[str]) -> bool:
         and bool(pasts)
         and sorted(pasts) == sorted(past_input(p) for p in presents)
     )
+
+
+@cache
+def onnx_takes_past(path: Path) -> bool:
+    """Whether an .onnx file's graph runs the KV-cache loop (read from the proto, weights not loaded)."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    weights = {t.name for t in graph.initializer}
+    inputs = [v.name for v in graph.input if v.name not in weights]
+    return takes_past(inputs, [v.name for v in graph.output])
+
+
+def generates_with_past(spec: Any) -> bool:
+    """Whether a model generates on ONNX graphs with past key/values: a decoder-only spec (its `-past`
+    export) or an .onnx file whose graph takes past key/values."""
+    return spec.has_past_export or (spec.is_onnx_file and onnx_takes_past(spec.local_path))
 
 
 def positions(mask: np.ndarray, length: int) -> np.ndarray:

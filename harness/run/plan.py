@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.core.generation import MAX_NEW_TOKENS
 from harness.core.records import MODES, PRECISIONS, Case, Target, result_key
 from harness.native import DEFAULT_ENGINES, ENGINES, capabilities
 from harness.native.base import Availability
@@ -45,6 +46,8 @@ class RunOptions:
     db_path: Path = DEFAULT_DB
     output_dir: Path | None = Path("accelharness-results")
     profile: bool = False  # a few profiled iterations per inference case after its timed loop
+    modes: list[str] = field(default_factory=lambda: ["inference"])
+    new_tokens: int = 16  # generate mode: tokens generated per sequence (min = max)
 
     @property
     def outputs(self) -> Outputs | None:
@@ -57,8 +60,6 @@ class BenchmarkRequest(RunOptions):
     hardware: list[str] | None = None  # None: every available native platform
     engines: list[str] | None = None
     precision: str | list[str] = "fp32"  # one precision, a list, or a comma-separated string
-    modes: list[str] = field(default_factory=lambda: ["inference"])
-    new_tokens: int = 16  # generate mode: tokens generated per sequence (min = max)
 
 
 @dataclass
@@ -133,16 +134,32 @@ def validate(request: BenchmarkRequest) -> Plan:
     for mode in request.modes:
         if mode not in MODES:
             raise RequestError(f"unknown mode '{mode}'; valid: {', '.join(MODES)}")
-    if request.new_tokens < 1:
-        raise RequestError(f"--new-tokens must be >= 1 (got {request.new_tokens})")
     check_measuring(request)
     engines = check_engines(request.engines, request.hardware)
     specs = check_selection(request)
+    check_generation(request, specs, request.modes)
     check_db_path(Path(request.db_path))
     targets = choose_targets(request.hardware, engines)
     if not targets:
         raise RequestError(f"no target serves hardware {request.hardware} with engines {engines}")
     return Plan(specs, targets, request)
+
+
+def check_generation(request: RunOptions, specs: list[ModelSpec], modes: list[str]) -> None:
+    """--new-tokens within its bound, and every prompt plus its new tokens within each generative model's
+    context: refused here, before anything is prepared, rather than failing inside the model."""
+    tokens = request.new_tokens
+    if not 1 <= tokens <= MAX_NEW_TOKENS:
+        raise RequestError(f"--new-tokens must be between 1 and {MAX_NEW_TOKENS} (got {tokens})")
+    if "generate" not in modes:
+        return
+    longest = max(request.sequence_lengths)
+    for spec in specs:
+        if spec.is_generative and spec.context_length and longest + tokens > spec.context_length:
+            raise RequestError(
+                f"{spec.name} takes {spec.context_length} positions: a prompt of {longest} (--sequence-lengths) "
+                f"plus --new-tokens {tokens} is {longest + tokens}; lower one of them"
+            )
 
 
 def check_engines(engines: list[str] | None, hardware: list[str] | None) -> list[str]:

@@ -33,10 +33,10 @@ from harness.run.web import (
     EpSetting,
     Prepared,
     build_result,
+    case_model,
     check_browser_request,
     not_runnable,
     page_job,
-    precision_model,
     prepare_spec,
     web_cases,
 )
@@ -214,7 +214,7 @@ class ServedJobs:
         row = not_runnable(spec, prepared, why, setting, case)
         if row is None:
             assert prepared is not None
-            converted, precision, conversion = precision_model(prepared.onnx_path, case.precision)
+            converted, precision, conversion = case_model(prepared, case)
             if converted is None:
                 row = prepared.result(setting.target, case, "unsupported", conversion["why"], precision=precision)
         if row is not None:
