@@ -35,3 +35,18 @@ def test_token_parity_notes_a_near_tie_and_flags_a_real_divergence() -> None:
     assert agree and facts["tokens_matched"] == 1 and facts["token_parity"].startswith("noted: a near tie")
     agree, facts = token_parity([[1, 7, 3], [4, 5, 6]], reference, margins, 0.001)
     assert not agree and facts["divergence_row"] == 0 and facts["token_parity"].startswith("mismatch")
+
+
+def test_memory_that_grows_over_the_repeats_is_flagged() -> None:
+    from harness.run.web_generate import memory_growth
+
+    mb = 2**20
+    steady = memory_growth({"memory_before": {"bytes": 40 * mb}, "memory_after": {"bytes": 41 * mb}}, {})
+    assert steady["memory_growth_flag"] is False and steady["memory_growth_mb"] == 1.0
+    # a page whose own heaps stay flat while the GPU process grows (a WebGPU cache never disposed)
+    leaking = memory_growth({"memory_before": {"bytes": 40 * mb}, "memory_after": {"bytes": 40 * mb}},
+                            {"memory_loop_start_mb": 300.0, "memory_loop_end_mb": 420.0})  # fmt: skip
+    assert leaking["memory_growth_flag"] is True and leaking["memory_growth_mb"] == 120.0
+    assert "a KV cache that is not disposed" in leaking["memory_growth"]
+    unmeasured = memory_growth({"memory_before": {"error": "not isolated"}, "memory_after": None}, {})
+    assert unmeasured["memory_growth"] == "not measured: not isolated" and "memory_growth_flag" not in unmeasured
