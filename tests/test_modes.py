@@ -231,7 +231,7 @@ def test_bad_mode_and_new_tokens_exit_2(tmp_path: Path) -> None:
     done = run_cli("native", "--mode", "finetune", "--db", str(tmp_path / "x.duckdb"))
     assert done.returncode == 2 and "unknown mode 'finetune'; valid: inference, generate, training" in done.stderr
     done = run_cli("native", "--mode", "generate", "--new-tokens", "0", "--db", str(tmp_path / "x.duckdb"))
-    assert done.returncode == 2 and "--new-tokens must be >= 1" in done.stderr
+    assert done.returncode == 2 and "--new-tokens must be between 1 and 8192 (got 0)" in done.stderr
     assert not (tmp_path / "x.duckdb").exists()
 
 

@@ -147,6 +147,8 @@ def validate_ab(request: AbRequest) -> AbPlan:
     check_positive("--batch-sizes", request.batch_sizes)
     check_positive("--sequence-lengths", request.sequence_lengths)
     check_measuring(request)
+    if request.modes != ["inference"]:
+        raise RequestError(f"ab compares inference only (got modes {', '.join(request.modes)})")
     if request.rounds < MIN_PAIRED_ROUNDS:
         raise RequestError(
             f"--rounds must be >= {MIN_PAIRED_ROUNDS} (got {request.rounds}): with fewer paired rounds the "
