@@ -45,7 +45,7 @@ def test_memory_that_grows_over_the_repeats_is_flagged() -> None:
     assert steady["memory_growth_flag"] is False and steady["memory_growth_mb"] == 1.0
     # a page whose own heaps stay flat while the GPU process grows (a WebGPU cache never disposed)
     leaking = memory_growth({"memory_before": {"bytes": 40 * mb}, "memory_after": {"bytes": 40 * mb}},
-                            {"memory_loop_start_mb": 300.0, "memory_loop_end_mb": 420.0})  # fmt: skip
+                            {"gpu_process_loop_start_mb": 300.0, "gpu_process_loop_end_mb": 420.0})  # fmt: skip
     assert leaking["memory_growth_flag"] is True and leaking["memory_growth_mb"] == 120.0
     assert "a KV cache that is not disposed" in leaking["memory_growth"]
     unmeasured = memory_growth({"memory_before": {"error": "not isolated"}, "memory_after": None}, {})

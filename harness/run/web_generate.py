@@ -47,17 +47,17 @@ def prompt_feeds(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 def memory_growth(generation: dict[str, Any], details: dict[str, Any]) -> dict[str, Any]:
     """How memory moved over the repeated generations, and a flag when it grew beyond MEMORY_GROWTH_BOUND_MB
     (what a KV cache that is never disposed does): the page's own figure after the warm-up and after the
-    repeats (JS and wasm heaps), and for a launched browser its renderer + GPU process RSS at the timed
-    loop's start and end (where a WebGPU cache lives on a software adapter)."""
+    repeats (JS and wasm heaps), and for a launched browser its GPU process's RSS at the timed loop's start
+    and end (where a WebGPU cache lives on a software adapter)."""
     before, after = generation.get("memory_before") or {}, generation.get("memory_after") or {}
     facts: dict[str, Any] = {"memory_growth_bound_mb": MEMORY_GROWTH_BOUND_MB}
     growth: dict[str, float] = {}
     if before.get("bytes") is not None and after.get("bytes") is not None:
         facts["page_memory_before_mb"], facts["page_memory_after_mb"] = before["bytes"] / 2**20, after["bytes"] / 2**20
         growth["the page's heaps"] = facts["page_memory_after_mb"] - facts["page_memory_before_mb"]
-    start, end = details.get("memory_loop_start_mb"), details.get("memory_loop_end_mb")
+    start, end = details.get("gpu_process_loop_start_mb"), details.get("gpu_process_loop_end_mb")
     if start is not None and end is not None:
-        growth["the browser's renderer and GPU process"] = end - start
+        growth["the browser's GPU process"] = end - start
     if not growth:
         why = before.get("error") or after.get("error") or "no figure before and after the repeats"
         return facts | {"memory_growth": f"not measured: {why}"}
