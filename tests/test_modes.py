@@ -18,7 +18,7 @@ from harness.core.records import Target
 from harness.native import get_backend
 from harness.native.base import LoadRequest
 from harness.native.onnxruntime_backend import OrtGenerator
-from harness.prepare.greedy import positions, prefill_feeds
+from harness.prepare.greedy import past_input, positions, prefill_feeds
 from harness.prepare.prepared import PreparedModel, PrepareJob, prepare_model
 from harness.prepare.specs import load_specs
 from harness.run.energy import EnergyMeter
@@ -155,12 +155,14 @@ def test_onnx_decode_steps_reproduce_torch_logits(with_past: tuple[PreparedModel
     ids, mask = feeds["input_ids"], feeds["attention_mask"]
     step_feeds = prefill_feeds(generator.session, {"input_ids": ids[:, :3], "attention_mask": mask[:, :3]})
     logits = []
+    output_names = [o.name for o in generator.session.get_outputs()]
+    past_names = [past_input(name) for name in output_names[1:]]
     for t in range(3, 8):
-        last, *presents = generator.session.run(generator.output_names, step_feeds)
+        last, *presents = generator.session.run(output_names, step_feeds)
         logits.append(last[:, -1])  # position t - 1
         step_feeds = {"input_ids": ids[:, t : t + 1], "attention_mask": mask[:, : t + 1]}
         step_feeds["position_ids"] = positions(mask[:, : t + 1], 1)
-        step_feeds |= dict(zip(generator.past_names, presents, strict=True))
+        step_feeds |= dict(zip(past_names, presents, strict=True))
     np.testing.assert_allclose(np.stack(logits, axis=1), reference[:, 2:7], atol=1e-4)
 
 
