@@ -4,6 +4,7 @@ rates side by side, native and browser, token parity with native ONNX Runtime, a
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from html import escape
 from typing import Any
@@ -13,7 +14,8 @@ from harness.core.labels import case_label, target_label
 from harness.report.data import RunReport
 
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
-WIDTH, HEIGHT, PAD = 560, 220, 40
+WIDTH, PLOT_WIDTH, HEIGHT, PAD = 900, 520, 220, 56
+LOG_RATIO = 30.0  # a log scale once the slowest step is this many times the fastest
 NO_CURVE = "No decode steps to draw (one token, or no measured row)."
 COLUMNS = (("TTFT p50 ms", "ttft_ms", 3), (PREFILL_RATE, "prefill_tokens_per_s", 1),
            (DECODE_RATE, "decode_tokens_per_s", 1), ("TPOT p50 ms", "tpot_ms", 3), ("TPOT p90 ms", "tpot_p90_ms", 3),
@@ -43,24 +45,34 @@ def _table(rows: list[dict[str, Any]]) -> str:
 
 
 def _curve_svg(curves: list[tuple[str, list[float]]]) -> str:
-    """Polylines of step time (ms) against the decode position, one per target, on a shared scale."""
-    top = max(max(values) for _, values in curves)
+    """Polylines of step time (ms) against the decode position, one per target, on a shared scale (log when
+    the targets are more than LOG_RATIO apart), the legend to the right of the plot."""
+    every = [v for _, values in curves for v in values]
+    low, top = min(every), max(every)
+    log = low > 0 and top / low > LOG_RATIO
+    scale = (lambda v: math.log10(v)) if log else (lambda v: v)
+    bottom_value = scale(low) if log else 0.0
+    span = (scale(top) - bottom_value) or 1.0
     longest = max(len(values) for _, values in curves)
-    x_step = (WIDTH - 2 * PAD) / max(longest - 1, 1)
+    x_step = (PLOT_WIDTH - PAD) / max(longest - 1, 1)
     lines, legend = [], []
     for i, (label, values) in enumerate(curves):
         color = COLORS[i % len(COLORS)]
         points = " ".join(
-            f"{PAD + j * x_step:.1f},{HEIGHT - PAD - (v / top) * (HEIGHT - 2 * PAD):.1f}" for j, v in enumerate(values)
+            f"{PAD + j * x_step:.1f},{HEIGHT - PAD - (scale(v) - bottom_value) / span * (HEIGHT - 2 * PAD):.1f}"
+            for j, v in enumerate(values)
         )
         lines.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{points}"/>')
-        legend.append(f'<text x="{PAD + 4}" y="{14 + 13 * i}" font-size="11" fill="{color}">{escape(label)}</text>')
+        legend.append(
+            f'<text x="{PLOT_WIDTH + 12}" y="{PAD + 14 * i}" font-size="11" fill="{color}">{escape(label)}</text>'
+        )
     axes = (
-        f'<line x1="{PAD}" y1="{HEIGHT - PAD}" x2="{WIDTH - PAD}" y2="{HEIGHT - PAD}" stroke="#888"/>'
+        f'<line x1="{PAD}" y1="{HEIGHT - PAD}" x2="{PLOT_WIDTH}" y2="{HEIGHT - PAD}" stroke="#888"/>'
         f'<line x1="{PAD}" y1="{PAD}" x2="{PAD}" y2="{HEIGHT - PAD}" stroke="#888"/>'
-        f'<text x="{WIDTH / 2}" y="{HEIGHT - 8}" font-size="11" text-anchor="middle">decode step (generated '
-        f'position 2…{longest + 1})</text><text x="4" y="{PAD - 6}" font-size="11">{top:.3g} ms</text>'
-        f'<text x="4" y="{HEIGHT - PAD}" font-size="11">0</text>'
+        f'<text x="{(PAD + PLOT_WIDTH) / 2}" y="{HEIGHT - 8}" font-size="11" text-anchor="middle">decode step '
+        f"(generated position 2…{longest + 1}){', log scale' if log else ''}</text>"
+        f'<text x="{PAD - 4}" y="{PAD + 4}" font-size="11" text-anchor="end">{top:.3g} ms</text>'
+        f'<text x="{PAD - 4}" y="{HEIGHT - PAD}" font-size="11" text-anchor="end">{low if log else 0:.3g}</text>'
     )
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" role="img" '
