@@ -71,6 +71,9 @@ def test_the_reports_name_the_phase_of_every_rate(side_by_side: list[dict[str, A
     assert "pp tokens/s" in markdown and "tg tokens/s" in markdown and "| tokens/s |" not in markdown
     html = (reports / f"{run_id}.html").read_text()
     assert "Generation: gpt2-tiny" in html and "Generation: llama-tiny" in html and "tg tokens/s" in html
+    assert 'aria-label="decode step time per generated position"' in html  # the step-time curve
+    matrix = (reports / "compatibility_matrix.md").read_text()  # a generate column per browser EP
+    assert "wasm/onnxruntime-web (generate)" in matrix and "cpu/onnxruntime (generate)" in matrix
 
 
 def test_webgpu_generates_on_swiftshader_and_says_it_is_software(web_cache: Path, tmp_path: Path) -> None:  # noqa: F811
