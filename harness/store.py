@@ -23,9 +23,10 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from harness.core.generation import summarize_generation
 from harness.core.git import branch_tip
 from harness.core.records import Control, Result
-from harness.core.stats import summarize, summarize_generation
+from harness.core.stats import summarize
 
 DEFAULT_DB = Path("accelharness.duckdb")
 ALL_RUNS = "all"  # the run selector for every run in the store
@@ -104,6 +105,17 @@ MIGRATIONS: dict[int, list[str]] = {
             measured_at TIMESTAMP NOT NULL, iterations INTEGER NOT NULL, median_ms DOUBLE, samples_ms DOUBLE[],
             load_avg_1m DOUBLE, error VARCHAR
         )""",
+    ],
+    7: [
+        # generation by phase (harness.core.generation): pp and tg rates, TPOT p90, every decode step per
+        # generation, the token ids generated and how many agree with native ORT's greedy tokens. The
+        # version-2 tokens_per_s (a rate over whole generations, prefill folded in) is no longer written.
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS prefill_tokens_per_s DOUBLE",
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS decode_tokens_per_s DOUBLE",
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS tpot_p90_ms DOUBLE",
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS generated_tokens JSON",
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS tokens_matched INTEGER",
+        "ALTER TABLE samples ADD COLUMN IF NOT EXISTS steps_ms DOUBLE[]",
     ],
 }
 SCHEMA_VERSION = max(MIGRATIONS)
@@ -283,6 +295,7 @@ class Store:
                 "ttft_ms": pa.array(result.ttft_samples_ms or [None] * len(result.samples_ms), pa.float64()),
                 "tpot_ms": pa.array(result.tpot_samples_ms or [None] * len(result.samples_ms), pa.float64()),
                 "round": pa.array(result.sample_rounds or [None] * len(result.samples_ms), pa.int32()),
+                "steps_ms": pa.array(result.step_samples_ms or [None] * len(result.samples_ms), pa.list_(pa.float64())),
             }
         )
         with self._writing():
@@ -364,6 +377,8 @@ class Store:
             "load_avg_1m": result.load_avg_1m,
             "cpu_percent": result.cpu_percent,
             "energy_j_per_item": result.energy_j_per_item,
+            "generated_tokens": None if result.generated_tokens is None else json.dumps(result.generated_tokens),
+            "tokens_matched": result.details.get("tokens_matched"),
             "git_sha": git_sha,
             "details": json.dumps(result.details, default=str),
         }
@@ -499,6 +514,14 @@ class Store:
         for number, latency in rows:
             by_round.setdefault(number, []).append(latency)
         return by_round
+
+    def steps(self, result_id: str) -> list[list[float]]:
+        """A generate row's decode-step times, one list per timed generation (empty for other rows)."""
+        rows = self.connection.execute(
+            "SELECT steps_ms FROM samples WHERE result_id = ? AND steps_ms IS NOT NULL ORDER BY iteration",
+            [result_id],
+        ).fetchall()
+        return [list(r[0]) for r in rows]
 
     def samples(self, result_id: str) -> list[float]:
         rows = self.connection.execute(

@@ -21,6 +21,7 @@ import onnxruntime as ort
 from harness.core.profiles import Profile, ort_trace_ops, timed_runs
 from harness.core.records import Target
 from harness.native.base import Availability, Capabilities, Clock, HostMemory, LoadRequest, UnsupportedError
+from harness.prepare.greedy import greedy, prefill_feeds
 from harness.prepare.variants import model_for_precision
 
 PROVIDERS = [
@@ -81,15 +82,13 @@ class OrtSession(HostMemory):
 
 class OrtGenerator(OrtSession):
     """Greedy decoding on the export with past key/values (harness.prepare.export_past): a prefill run on
-    the prompt with an empty past, then one run per new token that feeds back the presents."""
+    the prompt with an empty past, then one run per new token that feeds back the presents
+    (harness.prepare.greedy, the loop the browser's reference tokens come from too)."""
 
     def __init__(
         self, session: ort.InferenceSession, provider: str, placement: dict[str, int], path: Path | None = None
     ) -> None:
         super().__init__(session, provider, placement, path)
-        self.output_names = [o.name for o in session.get_outputs()]
-        # present_key_0 → past_key_0: each step's cache is the next step's past
-        self.past_names = ["past" + name.removeprefix("present") for name in self.output_names[1:]]
         self.generated: np.ndarray | None = None  # the last generate()'s token ids, for parity checks
         self.facts["onnx_graph"] = "with past key/values (KV-cache decoder loop)"
 
@@ -99,40 +98,8 @@ class OrtGenerator(OrtSession):
     def generate(self, prepared: dict[str, np.ndarray], new_tokens: int, stamp: Callable[[], None]) -> int:
         """Exactly new_tokens greedy tokens (no EOS stop, like torch's min = max); stamp() runs as
         each token's logits are ready, since run() returns host arrays."""
-        mask = prepared["attention_mask"]
-        feeds = prefill_feeds(self.session, prepared)
-        tokens = []
-        for _ in range(new_tokens):
-            logits, *presents = self.session.run(self.output_names, feeds)
-            stamp()
-            token = logits[:, -1].argmax(axis=-1, keepdims=True).astype(np.int64)
-            tokens.append(token)
-            mask = np.concatenate([mask, np.ones_like(token)], axis=1)
-            feeds = {"input_ids": token, "attention_mask": mask, "position_ids": positions(mask, 1)}
-            feeds |= dict(zip(self.past_names, presents, strict=True))
-        self.generated = np.concatenate(tokens, axis=1)
-        return len(tokens)
-
-
-PAST_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
-
-
-def positions(mask: np.ndarray, length: int) -> np.ndarray:
-    """Position ids of the last `length` tokens, counted over the unpadded ones as transformers'
-    generate() does (padding positions get 1)."""
-    counted = np.cumsum(mask, axis=1) - 1
-    return np.where(mask == 0, 1, counted)[:, -length:].astype(np.int64)
-
-
-def prefill_feeds(session: ort.InferenceSession, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The prompt with an empty past: [batch, kv_heads, 0, head_dim] for every past input."""
-    ids, mask = inputs["input_ids"], inputs["attention_mask"]
-    feeds = {"input_ids": ids, "attention_mask": mask, "position_ids": positions(mask, ids.shape[1])}
-    for past in session.get_inputs():
-        if past.name.startswith("past_"):
-            shape = (ids.shape[0], past.shape[1], 0, past.shape[3])
-            feeds[past.name] = np.zeros(shape, dtype=PAST_DTYPES[past.type])
-    return feeds
+        self.generated = greedy(self.session, prepared, new_tokens, stamp).tokens
+        return self.generated.shape[1]
 
 
 @contextlib.contextmanager

@@ -67,6 +67,7 @@ class TorchSession(HostMemory):
         self.device = torch.device(HARDWARE_DEVICES[hardware])
         self.precision = "fp32" if precision == "auto" else precision
         self.clock = CudaEventClock() if self.device.type == "cuda" else Clock()
+        self.generated: np.ndarray | None = None  # the last generate()'s token ids, stored on the row
         self.facts: dict[str, Any] = {
             "torch_version": torch.__version__,
             "transformers_version": transformers.__version__,
@@ -138,7 +139,9 @@ class TorchSession(HostMemory):
                 pad_token_id=model.generation_config.pad_token_id or model.generation_config.eos_token_id or 0,
             )
         is_decoder_only = prompt is not None and not model.config.is_encoder_decoder
-        return output.shape[-1] - (prompt.shape[-1] if is_decoder_only else 1)
+        start = prompt.shape[-1] if is_decoder_only else 1
+        self.generated = output[:, start:].cpu().numpy()  # the token ids, stored on the row
+        return output.shape[-1] - start
 
     def prepare_training(self, feeds: dict[str, np.ndarray]) -> tuple[torch.Tensor, ...]:
         self.module.train()

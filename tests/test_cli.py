@@ -72,6 +72,7 @@ INPUT_FILES: dict[str, Callable[[Path], None]] = {
 NATIVE = ["native", "--model", "bert-tiny", "--hardware", "cpu", "--engines", "onnxruntime", "--iterations", "3"]
 WEB = ["web", "--model", "bert-tiny", "--hardware", "wasm", "--iterations", "3"]
 RUN = ["run", "--model", "bert-tiny", "--hardware", "cpu", "--web-hardware", "wasm", "--iterations", "3"]
+GENERATE = ["run", "--model", "gpt2-tiny", "--mode", "generate", "--sequence-lengths", "32"]
 SUITE_CHECK = ["suite", "--check", "--config"]
 TIMEOUT_RANGE = "--timeout takes a finite number of seconds > 0 and <= 604800"
 NOT_ONNX = "is not a valid ONNX model (onnx.checker: "
@@ -105,6 +106,9 @@ NOT_ONNX = "is not a valid ONNX model (onnx.checker: "
         ([*SUITE_CHECK, "@suite.toml", "--older-than", "99999999999d"], "--older-than takes a number and a unit"),
         # An option that would do nothing with the others given.
         ([*NATIVE, "--new-tokens", "8"], "--new-tokens applies to --mode generate only (got --mode inference)"),
+        ([*WEB, "--new-tokens", "8"], "--new-tokens applies to --mode generate only (got --mode inference)"),
+        ([*WEB, "--mode", "training"], "--mode training: the browser runs inference, generate"),
+        ([*GENERATE, "--new-tokens", "1000"], "gpt2-tiny takes 1024 positions: a prompt of 32 (--sequence-lengths)"),
         (["native", "--model", "bert-tiny", "--small-models"], "--small-models picks the tiny variant of each fam"),
         (["native", "--model-path", "@tanh.onnx", "--model", "bert-tiny"], "--model-path benchmarks that one model"),
         ([*WEB, "--webnn-device", "cpu"], "--webnn-device applies to webnn only (got --hardware wasm)"),

@@ -17,7 +17,8 @@ from test_native_run import rows
 from harness.core.records import Target
 from harness.native import get_backend
 from harness.native.base import LoadRequest
-from harness.native.onnxruntime_backend import OrtGenerator, positions, prefill_feeds
+from harness.native.onnxruntime_backend import OrtGenerator
+from harness.prepare.greedy import past_input, positions, prefill_feeds
 from harness.prepare.prepared import PreparedModel, PrepareJob, prepare_model
 from harness.prepare.specs import load_specs
 from harness.run.energy import EnergyMeter
@@ -67,11 +68,16 @@ def test_generation_rows_have_consistent_ttft_tpot_and_tokens_per_second(modes_d
 def check_generation_row(db: Path, r: dict, batch: int, tokens: int) -> None:
     assert r["status"] == "ok" and r["mode"] == "generate" and r["new_tokens"] == tokens
     assert r["ttft_ms"] > 0 and r["tpot_ms"] > 0 and r["ttft_ms"] < r["latency_p50_ms"]
-    assert r["tokens_per_s"] == pytest.approx(batch * tokens * 1000 / r["latency_mean_ms"])
+    assert r["tokens_per_s"] is None  # the rate over whole generations mixes prefill in: no longer written
+    assert r["tpot_ms"] <= r["tpot_p90_ms"] and json.loads(r["generated_tokens"])
     samples = rows(db, f"SELECT * FROM samples WHERE result_id = '{r['result_id']}'")
     assert len(samples) == r["iterations"]
-    for s in samples:  # first token, then tokens - 1 token intervals, all inside the whole generate() call
-        assert s["ttft_ms"] + (tokens - 1) * s["tpot_ms"] <= s["latency_ms"] * 1.0001
+    for s in samples:  # first token, then tokens - 1 decode steps, all inside the whole generate() call
+        assert len(s["steps_ms"]) == tokens - 1 and s["tpot_ms"] == pytest.approx(np.mean(s["steps_ms"]))
+        assert s["ttft_ms"] + sum(s["steps_ms"]) <= s["latency_ms"] * 1.0001
+    steps = [step for s in samples for step in s["steps_ms"]]
+    assert r["decode_tokens_per_s"] == pytest.approx(batch * len(steps) * 1000 / sum(steps))
+    assert r["prefill_tokens_per_s"] == pytest.approx(batch * r["seq_len"] * 1000 / r["ttft_ms"])
 
 
 def test_onnx_generation_is_planned_for_decoder_only_models_on_onnxruntime_only() -> None:
@@ -149,12 +155,14 @@ def test_onnx_decode_steps_reproduce_torch_logits(with_past: tuple[PreparedModel
     ids, mask = feeds["input_ids"], feeds["attention_mask"]
     step_feeds = prefill_feeds(generator.session, {"input_ids": ids[:, :3], "attention_mask": mask[:, :3]})
     logits = []
+    output_names = [o.name for o in generator.session.get_outputs()]
+    past_names = [past_input(name) for name in output_names[1:]]
     for t in range(3, 8):
-        last, *presents = generator.session.run(generator.output_names, step_feeds)
+        last, *presents = generator.session.run(output_names, step_feeds)
         logits.append(last[:, -1])  # position t - 1
         step_feeds = {"input_ids": ids[:, t : t + 1], "attention_mask": mask[:, : t + 1]}
         step_feeds["position_ids"] = positions(mask[:, : t + 1], 1)
-        step_feeds |= dict(zip(generator.past_names, presents, strict=True))
+        step_feeds |= dict(zip(past_names, presents, strict=True))
     np.testing.assert_allclose(np.stack(logits, axis=1), reference[:, 2:7], atol=1e-4)
 
 
@@ -250,12 +258,14 @@ def test_markdown_keeps_generation_and_training_in_their_own_tables() -> None:
 
     base = dict(model="gpt2-tiny", hardware="cpu", engine="torch", provider="cpu", batch_size=1, seq_len=32)
     base |= dict(requested_precision="fp32", precision="fp32", new_tokens=8, status="ok", memory_peak_mb=500.0)
-    generate = base | dict(mode="generate", ttft_ms=1.2345, tpot_ms=0.5, tokens_per_s=2000.0)
+    generate = base | dict(mode="generate", ttft_ms=1.2345, prefill_tokens_per_s=25920.8, decode_tokens_per_s=2000.0)
+    generate |= dict(tpot_ms=0.5, tpot_p90_ms=0.6, latency_p50_ms=5.0, tokens_matched=None)
     training = base | dict(mode="training", latency_p50_ms=3.0, throughput_per_s=10.0)
     lines = _mode_sections([generate, training, base | {"mode": "inference"}])
-    assert "| gpt2-tiny | cpu/torch | b1 s32 gen8 | 1.234 | 0.500 | 2000.0 | ok |" in lines
+    generated = "| gpt2-tiny | cpu/torch | b1 s32 gen8 | 1.234 | 25920.8 | 2000.0 | 0.500 | 0.600 | 5.000 | — | ok |"
+    assert generated in lines
     assert "| gpt2-tiny | cpu/torch | b1 s32 training | 3.000 | 10.0 | 500 | ok |" in lines
     assert [line for line in lines if line.startswith("###")] == [
-        "### Generation (time to first token, time per output token)",
+        "### Generation (time to first token, then prefill (pp) and decode (tg) rates, never mixed)",
         "### Training (forward + backward + optimizer step)",
     ]

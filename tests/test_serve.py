@@ -276,6 +276,21 @@ def test_a_browser_opening_the_url_measures_and_the_run_completes(serving: Any, 
     kill_group(browser)
 
 
+def test_a_served_page_runs_generate_jobs_with_token_parity(serving: Any, browsers: Any) -> None:
+    served = serving("--devices", "1", "--model", "gpt2-tiny", "--mode", "generate", "--new-tokens", "4",
+                     "--sequence-lengths", "8")  # fmt: skip
+    browser = browsers(served.url)
+    served.wait_for(r"finished all 2 jobs", timeout=300)
+    code, stderr = served.finish()
+    assert code == 0, stderr
+    rows = served.rows()
+    assert [(r["mode"], r["new_tokens"], r["status"]) for r in rows] == [("generate", 4, "ok")] * 2
+    for row in rows:  # the server checks the device's tokens against native ORT's, as for a launched browser
+        assert row["tokens_matched"] == 4 and row["ttft_ms"] > 0 and row["decode_tokens_per_s"] > 0
+        assert row["details"]["served_device"] is True and len(json.loads(row["generated_tokens"])[0]) == 4
+    kill_group(browser)
+
+
 def test_refused_posts_store_nothing_and_a_result_is_stored_once(serving: Any) -> None:
     served = serving("--devices", "1")
     device = TestDevice(served.url)

@@ -56,6 +56,9 @@ class LoopMemory:
         self._peak = 0.0
         self._peak_by_type: dict[str, float] = {}
         self._samples = 0
+        # the GPU process's RSS at the loop's start and end: where WebGPU buffers live on a software adapter
+        # (a renderer's RSS moves by tens of MB with V8's heap alone, so it tells nothing of a leak)
+        self._gpu_ends: list[float] = []
         self._others: dict[int, float] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -74,7 +77,7 @@ class LoopMemory:
         ]
         self._peak, self._peak_by_type, self._samples = 0.0, {}, 0
         self._stop.clear()
-        self._sample()
+        self._gpu_ends = [self._sample().get("gpu-process", 0.0)]
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -82,7 +85,7 @@ class LoopMemory:
         while not self._stop.wait(INTERVAL_S):
             self._sample()
 
-    def _sample(self) -> None:
+    def _sample(self) -> dict[str, float]:
         by_type: dict[str, float] = {}
         for kind, process in self._processes:  # a process that exits mid-loop no longer counts
             by_type[kind] = by_type.get(kind, 0.0) + _rss_mb(process)
@@ -90,6 +93,7 @@ class LoopMemory:
         self._samples += 1
         if total > self._peak:
             self._peak, self._peak_by_type = total, by_type
+        return by_type
 
     def stop(self) -> dict[str, Any]:
         """memory_peak_mb (None when no process was found) and details saying what it covers."""
@@ -97,7 +101,8 @@ class LoopMemory:
             self._stop.set()
             self._thread.join()
             self._thread = None
-            self._sample()
+            self._gpu_ends.append(self._sample().get("gpu-process", 0.0))
+        measured = any(kind == "gpu-process" for kind, _ in self._processes) and len(self._gpu_ends) == 2
         return {
             "memory_peak_mb": self._peak if self._processes else None,
             "memory_covers": COVERS if self._processes else "no renderer or GPU process found under the browser",
@@ -105,4 +110,6 @@ class LoopMemory:
             "memory_peak_by_type_mb": self._peak_by_type,
             "memory_other_renderers_mb": self._others,  # at the loop's start, not counted
             "memory_samples": self._samples,
+            "gpu_process_loop_start_mb": self._gpu_ends[0] if measured else None,
+            "gpu_process_loop_end_mb": self._gpu_ends[1] if measured else None,
         }

@@ -444,7 +444,10 @@ def validate_page_result(result: Any, job: dict[str, Any], timeout_s: float) -> 
     _check_samples(result, job, clock)
     for key in ("first_run_ms", "load_ms"):
         result[key] = clock.duration(_require(result, key, (int, float)), key)
-    _check_outputs(result.get("outputs"))
+    if "generation" in result:  # a generate job (web/page/generate.mjs) answers with tokens, not outputs
+        _check_generation(result["generation"], len(result["samples_ms"]), clock)
+    else:
+        _check_outputs(result.get("outputs"))
     return result
 
 
@@ -456,6 +459,38 @@ def _check_samples(result: dict[str, Any], job: dict[str, Any], clock: Clock) ->
     result["samples_ms"] = [clock.duration(s, f"samples_ms[{i}]") for i, s in enumerate(samples)]
     timed = sum(result["samples_ms"]) + clock.duration(_require(result, "first_run_ms", (int, float)), "first_run_ms")
     clock.at_most_limit(timed, "the first run and the timed samples together")
+
+
+def _check_generation(generation: Any, timed: int, clock: Clock) -> None:
+    """A generate answer: per timed generation its TTFT and decode steps, the warm-up's token ids (a list
+    per batch row) and prefill logits (null where JSON could not carry a NaN/inf), memory facts."""
+    if not isinstance(generation, dict):
+        raise PageResultError("result.generation must be an object")
+    where = "result.generation"
+    ttft, steps = (
+        _require(generation, "ttft_samples_ms", (list,), where),
+        _require(generation, "step_samples_ms", (list,), where),
+    )
+    if len(ttft) != timed or len(steps) != timed or not all(isinstance(s, list) for s in steps):
+        raise PageResultError(f"{where} needs a TTFT and a list of decode steps for each of the {timed} generations")
+    generation["ttft_samples_ms"] = [clock.duration(t, f"ttft_samples_ms[{i}]") for i, t in enumerate(ttft)]
+    generation["step_samples_ms"] = [
+        [clock.duration(s, f"step_samples_ms[{i}][{j}]") for j, s in enumerate(each)] for i, each in enumerate(steps)
+    ]
+    tokens = _require(generation, "tokens", (list,), where)
+    if not tokens or not all(isinstance(row, list) and all(_COUNT[1](t) for t in row) for row in tokens):
+        raise PageResultError(f"{where}.tokens must be a list of token-id lists (integers >= 0) per batch row")
+    logits = _require(generation, "prefill_logits", (dict,), where)
+    dims, values = _require(logits, "dims", (list,), where), _require(logits, "values", (list,), where)
+    if not all(_COUNT[1](d) for d in dims) or len(values) != math.prod(dims):
+        raise PageResultError(f"{where}.prefill_logits needs integer dims and as many values as they hold")
+    if not all(v is None or _is_number(v) for v in values):
+        raise PageResultError(f"{where}.prefill_logits.values must be numbers (null for a non-finite one)")
+    for key in ("memory_before", "memory_after"):
+        if not _OBJECT[1](generation.get(key)):
+            raise PageResultError(f"{where}.{key} must be {_OBJECT[0]}")
+    if not isinstance(generation.get("tokens_stable"), bool):
+        raise PageResultError(f"{where}.tokens_stable must be a boolean")
 
 
 def decode_outputs(outputs: list[dict[str, Any]]) -> list[np.ndarray]:

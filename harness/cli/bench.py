@@ -98,6 +98,18 @@ WebPrecisionOption = Annotated[
     ),
 ]
 
+WebModeOption = Annotated[
+    str,
+    typer.Option(
+        "--mode",
+        help="Comma-separated: inference, generate (greedy decoding on the export with past key/values: "
+        "GPT-2, LLaMA, Qwen2, an .onnx with past inputs; TTFT, pp and tg tokens/s, token parity with native ORT).",
+    ),
+]
+NewTokensOption = Annotated[
+    int, typer.Option("--new-tokens", help="--mode generate only: tokens per sequence (exactly; EOS ignored).")
+]
+
 
 def native(
     ctx: typer.Context,
@@ -123,9 +135,7 @@ def native(
     mode: Annotated[
         str, typer.Option(help="inference, generate (TTFT/TPOT; torch, ORT for GPT-2/LLaMA/Qwen2), training (torch).")
     ] = "inference",
-    new_tokens: Annotated[
-        int, typer.Option(help="--mode generate only: tokens per sequence (min = max).")
-    ] = BenchmarkRequest.new_tokens,
+    new_tokens: NewTokensOption = BenchmarkRequest.new_tokens,
     warmup: WarmupOption = 5,
     iterations: IterationsOption = 20,
     min_duration: MinDurationOption = 0.5,
@@ -139,20 +149,11 @@ def native(
     resume: ResumeOption = False,
 ) -> None:
     """Benchmark models on native backends (torch, ONNX Runtime, OpenVINO)."""
-    modes = split_list(mode) or ["inference"]
-    if "generate" not in modes and given(ctx, "new_tokens"):
-        raise fail(f"--new-tokens applies to --mode generate only (got --mode {mode}); add generate or drop it")
     shared = run_options(model, model_families, small_models, model_path, batch_sizes, sequence_lengths,
                          warmup, iterations, min_duration, max_iterations, max_time, min_iterations, timeout, db,
-                         output_dir, profile)  # fmt: skip
-    request = BenchmarkRequest(
-        hardware=split_list(hardware),
-        engines=split_list(engines),
-        precision=precision,
-        modes=modes,
-        new_tokens=new_tokens,
-        **shared,
-    )
+                         output_dir, profile) | mode_options(ctx, mode, new_tokens)  # fmt: skip
+    request = BenchmarkRequest(hardware=split_list(hardware), engines=split_list(engines), precision=precision,
+                               **shared)  # fmt: skip
     try:
         plan = validate(request)
     except RequestError as exc:
@@ -175,6 +176,8 @@ def web(
     threads: ThreadsOption = "1",
     webnn_device: Annotated[str, typer.Option(help=f"WebNN deviceType: {', '.join(WEBNN_DEVICES)}.")] = "gpu",
     precision: WebPrecisionOption = "fp32",
+    mode: WebModeOption = "inference",
+    new_tokens: NewTokensOption = BenchmarkRequest.new_tokens,
     gpu: GpuOption = "auto",
     headed: HeadedOption = False,
     browser_arg: BrowserArgOption = None,
@@ -227,7 +230,7 @@ def web(
         raise fail(f"--webnn-device applies to webnn only (got --hardware {hardware}); add webnn or drop it")
     shared = run_options(model, model_families, small_models, model_path, batch_sizes, sequence_lengths,
                          warmup, iterations, min_duration, max_iterations, max_time, min_iterations, timeout, db,
-                         output_dir, profile)  # fmt: skip
+                         output_dir, profile) | mode_options(ctx, mode, new_tokens)  # fmt: skip
     serving = given(ctx, "host", "port", "devices", "max_devices", "serve_timeout", "certfile", "keyfile")
     if not serve and serving:
         raise fail(f"{', '.join(serving)}: options of --serve; add --serve or drop them")
@@ -299,6 +302,7 @@ def serve_devices(request: Any, resume: bool) -> None:
 
 
 def run(
+    ctx: typer.Context,
     model: ModelOption = None,
     model_families: FamiliesOption = None,
     small_models: SmallOption = False,
@@ -311,6 +315,8 @@ def run(
     precision: Annotated[
         str, typer.Option(help="Comma-separated: fp32, fp16, bf16, int8, auto (native and browser halves).")
     ] = "fp32",
+    mode: WebModeOption = "inference",
+    new_tokens: NewTokensOption = BenchmarkRequest.new_tokens,
     gpu: GpuOption = "auto",
     headed: HeadedOption = False,
     browser_arg: BrowserArgOption = None,
@@ -336,7 +342,7 @@ def run(
 
     shared = run_options(model, model_families, small_models, model_path, batch_sizes, sequence_lengths,
                          warmup, iterations, min_duration, max_iterations, max_time, min_iterations, timeout, db,
-                         output_dir, profile)  # fmt: skip
+                         output_dir, profile) | mode_options(ctx, mode, new_tokens)  # fmt: skip
     native_request = BenchmarkRequest(hardware=split_list(hardware), precision=precision, **shared)
     web_request = WebRequest(
         hardware=split_list(web_hardware) or [],
@@ -362,6 +368,14 @@ def run(
     run_id = resumed(db, "run", arguments, list(plans)) if resume else None
     total = sum(p.total_results for p in plans)
     run_with_progress(total, lambda on_result: run_both(native_request, web_request, on_result, plans, run_id))
+
+
+def mode_options(ctx: typer.Context, mode: str, new_tokens: int) -> dict[str, Any]:
+    """--mode and --new-tokens, parsed (--new-tokens without generate is refused: it would do nothing)."""
+    modes = split_list(mode) or ["inference"]
+    if "generate" not in modes and given(ctx, "new_tokens"):
+        raise fail(f"--new-tokens applies to --mode generate only (got --mode {mode}); add generate or drop it")
+    return {"modes": modes, "new_tokens": new_tokens}
 
 
 def run_options(

@@ -74,6 +74,20 @@ def print_summary(summary: RunSummary, rows: list[Result]) -> RunSummary:
     return summary
 
 
+def generation_note(row: Result) -> list[str]:
+    """A generate row's figures by phase (p50 and items/s there are whole generations)."""
+    from harness.core.generation import summarize_generation
+
+    figures = summarize_generation(row)
+    if not figures:
+        return []
+    pp, tg = figures["prefill_tokens_per_s"], figures["decode_tokens_per_s"]
+    text = f"TTFT {figures['ttft_ms']:.3g} ms, pp {pp:.0f}" if pp else f"TTFT {figures['ttft_ms']:.3g} ms"
+    text += f", tg {tg:.1f} tokens/s" if tg else ""
+    matched = row.details.get("tokens_matched")
+    return [text + (f", {matched}/{row.case.new_tokens} tokens = native ORT" if matched is not None else "")]
+
+
 def summary_table(rows: list[Result]) -> Table:
     from harness.core.labels import flags
     from harness.core.stats import summarize
@@ -85,7 +99,7 @@ def summary_table(rows: list[Result]) -> Table:
         s = summarize(r.samples_ms, r.case.batch_size)
         marked = {"status": r.status, "precision": r.precision, "requested_precision": r.case.precision}
         marked |= {"noisy": bool(s and s.noisy), "latency_cv": s.cv if s else None, "details": r.details}
-        notes = flags(marked)  # the same warnings the reports put next to the number
+        notes = generation_note(r) + flags(marked)  # the same warnings the reports put next to the number
         notes += [terminal_text(r.error.splitlines()[0][:100])] if r.error else []  # a served device's words
         table.add_row(
             r.model,

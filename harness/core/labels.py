@@ -73,8 +73,8 @@ def details_of(row: Mapping[str, Any]) -> dict[str, Any]:
 def marks(row: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(kind, text) for everything that qualifies a number: a mismatch, noise, precision changes, fallbacks.
 
-    Kinds: mismatch, noisy, precision, cpu_fallback, fallback_adapter, threads_dropped, budget_stopped
-    (see MARK_STYLES).
+    Kinds: mismatch, noisy, precision, cpu_fallback, fallback_adapter, threads_dropped, budget_stopped,
+    memory_growth (see MARK_STYLES).
     """
     details = details_of(row)
     found = []
@@ -98,6 +98,8 @@ def marks(row: Mapping[str, Any]) -> list[tuple[str, str]]:
         found.append(("threads_dropped", f"threads dropped (ran {details.get('threads_effective', '?')})"))
     if details.get("budget_stopped"):
         found.append(("budget_stopped", f"--max-time {details.get('max_time_s')}s stopped the loop"))
+    if details.get("memory_growth_flag"):
+        found.append(("memory_growth", f"memory grew {details.get('memory_growth_mb', 0):.1f} MB over the repeats"))
     return found
 
 
@@ -142,5 +144,6 @@ MARK_STYLES = {
     "precision": MarkStyle("P", "P: precision changed (e.g. bf16)", ".."),
     "threads_dropped": MarkStyle("T", "T: wasm threads dropped", "++"),
     "budget_stopped": MarkStyle("B", "B: the time budget (--max-time) stopped the loop", "--"),
+    "memory_growth": MarkStyle("G", "G: memory grew over repeated generations (a KV cache not freed?)", "oo"),
     "noisy": MarkStyle("~", "~: noisy (cv > 10%), faded", ""),
 }

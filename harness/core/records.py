@@ -102,6 +102,10 @@ class Result:
     cpu_percent: float | None = None
     ttft_samples_ms: list[float] = field(default_factory=list)  # generate mode, per iteration
     tpot_samples_ms: list[float] = field(default_factory=list)
+    # generate mode: each timed generation's decode steps (ms), and the token ids its first generation
+    # produced (one list per batch row), for token-level parity (harness.core.generation)
+    step_samples_ms: list[list[float]] = field(default_factory=list)
+    generated_tokens: list[list[int]] | None = None
     compile_ms: float | None = None  # JIT engines: compile time, kept out of the latency samples
     energy_j_per_item: float | None = None  # only from a real sensor (RAPL, NVML)
     details: dict[str, Any] = field(default_factory=dict)
@@ -138,6 +142,7 @@ class Result:
             bad = [v for v in values if not _is_finite(v) or v <= 0] if isinstance(values, list) else [values]
             if bad:
                 found.append(f"{name} must hold finite numbers > 0 ({len(bad)} do not, e.g. {bad[0]!r})")
+        found += self._generation_problems()
         if self.status in MEASURED and not self.samples_ms:
             found.append(f"status '{self.status}' needs latency samples")
         found += [f"{name} must be a finite number or None (got {getattr(self, name)!r})" for name in NUMBER_FIELDS
@@ -153,6 +158,18 @@ class Result:
         bad = [op for op in self.operators if not (_is_finite(op.total_ms) and op.total_ms >= 0 and op.calls >= 1)]
         if bad:
             found.append(f"operators need finite times >= 0 and calls >= 1 ({len(bad)} do not, e.g. {bad[0].node!r})")
+        return found
+
+    def _generation_problems(self) -> list[str]:
+        found = []
+        if self.step_samples_ms and len(self.step_samples_ms) != len(self.samples_ms):
+            found.append(f"step_samples_ms holds {len(self.step_samples_ms)} generations for {len(self.samples_ms)}")
+        steps = [s for each in self.step_samples_ms for s in each]
+        if any(not _is_finite(s) or s <= 0 for s in steps):
+            found.append("step_samples_ms must hold finite numbers > 0")
+        tokens = self.generated_tokens
+        if tokens is not None and not all(isinstance(t, int) and t >= 0 for row in tokens for t in row):
+            found.append("generated_tokens must hold token ids (integers >= 0)")
         return found
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -62,17 +61,3 @@ def summarize(samples_ms: list[float], batch_size: int, noise_cv: float = NOISE_
         throughput_per_s=batch_size * 1000.0 / mean if mean > 0 else None,
         noisy=cv > noise_cv if cv is not None else None,
     )
-
-
-def summarize_generation(result: Any) -> dict[str, float | None]:
-    """Generation figures of a Result: median TTFT and TPOT over iterations, and aggregate
-    tokens per second (batch × new tokens over the mean generation time)."""
-    if not result.ttft_samples_ms or not result.samples_ms or not result.case.new_tokens:
-        return {}
-    generated = result.case.batch_size * result.case.new_tokens
-    mean = float(np.mean(result.samples_ms))
-    return {
-        "ttft_ms": float(np.median(result.ttft_samples_ms)),
-        "tpot_ms": float(np.median(result.tpot_samples_ms)) if result.tpot_samples_ms else None,
-        "tokens_per_s": generated * 1000.0 / mean if mean > 0 else None,
-    }

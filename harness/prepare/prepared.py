@@ -24,6 +24,7 @@ from harness.prepare.specs import ModelSpec
 
 if TYPE_CHECKING:  # harness.prepare.export imports torch: workers that only run ORT/OpenVINO never need it
     from harness.prepare.export import ExportOutcome
+    from harness.prepare.greedy import Greedy
     from harness.prepare.workload import Weights
 
 CaseShape = tuple[int, int | None]  # (batch, seq)
@@ -47,6 +48,8 @@ class PreparedModel:
     onnx_past_path: Path | None = None  # the export with past key/values, for ONNX generation
     onnx_past_error: str | None = None  # why there is none when it was asked for
     output_names: tuple[str, ...] = ()  # the reference outputs' names, in order (parity messages name them)
+    # generate in the browser: native ORT's greedy generation per (case, new tokens), the tokens checked against
+    generation_files: dict[tuple[CaseShape, int], Path] = field(default_factory=dict)
 
     def result(self, target: Target, case: Case, status: str, error: str | None = None, **fields: Any) -> Result:
         """A Result carrying this model's facts, native or browser; measured fields come in **fields."""
@@ -83,6 +86,16 @@ class PreparedModel:
             reference = [data[f"ref:{i}"] for i in range(count)]
         return feeds, reference
 
+    def load_generation(self, shape: CaseShape, new_tokens: int) -> Greedy | None:
+        """The reference generation of a case (None when none was made: no graph with past)."""
+        path = self.generation_files.get((shape, new_tokens))
+        if path is None:
+            return None
+        from harness.prepare.greedy import Greedy
+
+        with np.load(path) as data:
+            return Greedy(data["tokens"], data["margins"], data["prefill_logits"])
+
 
 @dataclass(frozen=True)
 class PrepareJob:
@@ -91,6 +104,8 @@ class PrepareJob:
     # Export the graph with past key/values too: only when the plan generates on ONNX Runtime,
     # since it is a second export of the whole model.
     with_past: bool = False
+    # > 0: also native ORT's greedy generation of this many tokens per case (browser token parity)
+    reference_tokens: int = 0
 
 
 def unprepared_result(
@@ -247,6 +262,7 @@ def _export_facts(outcome: ExportOutcome) -> dict[str, Any]:
 def _prepare_onnx_file(job: PrepareJob) -> PreparedModel:
     import onnxruntime as ort
 
+    from harness.prepare.greedy import prefill_feeds, takes_past
     from harness.prepare.inputs import make_signature_inputs, onnx_file_signature
 
     spec = job.spec
@@ -273,9 +289,13 @@ def _prepare_onnx_file(job: PrepareJob) -> PreparedModel:
     )
     case_dir = _case_dir(digest)
     prepared.case_files = {(batch, seq): case_dir / f"b{batch}_s{seq}.npz" for batch, seq in job.shapes}
+    if session is not None and takes_past([i.name for i in session.get_inputs()], prepared.output_names):
+        prepared.onnx_past_path = spec.local_path  # a graph with past key/values: it generates
 
     def build(batch: int, seq: int | None) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
         feeds = make_signature_inputs(signature, spec.name, batch, seq)
+        if prepared.onnx_past_path is not None:  # the prompt with an empty past (a prefill)
+            feeds = prefill_feeds(session, feeds)
         return feeds, list(session.run(None, feeds)) if session is not None else []
 
     prepared.failed = _build_cases(prepared.case_files, build)
@@ -296,4 +316,24 @@ def _case_dir(key: str) -> Path:
 
 def prepare_model(job: PrepareJob) -> Iterator[PreparedModel]:
     """Worker entry point (a generator, as harness.run.isolation expects)."""
-    yield _prepare_onnx_file(job) if job.spec.is_onnx_file else _prepare_spec_model(job)
+    prepared = _prepare_onnx_file(job) if job.spec.is_onnx_file else _prepare_spec_model(job)
+    if job.reference_tokens and prepared.onnx_past_path is not None:
+        _reference_generations(prepared, job.reference_tokens)
+    yield prepared
+
+
+def _reference_generations(prepared: PreparedModel, new_tokens: int) -> None:
+    """Native ORT's greedy generation of every case (cached beside the case's inputs): the tokens, the
+    top-1/top-2 margin at each step and the prefill logits the browser's generation is checked against."""
+    from harness.prepare.greedy import reference_generation
+
+    assert prepared.onnx_past_path is not None
+    for shape, case_file in prepared.case_files.items():
+        path = case_file.with_name(f"{case_file.stem}_gen{new_tokens}.npz")
+        if not path.exists():
+            feeds, _ = prepared.load_case(shape)
+            prompt = {name: feeds[name] for name in ("input_ids", "attention_mask")}
+            made = reference_generation(prepared.onnx_past_path, prompt, new_tokens)
+            arrays = {"tokens": made.tokens, "margins": made.margins, "prefill_logits": made.prefill_logits}
+            write_atomically(path, lambda file, arrays=arrays: np.savez(file, **arrays))
+        prepared.generation_files[(shape, new_tokens)] = path

@@ -92,6 +92,12 @@ class ModelSpec:
         return not self.is_onnx_file and self.architecture.endswith(("LMHeadModel", "ForCausalLM"))
 
     @property
+    def context_length(self) -> int | None:
+        """The most positions (prompt + generated tokens) the model takes, where its config says."""
+        found = (self.config.get(key) for key in ("max_position_embeddings", "n_positions", "n_ctx"))
+        return next((value for value in found if isinstance(value, int) and value > 0), None)
+
+    @property
     def is_onnx_file(self) -> bool:
         return self.local_path is not None and self.local_path.suffix == ".onnx"
 

@@ -18,6 +18,7 @@ class RunReport:
     results: list[dict[str, Any]]
     samples: dict[str, list[float]] = field(default_factory=dict)  # result_id -> raw latencies (ms)
     operators: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # result_id -> --profile rows
+    steps: dict[str, list[list[float]]] = field(default_factory=dict)  # generate rows: result_id -> decode steps
     cache: dict[str, Any] = field(default_factory=dict, repr=False)  # rendered plots, shared by the writers
 
     @property
@@ -34,6 +35,18 @@ def _samples(store: Store, run_id: str) -> dict[str, list[float]]:
     grouped: dict[str, list[float]] = defaultdict(list)
     for result_id, latency in rows:
         grouped[result_id].append(latency)
+    return dict(grouped)
+
+
+def _steps(store: Store, run_id: str) -> dict[str, list[list[float]]]:
+    rows = store.connection.execute(
+        "SELECT s.result_id, s.steps_ms FROM samples s JOIN results r USING (result_id) "
+        "WHERE r.run_id = ? AND s.steps_ms IS NOT NULL ORDER BY s.result_id, s.iteration",
+        [run_id],
+    ).fetchall()
+    grouped: dict[str, list[list[float]]] = defaultdict(list)
+    for result_id, steps in rows:
+        grouped[result_id].append(list(steps))
     return dict(grouped)
 
 
@@ -55,6 +68,7 @@ def _load(store: Store, run_id: str) -> RunReport:
         store.results(run_id),
         _samples(store, run_id),
         _operators(store, run_id),
+        _steps(store, run_id),
     )
 
 

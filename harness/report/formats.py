@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from harness.report.plots import Plot
 
+from harness.core.generation import DECODE_RATE, PREFILL_RATE
 from harness.core.labels import BASELINE_LABEL, case_label, flags, target_label
 from harness.core.records import MEASURED
 from harness.report.data import RunReport
@@ -105,8 +106,16 @@ def _problems(report: RunReport) -> list[str]:
 # apart from inference: one generate() call or one optimizer step is not comparable with one forward pass.
 MODE_SECTIONS = {
     "generate": (
-        "Generation (time to first token, time per output token)",
-        [("TTFT p50 ms", "ttft_ms", 3), ("TPOT p50 ms", "tpot_ms", 3), ("tokens/s", "tokens_per_s", 1)],
+        "Generation (time to first token, then prefill (pp) and decode (tg) rates, never mixed)",
+        [
+            ("TTFT p50 ms", "ttft_ms", 3),
+            (PREFILL_RATE, "prefill_tokens_per_s", 1),
+            (DECODE_RATE, "decode_tokens_per_s", 1),
+            ("TPOT p50 ms", "tpot_ms", 3),
+            ("TPOT p90 ms", "tpot_p90_ms", 3),
+            ("e2e p50 ms", "latency_p50_ms", 3),
+            ("tokens = native ORT", "tokens_matched", 0),
+        ],
     ),
     "training": (
         "Training (forward + backward + optimizer step)",

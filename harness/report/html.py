@@ -16,6 +16,7 @@ from typing import Any
 
 from harness.core.labels import MARK_STYLES, case_label, details_of, marks, mode_of, target_label
 from harness.report.data import RunReport
+from harness.report.generation import generation_html
 from harness.report.operators import CSS as OPERATOR_CSS
 from harness.report.operators import breakdown_html, ratio_html
 
@@ -300,6 +301,7 @@ def render_page(reports: list[RunReport], matrix: dict[str, Any], title: str) ->
         sections.append(
             f'<section class="run" id="{anchor}"><h2>Run {escape(run_id)}</h2>'
             f"<h3>System</h3>{_facts(report)}{_devices(report)}<h3>Results</h3>{_results(report)}"
+            f"{generation_html(report)}"
             f"<h3>Plots</h3>{_plots(report, anchor)}{_time_breakdown(report)}</section>"
         )
     generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

@@ -148,6 +148,8 @@ def validate_ab(request: AbRequest) -> AbPlan:
         raise RequestError("ab needs both variants: --a MODEL and --b MODEL (a name, an HF directory or an .onnx file)")
     check_shapes(request)
     check_measuring(request)
+    if request.modes != ["inference"]:
+        raise RequestError(f"ab compares inference only (got modes {', '.join(request.modes)})")
     if request.rounds < MIN_PAIRED_ROUNDS:
         raise RequestError(
             f"--rounds must be >= {MIN_PAIRED_ROUNDS} (got {request.rounds}): with fewer paired rounds the "

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import psutil
 
+from harness.core.generation import decode_steps, mean_steps
 from harness.core.profiles import Profile
 from harness.native.base import Session
 from harness.run.energy import EnergyMeter
@@ -101,6 +102,8 @@ class Measurement:
     budget: dict[str, Any] = field(default_factory=dict)  # Budget.facts
     ttft_samples_ms: list[float] = field(default_factory=list)
     tpot_samples_ms: list[float] = field(default_factory=list)
+    step_samples_ms: list[list[float]] = field(default_factory=list)  # generate: each generation's decode steps
+    generated_tokens: list[list[int]] | None = None  # generate: the first generation's token ids
     profile: Profile | None = None  # per-operator times, taken after the timed loop
     profile_error: str | None = None  # why a profile asked for is missing
 
@@ -174,10 +177,12 @@ def measure_generation(
     session: Any, feeds: dict[str, np.ndarray], config: MeasureConfig, new_tokens: int, rss: PeakRss
 ) -> Measurement:
     """Each iteration generates exactly new_tokens tokens; session.generate calls stamp() as each
-    token's logits are ready (device-synchronised), giving TTFT and TPOT from the same run."""
+    token's logits are ready (device-synchronised), giving TTFT and every decode step from the same run
+    (harness.core.generation defines the figures). The first generation's token ids are kept."""
     prepared = session.prepare(feeds)
     ttft: list[float] = []
-    tpot: list[float] = []
+    steps: list[list[float]] = []
+    tokens: list[list[int]] | None = None
 
     def one_generation(record: bool) -> float:
         stamps: list[int] = []
@@ -188,18 +193,21 @@ def measure_generation(
             raise RuntimeError(f"generate produced {produced} tokens ({len(stamps)} steps), asked {new_tokens}")
         if record:
             ttft.append((stamps[0] - started) / 1e6)
-            if new_tokens > 1:
-                tpot.append((stamps[-1] - stamps[0]) / 1e6 / (new_tokens - 1))
+            steps.append(decode_steps(stamps))
         return total_ms
 
     def body() -> tuple[float, list[float], Any, Budget]:
+        nonlocal tokens
         budget = Budget(config)
         first_run_ms = one_generation(record=False)
+        generated = getattr(session, "generated", None)  # the engine's token ids, where it keeps them
+        tokens = None if generated is None else np.asarray(generated).tolist()
         budget.warm_up(lambda: one_generation(record=False))
         return first_run_ms, budget.timed_iterations(lambda: one_generation(record=True)), [], budget
 
     measured = _observe(session, rss, body)
-    measured.ttft_samples_ms, measured.tpot_samples_ms = ttft, tpot
+    measured.ttft_samples_ms, measured.step_samples_ms = ttft, steps
+    measured.tpot_samples_ms, measured.generated_tokens = mean_steps(steps), tokens
     return measured
 
 

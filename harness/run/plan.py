@@ -46,6 +46,8 @@ class RunOptions:
     db_path: Path = DEFAULT_DB
     output_dir: Path | None = Path("accelharness-results")
     profile: bool = False  # a few profiled iterations per inference case after its timed loop
+    modes: list[str] = field(default_factory=lambda: ["inference"])
+    new_tokens: int = 16  # generate mode: tokens generated per sequence (min = max)
 
     @property
     def outputs(self) -> Outputs | None:
@@ -58,8 +60,6 @@ class BenchmarkRequest(RunOptions):
     hardware: list[str] | None = None  # None: every available native platform
     engines: list[str] | None = None
     precision: str | list[str] = "fp32"  # one precision, a list, or a comma-separated string
-    modes: list[str] = field(default_factory=lambda: ["inference"])
-    new_tokens: int = 16  # generate mode: tokens generated per sequence (min = max)
 
 
 @dataclass
@@ -139,15 +139,31 @@ def validate(request: BenchmarkRequest) -> Plan:
     for mode in request.modes:
         if mode not in MODES:
             raise RequestError(f"unknown mode '{mode}'; valid: {', '.join(MODES)}")
-    check_count("--new-tokens", request.new_tokens, MAX_NEW_TOKENS)
     check_measuring(request)
     engines = check_engines(request.engines, request.hardware)
     specs = check_selection(request)
+    check_generation(request, specs, request.modes)
     check_paths(request)
     targets = choose_targets(request.hardware, engines)
     if not targets:
         raise RequestError(f"no target serves hardware {request.hardware} with engines {engines}")
     return Plan(specs, targets, request)
+
+
+def check_generation(request: RunOptions, specs: list[ModelSpec], modes: list[str]) -> None:
+    """--new-tokens within its bound, and every prompt plus its new tokens within each generative model's
+    context: refused here, before anything is prepared, rather than failing inside the model."""
+    check_count("--new-tokens", request.new_tokens, MAX_NEW_TOKENS)
+    tokens = request.new_tokens
+    if "generate" not in modes:
+        return
+    longest = max(request.sequence_lengths)
+    for spec in specs:
+        if spec.is_generative and spec.context_length and longest + tokens > spec.context_length:
+            raise RequestError(
+                f"{spec.name} takes {spec.context_length} positions: a prompt of {longest} (--sequence-lengths) "
+                f"plus --new-tokens {tokens} is {longest + tokens}; lower one of them"
+            )
 
 
 def check_engines(engines: list[str] | None, hardware: list[str] | None) -> list[str]:

@@ -33,10 +33,10 @@ from harness.run.web import (
     EpSetting,
     Prepared,
     build_result,
+    case_model,
     check_browser_request,
     not_runnable,
     page_job,
-    precision_model,
     prepare_spec,
     web_cases,
 )
@@ -77,6 +77,18 @@ class ServePlan:
 
     def cases(self, spec: ModelSpec) -> list[Case]:
         return web_cases(self.request, spec)
+
+
+def _answer_bytes(prepared: PreparedModel, case: Case, request: ServeRequest) -> int:
+    """What a job's answer carries besides its facts and samples: the outputs (bytes of the reference), or for
+    a generate job JSON numbers: the prefill logits (~24 characters a value) and every decode step."""
+    shape = (case.batch_size, case.seq_len)
+    if case.mode != "generate":
+        return sum(r.nbytes for r in prepared.load_case(shape)[1])
+    made = prepared.load_generation(shape, case.new_tokens or 1)
+    logits = made.prefill_logits.nbytes if made is not None and made.prefill_logits is not None else 0
+    logits = logits or sum(r.nbytes for r in prepared.load_case(shape)[1])  # no reference: the whole output's size
+    return 3 * logits + 8 * (request.max_iterations + case.batch_size) * (case.new_tokens or 1)
 
 
 def validate_serve(request: ServeRequest) -> ServePlan:
@@ -224,7 +236,7 @@ class ServedJobs:
         row = not_runnable(spec, prepared, why, setting, case)
         if row is None:
             assert prepared is not None
-            converted, precision, conversion = precision_model(prepared.onnx_path, case.precision)
+            converted, precision, conversion = case_model(prepared, case)
             if converted is None:
                 row = prepared.result(setting.target, case, "unsupported", conversion["why"], precision=precision)
         if row is not None:
@@ -233,11 +245,10 @@ class ServedJobs:
             return None
         assert prepared is not None
         page = page_job(files, prepared, setting, case, self.plan.request, None, converted)
-        _, reference = prepared.load_case((case.batch_size, case.seq_len))
         self._jobs[result_key(spec.name, setting.target, case)] = _Job(
             prepared, setting, case, precision, conversion, page
         )
-        return page, answer_limit(sum(r.nbytes for r in reference), self.plan.request.max_iterations)
+        return page, answer_limit(_answer_bytes(prepared, case, self.plan.request), self.plan.request.max_iterations)
 
     def answered(self, device: Any, job: Any, answer: dict[str, Any], page: Any) -> dict[str, Any]:
         found = self._jobs[job.key]

@@ -29,6 +29,7 @@ from harness.core.labels import BROWSER_ENGINE
 from harness.core.parity import compare
 from harness.core.profiles import PROFILE_ITERATIONS
 from harness.core.records import PRECISIONS, Case, Control, Result, Target, UnsupportedError, result_key
+from harness.prepare.greedy import generates_with_past
 from harness.prepare.prepared import PreparedModel, PrepareJob, unprepared_result
 from harness.prepare.specs import ModelSpec
 from harness.prepare.variants import model_for_precision
@@ -46,6 +47,7 @@ from harness.run.plan import (
     RequestError,
     RunOptions,
     check_count,
+    check_generation,
     check_measuring,
     check_paths,
     check_selection,
@@ -54,11 +56,13 @@ from harness.run.plan import (
 )
 from harness.run.profiling import page_profile, profiled_fields
 from harness.run.recording import Body, Emit, RunSummary, record_run
+from harness.run.web_generate import generate_fields, generation_result, prompt_feeds
 from harness.run.worker import prepare_isolated
 from harness.web.eps import EPS, WEB_HARDWARE, WEBNN_DEVICES
 from harness.web.flags import GPU_MODES, GpuProfile
 
 ENGINE = BROWSER_ENGINE
+WEB_MODES = ("inference", "generate")  # training needs a backward pass ORT-web's inference build lacks
 # --timeout bounds a page job; a cold export in the prepare child can legitimately take longer.
 PREPARE_TIMEOUT_FLOOR_S = 120.0
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -138,14 +142,21 @@ class WebPlan:
 
 
 def web_cases(request: Any, spec: ModelSpec) -> list[Case]:
-    """A spec's cases in the browser: every precision, batch size and (if it has one) sequence length."""
+    """A spec's cases in the browser: every mode, precision, batch size and (if it has one) sequence
+    length; generate only for a model with a graph with past key/values (harness.prepare.greedy)."""
     seqs: list[int | None] = list(request.sequence_lengths) if spec.inputs.uses_sequence else [None]
-    return [
-        Case(b, s, p)
-        for p in precisions(request)  # the same parsing as native
-        for b in request.batch_sizes
-        for s in seqs
-    ]
+    cases = []
+    for mode in request.modes:
+        if mode == "generate" and not generates_with_past(spec):
+            continue
+        tokens = request.new_tokens if mode == "generate" else None
+        cases += [
+            Case(b, s, p, mode, tokens)
+            for p in precisions(request)  # the same parsing as native
+            for b in request.batch_sizes
+            for s in seqs
+        ]
+    return cases
 
 
 def _settings(request: WebRequest) -> list[EpSetting]:
@@ -207,7 +218,11 @@ def check_browser_request(request: Any) -> list[ModelSpec]:
     asked = precisions(request)
     if not asked or any(p not in PRECISIONS for p in asked):
         raise RequestError(f"--precision {','.join(asked)}: valid: {', '.join(PRECISIONS)}")
+    unknown = [m for m in request.modes if m not in WEB_MODES]
+    if unknown or not request.modes:
+        raise RequestError(f"--mode {','.join(request.modes)}: the browser runs {', '.join(WEB_MODES)}")
     specs = check_selection(request)
+    check_generation(request, specs, request.modes)
     check_paths(request)
     return specs
 
@@ -287,6 +302,11 @@ def build_result(
         return prepared.result(setting.target, case, _status(answer), answer["error"], details=details, **extra)
     fields = {"samples_ms": answer["samples_ms"], "load_ms": answer["load_ms"], "first_run_ms": answer["first_run_ms"]}
     fields["memory_peak_mb"] = peak_mb
+    if case.mode == "generate" or "generation" in answer:
+        if case.mode != "generate" or "generation" not in answer:
+            why = f"a {case.mode} job answered {'with' if 'generation' in answer else 'without'} a generation"
+            return prepared.result(setting.target, case, "error", why, details=details, **extra)
+        return generation_result(prepared, setting.target, case, answer, fields, extra, details)
     names = [out["name"] for out in answer["outputs"]]  # the page's session.outputNames, in order
     try:
         parity = compare(decode_outputs(answer["outputs"]), reference, extra.get("precision") or "fp32", names)
@@ -331,6 +351,18 @@ def _file_stem(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", name)
 
 
+def case_model(prepared: PreparedModel, case: Case) -> tuple[Path | None, str, dict[str, Any]]:
+    """The file a case runs in the page: the export (generate: the graph with past key/values) in the
+    case's precision, as precision_model gives it."""
+    if case.mode != "generate":
+        assert prepared.onnx_path is not None
+        return precision_model(prepared.onnx_path, case.precision)
+    if prepared.onnx_past_path is None:
+        why = prepared.onnx_past_error or "the model has no ONNX graph with past key/values"
+        return None, case.precision, {"why": f"generate needs the ONNX export with past key/values: {why}"}
+    return precision_model(prepared.onnx_past_path, case.precision)
+
+
 @cache
 def precision_model(onnx_path: Path, precision: str) -> tuple[Path | None, str, dict[str, Any]]:
     """(model file, precision it runs in, conversion facts) — the same file native ORT runs for that
@@ -353,7 +385,7 @@ def page_job(
     """Hand the page the case's ONNX file (the export, or `model`: its precision's conversion) and input
     tensors (from the PreparedModel's npz), and describe the page job."""
     feeds, _ = prepared.load_case((case.batch_size, case.seq_len))
-    model = model or prepared.onnx_path
+    model = model or case_model(prepared, case)[0]
     assert model is not None
     # the page keeps one session per model URL: each precision's file has its own name
     stop = {
@@ -366,6 +398,9 @@ def page_job(
         "profile_iterations": PROFILE_ITERATIONS if request.profile else 0,  # after the timed loop
     }
     name = f"{_file_stem(prepared.spec.name)}-{case.precision}"
+    if case.mode == "generate":  # its own file name: the page keeps one session per URL
+        job = web_job(files, f"{name}-past", model, prompt_feeds(feeds), setting, stop, case.key, fault)
+        return job | generate_fields(model, case, EPS[setting.ep].gpu_adapter)
     return web_job(files, name, model, feeds, setting, stop, case.key, fault)
 
 
@@ -433,7 +468,7 @@ async def _run_case(
         return prepared.result(setting.target, case, "error", problem, details=details)
     if refusal is not None:
         return prepared.result(setting.target, case, "unsupported", refusal, details=details)
-    model, precision, conversion = precision_model(prepared.onnx_path, case.precision)
+    model, precision, conversion = case_model(prepared, case)
     if model is None:
         return prepared.result(
             setting.target, case, "unsupported", conversion["why"], precision=precision, details=details
@@ -458,9 +493,13 @@ Prepared = tuple[ModelSpec, PreparedModel | None, str]  # (spec, prepared or Non
 
 def prepare_spec(plan: Any, spec: ModelSpec) -> Prepared:
     """The same prepare_model child as native: same cached ONNX file, same npz inputs and reference."""
-    shapes = sorted({(c.batch_size, c.seq_len) for c in plan.cases(spec)}, key=str)
+    cases = plan.cases(spec)
+    shapes = sorted({(c.batch_size, c.seq_len) for c in cases}, key=str)
     timeout_s = max(plan.request.timeout_s, PREPARE_TIMEOUT_FLOOR_S)
-    prepared, outcome = prepare_isolated(PrepareJob(spec, shapes), timeout_s)
+    generates = any(c.mode == "generate" for c in cases)  # the graph with past, and native ORT's tokens
+    tokens = plan.request.new_tokens if generates else 0
+    job = PrepareJob(spec, shapes, with_past=generates and spec.has_past_export, reference_tokens=tokens)
+    prepared, outcome = prepare_isolated(job, timeout_s)
     if prepared:
         return spec, prepared, ""
     return spec, None, f"model preparation failed ({outcome.status}): {outcome.message or 'no result'}"

@@ -92,6 +92,8 @@ def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: Pea
         samples_ms=measured.samples_ms,
         ttft_samples_ms=measured.ttft_samples_ms,
         tpot_samples_ms=measured.tpot_samples_ms,
+        step_samples_ms=measured.step_samples_ms,
+        generated_tokens=measured.generated_tokens,
         first_run_ms=measured.first_run_ms,
         memory_peak_mb=measured.memory_peak_mb,
         device_memory_peak_mb=measured.device_memory_peak_mb,

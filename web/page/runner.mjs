@@ -2,6 +2,8 @@
 // fixed when the runtime starts, so the harness opens a fresh page per (EP, threads) setting.
 // Everything timed is timed here with performance.now(); Python only sends jobs and reads answers.
 
+import { measureGeneration } from './generate.mjs';
+
 const ORT_BASE = new URL('../ort/', import.meta.url).href;
 // The one table of browser EPs (web/page/eps.json, read by Python too): bundle, setup, placement, check.
 export const EPS = await (await fetch(new URL('eps.json', import.meta.url))).json();
@@ -356,7 +358,9 @@ async function getSession(job, rt) {
   const fetch_ms = performance.now() - started;
   const placement = EPS[job.ep].node_placement ? await nodePlacement(bytes, rt.option) : null;
   started = performance.now();
-  const session = await ort.InferenceSession.create(bytes, { executionProviders: [rt.option] });
+  // job.session_options: a generate job on WebGPU keeps present.* on the GPU (preferredOutputLocation)
+  const options = { executionProviders: [rt.option], ...job.session_options };
+  const session = await ort.InferenceSession.create(bytes, options);
   // Later jobs on this page reuse the session: their load_ms is this one, and they say whose it is.
   const entry = { session, load_ms: performance.now() - started, fetch_ms, placement, load_case: job.case };
   if (job.profile_iterations > 0) entry.bytes = bytes; // for the profiled twin session
@@ -570,6 +574,7 @@ export async function runJob(job) {
     rt = await startRuntime(job);
     const entry = await getSession(job, rt);
     const feeds = await makeFeeds(job);
+    if (job.mode === 'generate') return await generateJob(job, rt, entry, feeds, facts);
     await injectFault(job.fault);
     const measured = await measure(entry.session, feeds, job);
     const asked = job.profile_iterations > 0;
@@ -598,6 +603,24 @@ export async function runJob(job) {
     facts.console_warnings = consoleWarnings();
     return { status: e instanceof Unsupported ? 'unsupported' : 'error', error: errorText(e), facts };
   }
+}
+
+// A generate job (web/page/generate.mjs): the fault hook fires mid-generation, in the first timed one.
+async function generateJob(job, rt, entry, feeds, facts) {
+  const hooks = { fault: () => injectFault(job.fault), memory: pageMemory, loopMark };
+  const measured = await measureGeneration(ort, entry.session, feeds, job, hooks);
+  Object.assign(facts, await runtimeFacts(job, rt), measured.budget, {
+    fetch_ms: entry.fetch_ms,
+    input_names: entry.session.inputNames,
+    output_names: entry.session.outputNames,
+    load_measured_with: entry.load_case,
+    output_locations: job.session_options?.preferredOutputLocation ?? 'cpu',
+  });
+  if (entry.placement) Object.assign(facts, entry.placement);
+  facts.page_memory = measured.generation.memory_after;
+  facts.console_warnings = consoleWarnings();
+  const { samples: samples_ms, first_run_ms, generation } = measured;
+  return { status: 'ok', samples_ms, first_run_ms, load_ms: entry.load_ms, generation, facts };
 }
 
 // Whether a WebNN context of this device type can be made here (and the browser's words if not).

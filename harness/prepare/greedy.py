@@ -1,0 +1,124 @@
+"""Greedy decoding on an ONNX graph with past key/values, written once: native ONNX Runtime's timed
+loop (harness.native.onnxruntime_backend) and the reference tokens the browser's are checked against.
+
+A graph qualifies when it takes input_ids, attention_mask and past_* inputs and returns logits then
+present_* outputs (harness.prepare.export_past's names, or Hugging Face Optimum's past_key_values.N.* /
+present.N.*); position_ids is fed only when the graph takes it. Exactly new_tokens tokens, EOS ignored.
+web/page/generate.mjs runs the same steps in the page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+PAST_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+
+
+def past_input(present: str) -> str:
+    """The past input a present output is fed back to."""
+    if present.startswith("present."):  # Optimum: present.0.key -> past_key_values.0.key
+        return "past_key_values." + present.removeprefix("present.")
+    return "past" + present.removeprefix("present")  # present_key_0 -> past_key_0
+
+
+def takes_past(input_names: Sequence[str], output_names: Sequence[str]) -> bool:
+    """Whether a graph can run the KV-cache loop: token ids, a mask, and a present for every past."""
+    pasts = [n for n in input_names if n.startswith("past")]
+    presents = [n for n in output_names if n.startswith("present")]
+    return (
+        {"input_ids", "attention_mask"} <= set(input_names)
+        and bool(pasts)
+        and sorted(pasts) == sorted(past_input(p) for p in presents)
+    )
+
+
+@cache
+def onnx_takes_past(path: Path) -> bool:
+    """Whether an .onnx file's graph runs the KV-cache loop (read from the proto, weights not loaded)."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    weights = {t.name for t in graph.initializer}
+    inputs = [v.name for v in graph.input if v.name not in weights]
+    return takes_past(inputs, [v.name for v in graph.output])
+
+
+def generates_with_past(spec: Any) -> bool:
+    """Whether a model generates on ONNX graphs with past key/values: a decoder-only spec (its `-past`
+    export) or an .onnx file whose graph takes past key/values."""
+    return spec.has_past_export or (spec.is_onnx_file and onnx_takes_past(spec.local_path))
+
+
+def positions(mask: np.ndarray, length: int) -> np.ndarray:
+    """Position ids of the last `length` tokens, counted over the unpadded ones as transformers'
+    generate() does (padding positions get 1)."""
+    counted = np.cumsum(mask, axis=1) - 1
+    return np.where(mask == 0, 1, counted)[:, -length:].astype(np.int64)
+
+
+def prefill_feeds(session: Any, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The prompt with an empty past: [batch, kv_heads, 0, head_dim] for every past input."""
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    feeds = {"input_ids": ids, "attention_mask": mask, "position_ids": positions(mask, ids.shape[1])}
+    for past in session.get_inputs():
+        if past.name.startswith("past"):
+            shape = (ids.shape[0], past.shape[1], 0, past.shape[3])
+            feeds[past.name] = np.zeros(shape, dtype=PAST_DTYPES[past.type])
+    return _taken(session, feeds)
+
+
+def _taken(session: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    names = {i.name for i in session.get_inputs()}
+    return {k: v for k, v in feeds.items() if k in names}
+
+
+@dataclass
+class Greedy:
+    """What one greedy generation produced; margins and prefill logits only when kept."""
+
+    tokens: np.ndarray  # [batch, new_tokens]
+    margins: np.ndarray | None = None  # [batch, new_tokens]: top-1 minus top-2 logit at each step
+    prefill_logits: np.ndarray | None = None  # the first step's logits (last prompt position)
+
+
+def greedy(session: Any, inputs: dict[str, np.ndarray], new_tokens: int, stamp: Callable[[], None] = lambda: None,
+           keep: bool = False) -> Greedy:  # fmt: skip
+    """Exactly new_tokens greedy tokens; stamp() runs as each step's logits are on the host (run()
+    returns host arrays). keep: also the reference's margins and prefill logits (outside any timing)."""
+    output_names = [o.name for o in session.get_outputs()]
+    pasts = [past_input(name) for name in output_names[1:]]
+    mask = inputs["attention_mask"]
+    feeds = prefill_feeds(session, inputs)
+    tokens, margins, prefill = [], [], None
+    for _ in range(new_tokens):
+        logits, *presents = session.run(output_names, feeds)
+        stamp()
+        last = logits[:, -1]
+        token = last.argmax(axis=-1, keepdims=True).astype(np.int64)
+        tokens.append(token)
+        if keep:
+            prefill = logits.astype(np.float32) if prefill is None else prefill
+            top2 = np.sort(last.astype(np.float64), axis=-1)[:, -2:]
+            margins.append(top2[:, 1] - top2[:, 0])
+        mask = np.concatenate([mask, np.ones_like(token)], axis=1)
+        step = {"input_ids": token, "attention_mask": mask, "position_ids": positions(mask, 1)}
+        feeds = _taken(session, step | dict(zip(pasts, presents, strict=True)))
+    kept = np.stack(margins, axis=1) if keep else None
+    return Greedy(np.concatenate(tokens, axis=1), kept, prefill)
+
+
+def reference_generation(graph: Path, inputs: dict[str, np.ndarray], new_tokens: int) -> Greedy:
+    """Native ONNX Runtime's greedy tokens on the CPU for this graph and prompt: what every browser
+    generation of the same file is checked against."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+    return greedy(session, inputs, new_tokens, keep=True)

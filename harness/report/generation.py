@@ -1,0 +1,109 @@
+"""The HTML report's generation section: per model, every target's TTFT and its prefill (pp) and decode (tg)
+rates side by side, native and browser, token parity with native ONNX Runtime, and the step-time curve
+(the median time of each decode step over the generated positions) as inline SVG."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from html import escape
+from typing import Any
+
+from harness.core.generation import DECODE_RATE, PREFILL_RATE, step_curve
+from harness.core.labels import case_label, target_label
+from harness.report.data import RunReport
+
+COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
+WIDTH, PLOT_WIDTH, HEIGHT, PAD = 900, 520, 220, 56
+LOG_RATIO = 30.0  # a log scale once the slowest step is this many times the fastest
+NO_CURVE = "No decode steps to draw (one token, or no measured row)."
+COLUMNS = (("TTFT p50 ms", "ttft_ms", 3), (PREFILL_RATE, "prefill_tokens_per_s", 1),
+           (DECODE_RATE, "decode_tokens_per_s", 1), ("TPOT p50 ms", "tpot_ms", 3), ("TPOT p90 ms", "tpot_p90_ms", 3),
+           ("e2e p50 ms", "latency_p50_ms", 3))  # fmt: skip
+
+
+def _fmt(value: float | None, digits: int) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def _parity(row: dict[str, Any]) -> str:
+    if row.get("tokens_matched") is None:
+        return "—"
+    return f"{row['tokens_matched']}/{row['new_tokens']}"
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in ("target", "case", "status", *(c[0] for c in COLUMNS)))
+    head += "<th>tokens = native ORT</th>"
+    body = "".join(
+        f"<tr><td>{escape(target_label(r))}</td><td>{escape(case_label(r))}</td><td>{escape(r['status'])}</td>"
+        + "".join(f'<td class="num">{_fmt(r.get(field), digits)}</td>' for _, field, digits in COLUMNS)
+        + f'<td class="num">{_parity(r)}</td></tr>'
+        for r in rows
+    )
+    return f'<table class="results"><tr>{head}</tr>{body}</table>'
+
+
+def _curve_svg(curves: list[tuple[str, list[float]]]) -> str:
+    """Polylines of step time (ms) against the decode position, one per target, on a shared scale (log when
+    the targets are more than LOG_RATIO apart), the legend to the right of the plot."""
+    every = [v for _, values in curves for v in values]
+    low, top = min(every), max(every)
+    log = low > 0 and top / low > LOG_RATIO
+    scale = (lambda v: math.log10(v)) if log else (lambda v: v)
+    bottom_value = scale(low) if log else 0.0
+    span = (scale(top) - bottom_value) or 1.0
+    longest = max(len(values) for _, values in curves)
+    x_step = (PLOT_WIDTH - PAD) / max(longest - 1, 1)
+    lines, legend = [], []
+    for i, (label, values) in enumerate(curves):
+        color = COLORS[i % len(COLORS)]
+        points = " ".join(
+            f"{PAD + j * x_step:.1f},{HEIGHT - PAD - (scale(v) - bottom_value) / span * (HEIGHT - 2 * PAD):.1f}"
+            for j, v in enumerate(values)
+        )
+        lines.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{points}"/>')
+        legend.append(
+            f'<text x="{PLOT_WIDTH + 12}" y="{PAD + 14 * i}" font-size="11" fill="{color}">{escape(label)}</text>'
+        )
+    axes = (
+        f'<line x1="{PAD}" y1="{HEIGHT - PAD}" x2="{PLOT_WIDTH}" y2="{HEIGHT - PAD}" stroke="#888"/>'
+        f'<line x1="{PAD}" y1="{PAD}" x2="{PAD}" y2="{HEIGHT - PAD}" stroke="#888"/>'
+        f'<text x="{(PAD + PLOT_WIDTH) / 2}" y="{HEIGHT - 8}" font-size="11" text-anchor="middle">decode step '
+        f"(generated position 2…{longest + 1}){', log scale' if log else ''}</text>"
+        f'<text x="{PAD - 4}" y="{PAD + 4}" font-size="11" text-anchor="end">{top:.3g} ms</text>'
+        f'<text x="{PAD - 4}" y="{HEIGHT - PAD}" font-size="11" text-anchor="end">{low if log else 0:.3g}</text>'
+    )
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" role="img" '
+        f'aria-label="decode step time per generated position">{axes}{"".join(lines)}{"".join(legend)}</svg>'
+    )
+
+
+def generation_html(report: RunReport) -> str:
+    """One section per model that has generate rows; empty when the run generated nothing."""
+    by_model: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in report.results:
+        if row.get("mode") == "generate":
+            by_model[row["model"]].append(row)
+    parts = []
+    for model, rows in sorted(by_model.items()):
+        curves = [
+            (f"{target_label(r)} {case_label(r)}", curve)
+            for r in rows
+            if (curve := step_curve(report.steps.get(r["result_id"], [])))
+        ]
+        figure = (
+            _curve_svg(curves)
+            if curves
+            else '<p class="omitted">No decode steps to draw (one token, or no measured row).</p>'
+        )
+        parts.append(
+            f"<h4>Generation: {escape(model)}</h4>"
+            '<p class="sub">TTFT: prefill until the first logits are on the CPU. pp: prompt tokens ÷ TTFT; '
+            "tg: decode tokens ÷ the sum of the decode steps; never a rate over both phases. Tokens: the common "
+            "prefix with native ONNX Runtime's greedy tokens on the same graph.</p>"
+            f"{_table(rows)}<figure>{figure}<figcaption>Median decode-step time per generated position, per "
+            "target.</figcaption></figure>"
+        )
+    return "".join(parts)

@@ -1,0 +1,182 @@
+// Generation in the page: greedy decoding on the `-past` export, the steps harness/prepare/greedy.py runs
+// natively. Prefill: the prompt, a mask of ones, positions, and empty past tensors typed from the session's
+// input metadata; decode: one token per step, each step's presents fed back as the next step's past and the
+// old past disposed; exactly job.new_tokens tokens (EOS ignored), argmax here. A step's clock stops when its
+// logits are on the CPU (the harness asks WebGPU to keep present.* on the GPU and return logits only).
+// TTFT is the prefill until the first logits; each decode step runs from one step's logits to the next's.
+
+const PAST_ARRAYS = { float32: Float32Array, float16: Uint16Array };
+
+// present_key_0 -> past_key_0; Optimum's present.0.key -> past_key_values.0.key
+function pastOf(present) {
+  if (present.startsWith('present.')) return 'past_key_values.' + present.slice('present.'.length);
+  return 'past' + present.slice('present'.length);
+}
+
+function emptyPast(ort, session, batch) {
+  const feeds = {};
+  for (const meta of session.inputMetadata) {
+    if (!meta.name.startsWith('past')) continue;
+    const [, heads, , width] = meta.shape;
+    if (typeof heads !== 'number' || typeof width !== 'number' || !PAST_ARRAYS[meta.type]) {
+      throw new Error(`past input ${meta.name}: need a ${Object.keys(PAST_ARRAYS)} [batch, heads, past, dim] tensor with ` +
+        `fixed heads and dim (got ${meta.type} [${meta.shape}])`);
+    }
+    feeds[meta.name] = new ort.Tensor(meta.type, new PAST_ARRAYS[meta.type](0), [batch, heads, 0, width]);
+  }
+  return feeds;
+}
+
+// transformers' position ids: counted over the unpadded tokens, padding positions get 1 (greedy.positions)
+function positions(ort, mask, batch, length, last) {
+  const out = new BigInt64Array(batch * last);
+  for (let row = 0; row < batch; row++) {
+    let count = -1n;
+    for (let i = 0; i < length; i++) {
+      const on = mask[row * length + i] !== 0n;
+      if (on) count++;
+      if (i >= length - last) out[row * last + i - (length - last)] = on ? count : 1n;
+    }
+  }
+  return new ort.Tensor('int64', out, [batch, last]);
+}
+
+function withOnes(mask, batch, length) {
+  const grown = new BigInt64Array(batch * (length + 1));
+  for (let row = 0; row < batch; row++) {
+    grown.set(mask.subarray(row * length, (row + 1) * length), row * (length + 1));
+    grown[row * (length + 1) + length] = 1n;
+  }
+  return grown;
+}
+
+function halfToFloat(h) {
+  const sign = h & 0x8000 ? -1 : 1;
+  const exponent = (h >> 10) & 0x1f;
+  const fraction = h & 0x3ff;
+  if (exponent === 0) return sign * 2 ** -14 * (fraction / 1024);
+  if (exponent === 31) return fraction ? NaN : sign * Infinity;
+  return sign * 2 ** (exponent - 15) * (1 + fraction / 1024);
+}
+
+// The last position's logits of each row, as numbers.
+function lastLogits(logits) {
+  const [batch, positionsKept, vocab] = logits.dims;
+  const data = logits.data;
+  const rows = [];
+  for (let row = 0; row < batch; row++) {
+    const start = (row * positionsKept + positionsKept - 1) * vocab;
+    const slice = Array.from(data.subarray(start, start + vocab));
+    rows.push(logits.type === 'float16' ? slice.map(halfToFloat) : slice);
+  }
+  return rows;
+}
+
+function argmax(values) {
+  let best = 0;
+  for (let i = 1; i < values.length; i++) if (values[i] > values[best]) best = i;
+  return best;
+}
+
+function disposeAll(feeds, names) {
+  for (const name of names) feeds[name]?.dispose();
+}
+
+// One generation. hook(step) runs before each step's run (the test suite's fault hook, mid-generation).
+async function generateOnce(ort, session, prompt, job, hook) {
+  const [batch, promptLength] = prompt.ids.dims;
+  const [logitsName, ...presents] = session.outputNames;
+  const pasts = presents.map(pastOf);
+  const taken = new Set(session.inputNames);
+  let mask = prompt.mask.data;
+  let length = promptLength;
+  let feeds = { input_ids: prompt.ids, attention_mask: prompt.mask, ...emptyPast(ort, session, batch) };
+  if (taken.has('position_ids')) feeds.position_ids = positions(ort, mask, batch, length, promptLength);
+  const tokens = Array.from({ length: batch }, () => []);
+  const steps = [];
+  let ttft_ms = null;
+  let prefill_logits = null;
+  const started = performance.now();
+  let last = started;
+  for (let step = 0; step < job.new_tokens; step++) {
+    if (hook) await hook(step);
+    const out = await session.run(feeds);
+    const now = performance.now(); // run() resolved: the logits are on the CPU
+    if (step === 0) ttft_ms = now - started;
+    else steps.push(now - last);
+    last = now;
+    const rows = lastLogits(out[logitsName]);
+    if (step === 0) prefill_logits = { dims: [batch, 1, rows[0].length], values: rows.flat() };
+    out[logitsName].dispose();
+    disposeAll(feeds, pasts); // the old past: a cache not freed here grows every step
+    const next = rows.map(argmax);
+    next.forEach((token, row) => tokens[row].push(token));
+    mask = withOnes(mask, batch, length);
+    length++;
+    feeds = {
+      input_ids: new ort.Tensor('int64', BigInt64Array.from(next, BigInt), [batch, 1]),
+      attention_mask: new ort.Tensor('int64', mask, [batch, length]),
+    };
+    if (taken.has('position_ids')) feeds.position_ids = positions(ort, mask, batch, length, 1);
+    presents.forEach((name, i) => (feeds[pasts[i]] = out[name]));
+  }
+  disposeAll(feeds, pasts);
+  return { total_ms: performance.now() - started, ttft_ms, steps, tokens, prefill_logits };
+}
+
+function sameTokens(a, b) {
+  return a.length === b.length && a.every((row, i) => row.join(',') === b[i].join(','));
+}
+
+// One untimed warm-up generation (its tokens and prefill logits are the row's), then timed generations
+// under the usual stop rule (runner.mjs's measure): the count and the duration met, capped by
+// max_iterations, stopped by the budget but never below min_iterations. hooks: {fault(step), memory(),
+// loopMark(mark)} from runner.mjs. The page's memory is measured after the warm-up and after the repeats.
+export async function measureGeneration(ort, session, inputs, job, hooks) {
+  const prompt = { ids: inputs.input_ids, mask: inputs.attention_mask };
+  if (!prompt.ids || !prompt.mask) throw new Error('a generate job needs input_ids and attention_mask');
+  let t0 = performance.now();
+  const deadline = job.max_time_ms == null ? Infinity : t0 + job.max_time_ms;
+  const first = await generateOnce(ort, session, prompt, job, null);
+  const memory_before = await hooks.memory();
+  const samples = [];
+  const ttft = [];
+  const steps = [];
+  let tokens_stable = true;
+  await hooks.loopMark('start');
+  const wanted = performance.now() + job.min_duration_ms;
+  const floor = Math.min(job.min_iterations, job.iterations);
+  let loop_stopped = false;
+  for (;;) {
+    const n = samples.length;
+    const now = performance.now();
+    if (n >= job.max_iterations || (n >= job.iterations && now >= wanted)) break;
+    if (n >= floor && now >= deadline) {
+      loop_stopped = true;
+      break;
+    }
+    const hook = n === 0 ? (step) => (step === 1 ? hooks.fault() : null) : null;
+    const one = await generateOnce(ort, session, prompt, job, hook);
+    samples.push(one.total_ms);
+    ttft.push(one.ttft_ms);
+    steps.push(one.steps);
+    tokens_stable &&= sameTokens(one.tokens, first.tokens);
+  }
+  await hooks.loopMark('end');
+  const memory_after = await hooks.memory();
+  return {
+    first_run_ms: first.total_ms,
+    samples,
+    generation: {
+      ttft_samples_ms: ttft,
+      step_samples_ms: steps,
+      tokens: first.tokens,
+      tokens_stable,
+      prefill_logits: first.prefill_logits,
+      memory_before,
+      memory_after,
+      warmup_generations: 1,
+    },
+    budget: { max_time_s: job.max_time_ms == null ? null : job.max_time_ms / 1000, warmup_run: 1, budget_stopped: loop_stopped },
+  };
+}
