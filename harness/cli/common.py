@@ -95,3 +95,11 @@ ResumeOption = Annotated[
         "(Ctrl-C, kill -9): only the results it lacks are run.",
     ),
 ]
+MachineLabelOption = Annotated[
+    str | None,
+    typer.Option(
+        "--machine-label",
+        help="Name this machine in reports across machines (default: ACCELHARNESS_MACHINE_LABEL); letters, "
+        "digits, '.', '_', '-', at most 64.",
+    ),
+]

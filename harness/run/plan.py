@@ -13,6 +13,7 @@ from harness.native import DEFAULT_ENGINES, ENGINES, capabilities
 from harness.native.base import Availability
 from harness.prepare.specs import ModelSpec, SpecError, check_families, select_specs, spec_from_path
 from harness.run.hardware import NATIVE_PLATFORMS, native_targets
+from harness.run.machine import machine_label
 from harness.run.outputs import Outputs
 from harness.store import DEFAULT_DB
 
@@ -45,6 +46,7 @@ class RunOptions:
     db_path: Path = DEFAULT_DB
     output_dir: Path | None = Path("accelharness-results")
     profile: bool = False  # a few profiled iterations per inference case after its timed loop
+    machine_label: str | None = None  # names this machine in reports across machines (harness.run.machine)
 
     @property
     def outputs(self) -> Outputs | None:
@@ -226,6 +228,10 @@ def check_measuring(request: RunOptions) -> None:
     if request.min_iterations < 1:
         raise RequestError(f"--min-iterations takes a whole number >= 1 (got {request.min_iterations})")
     check_seconds("--timeout", request.timeout_s, positive=True, limit=MAX_TIMEOUT_S)
+    try:
+        machine_label(request.machine_label)
+    except ValueError as exc:
+        raise RequestError(str(exc)) from None
 
 
 def check_db_path(path: Path) -> None:
