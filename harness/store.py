@@ -235,23 +235,23 @@ class Store:
         _refuse_newer(self.path, version)
         if version == SCHEMA_VERSION:
             return
-        catalog = _quoted(self.connection.execute("SELECT current_database()").fetchone()[0])
+        catalog = quoted(self.connection.execute("SELECT current_database()").fetchone()[0])
         stored: dict[str, set[str]] = {}
         for table, column in self.connection.execute(
             "SELECT table_name, column_name FROM duckdb_columns() WHERE database_name = current_database()"
         ).fetchall():
             stored.setdefault(table, set()).add(column)
-        for table, columns in _current_columns().items():
+        for table, columns in current_columns().items():
             added = table not in stored and version < ADDED_TABLES.get(table, 1)
             if table not in stored and not added:
                 raise StoreError(f"{self.path} is not an accelharness store (it has no '{table}' table)")
             present = set() if added else stored[table]
             select = ", ".join(
-                _quoted(name) if name in present else f"CAST({default or 'NULL'} AS {kind}) AS {_quoted(name)}"
+                quoted(name) if name in present else f"CAST({default or 'NULL'} AS {kind}) AS {quoted(name)}"
                 for name, kind, default in columns
             )
-            source = "WHERE false" if added else f"FROM {catalog}.main.{_quoted(table)}"
-            self.connection.execute(f"CREATE TEMP VIEW {_quoted(table)} AS SELECT {select} {source}")
+            source = "WHERE false" if added else f"FROM {catalog}.main.{quoted(table)}"
+            self.connection.execute(f"CREATE TEMP VIEW {quoted(table)} AS SELECT {select} {source}")
 
     # --- writes -------------------------------------------------------------------------------
     def machine_salt(self) -> str:
@@ -594,12 +594,12 @@ def _refuse_newer(path: Path, version: int | None) -> None:
         )
 
 
-def _quoted(name: str) -> str:
+def quoted(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
 @functools.cache
-def _current_columns() -> dict[str, list[tuple[str, str, str | None]]]:
+def current_columns() -> dict[str, list[tuple[str, str, str | None]]]:
     """Each table's (column, type, default) in a file of this version: SCHEMA and every migration,
     applied to an empty database in memory, so the columns are never listed twice."""
     with duckdb.connect() as memory:

@@ -19,6 +19,7 @@ from harness.cli.common import (
     console,
     errors,
     fail,
+    given,
     split_list,
 )
 from harness.store import DEFAULT_DB, StoreError
@@ -250,15 +251,37 @@ def query_command(
 
 
 def export_command(
-    out: Annotated[Path, typer.Option("--out", help="Directory for <table>.parquet / <table>.csv.")],
+    ctx: typer.Context,
+    out: Annotated[Path | None, typer.Option("--out", help="Directory for <table>.parquet / <table>.csv.")] = None,
     fmt: Annotated[str, typer.Option("--format", help="parquet or csv.")] = "parquet",
     table: Annotated[str, typer.Option(help="results, samples, runs, hardware, operators or all.")] = "all",
+    bundle: Annotated[
+        Path | None,
+        typer.Option(help="One file another store can `import`: the runs' rows as Parquet and a manifest."),
+    ] = None,
+    run: Annotated[
+        str | None, typer.Option("--run", help=f"--bundle: the runs ({RUN_SELECTOR}, RUN,RUN,…, or all; default all).")
+    ] = None,
+    since: Annotated[str | None, typer.Option(help="--bundle: the runs started at or after this date (UTC).")] = None,
+    redact: Annotated[
+        str | None, typer.Option(help="--bundle: public drops hostnames, user names, paths, addresses, user agents.")
+    ] = None,
     db: DbOption = DEFAULT_DB,
 ) -> None:
-    """Export store tables to Parquet or CSV (read-only)."""
+    """Export store tables to Parquet or CSV, or runs as a bundle (--bundle) for `import` (read-only)."""
     from harness.analysis.query import export_tables
     from harness.analysis.tables import AnalysisError
+    from harness.cli.bundle import export_bundle_command
 
+    if bundle is not None:
+        if tables_only := given(ctx, "out", "fmt", "table"):
+            raise fail(f"{', '.join(tables_only)}: options of a table export; a --bundle holds every table")
+        export_bundle_command(db, bundle, run, since, redact)
+        return
+    if bundle_only := given(ctx, "run", "since", "redact"):
+        raise fail(f"{', '.join(bundle_only)}: options of --bundle; add --bundle FILE or drop them")
+    if out is None:
+        raise fail("export needs --out DIR (one file per table) or --bundle FILE (one file for `import`)")
     try:
         paths = export_tables(db, out, fmt, table)
     except (AnalysisError, StoreError) as exc:
