@@ -78,14 +78,16 @@ def _text(column: str) -> str:
 
 
 def hash_results_sql(where: str = "content_hash IS NULL") -> str:
-    """Set content_hash on the results rows matching `where`: sha256 over RESULT_CONTENT_COLUMNS and
-    the samples in iteration order. The one definition, for new rows, the migration and bundles."""
+    """Set content_hash on the results rows matching `where` (a condition on results; a `?` in it is
+    bound twice): sha256 over RESULT_CONTENT_COLUMNS and the samples in iteration order. The one
+    definition, for new rows, the migration and bundles."""
     fields = ", ".join(_text(f"r.{name}") for name in RESULT_CONTENT_COLUMNS)
     sample = "concat_ws(',', " + ", ".join(_text(name) for name in SAMPLE_CONTENT_COLUMNS) + ")"
     return f"""UPDATE results SET content_hash = hashed.hash FROM (
         SELECT r.result_id, sha256(concat_ws('|', {fields}, coalesce(s.samples, ''))) AS hash
         FROM results r LEFT JOIN (
-            SELECT result_id, string_agg({sample}, ';' ORDER BY iteration) AS samples FROM samples GROUP BY result_id
+            SELECT result_id, string_agg({sample}, ';' ORDER BY iteration) AS samples FROM samples
+            WHERE result_id IN (SELECT result_id FROM results WHERE {where}) GROUP BY result_id
         ) s USING (result_id) WHERE r.{where}
     ) hashed WHERE results.result_id = hashed.result_id"""
 
@@ -181,6 +183,7 @@ ADDED_TABLES = {"operators": 4, "controls": 6, "store_info": 7, "imports": 7}
 TABLES = ("schema_version", "runs", "hardware", "results", "samples", "operators", "controls", "store_info", "imports")
 # What a run is made of: the tables a bundle carries (the store's own facts and log stay home).
 RUN_TABLES = ("runs", "hardware", "results", "samples", "operators", "controls")
+MACHINE_COLUMNS = "runs.machine_id, runs.machine_label, runs.hardware_class"  # a result row read with its machine
 MACHINE_SALT = "machine_salt"  # store_info key: the random salt of this store's machine ids
 
 
@@ -362,7 +365,7 @@ class Store:
                 cursor.register("new_operators", _operator_table(result_id, result))
                 cursor.execute("INSERT INTO operators BY NAME SELECT * FROM new_operators")
                 cursor.unregister("new_operators")
-            cursor.execute(hash_results_sql("result_id = ?"), [result_id])
+            cursor.execute(hash_results_sql("result_id = ?"), [result_id, result_id])
             cursor.execute("COMMIT")
         except BaseException:
             cursor.execute("ROLLBACK")
@@ -538,8 +541,8 @@ class Store:
 
     def results(self, run_id: str) -> list[dict[str, Any]]:
         return self.query(
-            "SELECT * FROM results WHERE run_id = ? ORDER BY family, model, hardware, engine, provider, "
-            "batch_size, seq_len, created_at",
+            f"SELECT results.*, {MACHINE_COLUMNS} FROM results JOIN runs USING (run_id) WHERE run_id = ? "
+            "ORDER BY family, model, hardware, engine, provider, batch_size, seq_len, created_at",
             [run_id],
         )
 

@@ -4,6 +4,7 @@ gives an existing store all of them."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import duckdb
@@ -95,3 +96,58 @@ def test_an_existing_store_is_migrated_with_a_derived_identity(tmp_path: Path) -
             identities.append((run["run_uuid"], store.results("old")[0]["content_hash"]))
             assert run["hardware_class"] == "Old CPU · no GPU · 8 GiB" and run["machine_id"] is None
     assert identities[0] == identities[1] and None not in identities[0]
+
+
+@pytest.fixture(scope="module")
+def two_labels(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Issue 26's "done when": two real runs on this machine under two machine labels, each in its own
+    store, exported as bundles and imported into a new store."""
+    from test_compare import MEASURE, chain_onnx
+
+    directory = tmp_path_factory.mktemp("two-labels")
+    model = chain_onnx(directory / "model", 2)
+    combined = directory / "combined.duckdb"
+    bundles = []
+    for label in ("lab", "laptop"):
+        db = directory / f"{label}.duckdb"
+        done = run_cli("native", "--model-path", str(model), *MEASURE, "--iterations", "5", "--warmup", "1",
+                       "--min-duration", "0", "--machine-label", label, "--db", str(db),
+                       "--output-dir", str(directory / "out"))  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        bundles.append(directory / f"{label}.bundle")
+        assert run_cli("export", "--bundle", str(bundles[-1]), "--db", str(db)).returncode == 0
+    done = run_cli("import", *map(str, bundles), "--db", str(combined))
+    assert done.returncode == 0, done.stderr
+    again = run_cli("import", *map(str, bundles), "--db", str(combined))
+    assert again.returncode == 0 and again.stdout.count("nothing new") == 2
+    return combined
+
+
+def test_one_html_report_shows_both_machines_side_by_side(two_labels: Path, tmp_path: Path) -> None:
+    page = tmp_path / "all.html"
+    done = run_cli("report", "--run", "all", "--format", "html", "--out", str(page), "--db", str(two_labels))
+    assert done.returncode == 0, done.stderr
+    html = page.read_text()
+    section = html[html.index('<section id="machines">') :]
+    section = section[: section.index("</section>")]
+    assert "Across 2 machines" in section and "<th>lab</th><th>laptop</th>" in section
+    assert section.count('<td class="num">') >= 2  # a measured latency under each machine
+    assert "Across 1 hardware classes" in section  # one machine really: one class for both labels
+    listed = run_cli("query", "--report", "machines", "--format", "json", "--db", str(two_labels))
+    assert sorted(m["machine"] for m in json.loads(listed.stdout)) == ["lab", "laptop"]
+
+
+def test_compare_refuses_two_hardware_classes_unless_asked(two_labels: Path, tmp_path: Path) -> None:
+    db = tmp_path / "copy.duckdb"
+    db.write_bytes(two_labels.read_bytes())
+    with open_store(db) as store:
+        a, b = (r["run_id"] for r in store.query("SELECT run_id FROM runs ORDER BY machine_label"))
+    same = run_cli("compare", a, b, "--db", str(db))
+    assert same.returncode == 0 and "A ran on lab, B on laptop: one hardware class" in same.stdout
+    with open_store(db) as store:
+        store.connection.execute("UPDATE runs SET hardware_class = 'Other CPU · no GPU · 64 GiB' WHERE run_id = ?", [b])
+    refused = run_cli("compare", a, b, "--db", str(db))
+    assert refused.returncode == 2 and "another hardware class" in refused.stderr
+    assert "--across-machines" in refused.stderr and "Other CPU" in refused.stderr
+    asked = run_cli("compare", a, b, "--across-machines", "--db", str(db))
+    assert asked.returncode == 0 and "across machines (--across-machines)" in asked.stdout

@@ -158,6 +158,9 @@ def compare_command(
     fmt: AnalysisFormat = "md",
     out: OutOption = None,
     plot_comparison: Annotated[Path | None, typer.Option(help="Write a before/after plot (.png or .svg).")] = None,
+    across_machines: Annotated[
+        bool, typer.Option(help="Compare runs of two hardware classes (refused otherwise); the table says so.")
+    ] = False,
     db: DbOption = DEFAULT_DB,
 ) -> None:
     """Compare run B with run A (default: previous vs latest): ratio, bootstrap CI, Mann-Whitney p, verdict.
@@ -179,7 +182,7 @@ def compare_command(
         if not baseline and len(runs) == 1 and is_ab_run(db, runs[0], Path.cwd()):
             result = compare_pair(db, runs[0], limit, cwd=Path.cwd())
         else:
-            result = compare.compare_runs(db, a, b, limit, quantile, cwd=Path.cwd())
+            result = compare.compare_runs(db, a, b, limit, quantile, cwd=Path.cwd(), across_machines=across_machines)
     except (AnalysisError, StoreError) as exc:
         raise fail(str(exc)) from None
     emit(compare.render(result, fmt), out)
