@@ -255,3 +255,23 @@ def test_merge_goes_through_the_same_path(tmp_path: Path) -> None:
     assert counts(out) == before
     refused = run_cli("merge", str(first), str(out), "--db", str(out))
     assert refused.returncode == 2 and "one of the stores to merge" in refused.stderr
+
+
+def test_an_older_store_exports_unchanged_with_the_identity_its_migration_gives(tmp_path: Path) -> None:
+    """The GPU workflow's old baseline (a schema-6 store) becomes a bundle: read only, given the run uuid
+    and content hash the migration would give it, the same as an older bundle of it gets on import."""
+    from harness.bundle.export import export_bundle
+    from harness.bundle.importer import import_bundles
+
+    source = tmp_path / "old.duckdb"
+    v6_store(source)
+    before = source.read_bytes()
+    export_bundle(source, tmp_path / "from-store.bundle")
+    assert source.read_bytes() == before
+    identity = "SELECT run_uuid, content_hash FROM runs JOIN results USING (run_id)"
+    found = []
+    for name, bundle in (("a", tmp_path / "from-store.bundle"), ("b", old_bundle(tmp_path))):
+        import_bundles(tmp_path / f"{name}.duckdb", [bundle])
+        with open_store(tmp_path / f"{name}.duckdb", read_only=True) as store:
+            found.append(store.query(identity))
+    assert found[0] == found[1]

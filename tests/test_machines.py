@@ -5,6 +5,7 @@ gives an existing store all of them."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import duckdb
@@ -151,3 +152,26 @@ def test_compare_refuses_two_hardware_classes_unless_asked(two_labels: Path, tmp
     assert "--across-machines" in refused.stderr and "Other CPU" in refused.stderr
     asked = run_cli("compare", a, b, "--across-machines", "--db", str(db))
     assert asked.returncode == 0 and "across machines (--across-machines)" in asked.stdout
+
+
+def test_recommend_learns_from_one_machine_when_asked(two_labels: Path) -> None:
+    with open_store(two_labels, read_only=True) as store:
+        lab = {r["result_id"][:8] for r in store.query("SELECT result_id FROM results JOIN runs USING (run_id) "
+                                                       "WHERE machine_label = 'lab' AND status = 'ok'")}  # fmt: skip
+    done = run_cli("recommend", "--model", "chain", "--machine", "lab", "--db", str(two_labels))
+    assert done.returncode == 0, done.stderr
+    cited = set(re.findall(r"\b[0-9a-f]{8}\b", done.stdout.split("measured:", 1)[1]))
+    assert cited and cited <= lab  # the laptop's rows are not evidence
+    unknown = run_cli("recommend", "--model", "chain", "--machine", "nope", "--db", str(two_labels))
+    assert unknown.returncode == 2 and "machine 'nope'; machines: lab, laptop" in unknown.stderr
+
+
+def test_a_suite_machine_label_is_checked(tmp_path: Path) -> None:
+    from harness.suite.config import ConfigError, load_config
+
+    config = tmp_path / "suite.toml"
+    config.write_text('name = "s"\nmachine_label = "ci-gpu-1"\n[model_families]\nembedding = ["bert-tiny"]\n')
+    assert load_config(config).machine_label == "ci-gpu-1"
+    config.write_text('name = "s"\nmachine_label = "two words"\n[model_families]\nembedding = ["bert-tiny"]\n')
+    with pytest.raises(ConfigError, match="key 'machine_label' 'two words' is not a machine label"):
+        load_config(config)

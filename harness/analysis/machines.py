@@ -4,11 +4,13 @@ machine (harness.store: machine_id, machine_label, hardware_class)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from harness.analysis.tables import Table
+from harness.analysis.tables import AnalysisError, Table
 from harness.core.labels import case_label, target_label
 from harness.store import open_store
 
@@ -63,3 +65,28 @@ def across(runs: list[tuple[Mapping[str, Any], list[Mapping[str, Any]]]], by: st
     notes = [f"median latency (ms) of each case, one column per {what}; a column's latest run where it has several"]
     return Table(f"Across {len(columns)} {'machines' if by == 'machine' else 'hardware classes'}",
                  ["model", "target", "case", *columns], rows, notes)  # fmt: skip
+
+
+@contextmanager
+def one_machine(db_path: Path, machine: str | None) -> Iterator[Path]:
+    """The store as if it held only the runs of `machine` (its label, or the start of its id): a
+    temporary store made through the bundle path, for analyses that learn from every row (`recommend`,
+    `predict`). None: the store itself."""
+    if machine is None:
+        yield Path(db_path)
+        return
+    from harness.bundle.export import export_bundle
+    from harness.bundle.importer import import_bundles
+
+    with open_store(db_path, read_only=True) as store:
+        runs = [r["run_id"] for r in store.query(
+            "SELECT run_id FROM runs WHERE machine_label = ? OR starts_with(machine_id, ?)", [machine, machine]
+        )]  # fmt: skip
+        known = sorted({machine_name(r) for r in store.query("SELECT machine_label, machine_id FROM runs")})
+    if not runs:
+        raise AnalysisError(f"no run in {db_path} was made on machine '{machine}'; machines: {', '.join(known)}")
+    with tempfile.TemporaryDirectory(prefix="accelharness-machine-") as directory:
+        bundle, scoped = Path(directory) / "machine.bundle", Path(directory) / "machine.duckdb"
+        export_bundle(Path(db_path), bundle, ",".join(runs))
+        import_bundles(scoped, [bundle])
+        yield scoped

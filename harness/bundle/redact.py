@@ -26,6 +26,8 @@ REMOVED = [
 HOST_KEPT = ("platform", "python_version", "cpu_model", "cpu_cores", "cpu_physical_cores", "memory_gb",
              "harness_version", "git_sha")  # fmt: skip
 DROPPED_KEYS = {"hostname", "client_address", "page_origin", "page_reported_origin", "origin", "user_agent_data"}
+# Operator rows name graph nodes ("/encoder/layer.0/MatMul": not a path) and kernels: nothing personal.
+UNTOUCHED = {"operators", "samples"}
 IDENTITIES = {"result_id", "run_id", "run_uuid", "result_key", "content_hash", "machine_id", "device", "suite_id"}
 URL = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]+")
 IPV4 = re.compile(r"(?<![\w.])(?:(?:25[0-5]|2[0-4]\d|1?\d?\d)\.){3}(?:25[0-5]|2[0-4]\d|1?\d?\d)(?::\d+)?(?![\w.])")
@@ -103,7 +105,8 @@ def redact_public(staging: duckdb.DuckDBPyConnection, tables: tuple[str, ...]) -
         kept = {key: facts[key] for key in HOST_KEPT if key in facts}
         staging.execute("UPDATE runs SET host = ? WHERE run_id = ?", [json.dumps(kept), run_id])
     for table in tables:
-        _redact_table(staging, table, scrub)
+        if table not in UNTOUCHED:
+            _redact_table(staging, table, scrub)
 
 
 def _redact_table(staging: duckdb.DuckDBPyConnection, table: str, scrub: Callable[[str], str]) -> None:

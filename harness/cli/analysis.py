@@ -13,6 +13,7 @@ from rich.table import Table
 from harness.cli.common import (
     RUN_SELECTOR,
     DbOption,
+    MachineOption,
     OutputDirOption,
     RunOption,
     RunsOption,
@@ -96,9 +97,11 @@ def recommend(
     hardware: Annotated[str | None, typer.Option(help="The hardware you have (comma-separated).")] = None,
     weights: Annotated[str, typer.Option(help="latency,throughput,memory,compatibility weights.")] = "0.4,0.3,0.1,0.2",
     create_map: Annotated[Path | None, typer.Option(help="Write the selection map JSON here.")] = None,
+    machine: MachineOption = None,
     db: DbOption = DEFAULT_DB,
 ) -> None:
     """Recommend hardware for a model, family or task from measured rows (or marked predictions)."""
+    from harness.analysis.machines import one_machine
     from harness.analysis.predict import InsufficientData
     from harness.analysis.recommend import ScoreWeights, selection_map
     from harness.analysis.recommend import recommend as rank
@@ -111,11 +114,13 @@ def recommend(
     if mode not in ("inference", "training") or batch_size < 1:
         raise fail("--mode is inference or training and --batch-size >= 1")
     try:
-        if create_map is not None:
-            create_map.write_text(json.dumps(selection_map(db, score_weights), indent=2))
-            console.print(f"selection map: {create_map}")
-            return
-        result = rank(db, model, model_family, task, batch_size, None, mode, split_list(hardware), score_weights)
+        with one_machine(db, machine) as scoped:
+            if create_map is not None:
+                create_map.write_text(json.dumps(selection_map(scoped, score_weights), indent=2))
+                console.print(f"selection map: {create_map}")
+                return
+            hardware_list = split_list(hardware)
+            result = rank(scoped, model, model_family, task, batch_size, None, mode, hardware_list, score_weights)
     except (StoreError, InsufficientData, ValueError, KeyError) as exc:
         raise fail(str(exc)) from None
     table = Table(title=f"Recommendation for {result.subject}, batch {batch_size}, {mode}")

@@ -103,3 +103,10 @@ MachineLabelOption = Annotated[
         "digits, '.', '_', '-', at most 64.",
     ),
 ]
+MachineOption = Annotated[
+    str | None,
+    typer.Option(
+        "--machine",
+        help="Learn from this machine's runs only (its label, or the start of its id; `query --report machines`).",
+    ),
+]
