@@ -155,14 +155,14 @@ def test_compare_refuses_two_hardware_classes_unless_asked(two_labels: Path, tmp
 
 
 def test_recommend_learns_from_one_machine_when_asked(two_labels: Path) -> None:
+    lab_rows = "SELECT result_id FROM results JOIN runs USING (run_id) WHERE machine_label = 'lab'"
     with open_store(two_labels, read_only=True) as store:
-        lab = {r["result_id"][:8] for r in store.query("SELECT result_id FROM results JOIN runs USING (run_id) "
-                                                       "WHERE machine_label = 'lab' AND status = 'ok'")}  # fmt: skip
-    done = run_cli("recommend", "--model", "chain", "--machine", "lab", "--db", str(two_labels))
+        lab = {r["result_id"][:8] for r in store.query(lab_rows)}
+    done = run_cli("recommend", "--model-family", "embedding", "--machine", "lab", "--db", str(two_labels))
     assert done.returncode == 0, done.stderr
     cited = set(re.findall(r"\b[0-9a-f]{8}\b", done.stdout.split("measured:", 1)[1]))
     assert cited and cited <= lab  # the laptop's rows are not evidence
-    unknown = run_cli("recommend", "--model", "chain", "--machine", "nope", "--db", str(two_labels))
+    unknown = run_cli("recommend", "--model-family", "embedding", "--machine", "nope", "--db", str(two_labels))
     assert unknown.returncode == 2 and "machine 'nope'; machines: lab, laptop" in unknown.stderr
 
 

@@ -78,8 +78,11 @@ def import_bundles(db_path: Path, paths: list[Path]) -> list[ImportCount]:
 
 
 def _unique(bundles: list[Bundle]) -> list[Bundle]:
-    seen: set[str] = set()
-    return [b for b in bundles if not (b.sha256 in seen or seen.add(b.sha256))]
+    """One of each bundle (by content): the same file named twice is imported once."""
+    by_hash: dict[str, Bundle] = {}
+    for bundle in bundles:
+        by_hash.setdefault(bundle.sha256, bundle)
+    return list(by_hash.values())
 
 
 def _import(store: Store, bundles: list[Bundle]) -> list[ImportCount]:
@@ -198,7 +201,8 @@ def _insert(connection: duckdb.DuckDBPyConnection, table: str, select: str) -> i
 
 def _log(connection: duckdb.DuckDBPyConnection, bundle: Bundle, count: ImportCount) -> None:
     manifest = bundle.manifest
-    redacted = (manifest.get("redacted") or {}).get("level") if isinstance(manifest.get("redacted"), dict) else None
+    redaction = manifest.get("redacted")
+    redacted = str(redaction.get("level"))[:40] if isinstance(redaction, dict) else None
     connection.execute(
         "INSERT INTO imports VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         [

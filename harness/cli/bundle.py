@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from harness.cli.common import DbOption, console, fail
 from harness.store import DEFAULT_DB, StoreError
+
+if TYPE_CHECKING:
+    from harness.bundle.importer import ImportCount
 
 
 def parse_since(value: str) -> datetime:
@@ -68,7 +71,7 @@ def merge_command(
     _print_counts(counts, db)
 
 
-def _print_counts(counts: list, db: Path) -> None:
+def _print_counts(counts: list[ImportCount], db: Path) -> None:
     for c in counts:
         what = (
             f"{c.runs_added} runs, {c.results_added} results ({c.samples_added} samples) added, "
