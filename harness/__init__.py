@@ -41,6 +41,9 @@ _EXPORTS = {
     "load_config": "harness.suite.config",
     "plan_suite": "harness.suite.plan",
     "run_suite": "harness.suite.run",
+    "export_bundle": "harness.bundle.export",
+    "import_bundles": "harness.bundle.importer",
+    "merge_stores": "harness.bundle.importer",
 }
 
 __all__ = sorted(_EXPORTS)

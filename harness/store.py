@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import psutil
 import pyarrow as pa
 
 from harness.core.generation import summarize_generation
@@ -61,6 +62,59 @@ CREATE TABLE IF NOT EXISTS samples (
     result_id VARCHAR NOT NULL, iteration INTEGER NOT NULL, latency_ms DOUBLE NOT NULL
 );
 """
+
+# A result's content hash covers what was measured: these columns and its samples. Not its result_id
+# (a local name), its details or error text (notes that --redact public rewrites), so a redacted copy
+# of a result is the same result. Listed, not "every column", so a later column changes no stored hash.
+RESULT_CONTENT_COLUMNS = (
+    "run_id", "result_key", "created_at", "model", "family", "weights", "hardware", "engine", "provider", "device",
+    "variant", "batch_size", "seq_len", "mode", "new_tokens", "requested_precision", "precision", "status",
+    "iterations", "latency_mean_ms", "latency_p50_ms", "latency_p90_ms", "latency_p95_ms", "latency_p99_ms",
+    "latency_min_ms", "latency_max_ms", "latency_std_ms", "latency_cv", "noisy", "throughput_per_s", "load_ms",
+    "first_run_ms", "compile_ms", "memory_load_mb", "memory_peak_mb", "device_memory_peak_mb", "max_abs_diff",
+    "max_rel_diff", "load_avg_1m", "cpu_percent", "energy_j_per_item", "ttft_ms", "tpot_ms", "tokens_per_s",
+    "prefill_tokens_per_s", "decode_tokens_per_s", "tpot_p90_ms", "generated_tokens", "tokens_matched", "git_sha",
+)  # fmt: skip
+SAMPLE_CONTENT_COLUMNS = ("iteration", "latency_ms", "ttft_ms", "tpot_ms", "steps_ms", "round")
+
+
+def _text(column: str) -> str:
+    return f"coalesce(CAST({column} AS VARCHAR), '\\N')"  # NULL is not the empty string
+
+
+def hash_results_sql(where: str = "content_hash IS NULL") -> str:
+    """Set content_hash on the results rows matching `where` (a condition on results; a `?` in it is
+    bound twice): sha256 over RESULT_CONTENT_COLUMNS and the samples in iteration order. The one
+    definition, for new rows, the migration and bundles."""
+    fields = ", ".join(_text(f"r.{name}") for name in RESULT_CONTENT_COLUMNS)
+    sample = "concat_ws(',', " + ", ".join(_text(name) for name in SAMPLE_CONTENT_COLUMNS) + ")"
+    return f"""UPDATE results SET content_hash = hashed.hash FROM (
+        SELECT r.result_id, sha256(concat_ws('|', {fields}, coalesce(s.samples, ''))) AS hash
+        FROM results r LEFT JOIN (
+            SELECT result_id, string_agg({sample}, ';' ORDER BY iteration) AS samples FROM samples
+            WHERE result_id IN (SELECT result_id FROM results WHERE {where}) GROUP BY result_id
+        ) s USING (result_id) WHERE r.{where}
+    ) hashed WHERE results.result_id = hashed.result_id"""
+
+
+# A machine's hardware class: CPU model, GPU model (the run's available cuda/rocm devices), the GPU
+# driver's major version and memory rounded to a power of two GiB. Two runs of one class may be
+# compared; across classes `compare` asks for --across-machines.
+CLASSIFY_RUNS_SQL = """UPDATE runs SET
+    gpu_model = coalesce(gpu_model, (SELECT string_agg(DISTINCT h.device_name, ', ' ORDER BY h.device_name)
+        FROM hardware h WHERE h.run_id = runs.run_id AND h.platform IN ('cuda', 'rocm') AND h.available)),
+    hardware_class = concat_ws(' · ', coalesce(cpu_model, 'unknown CPU'),
+        coalesce(gpu_model, (SELECT string_agg(DISTINCT h.device_name, ', ' ORDER BY h.device_name)
+            FROM hardware h WHERE h.run_id = runs.run_id AND h.platform IN ('cuda', 'rocm') AND h.available),
+            'no GPU') || coalesce(' (driver ' || gpu_driver_major || ')', ''),
+        coalesce(CAST(CAST(pow(2, round(log2(greatest(memory_gb, 0.5)))) AS INTEGER) AS VARCHAR) || ' GiB',
+            'unknown memory'))
+    WHERE hardware_class IS NULL"""
+# A run made before run ids were global: its uuid derived from what it was stored with, so the same old
+# run migrated in two stores (or arriving in an older bundle) has the same uuid in both.
+BACKFILL_RUN_UUID_SQL = """UPDATE runs SET run_uuid = substr(sha256(concat_ws('|', run_id,
+    CAST(started_at AS VARCHAR), coalesce(hostname, ''), coalesce(command, ''))), 1, 32) WHERE run_uuid IS NULL"""
+IDENTITY_BACKFILL = [BACKFILL_RUN_UUID_SQL, CLASSIFY_RUNS_SQL, hash_results_sql()]
 
 # Versioned migrations: version N's statements bring a version N-1 file up to N. A new file gets
 # SCHEMA (version 1) and then every migration, so old and new files end with the same columns.
@@ -117,12 +171,36 @@ MIGRATIONS: dict[int, list[str]] = {
         "ALTER TABLE results ADD COLUMN IF NOT EXISTS tokens_matched INTEGER",
         "ALTER TABLE samples ADD COLUMN IF NOT EXISTS steps_ms DOUBLE[]",
     ],
+    8: [
+        # issue 26, one block: identity that survives travel between stores. A run's global uuid, the
+        # machine that made it (an id from hardware facts and the store's salt, a label, a hardware
+        # class), each result's content hash; the store's own facts (its salt) and the import log.
+        "ALTER TABLE runs ADD COLUMN IF NOT EXISTS run_uuid VARCHAR",
+        "ALTER TABLE runs ADD COLUMN IF NOT EXISTS machine_id VARCHAR",
+        "ALTER TABLE runs ADD COLUMN IF NOT EXISTS machine_label VARCHAR",
+        "ALTER TABLE runs ADD COLUMN IF NOT EXISTS gpu_model VARCHAR",
+        "ALTER TABLE runs ADD COLUMN IF NOT EXISTS gpu_driver_major VARCHAR",
+        "ALTER TABLE runs ADD COLUMN IF NOT EXISTS hardware_class VARCHAR",
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS content_hash VARCHAR",
+        "CREATE TABLE IF NOT EXISTS store_info (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL)",
+        """CREATE TABLE IF NOT EXISTS imports (
+            bundle_sha256 VARCHAR NOT NULL, bundle_name VARCHAR, imported_at TIMESTAMP NOT NULL,
+            bundle_format INTEGER NOT NULL, schema_version INTEGER NOT NULL, exported_by VARCHAR, redacted VARCHAR,
+            runs_added INTEGER NOT NULL, results_added INTEGER NOT NULL, results_skipped INTEGER NOT NULL,
+            samples_added BIGINT NOT NULL
+        )""",
+        *IDENTITY_BACKFILL,
+    ],
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 # Tables a migration created: a read-only open of an older file shows them empty.
-ADDED_TABLES = {"operators": 4, "controls": 6}
+ADDED_TABLES = {"operators": 4, "controls": 6, "store_info": 8, "imports": 8}
 
-TABLES = ("schema_version", "runs", "hardware", "results", "samples", "operators", "controls")
+TABLES = ("schema_version", "runs", "hardware", "results", "samples", "operators", "controls", "store_info", "imports")
+# What a run is made of: the tables a bundle carries (the store's own facts and log stay home).
+RUN_TABLES = ("runs", "hardware", "results", "samples", "operators", "controls")
+MACHINE_COLUMNS = "runs.machine_id, runs.machine_label, runs.hardware_class"  # a result row read with its machine
+MACHINE_SALT = "machine_salt"  # store_info key: the random salt of this store's machine ids
 
 
 class StoreError(RuntimeError):
@@ -209,33 +287,51 @@ class Store:
         _refuse_newer(self.path, version)
         if version == SCHEMA_VERSION:
             return
-        catalog = _quoted(self.connection.execute("SELECT current_database()").fetchone()[0])
+        catalog = quoted(self.connection.execute("SELECT current_database()").fetchone()[0])
         stored: dict[str, set[str]] = {}
         for table, column in self.connection.execute(
             "SELECT table_name, column_name FROM duckdb_columns() WHERE database_name = current_database()"
         ).fetchall():
             stored.setdefault(table, set()).add(column)
-        for table, columns in _current_columns().items():
+        for table, columns in current_columns().items():
             added = table not in stored and version < ADDED_TABLES.get(table, 1)
             if table not in stored and not added:
                 raise StoreError(f"{self.path} is not an accelharness store (it has no '{table}' table)")
             present = set() if added else stored[table]
             select = ", ".join(
-                _quoted(name) if name in present else f"CAST({default or 'NULL'} AS {kind}) AS {_quoted(name)}"
+                quoted(name) if name in present else f"CAST({default or 'NULL'} AS {kind}) AS {quoted(name)}"
                 for name, kind, default in columns
             )
-            source = "WHERE false" if added else f"FROM {catalog}.main.{_quoted(table)}"
-            self.connection.execute(f"CREATE TEMP VIEW {_quoted(table)} AS SELECT {select} {source}")
+            source = "WHERE false" if added else f"FROM {catalog}.main.{quoted(table)}"
+            self.connection.execute(f"CREATE TEMP VIEW {quoted(table)} AS SELECT {select} {source}")
 
     # --- writes -------------------------------------------------------------------------------
+    def machine_salt(self) -> str:
+        """This store's random salt for machine ids (made on first use): a machine id is not derivable
+        from public hardware facts alone, and two stores on one machine name it differently."""
+        row = self.connection.execute("SELECT value FROM store_info WHERE key = ?", [MACHINE_SALT]).fetchone()
+        if row:
+            return row[0]
+        salt = uuid.uuid4().hex
+        self.connection.execute("INSERT INTO store_info VALUES (?, ?)", [MACHINE_SALT, salt])
+        return salt
+
     def start_run(
-        self, command: str, arguments: dict[str, Any], host: dict[str, Any], suite_id: str | None = None
+        self,
+        command: str,
+        arguments: dict[str, Any],
+        host: dict[str, Any],
+        suite_id: str | None = None,
+        machine: dict[str, Any] | None = None,
     ) -> str:
+        """Open a run; `machine` holds machine_id, machine_label and gpu_driver_major (harness.run.machine)."""
         run_id = datetime.now(UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
+        machine = machine or {}
         self.connection.execute(
             "INSERT INTO runs (run_id, started_at, finished_at, status, command, arguments, git_sha, harness_version,"
-            " hostname, platform, python_version, cpu_model, cpu_cores, memory_gb, host, suite_id)"
-            " VALUES (?, ?, NULL, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " hostname, platform, python_version, cpu_model, cpu_cores, memory_gb, host, suite_id, run_uuid,"
+            " machine_id, machine_label, gpu_driver_major)"
+            " VALUES (?, ?, NULL, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 run_id,
                 _now(),
@@ -251,8 +347,13 @@ class Store:
                 host.get("memory_gb"),
                 json.dumps(host, default=str),
                 suite_id,
+                uuid.uuid4().hex,
+                machine.get("machine_id"),
+                machine.get("machine_label"),
+                machine.get("gpu_driver_major"),
             ],
         )
+        self.connection.execute(CLASSIFY_RUNS_SQL)
         return run_id
 
     def reopen_run(self, run_id: str) -> None:
@@ -280,6 +381,9 @@ class Store:
                 for r in rows
             ],
         )
+        # the run's class names its GPUs, known from these rows: classified again
+        self.connection.execute("UPDATE runs SET hardware_class = NULL WHERE run_id = ?", [run_id])
+        self.connection.execute(CLASSIFY_RUNS_SQL)
 
     def add_result(self, run_id: str, result: Result, git_sha: str | None) -> str:
         """Commit one result with its samples; returns its result_id."""
@@ -317,6 +421,7 @@ class Store:
                 cursor.register("new_operators", _operator_table(result_id, result))
                 cursor.execute("INSERT INTO operators BY NAME SELECT * FROM new_operators")
                 cursor.unregister("new_operators")
+            cursor.execute(hash_results_sql("result_id = ?"), [result_id, result_id])
             cursor.execute("COMMIT")
         except BaseException:
             with contextlib.suppress(duckdb.TransactionException):  # a COMMIT that failed has rolled back already
@@ -495,8 +600,8 @@ class Store:
 
     def results(self, run_id: str) -> list[dict[str, Any]]:
         return self.query(
-            "SELECT * FROM results WHERE run_id = ? ORDER BY family, model, hardware, engine, provider, "
-            "batch_size, seq_len, created_at",
+            f"SELECT results.*, {MACHINE_COLUMNS} FROM results JOIN runs USING (run_id) WHERE run_id = ? "
+            "ORDER BY family, model, hardware, engine, provider, batch_size, seq_len, created_at",
             [run_id],
         )
 
@@ -559,12 +664,12 @@ def _refuse_newer(path: Path, version: int | None) -> None:
         )
 
 
-def _quoted(name: str) -> str:
+def quoted(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
 @functools.cache
-def _current_columns() -> dict[str, list[tuple[str, str, str | None]]]:
+def current_columns() -> dict[str, list[tuple[str, str, str | None]]]:
     """Each table's (column, type, default) in a file of this version: SCHEMA and every migration,
     applied to an empty database in memory, so the columns are never listed twice."""
     with duckdb.connect() as memory:
@@ -593,7 +698,7 @@ def _open(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
         message = str(exc)
         if "lock" in message.lower():
             holder = re.search(r"PID (\d+)", message)
-            who = f"PID {holder.group(1)}" if holder else "another process"
+            who = _holder(int(holder.group(1))) if holder else "another process"
             raise StoreLockedError(
                 f"database {path} is locked by {who} (one writer per file: wait for it to finish, or use "
                 f"another --db); DuckDB said: {message}"
@@ -601,6 +706,15 @@ def _open(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
         raise StoreError(f"cannot open {path}: {message}") from exc
     except duckdb.Error as exc:
         raise StoreError(f"cannot open {path} as a DuckDB database: {exc}") from exc
+
+
+def _holder(pid: int) -> str:
+    """PID N and its command line, when this user may read it: the process to wait for, or to stop."""
+    try:
+        command = " ".join(psutil.Process(pid).cmdline())
+    except (psutil.Error, OSError):
+        return f"PID {pid}"
+    return f"PID {pid} ({command[:200]})" if command else f"PID {pid}"
 
 
 def open_store(path: Path = DEFAULT_DB, read_only: bool = False) -> Store:

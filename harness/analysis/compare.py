@@ -41,6 +41,7 @@ import numpy as np
 from scipy import stats
 
 from harness.analysis.drift import case_spread, control_drift, drift_verdict, spread_note
+from harness.analysis.machines import machine_name
 from harness.analysis.tables import AnalysisError, Table, render_table
 from harness.core.labels import TARGET_FIELDS, case_label, mode_of, target_label
 from harness.core.records import MEASURED
@@ -243,9 +244,16 @@ def _row(
 
 
 def compare_runs(
-    db_path: Path, a: str, b: str, threshold: float = 0.05, quantile: float = 0.5, cwd: Path | None = None
+    db_path: Path,
+    a: str,
+    b: str,
+    threshold: float = 0.05,
+    quantile: float = 0.5,
+    cwd: Path | None = None,
+    across_machines: bool = False,
 ) -> Comparison:
-    """Compare run b against run a (ids or selectors); every number comes from the store's samples."""
+    """Compare run b against run a (ids or selectors); every number comes from the store's samples.
+    Runs of two hardware classes are refused unless across_machines: their ratio is the machines' too."""
     if not 0 < threshold < 1:
         raise AnalysisError(f"threshold must be between 0 and 1 (got {threshold})")
     if not 0 < quantile < 1:
@@ -255,10 +263,8 @@ def compare_runs(
             run_a, run_b = store.resolve_run(a, cwd), store.resolve_run(b, cwd)
         except StoreError as exc:
             raise AnalysisError(str(exc)) from None
-        runs = {
-            rid: {k: store.run_info(rid)[k] for k in ("started_at", "status", "git_sha", "hostname", "command")}
-            for rid in (run_a, run_b)
-        }
+        runs = {rid: {k: store.run_info(rid)[k] for k in RUN_FACTS} for rid in (run_a, run_b)}
+        check_machines(runs[run_a], runs[run_b], across_machines)
         rows_a, rows_b = _by_key(store.results(run_a)), _by_key(store.results(run_b))
         keys = sorted(rows_a.keys() | rows_b.keys(), key=lambda k: tuple((v is None, str(v)) for v in k))
         rows = [_row(store, rows_a.get(k), rows_b.get(k), (threshold, quantile)) for k in keys]
@@ -267,6 +273,35 @@ def compare_runs(
         for row in rows:
             _explain(store, row, controls, later, (run_a, run_b), threshold)
     return Comparison(str(db_path), run_a, run_b, threshold, quantile, runs, rows, controls=controls)
+
+
+RUN_FACTS = ("started_at", "status", "git_sha", "hostname", "command", "machine_label", "machine_id", "hardware_class")
+
+
+def check_machines(a: dict[str, Any], b: dict[str, Any], across_machines: bool) -> None:
+    """Refuse a verdict between two hardware classes unless asked: a change there is the machines' as much
+    as the code's. Runs without a recorded class (an older store read as it is) are not refused."""
+    classes = (a.get("hardware_class"), b.get("hardware_class"))
+    if across_machines or None in classes or classes[0] == classes[1]:
+        return
+    raise AnalysisError(
+        f"run A ran on {machine_name(a)} ({classes[0]}), run B on {machine_name(b)} ({classes[1]}): another "
+        "hardware class, so a verdict would measure the machines as much as the change. Compare runs of one "
+        "class, or pass --across-machines to compare them anyway (the table then says so)"
+    )
+
+
+def machines_note(comparison: Comparison) -> list[str]:
+    """Say when A and B ran on different machines, and whether their hardware classes differ."""
+    a, b = comparison.runs[comparison.run_a], comparison.runs[comparison.run_b]
+    if (a.get("machine_id"), a.get("machine_label")) == (b.get("machine_id"), b.get("machine_label")):
+        return []
+    if a.get("hardware_class") == b.get("hardware_class"):
+        return [f"A ran on {machine_name(a)}, B on {machine_name(b)}: one hardware class ({a.get('hardware_class')})"]
+    return [
+        f"across machines (--across-machines): A on {machine_name(a)} ({a.get('hardware_class')}), B on "
+        f"{machine_name(b)} ({b.get('hardware_class')}); each ratio includes the difference between them"
+    ]
 
 
 def _explain(store: Store, row: ComparisonRow, controls: dict, before: Any, runs: tuple[str, ...], t: float) -> None:
@@ -315,7 +350,7 @@ def comparison_table(comparison: Comparison) -> Table:
             f"ratio = {comparison.statistic} B / {comparison.statistic} A (a_ms, b_ms), 95% bootstrap CI, "
             f"Mann-Whitney p; threshold ±{comparison.threshold:.1%}",
         ]
-    notes += _control_notes(comparison)
+    notes += machines_note(comparison) + _control_notes(comparison)
     notes.append(f"verdicts: {counts}")
     return Table(title, TABLE_COLUMNS, rows, notes)
 

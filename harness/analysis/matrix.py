@@ -22,10 +22,11 @@ from pathlib import Path
 from statistics import geometric_mean
 from typing import Any
 
+from harness.analysis.machines import machine_name
 from harness.core import labels
 from harness.core.labels import BASELINE_LABEL, baselines, case_key, case_label, details_of, flags, mode_of, speedup
 from harness.core.records import MODES
-from harness.store import ALL_RUNS, open_store
+from harness.store import ALL_RUNS, MACHINE_COLUMNS, open_store
 
 MATRIX_JSON, MATRIX_MD = "compatibility_matrix.json", "compatibility_matrix.md"
 
@@ -132,6 +133,7 @@ def _evidence(row: dict[str, Any], status: str, ratio: float | None) -> dict[str
     return {
         "result_id": row["result_id"],
         "run_id": row["run_id"],
+        "machine": machine_name(row),
         "date": str(row["created_at"])[:19],
         "model": row["model"],
         "provider": row["provider"],
@@ -201,7 +203,7 @@ def cell_text(cell: dict[str, Any]) -> str:
 def load_rows(db_path: Path, run: str = ALL_RUNS) -> list[dict[str, Any]]:
     with open_store(db_path, read_only=True) as store:
         if run == ALL_RUNS:
-            return store.query("SELECT * FROM results")
+            return store.query(f"SELECT results.*, {MACHINE_COLUMNS} FROM results JOIN runs USING (run_id)")
         return [row for run_id in store.resolve_runs(run) for row in store.results(run_id)]
 
 

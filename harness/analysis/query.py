@@ -14,13 +14,14 @@ from typing import Any
 
 import duckdb
 
+from harness.analysis.machines import machines_table
 from harness.analysis.tables import AnalysisError, Table
 from harness.core.labels import case_label, target_label
 from harness.core.paths import unwritable_directory
 from harness.core.records import MEASURED, STATUSES
 from harness.store import open_store
 
-REPORTS = ("latest", "best-hardware", "compatibility", "regressions", "ops")
+REPORTS = ("latest", "best-hardware", "compatibility", "regressions", "ops", "machines")
 EXPORT_TABLES = ("runs", "hardware", "results", "samples", "operators", "controls")
 EXPORT_FORMATS = ("parquet", "csv")
 # a column per status, the measured ones first
@@ -168,11 +169,14 @@ def _regressions(db_path: Path, threshold: float) -> Table:
 
 
 def run_report(db_path: Path, report: str, run: str = "latest", threshold: float = 0.05) -> Table:
-    """A canned report: latest, best-hardware, compatibility and ops read one run; regressions compares two."""
+    """A canned report: latest, best-hardware, compatibility and ops read one run; regressions compares two;
+    machines lists the machines the store holds runs of."""
     if report not in REPORTS:
         raise AnalysisError(f"unknown report '{report}'; valid: {', '.join(REPORTS)}")
     if report == "regressions":
         return _regressions(db_path, threshold)
+    if report == "machines":  # the whole store: every machine it holds runs of
+        return machines_table(db_path)
     with open_store(db_path, read_only=True) as store:
         run_id = store.resolve_run(run)
         builders = {"latest": _latest, "best-hardware": _best_hardware, "compatibility": _compatibility, "ops": _ops}

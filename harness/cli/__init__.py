@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from harness.cli import ab, analysis, bench, manage, predict, suite, welcome
+from harness.cli import ab, analysis, bench, bundle, manage, predict, suite, welcome
 from harness.cli.stops import install_handlers
 
 app = typer.Typer(invoke_without_command=True, pretty_exceptions_enable=False)
@@ -36,6 +36,8 @@ app.command("compare")(analysis.compare_command)
 app.command("history")(analysis.history_command)
 app.command("query")(analysis.query_command)
 app.command("export")(analysis.export_command)
+app.command("import")(bundle.import_command)
+app.command("merge")(bundle.merge_command)
 app.command()(suite.suite)
 
 __all__ = ["app"]

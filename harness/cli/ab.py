@@ -11,6 +11,7 @@ from harness.cli.analysis import emit
 from harness.cli.common import (
     BatchOption,
     DbOption,
+    MachineLabelOption,
     SeqOption,
     TimeoutOption,
     WarmupOption,
@@ -64,6 +65,7 @@ def ab(
     fmt: Annotated[str, typer.Option("--format", help="md or json.")] = "md",
     out: Annotated[Path | None, typer.Option("--out", help="Write the verdicts here instead of stdout.")] = None,
     db: DbOption = DEFAULT_DB,
+    machine_label: MachineLabelOption = None,
 ) -> None:
     """Did B get slower than A? Both measured interleaved in one run (ABBA rounds), a paired verdict."""
     from harness.analysis.compare import parse_threshold, render
@@ -86,7 +88,7 @@ def ab(
         sequence_lengths=int_list("--sequence-lengths", sequence_lengths),
         precision=precision, a_precision=a_precision, b_precision=b_precision, a_python=a_python, b_python=b_python,
         rounds=rounds, block=block, block_time_s=block_time, warmup=warmup, timeout_s=timeout, db_path=db,
-        output_dir=None,
+        output_dir=None, machine_label=machine_label,
     )  # fmt: skip
     try:
         limit = parse_threshold(threshold)

@@ -13,12 +13,14 @@ from rich.table import Table
 from harness.cli.common import (
     RUN_SELECTOR,
     DbOption,
+    MachineOption,
     OutputDirOption,
     RunOption,
     RunsOption,
     console,
     errors,
     fail,
+    given,
     split_list,
 )
 from harness.core.bounds import MAX_BATCH, out_of_range
@@ -100,9 +102,11 @@ def recommend(
         bool,
         typer.Option("--one-line", help="One sentence: the model's fastest target here and the browser's fastest."),
     ] = False,
+    machine: MachineOption = None,
     db: DbOption = DEFAULT_DB,
 ) -> None:
     """Recommend hardware for a model, family or task from measured rows (or marked predictions)."""
+    from harness.analysis.machines import one_machine
     from harness.analysis.predict import InsufficientData
     from harness.analysis.recommend import ScoreWeights, selection_map
     from harness.analysis.recommend import recommend as rank
@@ -121,11 +125,13 @@ def recommend(
             raise fail("--one-line takes --model, --batch-size, --mode and --db; the ranking's options do nothing")
         return _one_line(model, batch_size, mode, db)
     try:
-        if create_map is not None:
-            create_map.write_text(json.dumps(selection_map(db, score_weights), indent=2))
-            console.print(f"selection map: {create_map}")
-            return
-        result = rank(db, model, model_family, task, batch_size, None, mode, split_list(hardware), score_weights)
+        with one_machine(db, machine) as scoped:
+            if create_map is not None:
+                create_map.write_text(json.dumps(selection_map(scoped, score_weights), indent=2))
+                console.print(f"selection map: {create_map}")
+                return
+            hardware_list = split_list(hardware)
+            result = rank(scoped, model, model_family, task, batch_size, None, mode, hardware_list, score_weights)
     except (StoreError, InsufficientData, ValueError, KeyError) as exc:
         raise fail(str(exc)) from None
     table = Table(title=f"Recommendation for {result.subject}, batch {batch_size}, {mode}")
@@ -182,6 +188,9 @@ def compare_command(
     fmt: AnalysisFormat = "md",
     out: OutOption = None,
     plot_comparison: Annotated[Path | None, typer.Option(help="Write a before/after plot (.png or .svg).")] = None,
+    across_machines: Annotated[
+        bool, typer.Option(help="Compare runs of two hardware classes (refused otherwise); the table says so.")
+    ] = False,
     db: DbOption = DEFAULT_DB,
 ) -> None:
     """Compare run B with run A (default: previous vs latest): ratio, bootstrap CI, Mann-Whitney p, verdict.
@@ -203,7 +212,7 @@ def compare_command(
         if not baseline and len(runs) == 1 and is_ab_run(db, runs[0], Path.cwd()):
             result = compare_pair(db, runs[0], limit, cwd=Path.cwd())
         else:
-            result = compare.compare_runs(db, a, b, limit, quantile, cwd=Path.cwd())
+            result = compare.compare_runs(db, a, b, limit, quantile, cwd=Path.cwd(), across_machines=across_machines)
     except (AnalysisError, StoreError) as exc:
         raise fail(str(exc)) from None
     emit(compare.render(result, fmt), out)
@@ -275,15 +284,37 @@ def query_command(
 
 
 def export_command(
-    out: Annotated[Path, typer.Option("--out", help="Directory for <table>.parquet / <table>.csv.")],
+    ctx: typer.Context,
+    out: Annotated[Path | None, typer.Option("--out", help="Directory for <table>.parquet / <table>.csv.")] = None,
     fmt: Annotated[str, typer.Option("--format", help="parquet or csv.")] = "parquet",
     table: Annotated[str, typer.Option(help="results, samples, runs, hardware, operators or all.")] = "all",
+    bundle: Annotated[
+        Path | None,
+        typer.Option(help="One file another store can `import`: the runs' rows as Parquet and a manifest."),
+    ] = None,
+    run: Annotated[
+        str | None, typer.Option("--run", help=f"--bundle: the runs ({RUN_SELECTOR}, RUN,RUN,…, or all; default all).")
+    ] = None,
+    since: Annotated[str | None, typer.Option(help="--bundle: the runs started at or after this date (UTC).")] = None,
+    redact: Annotated[
+        str | None, typer.Option(help="--bundle: public drops hostnames, user names, paths, addresses, user agents.")
+    ] = None,
     db: DbOption = DEFAULT_DB,
 ) -> None:
-    """Export store tables to Parquet or CSV (read-only)."""
+    """Export store tables to Parquet or CSV, or runs as a bundle (--bundle) for `import` (read-only)."""
     from harness.analysis.query import export_tables
     from harness.analysis.tables import AnalysisError
+    from harness.cli.bundle import export_bundle_command
 
+    if bundle is not None:
+        if tables_only := given(ctx, "out", "fmt", "table"):
+            raise fail(f"{', '.join(tables_only)}: options of a table export; a --bundle holds every table")
+        export_bundle_command(db, bundle, run, since, redact)
+        return
+    if bundle_only := given(ctx, "run", "since", "redact"):
+        raise fail(f"{', '.join(bundle_only)}: options of --bundle; add --bundle FILE or drop them")
+    if out is None:
+        raise fail("export needs --out DIR (one file per table) or --bundle FILE (one file for `import`)")
     try:
         paths = export_tables(db, out, fmt, table)
     except (AnalysisError, StoreError) as exc:

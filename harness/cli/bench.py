@@ -16,6 +16,7 @@ from harness.cli.common import (
     DbOption,
     FamiliesOption,
     IterationsOption,
+    MachineLabelOption,
     MaxIterationsOption,
     MaxTimeOption,
     MinDurationOption,
@@ -147,11 +148,12 @@ def native(
     db: DbOption = DEFAULT_DB,
     output_dir: OutputDirOption = Path("accelharness-results"),
     resume: ResumeOption = False,
+    machine_label: MachineLabelOption = None,
 ) -> None:
     """Benchmark models on native backends (torch, ONNX Runtime, OpenVINO)."""
     shared = run_options(model, model_families, small_models, model_path, batch_sizes, sequence_lengths,
                          warmup, iterations, min_duration, max_iterations, max_time, min_iterations, timeout, db,
-                         output_dir, profile) | mode_options(ctx, mode, new_tokens)  # fmt: skip
+                         output_dir, profile, machine_label) | mode_options(ctx, mode, new_tokens)  # fmt: skip
     request = BenchmarkRequest(hardware=split_list(hardware), engines=split_list(engines), precision=precision,
                                **shared)  # fmt: skip
     try:
@@ -220,6 +222,7 @@ def web(
     db: DbOption = DEFAULT_DB,
     output_dir: OutputDirOption = Path("accelharness-results"),
     resume: ResumeOption = False,
+    machine_label: MachineLabelOption = None,
 ) -> None:
     """Benchmark the same ONNX files and inputs in Chromium via onnxruntime-web (wasm, webgpu, webnn): launched
     here (headless, or --headed; --gpu profile), remote (--browser-endpoint), or in any browser that opens the
@@ -230,7 +233,7 @@ def web(
         raise fail(f"--webnn-device applies to webnn only (got --hardware {hardware}); add webnn or drop it")
     shared = run_options(model, model_families, small_models, model_path, batch_sizes, sequence_lengths,
                          warmup, iterations, min_duration, max_iterations, max_time, min_iterations, timeout, db,
-                         output_dir, profile) | mode_options(ctx, mode, new_tokens)  # fmt: skip
+                         output_dir, profile, machine_label) | mode_options(ctx, mode, new_tokens)  # fmt: skip
     serving = given(ctx, "host", "port", "devices", "max_devices", "serve_timeout", "certfile", "keyfile")
     if not serve and serving:
         raise fail(f"{', '.join(serving)}: options of --serve; add --serve or drop them")
@@ -335,6 +338,7 @@ def run(
     db: DbOption = DEFAULT_DB,
     output_dir: OutputDirOption = Path("accelharness-results"),
     resume: ResumeOption = False,
+    machine_label: MachineLabelOption = None,
 ) -> None:
     """Native backends and the browser as one run: one report with both side by side."""
     from harness.run.both import both_arguments, run_both
@@ -342,7 +346,7 @@ def run(
 
     shared = run_options(model, model_families, small_models, model_path, batch_sizes, sequence_lengths,
                          warmup, iterations, min_duration, max_iterations, max_time, min_iterations, timeout, db,
-                         output_dir, profile) | mode_options(ctx, mode, new_tokens)  # fmt: skip
+                         output_dir, profile, machine_label) | mode_options(ctx, mode, new_tokens)  # fmt: skip
     native_request = BenchmarkRequest(hardware=split_list(hardware), precision=precision, **shared)
     web_request = WebRequest(
         hardware=split_list(web_hardware) or [],
@@ -395,6 +399,7 @@ def run_options(
     db: Path,
     output_dir: Path,
     profile: bool,
+    machine_label: str | None = None,
 ) -> dict[str, Any]:
     """The RunOptions every benchmark command takes (the model selection, cases, stop rule, store), parsed."""
     return {
@@ -414,6 +419,7 @@ def run_options(
         "db_path": db,
         "output_dir": output_dir,
         "profile": profile,
+        "machine_label": machine_label,
     }
 
 

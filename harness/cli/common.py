@@ -95,3 +95,18 @@ ResumeOption = Annotated[
         "(Ctrl-C, kill -9): only the results it lacks are run.",
     ),
 ]
+MachineLabelOption = Annotated[
+    str | None,
+    typer.Option(
+        "--machine-label",
+        help="Name this machine in reports across machines (default: ACCELHARNESS_MACHINE_LABEL); letters, "
+        "digits, '.', '_', '-', at most 64.",
+    ),
+]
+MachineOption = Annotated[
+    str | None,
+    typer.Option(
+        "--machine",
+        help="Learn from this machine's runs only (its label, or the start of its id; `query --report machines`).",
+    ),
+]

@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from harness.cli.common import DbOption, ModelPathOption, console, fail, int_list, split_list
+from harness.analysis.machines import one_machine
+from harness.analysis.tables import AnalysisError
+from harness.cli.common import DbOption, MachineOption, ModelPathOption, console, fail, int_list, split_list
 from harness.core.bounds import MAX_BATCH, MAX_SEQUENCE, out_of_range
 from harness.run.plan import MAX_TIMEOUT_S, RequestError, check_seconds
 from harness.store import DEFAULT_DB, StoreError
@@ -49,6 +51,7 @@ def predict(
         ),
     ] = None,
     timeout: Annotated[float, typer.Option(help="Seconds the graph's export and count may take.")] = 900.0,
+    machine: MachineOption = None,
     db: DbOption = DEFAULT_DB,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
@@ -58,7 +61,11 @@ def predict(
     if evaluate:
         if model or model_path:
             raise fail("--evaluate scores the predictors on the whole store; it takes no --model or --model-path")
-        return _evaluate(db, as_json)
+        try:
+            with one_machine(db, machine) as scoped:
+                return _evaluate(scoped, as_json)
+        except (StoreError, AnalysisError) as exc:
+            raise fail(str(exc)) from None
     if (model is None) == (model_path is None):
         raise fail("give one of --model (a spec or a measured model) or --model-path (an .onnx file or HF directory)")
     batches, seqs = int_list("--batch-sizes", batch_sizes), int_list("--sequence-lengths", sequence_lengths)
@@ -84,15 +91,18 @@ def predict(
         [(b, s) for b in batches for s in seqs], precision, split_list(hardware), split_list(engines),
     )  # fmt: skip
     try:
-        fits = operator_fits(db, asked)
-        if method == OPERATORS and not fits:
-            why = f"no target here has operator profiles of {MIN_MODELS}+ models at {precision} (run with --profile)"
-            return _refuse(asked.model, [why], as_json)
-        counts = spec is not None and (fits or model_path)  # a graph to count, and a use for it
-        counted, notes = _count(spec, asked, timeout, model_path) if counts else (None, [])
-        asked = dataclasses.replace(asked, **_facts(db, asked, counted, model_path))
-        result = predict_model(db, asked, fits, counted.work if counted else None)
-    except (StoreError, InsufficientData) as exc:
+        with one_machine(db, machine) as scoped:
+            fits = operator_fits(scoped, asked)
+            if method == OPERATORS and not fits:
+                why = (
+                    f"no target here has operator profiles of {MIN_MODELS}+ models at {precision} (run with --profile)"
+                )
+                return _refuse(asked.model, [why], as_json)
+            counts = spec is not None and (fits or model_path)  # a graph to count, and a use for it
+            counted, notes = _count(spec, asked, timeout, model_path) if counts else (None, [])
+            asked = dataclasses.replace(asked, **_facts(scoped, asked, counted, model_path))
+            result = predict_model(scoped, asked, fits, counted.work if counted else None)
+    except (StoreError, InsufficientData, AnalysisError) as exc:
         raise fail(str(exc)) from None
     result.notes[:0] = notes
     result.rows, left_out = believable(result.rows, method, error_bound)

@@ -11,8 +11,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from harness.cli.common import RUN_SELECTOR, console, fail, given, split_list
+from harness.cli.common import RUN_SELECTOR, MachineLabelOption, console, fail, given, split_list
 from harness.cli.progress import run_with_progress
+from harness.run.machine import check_machine_label
 from harness.run.plan import MAX_TIMEOUT_S, RequestError, check_seconds
 from harness.store import StoreError
 
@@ -25,6 +26,7 @@ STORE = ("db", "output_dir")  # override the config's db and output_dir, for a r
 REPORT_ONLY = ("plot_only", "update_matrix_only", "aggregate", "plot_comparison")
 RUN_ONLY = (
     "max_time",
+    "machine_label",
     "models",
     "hardware",
     "resume",
@@ -164,6 +166,7 @@ def suite(
             "(needs accelharness\\[ray])."
         ),
     ] = None,
+    machine_label: MachineLabelOption = None,
 ) -> None:
     """Run a benchmark suite from a config file; resumable, independent devices side by side."""
     from harness.suite.config import ConfigError, load_config, write_default_config
@@ -184,6 +187,12 @@ def suite(
         except RequestError as exc:
             raise fail(str(exc)) from None
         loaded = dataclasses.replace(loaded, max_time_s=max_time)
+    if machine_label is not None:  # the option names this machine over the config's machine_label
+        try:
+            check_machine_label(machine_label)
+        except ValueError as exc:
+            raise fail(str(exc)) from None
+        loaded = dataclasses.replace(loaded, machine_label=machine_label)
     if plot_only or update_matrix_only or aggregate or plot_comparison:
         _report_only(loaded.db, loaded.output_dir, plot_only, update_matrix_only, aggregate, plot_comparison)
         return

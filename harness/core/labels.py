@@ -109,8 +109,10 @@ def flags(row: Mapping[str, Any]) -> list[str]:
 
 
 def case_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
-    """What a baseline is matched on: the same model, the same inputs and the same mode."""
-    return (row["model"], row["batch_size"], row["seq_len"] or 0, mode_of(row), row.get("new_tokens"))
+    """What a baseline is matched on: the same model, the same inputs and the same mode, on the same
+    machine (rows read with their run's machine_id: a speedup never divides one machine by another)."""
+    return (row["model"], row["batch_size"], row["seq_len"] or 0, mode_of(row), row.get("new_tokens"),
+            row.get("machine_id"))  # fmt: skip
 
 
 def baselines(rows: list[dict[str, Any]]) -> dict[tuple[Any, ...], dict[str, Any]]:

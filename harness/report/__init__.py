@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from harness.analysis.machines import across, machine_name
+from harness.analysis.tables import render_table
 from harness.core.labels import details_of
 from harness.report.data import RunReport, load_run_report, load_run_reports
 from harness.report.formats import write_csv, write_json, write_markdown
@@ -16,7 +18,10 @@ ALL_RUNS_STEM = "all-runs"
 
 
 def _write_many(name: str, reports: list[RunReport], path: Path) -> None:
-    """One file covering several runs (`--run all`), grouped by run."""
+    """One file covering several runs (`--run all`), grouped by run; from several machines, the HTML and
+    Markdown open with each case side by side across the machines."""
+    runs = [(report.run, report.results) for report in reports]
+    machines = {machine_name(run) for run, _ in runs}
     if name == "html":
         write_html_page(reports, path)
     elif name == "csv":
@@ -33,7 +38,7 @@ def _write_many(name: str, reports: list[RunReport], path: Path) -> None:
         ]
         path.write_text(json.dumps({"runs": documents}, indent=2, default=str))
     else:  # md: each run's report in turn (plots under <run_id>-plots/ next to the file)
-        parts = []
+        parts = [render_table(across(runs, "machine"), "md")] if len(machines) > 1 else []
         for report in reports:
             write_markdown(report, path)
             parts.append(path.read_text())

@@ -14,7 +14,10 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from harness.analysis.machines import across, group_name, machine_name
+from harness.analysis.tables import Table, cell
 from harness.core.labels import MARK_STYLES, case_label, details_of, marks, mode_of, target_label
+from harness.core.records import STATUSES
 from harness.report.data import RunReport
 from harness.report.generation import generation_html
 from harness.report.operators import CSS as OPERATOR_CSS
@@ -95,6 +98,7 @@ def _facts(report: RunReport) -> str:
     counts = Counter(r["status"] for r in report.results)
     flagged = Counter(kind for r in report.results for kind, _ in marks(r))
     system = [
+        ("Machine", f"{machine_name(run)} · {run.get('hardware_class') or 'unknown hardware class'}"),
         ("Host", run.get("hostname")),
         ("Platform", run["platform"]),
         ("Processor", f"{run['cpu_model']} ({run['cpu_cores']} logical cores)"),
@@ -292,6 +296,34 @@ def matrix_html(matrix: dict[str, Any]) -> str:
     )
 
 
+def _across_machines(reports: list[RunReport]) -> str:
+    """Runs from several machines: each case's latency per machine (and per hardware class, when
+    machines share one), side by side above the runs."""
+    runs = [(report.run, report.results) for report in reports]
+    machines = {machine_name(run) for run, _ in runs}
+    if len(machines) < 2:
+        return ""
+    tables = [across(runs, "machine")]
+    if len({group_name(run, "hardware-class") for run, _ in runs}) < len(machines):
+        tables.append(across(runs, "hardware-class"))
+    return '<section id="machines">' + "".join(_table_html(table) for table in tables) + "</section>"
+
+
+def _table_html(table: Table) -> str:
+    head = "".join(f"<th>{escape(column)}</th>" for column in table.columns)
+    body = "".join(
+        "<tr>" + "".join(_across_cell(row.get(column)) for column in table.columns) + "</tr>" for row in table.rows
+    )
+    notes = "".join(f'<p class="sub">{escape(note)}</p>' for note in table.notes)
+    return f'<h2>{escape(table.title)}</h2>{notes}<table class="results"><tr>{head}</tr>{body}</table>'
+
+
+def _across_cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f'<td class="num">{value:.3f}</td>'
+    return f"<td>{_badge(value) if value in STATUSES else escape(cell(value))}</td>"
+
+
 def render_page(reports: list[RunReport], matrix: dict[str, Any], title: str) -> str:
     sections, nav = [], []
     for report in reports:
@@ -312,7 +344,7 @@ def render_page(reports: list[RunReport], matrix: dict[str, Any], title: str) ->
         f'<h1>{escape(title)}</h1><p class="sub">Generated {generated} from the DuckDB store; every number '
         "is measured.</p>"
         f'<nav>{"".join(nav)}<a href="#matrix">compatibility matrix</a></nav>'
-        f"<h3>Marks</h3>{_legend()}{''.join(sections)}"
+        f"<h3>Marks</h3>{_legend()}{_across_machines(reports)}{''.join(sections)}"
         f'<section id="matrix"><h2>Compatibility Matrix</h2>{matrix_html(matrix)}</section>'
         "</main></body></html>\n"
     )

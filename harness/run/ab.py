@@ -517,4 +517,12 @@ def run_ab(request: AbRequest, on_result: Callable[[Result, str], None] | None =
     Ctrl-C marks the run 'interrupted' and re-raises; finished cases stay in the store."""
     plan = plan or validate_ab(request)
     arguments = asdict(request)
-    return record_run(request.db_path, "ab", arguments, [execute_ab(plan)], on_result, request.outputs)
+    return record_run(
+        request.db_path,
+        "ab",
+        arguments,
+        [execute_ab(plan)],
+        on_result,
+        request.outputs,
+        machine_label=request.machine_label,
+    )

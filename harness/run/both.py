@@ -30,7 +30,9 @@ def run_both(
     native_plan, web_plan = plans or (validate(native), validate_web(web))
     bodies = [execute_native(native_plan), execute_web(web_plan)]
     arguments = both_arguments(native, web)
-    return record_run(native.db_path, "run", arguments, bodies, on_result, native.outputs, None, resume_run_id)
+    return record_run(
+        native.db_path, "run", arguments, bodies, on_result, native.outputs, None, resume_run_id, native.machine_label
+    )
 
 
 def both_arguments(native: BenchmarkRequest, web: WebRequest) -> dict[str, Any]:

@@ -106,5 +106,13 @@ def run_native(
     plan = plan or validate(request)
     bodies = [execute_native(plan)]
     return record_run(
-        request.db_path, "native", asdict(request), bodies, on_result, request.outputs, None, resume_run_id
+        request.db_path,
+        "native",
+        asdict(request),
+        bodies,
+        on_result,
+        request.outputs,
+        None,
+        resume_run_id,
+        request.machine_label,
     )

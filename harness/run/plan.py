@@ -14,6 +14,7 @@ from harness.native import DEFAULT_ENGINES, ENGINES, capabilities
 from harness.native.base import Availability
 from harness.prepare.specs import ModelSpec, SpecError, check_families, select_specs, spec_from_path
 from harness.run.hardware import NATIVE_PLATFORMS, native_targets
+from harness.run.machine import machine_label
 from harness.run.outputs import Outputs
 from harness.store import DEFAULT_DB
 
@@ -48,6 +49,7 @@ class RunOptions:
     profile: bool = False  # a few profiled iterations per inference case after its timed loop
     modes: list[str] = field(default_factory=lambda: ["inference"])
     new_tokens: int = 16  # generate mode: tokens generated per sequence (min = max)
+    machine_label: str | None = None  # names this machine in reports across machines (harness.run.machine)
 
     @property
     def outputs(self) -> Outputs | None:
@@ -247,6 +249,10 @@ def check_measuring(request: RunOptions) -> None:
     if request.max_time_s is not None:
         check_seconds("--max-time", request.max_time_s, positive=True, limit=MAX_TIMEOUT_S)
     check_seconds("--timeout", request.timeout_s, positive=True, limit=MAX_TIMEOUT_S)
+    try:
+        machine_label(request.machine_label)
+    except ValueError as exc:
+        raise RequestError(str(exc)) from None
 
 
 def check_paths(request: RunOptions) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from harness.core.records import Control, Result
 from harness.run.hardware import hardware_rows
+from harness.run.machine import machine_facts
 from harness.run.outputs import Outputs, write_outputs
 from harness.run.provenance import host_facts
 from harness.store import StoreError, StoreWriteError, open_store
@@ -56,17 +57,20 @@ def record_run(
     outputs: Outputs | None = None,
     suite_id: str | None = None,
     resume_run_id: str | None = None,
+    machine_label: str | None = None,
 ) -> RunSummary:
     """Run each body under one run id; on_result(result, result_id) follows every commit.
 
     resume_run_id continues that run (its bodies must skip the keys it holds); bodies may emit
-    from several threads (parallel device groups), so commits are serialised here."""
+    from several threads (parallel device groups), so commits are serialised here. machine_label (else
+    ACCELHARNESS_MACHINE_LABEL) names the machine in reports across machines."""
     host = host_facts()
     counts: Counter[str] = Counter()
     commit_lock = threading.Lock()  # every write: each result, closing the run, closing the file
     with open_store(Path(db_path)) as store:
         if resume_run_id is None:
-            run_id = store.start_run(command, arguments, host, suite_id)
+            machine = machine_facts(machine_label, store.machine_salt())
+            run_id = store.start_run(command, arguments, host, suite_id, machine)
             store.add_hardware(run_id, hardware_rows())
         else:
             run_id = resume_run_id

@@ -312,4 +312,14 @@ def run_serve(
     plan = plan or validate_serve(request)
     body = execute_serve(plan, on_ready, on_event)
     outputs = request.outputs
-    return record_run(request.db_path, COMMAND, asdict(request), [body], on_result, outputs, None, resume_run_id)
+    return record_run(
+        request.db_path,
+        COMMAND,
+        asdict(request),
+        [body],
+        on_result,
+        outputs,
+        None,
+        resume_run_id,
+        request.machine_label,
+    )

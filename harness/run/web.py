@@ -619,4 +619,14 @@ def run_web(
     """
     plan = plan or validate_web(request)
     bodies = [execute_web(plan, faults)]
-    return record_run(request.db_path, "web", asdict(request), bodies, on_result, request.outputs, None, resume_run_id)
+    return record_run(
+        request.db_path,
+        "web",
+        asdict(request),
+        bodies,
+        on_result,
+        request.outputs,
+        None,
+        resume_run_id,
+        request.machine_label,
+    )

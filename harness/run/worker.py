@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from harness.core.failures import classify
+from harness.core.faults import injected_faults
 from harness.core.parity import compare
 from harness.core.records import Case, Control, Result, Target, UnsupportedError
 from harness.native import capabilities
@@ -110,14 +111,13 @@ def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: Pea
     )
 
 
-FAULT_ENV = "ACCELHARNESS_INJECT_FAULT"
 GRANDCHILD_MARK = "accelharness-fault-grandchild"  # in the grandchild fault's command line, for tests to find it
 
 
 def injected_fault(job: Any) -> str | None:
     """The fault ACCELHARNESS_INJECT_FAULT asks of this job: the first KIND[:MODEL[:ENGINE]] of its
     comma-separated list whose model and engine (empty: any) are the job's."""
-    for fault in filter(None, os.environ.get(FAULT_ENV, "").split(",")):
+    for fault in injected_faults():
         kind, model, engine = ([*fault.split(":"), "", ""])[:3]
         if model in ("", job.prepared.spec.name) and engine in ("", job.target.engine):
             return kind

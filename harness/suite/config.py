@@ -19,6 +19,7 @@ from harness.core.records import PRECISIONS
 from harness.native import DEFAULT_ENGINES, ENGINES
 from harness.prepare.specs import FAMILIES, load_specs
 from harness.run.hardware import NATIVE_PLATFORMS
+from harness.run.machine import check_machine_label
 from harness.run.plan import MAX_TIMEOUT_S, RequestError, check_seconds
 from harness.web.eps import WEB_HARDWARE
 from harness.web.flags import GPU_MODES
@@ -99,6 +100,7 @@ class SuiteConfig:
     update_compatibility_matrix: bool
     db: Path
     output_dir: Path
+    machine_label: str | None = None  # names this machine in reports across machines
     source: Path | None = None  # the file it came from, for messages
 
     @property
@@ -132,6 +134,7 @@ KEY_TYPES: dict[str, type] = {
     "update_compatibility_matrix": bool,
     "db": str,
     "output_dir": str,
+    "machine_label": str,
 }
 SECONDS: dict[str, dict[str, Any]] = {  # the float keys: durations, checked like --min-duration / --timeout
     "min_duration_s": {"positive": False},
@@ -273,6 +276,10 @@ def load_config(path: Path) -> SuiteConfig:
         values["model_families"] = _check_families(path, values["model_families"])
     for key in ("db", "output_dir"):
         values[key] = Path(values[key])
+    try:
+        check_machine_label(values.get("machine_label"), f"{path}: key 'machine_label'")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     config = SuiteConfig(**values, source=path)
     if not config.models:
         raise ConfigError(f'{path}: model_families names no model; e.g. embedding = ["bert-tiny"]')

@@ -34,4 +34,14 @@ def run_suite(
     else:
         body = local_body(plan)
     outputs = Outputs(config.output_dir, html=config.generate_plots, matrix=config.update_compatibility_matrix)
-    return record_run(config.db, "suite", arguments, [body], on_result, outputs, config.name, plan.resume_run_id)
+    return record_run(
+        config.db,
+        "suite",
+        arguments,
+        [body],
+        on_result,
+        outputs,
+        config.name,
+        plan.resume_run_id,
+        config.machine_label,
+    )

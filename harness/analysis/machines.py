@@ -1,0 +1,92 @@
+"""Results across machines (issue 26): which machines a store holds, and a case's latency on each
+machine, or on each hardware class, side by side. Runs imported from other stores carry their
+machine (harness.store: machine_id, machine_label, hardware_class)."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from harness.analysis.tables import AnalysisError, Table
+from harness.core.labels import case_label, target_label
+from harness.store import open_store
+
+GROUPINGS = ("machine", "hardware-class")
+UNRECORDED = "unrecorded machine"  # a run made before machines were recorded (schema < 7)
+MACHINES_SQL = """
+SELECT machine_label, machine_id, hardware_class, count(DISTINCT run_id) AS runs, count(result_id) AS results,
+       min(started_at) AS first_run, max(started_at) AS last_run
+FROM runs LEFT JOIN results USING (run_id) GROUP BY ALL ORDER BY last_run DESC
+"""
+
+
+def machine_name(run: Mapping[str, Any]) -> str:
+    """What a report calls a run's machine: its label, else the start of its id."""
+    if run.get("machine_label"):
+        return run["machine_label"]
+    return f"machine {run['machine_id'][:8]}" if run.get("machine_id") else UNRECORDED
+
+
+def group_name(run: Mapping[str, Any], by: str) -> str:
+    return machine_name(run) if by == "machine" else (run.get("hardware_class") or "unknown hardware class")
+
+
+def machines_table(db_path: Path) -> Table:
+    """`query --report machines`: every machine the store holds runs of."""
+    with open_store(db_path, read_only=True) as store:
+        rows = store.query(MACHINES_SQL)
+    for row in rows:
+        row["machine"] = machine_name(row)
+    columns = ["machine", "machine_id", "hardware_class", "runs", "results", "first_run", "last_run"]
+    return Table("Machines", columns, rows, ["one row per machine (its label, else its id) the store holds runs of"])
+
+
+def across(runs: list[tuple[Mapping[str, Any], list[Mapping[str, Any]]]], by: str = "machine") -> Table:
+    """Each case's median latency (ms) on each machine or hardware class: `runs` is (run row, its result
+    rows), oldest first, so a machine's latest run gives its value. A case that did not run ok shows its status."""
+    columns: list[str] = []
+    cells: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for run, results in runs:
+        name = group_name(run, by)
+        if name not in columns:
+            columns.append(name)
+        for row in results:
+            key = (row["model"], target_label(row), case_label(row))
+            ok = row["status"] == "ok" and row.get("latency_p50_ms") is not None
+            cells.setdefault(key, {})[name] = row["latency_p50_ms"] if ok else row["status"]
+    rows = [
+        {"model": model, "target": target, "case": case, **values}
+        for (model, target, case), values in sorted(cells.items())
+    ]
+    what = "machine (its label, else its id)" if by == "machine" else "hardware class (CPU · GPU · memory)"
+    notes = [f"median latency (ms) of each case, one column per {what}; a column's latest run where it has several"]
+    return Table(f"Across {len(columns)} {'machines' if by == 'machine' else 'hardware classes'}",
+                 ["model", "target", "case", *columns], rows, notes)  # fmt: skip
+
+
+@contextmanager
+def one_machine(db_path: Path, machine: str | None) -> Iterator[Path]:
+    """The store as if it held only the runs of `machine` (its label, or the start of its id): a
+    temporary store made through the bundle path, for analyses that learn from every row (`recommend`,
+    `predict`). None: the store itself."""
+    if machine is None:
+        yield Path(db_path)
+        return
+    from harness.bundle.export import export_bundle
+    from harness.bundle.importer import import_bundles
+
+    with open_store(db_path, read_only=True) as store:
+        runs = [r["run_id"] for r in store.query(
+            "SELECT run_id FROM runs WHERE machine_label = ? OR starts_with(machine_id, ?)", [machine, machine]
+        )]  # fmt: skip
+        known = sorted({machine_name(r) for r in store.query("SELECT machine_label, machine_id FROM runs")})
+    if not runs:
+        raise AnalysisError(f"no run in {db_path} was made on machine '{machine}'; machines: {', '.join(known)}")
+    with tempfile.TemporaryDirectory(prefix="accelharness-machine-") as directory:
+        bundle, scoped = Path(directory) / "machine.bundle", Path(directory) / "machine.duckdb"
+        export_bundle(Path(db_path), bundle, ",".join(runs))
+        import_bundles(scoped, [bundle])
+        yield scoped

@@ -1,0 +1,122 @@
+"""`accelharness export --bundle FILE`: the chosen runs of a store, every row that belongs to them,
+as one file another store can import (harness.bundle.importer).
+
+The rows are copied into a store in memory (the source is only read), brought to the current schema,
+given any identity an older file lacks (the migration's own statements), redacted if asked, and
+written as Parquet with a manifest of versions, runs, checksums and row counts."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from harness.bundle.fmt import BUNDLE_FORMAT, REDACTIONS, BundleError, file_sha256, write_bundle
+from harness.bundle.redact import REMOVED, redact_public
+from harness.store import IDENTITY_BACKFILL, RUN_TABLES, SCHEMA_VERSION, Store, open_store
+
+MANIFEST_RUN_FIELDS = ("run_id", "run_uuid", "started_at", "status", "command", "machine_id", "machine_label",
+                       "hardware_class")  # fmt: skip
+# Each table's rows that belong to the chosen runs (the temporary table `chosen` holds their ids).
+SELECTIONS = {
+    "runs": "SELECT * FROM runs WHERE run_id IN (SELECT run_id FROM chosen)",
+    "hardware": "SELECT * FROM hardware WHERE run_id IN (SELECT run_id FROM chosen)",
+    "results": "SELECT * FROM results WHERE run_id IN (SELECT run_id FROM chosen)",
+    "samples": "SELECT s.* FROM samples s JOIN results r USING (result_id) "
+    "WHERE r.run_id IN (SELECT run_id FROM chosen)",
+    "operators": "SELECT o.* FROM operators o JOIN results r USING (result_id) "
+    "WHERE r.run_id IN (SELECT run_id FROM chosen)",
+    "controls": "SELECT * FROM controls WHERE run_id IN (SELECT run_id FROM chosen)",
+}
+
+
+@dataclass
+class ExportSummary:
+    path: Path
+    runs: list[str]
+    rows: dict[str, int]
+    bytes: int
+    redacted: str | None
+
+
+def export_bundle(
+    db_path: Path, out: Path, runs: str = "all", since: datetime | None = None, redact: str | None = None
+) -> ExportSummary:
+    """Write the runs `runs` names (or every run started at or after `since`) to the bundle `out`."""
+    out = Path(out)
+    if redact is not None and redact not in REDACTIONS:
+        raise BundleError(f"unknown --redact '{redact}'; valid: {', '.join(REDACTIONS)}")
+    if out.exists():
+        raise BundleError(f"{out} exists; a bundle is never overwritten: choose another name or remove it")
+    if not out.parent.is_dir():
+        raise BundleError(f"--bundle {out}: directory {out.parent} does not exist")
+    with duckdb.connect() as staging:
+        staged = Store(staging, Path(":memory:"))
+        staged.ensure_schema()
+        run_ids = _copy_runs(Path(db_path), staging, runs, since)
+        for statement in IDENTITY_BACKFILL:  # an older file read as current lacks them: the migration's own
+            staging.execute(statement)
+        if redact == "public":
+            redact_public(staging, RUN_TABLES)
+        with tempfile.TemporaryDirectory(prefix="accelharness-bundle-") as directory:
+            files, entries = _write_tables(staging, Path(directory))
+            manifest = _manifest(staged, entries, redact)
+            write_bundle(out, manifest, files)
+    rows = {table: entry["rows"] for table, entry in entries.items()}
+    return ExportSummary(out, run_ids, rows, out.stat().st_size, redact)
+
+
+def _copy_runs(db_path: Path, staging: duckdb.DuckDBPyConnection, runs: str, since: datetime | None) -> list[str]:
+    with open_store(db_path, read_only=True) as store:
+        if since is not None:
+            chosen = [
+                r["run_id"]
+                for r in store.query("SELECT run_id FROM runs WHERE started_at >= ? ORDER BY started_at", [since])
+            ]
+            if not chosen:
+                raise BundleError(f"no run in {db_path} started at or after {since:%Y-%m-%d %H:%M:%S}")
+        else:
+            chosen = store.resolve_runs(runs)
+        store.connection.register("chosen", pa.table({"run_id": pa.array(chosen, pa.string())}))
+        for table in RUN_TABLES:
+            rows = store.connection.sql(SELECTIONS[table]).to_arrow_table()
+            staging.register("incoming", rows)
+            staging.execute(f"INSERT INTO {table} BY NAME SELECT * FROM incoming")
+            staging.unregister("incoming")
+    return chosen
+
+
+def _write_tables(staging: duckdb.DuckDBPyConnection, directory: Path) -> tuple[dict[str, Path], dict[str, Any]]:
+    files, entries = {}, {}
+    for table in RUN_TABLES:
+        path = directory / f"{table}.parquet"
+        staging.execute(f"COPY {table} TO '{path}' (FORMAT parquet, COMPRESSION zstd)")
+        files[table] = path
+        rows = staging.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        entries[table] = {"sha256": file_sha256(path), "rows": rows, "bytes": path.stat().st_size}
+    return files, entries
+
+
+def _manifest(staged: Store, entries: dict[str, Any], redact: str | None) -> dict[str, Any]:
+    from harness import __version__
+
+    fields = ", ".join(MANIFEST_RUN_FIELDS)
+    runs = [
+        json.loads(json.dumps(r, default=str)) for r in staged.query(f"SELECT {fields} FROM runs ORDER BY started_at")
+    ]
+    return {
+        "bundle_format": BUNDLE_FORMAT,
+        "schema_version": SCHEMA_VERSION,
+        "accelharness_version": __version__,
+        "duckdb_version": duckdb.__version__,
+        "exported_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "runs": runs,
+        "files": {f"{table}.parquet": entry for table, entry in entries.items()},
+        "redacted": {"level": redact, "removed": REMOVED} if redact else None,
+    }

@@ -1,0 +1,238 @@
+"""`accelharness import BUNDLE…` and `accelharness merge A B --db OUT`: rows from other stores, added
+to this one without duplicates and without overwriting.
+
+Every bundle is checked before the store is opened (harness.bundle.fmt). Each is loaded into a
+database in memory attached to the store's connection and migrated there by the store's own
+migrations, then added in ONE transaction for all of them: a run already here (same run uuid) and a
+result already here with the same content hash are skipped and counted; the same run id or result key
+with other content is a conflict, and any conflict rolls everything back, naming them. A kill or
+Ctrl-C before the commit leaves the store as it was. An import that adds anything is logged in
+`imports`; importing a bundle again adds nothing and is not logged again."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+from harness.bundle.fmt import Bundle, BundleError, read_bundle
+from harness.core.faults import injected_faults
+from harness.store import RUN_TABLES, SCHEMA_VERSION, Store, StoreError, current_columns, open_store, quoted
+
+MAX_BUNDLES = 1000  # bundles in one import
+MAX_CONFLICTS_NAMED = 10
+# Results of the bundle that are here already: by result id, or by (run, result key).
+MATCHES = """
+SELECT b.result_id, b.run_id, coalesce(b.result_key, b.result_id) AS key, b.content_hash = t.content_hash AS same
+FROM {b}.results b JOIN results t ON t.result_id = b.result_id
+UNION
+SELECT b.result_id, b.run_id, coalesce(b.result_key, b.result_id), b.content_hash = t.content_hash
+FROM {b}.results b JOIN results t ON t.run_id = b.run_id AND t.result_key = b.result_key
+"""
+
+
+@dataclass
+class ImportCount:
+    bundle: str
+    runs_added: int = 0
+    results_added: int = 0
+    results_skipped: int = 0
+    samples_added: int = 0
+    rows_added: int = 0  # hardware, operator and control rows
+
+    @property
+    def added_anything(self) -> bool:
+        return bool(self.runs_added or self.results_added or self.samples_added or self.rows_added)
+
+
+class ImportConflict(BundleError):
+    """Rows of a bundle that have the key of rows here, with other content."""
+
+
+def import_bundles(db_path: Path, paths: list[Path]) -> list[ImportCount]:
+    """Import every bundle into the store at db_path, all or nothing."""
+    if not paths or len(paths) > MAX_BUNDLES:
+        raise BundleError(f"import takes 1 to {MAX_BUNDLES} bundles (got {len(paths)})")
+    db_path = Path(db_path)
+    with tempfile.TemporaryDirectory(prefix="accelharness-import-") as directory:
+        bundles = []
+        for number, path in enumerate(paths):
+            extracted = Path(directory) / str(number)
+            extracted.mkdir()
+            bundles.append(read_bundle(Path(path), extracted))
+        created = not db_path.exists()
+        try:
+            with open_store(db_path) as store:
+                return _import(store, _unique(bundles))
+        except BaseException:
+            if created:  # nothing of an import that failed may remain: not even the new file
+                for suffix in ("", ".wal"):
+                    Path(str(db_path) + suffix).unlink(missing_ok=True)
+            raise
+
+
+def _unique(bundles: list[Bundle]) -> list[Bundle]:
+    """One of each bundle (by content): the same file named twice is imported once."""
+    by_hash: dict[str, Bundle] = {}
+    for bundle in bundles:
+        by_hash.setdefault(bundle.sha256, bundle)
+    return list(by_hash.values())
+
+
+def _import(store: Store, bundles: list[Bundle]) -> list[ImportCount]:
+    connection = store.connection
+    home = connection.execute("SELECT current_database()").fetchone()[0]
+    names = [_stage(connection, home, bundle, number) for number, bundle in enumerate(bundles)]
+    counts: list[ImportCount] = []
+    connection.execute("BEGIN TRANSACTION")
+    try:
+        conflicts: list[str] = []
+        for bundle, name in zip(bundles, names, strict=True):
+            count, found = _add(connection, bundle, name)
+            counts.append(count)
+            conflicts += found
+        if conflicts:
+            shown = "; ".join(conflicts[:MAX_CONFLICTS_NAMED])
+            more = f" (and {len(conflicts) - MAX_CONFLICTS_NAMED} more)" if len(conflicts) > MAX_CONFLICTS_NAMED else ""
+            raise ImportConflict(
+                f"{len(conflicts)} conflict(s), nothing imported: the same key with other content is never "
+                f"overwritten: {shown}{more}"
+            )
+        for bundle, count in zip(bundles, counts, strict=True):
+            if count.added_anything:
+                _log(connection, bundle, count)
+        _hold_if_asked()
+        connection.execute("COMMIT")
+    except BaseException:
+        connection.execute("ROLLBACK")
+        raise
+    finally:
+        for name in names:
+            connection.execute(f"DETACH {name}")
+    return counts
+
+
+def _stage(connection: duckdb.DuckDBPyConnection, home: str, bundle: Bundle, number: int) -> str:
+    """The bundle's tables in an in-memory database attached as bundle_N, migrated to this schema."""
+    name = f"bundle_{number}"
+    connection.execute(f"ATTACH ':memory:' AS {name}")
+    connection.execute(f"USE {name}")
+    try:
+        for table, file in bundle.files.items():
+            connection.execute(f"CREATE TABLE {table} AS SELECT * FROM read_parquet(?)", [str(file)])
+        connection.execute("CREATE TABLE schema_version (version INTEGER NOT NULL, applied_at TIMESTAMP NOT NULL)")
+        connection.execute("INSERT INTO schema_version VALUES (?, now())", [bundle.schema_version])
+        Store(connection, bundle.path).ensure_schema()  # an older bundle migrated by the store's own migrations
+        _check_staged(connection, bundle, name)
+    except duckdb.Error as exc:
+        raise BundleError(f"{bundle.path} does not hold the tables of schema {bundle.schema_version}: {exc}") from None
+    finally:
+        connection.execute(f"USE {quoted(home)}")
+    return name
+
+
+def _check_staged(connection: duckdb.DuckDBPyConnection, bundle: Bundle, name: str) -> None:
+    current = current_columns()
+    for table in RUN_TABLES:
+        staged = {r[0] for r in connection.execute(
+            "SELECT column_name FROM duckdb_columns() WHERE database_name = ? AND table_name = ?", [name, table]
+        ).fetchall()}  # fmt: skip
+        extra = staged - {column for column, _, _ in current[table]}
+        if extra:
+            raise BundleError(
+                f"{bundle.path}: table {table} has columns schema {SCHEMA_VERSION} does not: {sorted(extra)}"
+            )
+    orphans = connection.execute(
+        f"SELECT (SELECT count(*) FROM {name}.results WHERE run_id NOT IN (SELECT run_id FROM {name}.runs)) + "
+        f"(SELECT count(*) FROM {name}.samples WHERE result_id NOT IN (SELECT result_id FROM {name}.results))"
+    ).fetchone()[0]
+    missing = connection.execute(f"SELECT count(*) FROM {name}.results WHERE content_hash IS NULL").fetchone()[0]
+    if orphans or missing:
+        raise BundleError(
+            f"{bundle.path} is damaged: {orphans} rows belong to no run or result of it, "
+            f"{missing} results have no content hash"
+        )
+
+
+def _add(connection: duckdb.DuckDBPyConnection, bundle: Bundle, b: str) -> tuple[ImportCount, list[str]]:
+    """Add the staged bundle's new rows (inside the caller's transaction); the conflicts it has."""
+    count = ImportCount(bundle.path.name)
+    conflicts = [
+        f"run {run_id}: another run (uuid {here}) has this id here; the bundle's is {there}"
+        for run_id, there, here in connection.execute(
+            f"SELECT b.run_id, b.run_uuid, t.run_uuid FROM {b}.runs b JOIN runs t USING (run_id) "
+            "WHERE b.run_uuid IS DISTINCT FROM t.run_uuid"
+        ).fetchall()
+    ]
+    matches = connection.execute(MATCHES.format(b=b)).fetchall()
+    conflicts += sorted(
+        {f"run {run_id} result {key}: other content here" for _, run_id, key, same in matches if not same}
+    )
+    if conflicts:
+        return count, conflicts
+    present = pa.table({"result_id": pa.array(sorted({m[0] for m in matches}), pa.string())})
+    connection.register("present", present)
+    new = f"SELECT result_id FROM {b}.results WHERE result_id NOT IN (SELECT result_id FROM present)"
+    count.results_skipped = len(present)
+    count.runs_added = _insert(
+        connection, "runs", f"SELECT * FROM {b}.runs WHERE run_id NOT IN (SELECT run_id FROM runs)"
+    )
+    count.samples_added = _insert(connection, "samples", f"SELECT * FROM {b}.samples WHERE result_id IN ({new})")
+    count.rows_added = _insert(connection, "operators", f"SELECT * FROM {b}.operators WHERE result_id IN ({new})")
+    count.results_added = _insert(connection, "results", f"SELECT * FROM {b}.results WHERE result_id IN ({new})")
+    for table in ("hardware", "controls"):  # rows of a run, without a key: added unless the same row is here
+        columns = ", ".join(quoted(c) for c, _, _ in current_columns()[table])
+        count.rows_added += _insert(
+            connection, table, f"SELECT {columns} FROM {b}.{table} EXCEPT SELECT {columns} FROM {table}"
+        )
+    connection.unregister("present")
+    return count, []
+
+
+def _insert(connection: duckdb.DuckDBPyConnection, table: str, select: str) -> int:
+    return connection.execute(f"INSERT INTO {table} BY NAME {select}").fetchone()[0]
+
+
+def _log(connection: duckdb.DuckDBPyConnection, bundle: Bundle, count: ImportCount) -> None:
+    manifest = bundle.manifest
+    redaction = manifest.get("redacted")
+    redacted = str(redaction.get("level"))[:40] if isinstance(redaction, dict) else None
+    connection.execute(
+        "INSERT INTO imports VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            bundle.sha256, bundle.path.name, datetime.now(UTC).replace(tzinfo=None), manifest["bundle_format"],
+            bundle.schema_version, str(manifest.get("accelharness_version"))[:40], redacted, count.runs_added,
+            count.results_added, count.results_skipped, count.samples_added,
+        ],
+    )  # fmt: skip
+
+
+def _hold_if_asked() -> None:
+    """Testing hook (ACCELHARNESS_INJECT_FAULT=import-hang): stop inside the transaction, every row
+    added and none committed, so a test can kill or interrupt the import at its worst moment."""
+    if "import-hang" in injected_faults():
+        print("import: holding the transaction (import-hang)", file=sys.stderr, flush=True)
+        while True:
+            time.sleep(3600)
+
+
+def merge_stores(sources: list[Path], db_path: Path) -> list[ImportCount]:
+    """`merge A B --db OUT`: each source exported whole to a bundle, the bundles imported into OUT."""
+    from harness.bundle.export import export_bundle
+
+    target = Path(db_path).resolve()
+    if any(Path(source).resolve() == target for source in sources):
+        raise BundleError(f"--db {db_path} is one of the stores to merge; merge into another file")
+    with tempfile.TemporaryDirectory(prefix="accelharness-merge-") as directory:
+        bundles = []
+        for number, source in enumerate(sources):
+            if not Path(source).is_file():
+                raise StoreError(f"no store at {source}")
+            bundles.append(export_bundle(Path(source), Path(directory) / f"{number}-{Path(source).stem}.zip").path)
+        return import_bundles(Path(db_path), bundles)
