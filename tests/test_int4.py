@@ -137,8 +137,10 @@ def test_a_model_over_the_browsers_4_gib_is_refused_with_its_size(tmp_path: Path
     assert "ort_web_version" not in row["details"]  # no page ran
 
 
-def test_a_conversion_of_an_external_data_model_is_keyed_by_its_data(tmp_path: Path) -> None:
-    """Two models with the same graph file and different external data get different cached q4 copies."""
+def test_a_model_file_is_keyed_by_its_external_data(tmp_path: Path) -> None:
+    """Two models with the same graph file and different external data get different cached q4 copies
+    and different reference outputs."""
+    from harness.prepare.prepared import PrepareJob, prepare_model
     from harness.prepare.variants import precision_variant
 
     (tmp_path / "a").mkdir()
@@ -148,3 +150,30 @@ def test_a_conversion_of_an_external_data_model_is_keyed_by_its_data(tmp_path: P
     with (second_dir / "mm.onnx.data").open("r+b") as data:  # other weights, same size
         data.write(b"\x00" * 1024)
     assert precision_variant(first, "q4").path != precision_variant(second_dir / "mm.onnx", "q4").path
+    references = []
+    for model in (first, second_dir / "mm.onnx"):
+        prepared = next(prepare_model(PrepareJob(spec_from_path(model, None), [(2, None)])))
+        references.append(prepared.load_case((2, None))[1][0])
+    assert not (references[0] == references[1]).all()
+
+
+def test_conversions_past_the_protobuf_limit_are_written_with_external_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the limit lowered to nothing, every converted copy keeps its weights in model.onnx.data and runs."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from harness.prepare import external
+    from harness.prepare.variants import precision_variant
+
+    monkeypatch.setattr(external, "EXTERNAL_ABOVE_BYTES", 0)
+    model = matmul_model(tmp_path / "mm.onnx", external=True)
+    feeds = {"x": np.ones((2, 64), dtype=np.float32)}
+    (want,) = ort.InferenceSession(str(model)).run(None, feeds)
+    for precision in ("fp16", "int8", "q4", "q4f16"):
+        variant = precision_variant(model, precision).path
+        assert external.external_locations(variant), precision
+        assert external.external_data_problem(variant) is None
+        (got,) = ort.InferenceSession(str(variant)).run(None, feeds)
+        assert np.abs(got - want).max() <= 0.1 + 0.2 * np.abs(want).max(), precision

@@ -4,6 +4,7 @@ writing a model over protobuf's 2 GB limit with its weights outside."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,16 @@ def _external_spans(path: Path) -> dict[str, list[tuple[str, int]]]:
 def external_locations(path: Path) -> list[str]:
     """The external data files a .onnx points at, as written in it (relative to its folder)."""
     return sorted(_external_spans(path))
+
+
+def content_key(path: Path) -> str:
+    """A cache key for a model file: a hash of the .onnx and of its external data files' names, sizes and
+    modification times (hashing gigabytes of weights per run is not worth it)."""
+    digest = hashlib.sha256(path.read_bytes())
+    for location in external_locations(path):
+        stat = (path.parent / location).stat()
+        digest.update(f"{location}|{stat.st_size}|{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()[:24]
 
 
 def model_bytes(path: Path) -> int:

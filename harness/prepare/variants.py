@@ -6,7 +6,6 @@ with external data is read with it; a conversion over protobuf's limit is writte
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -18,7 +17,7 @@ from typing import Any
 
 from harness.core.records import UnsupportedError
 from harness.prepare.cache import cache_root
-from harness.prepare.external import external_locations, save_model
+from harness.prepare.external import content_key, external_locations, save_model
 
 # MatMulNBits as ORT's quantizer writes it: 4-bit weights in blocks of 32 along K, one scale per block
 # and no zero point (symmetric); accuracy_level left unset, so the MatMul computes in its activations'
@@ -36,15 +35,10 @@ class VariantOutcome:
 
 
 def _variant_key(onnx_path: Path) -> str:
-    """The fp32 export's cache key, or for an ONNX file given by --model-path a hash of its content and
-    of its external data files' names, sizes and times (hashing gigabytes of weights per run is not worth it)."""
+    """The fp32 export's cache key, or the content key of an ONNX file given by --model-path."""
     if onnx_path.parent.parent == cache_root() / "onnx":
         return onnx_path.parent.name
-    digest = hashlib.sha256(onnx_path.read_bytes())
-    for location in external_locations(onnx_path):
-        stat = (onnx_path.parent / location).stat()
-        digest.update(f"{location}|{stat.st_size}|{stat.st_mtime_ns}".encode())
-    return digest.hexdigest()[:24]
+    return content_key(onnx_path)
 
 
 def _quantize_int8(source: Path, target: Path) -> dict[str, Any]:
