@@ -101,6 +101,10 @@ def test_q4_and_external_data_natively_and_in_the_page(tmp_path: Path) -> None:
         assert (row["details"]["block_size"], row["details"]["is_symmetric"]) == (32, True)
         assert "MatMulNBitsQuantizer" in row["details"]["conversion"]
     assert native["onnxruntime", "q4"]["details"]["compute_precision"] == {"fp32": 3}
+    openvino = native["openvino", "q4"]["details"]  # the execution graph's FullyConnected layers
+    assert (
+        sum(openvino["compute_precision"].values()) == 3 and "get_runtime_model" in openvino["compute_precision_source"]
+    )
     assert page["wasm", "fp32"]["details"]["model_bytes"] > (64 * 256 + 256 * 256 + 256 * 64) * 4  # data file counted
     webgpu_q4f16 = page["webgpu", "q4f16"]
     if "shader-f16" not in (webgpu_q4f16["details"].get("adapter_features") or []):
