@@ -67,9 +67,12 @@ class OrtSession(HostMemory):
         timed (it optimizes the graph once more, in a throwaway session)."""
         if self.path is None:
             return self.base_facts
-        return self.base_facts | compute_facts(
-            self.precision, optimized_compute(self.path, self.provider), COMPUTE_SOURCE
-        )
+        try:
+            computed = optimized_compute(self.path, self.provider)
+        except Exception as exc:  # e.g. an EP that compiles nodes: ORT cannot write that graph out
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            return self.base_facts | {"compute_precision": None, "compute_precision_source": f"not read: {reason}"}
+        return self.base_facts | compute_facts(self.precision, computed, COMPUTE_SOURCE)
 
     def prepare(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {name: feeds[name] for name in self.input_names}
