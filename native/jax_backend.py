@@ -44,6 +44,8 @@ DTYPE_NAMES = {"fp32": "float32", "auto": "float32", "bf16": "bfloat16"}
 UNSUPPORTED_PRECISIONS = {
     "fp16": "jax engine: fp16 is not implemented (it runs fp32 and bf16)",
     "int8": "jax engine: int8 needs quantized layers, which its Flax ports do not have (it runs fp32 and bf16)",
+    "q4": "jax engine: q4 (int4 weight-only MatMulNBits) is an ONNX Runtime format (it runs fp32 and bf16)",
+    "q4f16": "jax engine: q4f16 (int4 weight-only MatMulNBits) is an ONNX Runtime format (it runs fp32 and bf16)",
 }
 
 

@@ -1,12 +1,14 @@
 """ONNX Runtime, one session per execution provider.
 
 ORT silently places nodes that an EP cannot run on the CPU EP. For non-CPU EPs the node
-placement is read from a one-off profiled run and recorded, so a fallback is visible.
+placement is read from a one-off profiled run and recorded, so a fallback is visible. What the
+MatMuls computed in is read from the graph ORT optimized for the EP (harness.core.precision).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import tempfile
@@ -18,9 +20,11 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from harness.core.precision import compute_facts
 from harness.core.profiles import Profile, ort_trace_ops, timed_runs
 from harness.core.records import Target
 from harness.native.base import Availability, Capabilities, Clock, HostMemory, LoadRequest, UnsupportedError
+from harness.prepare.graph_precision import matmul_compute
 from harness.prepare.greedy import greedy, prefill_feeds
 from harness.prepare.variants import model_for_precision
 
@@ -48,7 +52,7 @@ class OrtSession(HostMemory):
         self.precision = "fp32"
         self.clock = Clock()  # run() copies outputs to host numpy, so it returns after the device
         fallback_nodes = sum(n for ep, n in placement.items() if ep != provider)
-        self.facts: dict[str, Any] = {
+        self.base_facts: dict[str, Any] = {
             "onnxruntime_version": ort.__version__,
             "requested_provider": provider,
             "session_providers": session.get_providers(),
@@ -57,6 +61,19 @@ class OrtSession(HostMemory):
             "cpu_fallback": fallback_nodes > 0,
             "uses_nvidia_gpu": provider in ("CUDAExecutionProvider", "TensorrtExecutionProvider"),
         }
+
+    @functools.cached_property
+    def facts(self) -> dict[str, Any]:  # type: ignore[override]
+        """The session's facts and what its MatMuls computed in: read on first use, after the load was
+        timed (it optimizes the graph once more, in a throwaway session)."""
+        if self.path is None:
+            return self.base_facts
+        try:
+            computed = optimized_compute(self.path, self.provider)
+        except Exception as exc:  # e.g. an EP that compiles nodes: ORT cannot write that graph out
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            return self.base_facts | {"compute_precision": None, "compute_precision_source": f"not read: {reason}"}
+        return self.base_facts | compute_facts(self.precision, computed, COMPUTE_SOURCE)
 
     def prepare(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {name: feeds[name] for name in self.input_names}
@@ -90,7 +107,7 @@ class OrtGenerator(OrtSession):
     ) -> None:
         super().__init__(session, provider, placement, path)
         self.generated: np.ndarray | None = None  # the last generate()'s token ids, for parity checks
-        self.facts["onnx_graph"] = "with past key/values (KV-cache decoder loop)"
+        self.base_facts["onnx_graph"] = "with past key/values (KV-cache decoder loop)"
 
     def prepare(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {name: feeds[name] for name in ("input_ids", "attention_mask")}
@@ -100,6 +117,23 @@ class OrtGenerator(OrtSession):
         each token's logits are ready, since run() returns host arrays."""
         self.generated = greedy(self.session, prepared, new_tokens, stamp).tokens
         return self.generated.shape[1]
+
+
+COMPUTE_SOURCE = "onnxruntime SessionOptions.optimized_model_filepath: the activation type of each MatMul node"
+
+
+def optimized_compute(onnx_path: Path, provider: str) -> dict[str, int]:
+    """MatMul nodes per compute precision in the graph ORT optimizes for this EP, written by a throwaway
+    session (its weights to a file beside it, so a model over 2 GB can be written too)."""
+    import onnx
+
+    options = ort.SessionOptions()
+    with tempfile.TemporaryDirectory() as directory:
+        options.optimized_model_filepath = os.path.join(directory, "optimized.onnx")
+        options.add_session_config_entry("session.optimized_model_external_initializers_file_name", "weights.bin")
+        options.log_severity_level = 3  # its warning that the file is for this machine only is meant for deployers
+        ort.InferenceSession(str(onnx_path), options, providers=[provider])
+        return matmul_compute(onnx.load(options.optimized_model_filepath, load_external_data=False))
 
 
 @contextlib.contextmanager
@@ -164,7 +198,7 @@ class OnnxRuntimeBackend:
             placement = node_placement(path, target.provider, example)
         ort_session = (OrtGenerator if generating else OrtSession)(session, target.provider, placement, path)
         ort_session.precision = precision
-        ort_session.facts |= conversion
+        ort_session.base_facts |= conversion
         return ort_session
 
 

@@ -1,7 +1,9 @@
 """OpenVINO runtime on the exported ONNX file, on every device OpenVINO reports.
 
 OpenVINO picks its own inference precision (bf16 on CPUs with AMX/AVX512-BF16). fp32, fp16 and
-bf16 requests set INFERENCE_PRECISION_HINT; the precision that ran is read back and recorded.
+bf16 requests set INFERENCE_PRECISION_HINT; the precision that ran is read back and recorded. q4 and
+q4f16 load the MatMulNBits conversion (its ONNX front end reads them) with the hint of their
+activations. What each MatMul computed in is read from the execution graph's runtime precisions.
 """
 
 from __future__ import annotations
@@ -14,15 +16,21 @@ from typing import Any
 import numpy as np
 import openvino as ov
 
+from harness.core.precision import INT4_PRECISIONS, MEANINGS, compute_facts
 from harness.core.profiles import OpTime, Profile
 from harness.core.records import Target
 from harness.native.base import Availability, Capabilities, Clock, HostMemory, LoadRequest, UnsupportedError
+from harness.prepare.variants import model_for_precision
 
 DEVICES = ("CPU", "GPU", "NPU")
 PRECISION_NAMES = {"f32": "fp32", "bf16": "bf16", "f16": "fp16", "i8": "int8"}
 # The hint asked for per requested precision (auto: none, OpenVINO picks). A device without native
 # f16/bf16 may run another precision; the session reads back and records what the device chose.
-HINTS = {"fp32": "f32", "fp16": "f16", "bf16": "bf16"}
+HINTS = {"fp32": "f32", "fp16": "f16", "bf16": "bf16", "q4": "f32", "q4f16": "f16"}
+# The execution graph's weight MatMuls (OpenVINO's CPU and GPU plugins make them FullyConnected).
+MATMUL_LAYERS = ("FullyConnected",)
+ELEMENT_PRECISIONS = {"f32": "fp32", "f16": "fp16", "bf16": "bf16", "i8": "int8", "u8": "int8"}
+COMPUTE_SOURCE = "OpenVINO get_runtime_model(): the activation element type of each FullyConnected layer"
 
 
 class OpenVinoSession(HostMemory):
@@ -41,6 +49,9 @@ class OpenVinoSession(HostMemory):
         self.input_ports = [port.get_names() for port in compiled.inputs]  # a tensor may carry several names
         hint = compiled.get_property("INFERENCE_PRECISION_HINT").to_string()
         self.precision = PRECISION_NAMES.get(hint, hint)
+        changed = requested != "auto" and self.precision != requested
+        if requested in INT4_PRECISIONS:  # the int4 file ran; the hint is its activations' precision
+            self.precision, changed = requested, self.precision != MEANINGS[requested][1]
         self.clock = Clock()  # infer() is synchronous
         self.facts: dict[str, Any] = {
             "openvino_version": ov.__version__,
@@ -48,9 +59,9 @@ class OpenVinoSession(HostMemory):
             "device_name": core.get_property(device, "FULL_DEVICE_NAME"),
             "inference_precision_hint": hint,
             "requested_precision": requested,
-            "precision_changed": requested != "auto" and self.precision != requested,
+            "precision_changed": changed,
             "num_streams": str(compiled.get_property("NUM_STREAMS")),
-        }
+        } | compute_facts(requested, runtime_compute(compiled), COMPUTE_SOURCE)
 
     def prepare(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         prepared = {}
@@ -90,6 +101,18 @@ class OpenVinoSession(HostMemory):
             for name, (kind, exec_type, calls, ms) in totals.items()
         ]
         return Profile(ops, iterations, wall_ms, f"OpenVINO {ov.__version__} PERF_COUNT get_profiling_info()")
+
+
+def runtime_compute(compiled: ov.CompiledModel) -> dict[str, int]:
+    """Weight MatMul layers per precision of their activations in the execution graph (what ran)."""
+    counts: dict[str, int] = {}
+    for op in compiled.get_runtime_model().get_ordered_ops():
+        info = op.get_rt_info()
+        if "layerType" in info and info["layerType"].astype(str) in MATMUL_LAYERS:
+            element = op.get_input_element_type(0).get_type_name()
+            kind = ELEMENT_PRECISIONS.get(element, element)
+            counts[kind] = counts.get(kind, 0) + 1
+    return counts
 
 
 def fused_layers(compiled: ov.CompiledModel) -> dict[str, tuple[str, ...]]:
@@ -132,11 +155,16 @@ class OpenVinoBackend:
         hint = HINTS.get(request.precision)
         config = {"INFERENCE_PRECISION_HINT": hint} if hint else {}
         path, device = Path(request.onnx_path), target.provider
+        conversion: dict[str, Any] = {}
+        if request.precision in INT4_PRECISIONS:  # the same MatMulNBits file ONNX Runtime runs
+            path, _, conversion = model_for_precision(path, request.precision)
 
         def compile_with(extra: dict[str, Any]) -> ov.CompiledModel:
             return core.compile_model(str(path), device, config | extra)
 
-        return OpenVinoSession(compile_with({}), core, device, request.precision, compile_with)
+        session = OpenVinoSession(compile_with({}), core, device, request.precision, compile_with)
+        session.facts |= conversion
+        return session
 
 
 BACKEND = OpenVinoBackend()

@@ -15,6 +15,7 @@ import torch
 import transformers
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from harness.core.precision import INT4_PRECISIONS
 from harness.core.profiles import OpTime, Profile, timed_runs
 from harness.core.records import Target, UnsupportedError
 from harness.native.base import Availability, Capabilities, Clock, DeviceByHardware, HostMemory, LoadRequest
@@ -212,6 +213,12 @@ class TorchBackend(DeviceByHardware):
     def load(self, request: LoadRequest, target: Target) -> TorchSession:
         if request.spec.is_onnx_file:
             raise UnsupportedError("torch does not run ONNX files: the model was given as an .onnx file")
+        if request.precision in INT4_PRECISIONS:
+            raise UnsupportedError(
+                f"torch: no {request.precision}: int4 weight-only MatMuls (MatMulNBits) are an ONNX Runtime format, "
+                "and no library the harness keeps runs int4 weights in torch on this target (torchao is not a "
+                "dependency)"
+            )
         if request.precision not in DTYPES:
             raise UnsupportedError(f"torch backend has no precision '{request.precision}' yet")
         device = torch.device(HARDWARE_DEVICES[target.hardware])

@@ -39,7 +39,8 @@ class Serving:
 
     def __init__(self, tmp_path: Path, *args: str) -> None:
         self.db = tmp_path / "serve.duckdb"
-        command = [*CLI, "web", "--serve", *QUICK, "--db", str(self.db), "--output-dir", str(tmp_path / "out"), *args]
+        quick = QUICK[2:] if "--model-path" in args else QUICK  # a model file instead of bert-tiny
+        command = [*CLI, "web", "--serve", *quick, "--db", str(self.db), "--output-dir", str(tmp_path / "out"), *args]
         self.process = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
         )
@@ -288,6 +289,24 @@ def test_a_served_page_runs_generate_jobs_with_token_parity(serving: Any, browse
     for row in rows:  # the server checks the device's tokens against native ORT's, as for a launched browser
         assert row["tokens_matched"] == 4 and row["ttft_ms"] > 0 and row["decode_tokens_per_s"] > 0
         assert row["details"]["served_device"] is True and len(json.loads(row["generated_tokens"])[0]) == 4
+    kill_group(browser)
+
+
+def test_a_served_device_loads_a_model_with_external_data(serving: Any, browsers: Any, tmp_path: Path) -> None:
+    """The .onnx and its mm.onnx.data at origin-relative URLs the device's page fetches (externalData)."""
+    from int4_models import matmul_model
+
+    model = matmul_model(tmp_path / "mm.onnx", external=True)
+    served = serving("--devices", "1", "--model-path", str(model), "--precision", "fp32,q4")
+    browser = browsers(served.url)
+    served.wait_for(r"finished all 4 jobs", timeout=240)
+    code, stderr = served.finish()
+    assert code == 0, stderr
+    rows = served.rows()
+    assert {r["requested_precision"] for r in rows} == {"fp32", "q4"} and len(rows) == 4
+    for row in rows:
+        assert row["status"] == "ok", row["error"]
+        assert row["max_abs_diff"] <= row["details"]["parity_tolerance"] and row["details"]["served_device"] is True
     kill_group(browser)
 
 

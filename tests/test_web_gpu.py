@@ -382,6 +382,27 @@ def test_remote_browser_over_cdp_gets_everything_through_routing(
 
 
 @needs_chromium
+def test_remote_browser_loads_a_model_with_external_data_through_routing(
+    remote_chromium: tuple[subprocess.Popen, str, str], tmp_path: Path
+) -> None:
+    """The .onnx and its mm.onnx.data reach the remote page through Playwright's routes: the graph as
+    ranges, the data as the externalData URL ORT-web fetches; fp32 and q4 both match."""
+    from int4_models import matmul_model
+
+    _, endpoint, _ = remote_chromium
+    model = matmul_model(tmp_path / "mm.onnx", external=True)
+    request = WebRequest(model_path=model, hardware=["wasm"], precision="fp32,q4", browser_endpoint=endpoint,
+                         db_path=tmp_path / "x.duckdb", **QUICK)  # fmt: skip
+    run_web(request)
+    _, rows = rows_of(request.db_path)
+    assert {r["requested_precision"] for r in rows} == {"fp32", "q4"}
+    for row in rows:
+        assert row["status"] == "ok", row["error"]
+        assert row["details"]["browser"] == "remote"
+        assert row["max_abs_diff"] <= row["details"]["parity_tolerance"]
+
+
+@needs_chromium
 def test_remote_browser_killed_mid_run_leaves_error_rows_and_a_finished_run(
     remote_chromium: tuple[subprocess.Popen, str, str], tmp_path: Path
 ) -> None:

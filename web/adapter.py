@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from harness.core.precision import MEANINGS
+
 # Names of software rasterizers as they appear in adapter.info (vendor, architecture, device,
 # description, driver), with what each is.
 SOFTWARE_ADAPTERS = {
@@ -89,6 +91,10 @@ def webgpu_refusal(report: dict[str, Any], precision: str, require_hardware: boo
             f"--require-hardware-gpu: the WebGPU adapter is software ({verdict.why}): it reports itself as "
             f"'{verdict.name}'"
         )
-    if precision == "fp16" and "shader-f16" not in (report.get("features") or []):
-        return f"adapter lacks shader-f16 ('{verdict.name}' offers no fp16 shaders), so ORT-web has no fp16 kernels"
+    computes_fp16 = MEANINGS.get(precision, ("", ""))[1] == "fp16"  # fp16, and q4f16's activations
+    if computes_fp16 and "shader-f16" not in (report.get("features") or []):
+        return (
+            f"adapter lacks shader-f16 ('{verdict.name}' offers no fp16 shaders), so ORT-web has no fp16 kernels "
+            f"for {precision}"
+        )
     return None

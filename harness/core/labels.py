@@ -90,6 +90,8 @@ def marks(row: Mapping[str, Any]) -> list[tuple[str, str]]:
         found.append(("precision", f"engine chose {row['precision']}"))
     elif details.get("precision_changed"):
         found.append(("precision", f"precision changed (hint {details.get('inference_precision_hint')})"))
+    elif details.get("compute_precision_differs"):  # the engine's own graph (harness.core.precision)
+        found.append(("precision", details["compute_precision_differs"]))
     if details.get("cpu_fallback"):
         found.append(("cpu_fallback", f"{details.get('cpu_fallback_nodes')} nodes fell back to CPU"))
     if details.get("fallback_adapter"):

@@ -24,6 +24,15 @@ TOLERANCES: dict[str, tuple[float, float]] = {
     # (0.1, 0.2) passes those with ~1.5x headroom and still flags a conversion that is wrong, whose
     # error is of the order of the outputs themselves.
     "int8": (1e-1, 2e-1),
+    # int4 weight-only (MatMulNBits, blocks of 32, symmetric) measured at batch 1-4, seq 16-128 on ORT
+    # CPU: the real all-MiniLM-L6-v2 weights are off by up to 0.73 abs, 0.12 of max|ref| (int8: 0.09);
+    # the tiny random bert and llama (ORT and OpenVINO) by 0.066 of max|ref|, a random 3-MatMul MLP (wasm
+    # and webgpu too) by 0.16; q4f16 as q4 to 3 digits. The int8 tolerance passes those with 1.3-3x
+    # headroom. A 160 M-parameter llama with random weights is off by 0.43 of max|ref| (bench/int4.py,
+    # native and wasm alike: what int4 does to those weights): a mismatch at this tolerance, left so, since
+    # loosening it to pass would pass a conversion whose error is of the order of the outputs themselves.
+    "q4": (1e-1, 2e-1),
+    "q4f16": (1e-1, 2e-1),
 }
 
 

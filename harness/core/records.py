@@ -14,7 +14,8 @@ if TYPE_CHECKING:  # core.profiles imports onnx (via the graph counts); a Result
 
 STATUSES = ("ok", "unsupported", "error", "timeout", "oom", "mismatch")
 # auto: whatever the engine picks by default. Every row records the precision that actually ran.
-PRECISIONS = ("fp32", "fp16", "bf16", "int8", "auto")
+# q4 / q4f16: int4 weight-only MatMulNBits (harness.core.precision.MEANINGS says what each means).
+PRECISIONS = ("fp32", "fp16", "bf16", "int8", "q4", "q4f16", "auto")
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from harness.prepare.cache import cache_root
+from harness.prepare.external import EXTERNAL_ABOVE_BYTES
 from harness.prepare.specs import ModelSpec
 from harness.prepare.workload import Weights
 
@@ -156,6 +157,10 @@ def export_cached(
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def _parameter_bytes(module: Any) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
 def _export_staged(
     staging: Path, target_dir: Path, module: Any, args: tuple, feeds: dict[str, np.ndarray], shapes: dict, axes: dict
 ) -> ExportOutcome:
@@ -174,7 +179,8 @@ def _export_staged(
                 input_names=names,
                 output_names=list(module.output_names),
                 dynamic_shapes=shapes,
-                external_data=False,
+                # protobuf cannot hold 2 GB: a larger model's weights go to model.onnx.data beside it
+                external_data=_parameter_bytes(module) >= EXTERNAL_ABOVE_BYTES,
                 opset_version=OPSET,
                 verbose=False,
             )

@@ -7,7 +7,6 @@ reference: torch fp32 for spec models, ONNX Runtime CPU for plain .onnx files.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tempfile
@@ -262,6 +261,7 @@ def _export_facts(outcome: ExportOutcome) -> dict[str, Any]:
 def _prepare_onnx_file(job: PrepareJob) -> PreparedModel:
     import onnxruntime as ort
 
+    from harness.prepare.external import content_key
     from harness.prepare.greedy import prefill_feeds, takes_past
     from harness.prepare.inputs import make_signature_inputs, onnx_file_signature
 
@@ -275,7 +275,7 @@ def _prepare_onnx_file(job: PrepareJob) -> PreparedModel:
     else:
         reference = "onnxruntime-cpu-fp32"
         signature = [(i.name, list(i.shape), i.type) for i in session.get_inputs()]
-    digest = hashlib.sha256(spec.local_path.read_bytes()).hexdigest()[:24]
+    digest = content_key(spec.local_path)  # its external data too: other weights, other reference outputs
     prepared = PreparedModel(
         spec=spec,
         weights="pretrained",

@@ -59,6 +59,7 @@ class InputSpec:
 
 
 LEGACY_INPUT_FIELDS = ("kind", "text_inputs", "audio_seconds", "sampling_rate")
+ASKED = "asked"  # an .onnx file's sequence axis is symbolic: cases take the request's lengths
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,19 @@ class ModelSpec:
     pretrained_package_path: str = ""
     local_path: Path | None = None  # an HF model directory or an .onnx file given by --model-path
     source: str = ""
+    # An .onnx file's own shapes (onnx_axes): its fixed batch (None: symbolic, the request's), and its
+    # sequence: ASKED (a symbolic axis: the request's lengths), a fixed length, or None (no such axis).
+    file_batch: int | None = None
+    file_seq: int | str | None = ASKED
+
+    def case_shapes(self, batch_sizes: list[int], sequence_lengths: list[int]) -> list[tuple[int, int | None]]:
+        """The (batch, seq) cases the request's sizes become for this model: an .onnx file with fixed
+        shapes has one, labelled by its real shapes whatever sizes were asked for."""
+        seqs: list[int | None] = list(sequence_lengths) if self.inputs.uses_sequence else [None]
+        if self.file_seq != ASKED:
+            seqs = [self.file_seq]  # type: ignore[list-item]
+        batches = [self.file_batch] if self.file_batch is not None else list(batch_sizes)
+        return [(b, s) for b in batches for s in seqs]
 
     @property
     def is_generative(self) -> bool:
@@ -209,6 +223,7 @@ def spec_from_path(path: Path, family: str | None) -> ModelSpec:
         if path.suffix != ".onnx":
             raise SpecError(f"--model-path {path}: expected an .onnx file or an HF model directory")
         check_onnx_file(path)
+        file_batch, file_seq = onnx_axes(path)
         return ModelSpec(
             name=path.stem,
             family=family or "embedding",
@@ -219,6 +234,8 @@ def spec_from_path(path: Path, family: str | None) -> ModelSpec:
             inputs=InputSpec(kind="onnx-signature"),
             local_path=path.resolve(),
             source=str(path),
+            file_batch=file_batch,
+            file_seq=file_seq,
         )
     config_file = path / "config.json"
     try:
@@ -281,6 +298,25 @@ def _sized_as(value: Any, expected: tuple[type, ...]) -> bool:
     sizes, as CLAP's audio encoder has)."""
     values = value if isinstance(value, list) else [value]
     return value is None or all(isinstance(v, expected) and not isinstance(v, bool) for v in values)
+
+
+def onnx_axes(path: Path) -> tuple[int | None, int | str | None]:
+    """(batch, sequence) of an .onnx file's inputs, as ModelSpec.file_batch / file_seq hold them: the
+    batch is fixed when every input's first axis is; the sequence follows any symbolic later axis
+    (ASKED), else the length of a token-id input ([batch, seq] integers), else None (no such axis)."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    weights = {tensor.name for tensor in graph.initializer}
+    inputs = [value.type.tensor_type for value in graph.input if value.name not in weights]
+    shapes = [[d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim] for t in inputs]
+    firsts = [shape[0] for shape in shapes if shape]
+    batch = firsts[0] if firsts and all(first is not None for first in firsts) else None
+    if any(None in shape[1:] for shape in shapes):
+        return batch, ASKED
+    integer = (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
+    ids = [shape for t, shape in zip(inputs, shapes, strict=True) if t.elem_type in integer and len(shape) == 2]
+    return batch, ids[0][1] if ids else None
 
 
 def check_onnx_file(path: Path) -> None:

@@ -1,11 +1,11 @@
-"""The fp16 and int8 versions of an fp32 ONNX file, converted with ONNX Runtime's tools and cached
-next to the export: the files native ONNX Runtime and the browser (onnxruntime-web) run for those
-precisions. Imports no torch: an ONNX Runtime worker converts without it."""
+"""The fp16, int8, q4 and q4f16 versions of an fp32 ONNX file, converted with ONNX Runtime's tools and
+cached next to the export: the files native ONNX Runtime, OpenVINO and the browser (onnxruntime-web)
+run for those precisions. Imports no torch: an ONNX Runtime worker converts without it. A source
+with external data is read with it; a conversion over protobuf's limit is written with it."""
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -17,6 +17,13 @@ from typing import Any
 
 from harness.core.records import UnsupportedError
 from harness.prepare.cache import cache_root
+from harness.prepare.external import content_key, external_locations, save_model
+
+# MatMulNBits as ORT's quantizer writes it: 4-bit weights in blocks of 32 along K, one scale per block
+# and no zero point (symmetric); accuracy_level left unset, so the MatMul computes in its activations'
+# type (fp32 for q4, fp16 for q4f16).
+Q4_BLOCK_SIZE = 32
+Q4_SYMMETRIC = True
 
 
 @dataclass(frozen=True)
@@ -28,10 +35,10 @@ class VariantOutcome:
 
 
 def _variant_key(onnx_path: Path) -> str:
-    """The fp32 export's cache key, or a content hash for an ONNX file given by --model-path."""
+    """The fp32 export's cache key, or the content key of an ONNX file given by --model-path."""
     if onnx_path.parent.parent == cache_root() / "onnx":
         return onnx_path.parent.name
-    return hashlib.sha256(onnx_path.read_bytes()).hexdigest()[:24]
+    return content_key(onnx_path)
 
 
 def _quantize_int8(source: Path, target: Path) -> dict[str, Any]:
@@ -46,10 +53,12 @@ def _quantize_int8(source: Path, target: Path) -> dict[str, Any]:
     import onnxruntime
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    quantize_dynamic(source, target, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"], per_channel=True)
+    large = bool(external_locations(source))  # a large source: its conversion keeps the weights outside too
+    quantize_dynamic(source, target, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"], per_channel=True,
+                     use_external_data_format=large)  # fmt: skip
     quantized = sum(n.op_type == "MatMulInteger" for n in onnx.load(str(target), load_external_data=False).graph.node)
     tool = f"onnxruntime {onnxruntime.__version__} quantization.quantize_dynamic (MatMul, QInt8 per-channel weights)"
-    return {"tool": tool, "quantized_matmuls": quantized}
+    return {"tool": tool, "quantized_matmuls": quantized, "external_data": external_locations(target)}
 
 
 def _convert_fp16(source: Path, target: Path) -> dict[str, Any]:
@@ -59,16 +68,53 @@ def _convert_fp16(source: Path, target: Path) -> dict[str, Any]:
     import onnxruntime
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
-    onnx.save(convert_float_to_float16(onnx.load(str(source)), keep_io_types=True), str(target))
+    saved = save_model(convert_float_to_float16(onnx.load(str(source)), keep_io_types=True), target)
     tool = f"onnxruntime {onnxruntime.__version__} transformers.float16.convert_float_to_float16 (keep_io_types)"
-    return {"tool": tool}
+    return {"tool": tool} | saved
 
 
-VARIANT_CONVERTERS = {"int8": _quantize_int8, "fp16": _convert_fp16}
+def _int4_model(source: Path) -> tuple[Any, dict[str, Any]]:
+    """The MatMuls with constant weights as MatMulNBits (int4 weight-only), by ORT's own quantizer."""
+    import onnx
+    import onnxruntime
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    quantizer = MatMulNBitsQuantizer(onnx.load(str(source)), bits=4, block_size=Q4_BLOCK_SIZE,
+                                     is_symmetric=Q4_SYMMETRIC)  # fmt: skip
+    quantizer.process()
+    model = quantizer.model.model
+    info = {
+        "tool": f"onnxruntime {onnxruntime.__version__} quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer",
+        "bits": 4,
+        "block_size": Q4_BLOCK_SIZE,
+        "is_symmetric": Q4_SYMMETRIC,
+        "accuracy_level": None,  # unset: the MatMul computes in its activations' type
+        "quantized_matmuls": sum(n.op_type == "MatMulNBits" for n in model.graph.node),
+    }
+    return model, info
+
+
+def _quantize_q4(source: Path, target: Path) -> dict[str, Any]:
+    """int4 weights (MatMulNBits), fp32 activations: transformers.js's q4."""
+    model, info = _int4_model(source)
+    return info | save_model(model, target)
+
+
+def _quantize_q4f16(source: Path, target: Path) -> dict[str, Any]:
+    """int4 weights (MatMulNBits), fp16 activations and scales: transformers.js's q4f16; the q4 model
+    converted to fp16 as the fp16 precision is (fp32 graph inputs and outputs)."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    model, info = _int4_model(source)
+    info["tool"] += " then transformers.float16.convert_float_to_float16 (keep_io_types)"
+    return info | save_model(convert_float_to_float16(model, keep_io_types=True), target)
+
+
+VARIANT_CONVERTERS = {"int8": _quantize_int8, "fp16": _convert_fp16, "q4": _quantize_q4, "q4f16": _quantize_q4f16}
 
 
 def precision_variant(onnx_path: Path, precision: str) -> VariantOutcome:
-    """The int8 or fp16 version of an fp32 ONNX file, cached next to it as <key>-<precision>.
+    """The int8, fp16, q4 or q4f16 version of an fp32 ONNX file, cached next to it as <key>-<precision>.
 
     Conversion errors propagate: the caller records them as the reason the precision cannot run.
     """
@@ -93,22 +139,22 @@ def precision_variant(onnx_path: Path, precision: str) -> VariantOutcome:
 
 
 def model_for_precision(onnx_path: Path, precision: str) -> tuple[Path, str, dict[str, Any]]:
-    """(model file, precision it runs in, conversion facts): the fp32 export, or its int8 / fp16
-    conversion. ORT has no bf16 conversion to offer, and a conversion that fails is the reason
+    """(model file, precision it runs in, conversion facts): the fp32 export, or its int8 / fp16 / q4 /
+    q4f16 conversion. ORT has no bf16 conversion to offer, and a conversion that fails is the reason
     the precision is unsupported."""
     if precision in ("fp32", "auto"):
         return onnx_path, "fp32", {}
     if precision not in VARIANT_CONVERTERS:
         raise UnsupportedError(
             f"onnxruntime: no {precision} model: the harness converts the export to int8 (dynamic "
-            "quantization) and fp16 only"
+            "quantization), fp16, q4 and q4f16 (MatMulNBits) only"
         )
     try:
         variant = precision_variant(onnx_path, precision)
     except Exception as exc:  # the converter's own error is the reason
         raise UnsupportedError(f"onnxruntime: {precision} conversion of the export failed: {exc}") from exc
-    if variant.info.get("quantized_matmuls") == 0:  # the file would run, but in fp32: not an int8 result
-        raise UnsupportedError("onnxruntime int8: the export has no MatMul with constant weights to quantize")
+    if variant.info.get("quantized_matmuls") == 0:  # the file would run, but in fp32: not a quantized result
+        raise UnsupportedError(f"onnxruntime {precision}: the export has no MatMul with constant weights to quantize")
     facts = {"precision_model": str(variant.path), "conversion_cached": variant.cache_hit} | {
         "conversion" if k == "tool" else k: v for k, v in variant.info.items()
     }

@@ -101,8 +101,8 @@ class AbPlan:
     web: WebPlan | None = None  # the browser half's EP settings and launch (--web-hardware)
 
     def cases(self, variant: Variant) -> list[Case]:
-        seqs: list[int | None] = list(self.request.sequence_lengths) if variant.spec.inputs.uses_sequence else [None]
-        return [Case(b, s, variant.precision) for b in self.request.batch_sizes for s in seqs]
+        shapes = variant.spec.case_shapes(self.request.batch_sizes, self.request.sequence_lengths)
+        return [Case(b, s, variant.precision) for b, s in shapes]
 
     @property
     def total_results(self) -> int:

@@ -41,7 +41,7 @@ async def _ask(files: Any, session: Any, side: WebSide, setting: EpSetting, case
     """One page job of a side; raise CaseFailure with the page's status and reason if it failed."""
     model, _, conversion = precision_model(side.prepared.onnx_path, case.precision)
     if model is None:
-        raise CaseFailure(side.side, "unsupported", conversion["why"])
+        raise CaseFailure(side.side, conversion["status"], conversion["why"])
     feeds, _ = side.prepared.load_case((case.batch_size, case.seq_len))
     name = f"ab-{side.side}-{case.precision}"  # a session per side, even for the same file
     job = web_job(files, name, model, feeds, setting, stop, f"{side.side}|{case.key}")

@@ -77,7 +77,7 @@ class Plan:
         generation runs the export with past key/values only for the models that have one (the
         decoder-only GPT-2, LLaMA, Qwen2; not T5, Whisper or LLaVA). Combinations that don't apply are
         not planned rather than recorded."""
-        seqs: list[int | None] = list(self.request.sequence_lengths) if spec.inputs.uses_sequence else [None]
+        shapes = spec.case_shapes(self.request.batch_sizes, self.request.sequence_lengths)
         cases = []
         for mode in self.request.modes:
             if mode == "generate" and not spec.is_generative:
@@ -88,8 +88,7 @@ class Plan:
             cases += [
                 Case(b, s, p, mode, tokens)
                 for p in precisions(self.request)  # grouped by precision: the worker loads once per precision
-                for b in self.request.batch_sizes
-                for s in seqs
+                for b, s in shapes
             ]
         return cases
 

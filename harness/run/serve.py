@@ -238,7 +238,9 @@ class ServedJobs:
             assert prepared is not None
             converted, precision, conversion = case_model(prepared, case)
             if converted is None:
-                row = prepared.result(setting.target, case, "unsupported", conversion["why"], precision=precision)
+                row = prepared.result(
+                    setting.target, case, conversion["status"], conversion["why"], precision=precision
+                )
         if row is not None:
             row.details |= device_details(device, None, [])
             self.emit(row)

@@ -29,6 +29,7 @@ from harness.core.labels import BROWSER_ENGINE
 from harness.core.parity import compare
 from harness.core.profiles import PROFILE_ITERATIONS
 from harness.core.records import PRECISIONS, Case, Control, Result, Target, UnsupportedError, result_key
+from harness.prepare.external import external_data_problem, external_locations, model_bytes
 from harness.prepare.greedy import generates_with_past
 from harness.prepare.prepared import PreparedModel, PrepareJob, unprepared_result
 from harness.prepare.specs import ModelSpec
@@ -143,19 +144,15 @@ class WebPlan:
 
 def web_cases(request: Any, spec: ModelSpec) -> list[Case]:
     """A spec's cases in the browser: every mode, precision, batch size and (if it has one) sequence
-    length; generate only for a model with a graph with past key/values (harness.prepare.greedy)."""
-    seqs: list[int | None] = list(request.sequence_lengths) if spec.inputs.uses_sequence else [None]
+    length (a fixed-shape file: its own shapes); generate only for a model with a graph with past key/values
+    (harness.prepare.greedy)."""
+    shapes = spec.case_shapes(request.batch_sizes, request.sequence_lengths)
     cases = []
     for mode in request.modes:
         if mode == "generate" and not generates_with_past(spec):
             continue
         tokens = request.new_tokens if mode == "generate" else None
-        cases += [
-            Case(b, s, p, mode, tokens)
-            for p in precisions(request)  # the same parsing as native
-            for b in request.batch_sizes
-            for s in seqs
-        ]
+        cases += [Case(b, s, p, mode, tokens) for p in precisions(request) for b, s in shapes]  # native's parsing
     return cases
 
 
@@ -363,14 +360,37 @@ def case_model(prepared: PreparedModel, case: Case) -> tuple[Path | None, str, d
     return precision_model(prepared.onnx_past_path, case.precision)
 
 
+# onnxruntime-web is a wasm32 build, whatever its EP: the graph and every byte of its external data are
+# copied into its linear memory, which addresses at most 4 GiB.
+BROWSER_MODEL_LIMIT_BYTES = 4 * 2**30
+
+
+def browser_problem(model: Path) -> tuple[str, str] | None:
+    """(status, why) when the page must not be handed this model: external data missing or truncated
+    (an error: ORT-web would fail deep inside, or wait), or more than the browser can hold (unsupported)."""
+    if (problem := external_data_problem(model)) is not None:
+        return "error", problem
+    size = model_bytes(model)
+    if size > BROWSER_MODEL_LIMIT_BYTES:
+        return "unsupported", (
+            f"{model.name} and its external data are {size / 2**30:.2f} GiB; onnxruntime-web's wasm32 runtime "
+            f"holds at most {BROWSER_MODEL_LIMIT_BYTES / 2**30:.0f} GiB (its linear memory): no browser EP can load it"
+        )
+    return None
+
+
 @cache
 def precision_model(onnx_path: Path, precision: str) -> tuple[Path | None, str, dict[str, Any]]:
     """(model file, precision it runs in, conversion facts) — the same file native ORT runs for that
-    precision (cached as <key>-<precision> next to the export) — or (None, precision, {'why': …})."""
+    precision (cached as <key>-<precision> next to the export) — or (None, precision, {'why': …,
+    'status': …}) when it has no such file or the browser cannot take it (browser_problem)."""
     try:
-        return model_for_precision(onnx_path, precision)
+        model, ran, facts = model_for_precision(onnx_path, precision)
     except UnsupportedError as exc:
-        return None, precision, {"why": str(exc)}
+        return None, precision, {"why": str(exc), "status": "unsupported"}
+    if (problem := browser_problem(model)) is not None:
+        return None, precision, {"why": problem[1], "status": problem[0]}
+    return model, ran, facts | {"model_bytes": model_bytes(model)}
 
 
 def page_job(
@@ -406,11 +426,16 @@ def page_job(
 
 def web_job(files: Any, name: str, model: Path, feeds: dict[str, np.ndarray], setting: EpSetting, stop: dict[str, Any],
          case_key: str, fault: str | None = None) -> dict[str, Any]:  # fmt: skip
-    """A page job: the model file and input tensors served to the page, the EP setting and the stop rule."""
+    """A page job: the model file, its external data files and the input tensors served to the page, the
+    EP setting and the stop rule. Each external file is an `externalData` entry whose path is its location
+    as the .onnx names it and whose data is its URL, which ORT-web fetches itself (streamed above 1 GB)."""
     arrays = {f"{name}.{i}.bin": np.ascontiguousarray(v) for i, v in enumerate(feeds.values())}
-    urls = files.set_job_files({f"{name}.onnx": model} | {k: v.tobytes() for k, v in arrays.items()})
+    external = {f"{name}.data{i}": location for i, location in enumerate(external_locations(model))}
+    served = {f"{name}.onnx": model} | {k: model.parent / location for k, location in external.items()}
+    urls = files.set_job_files(served | {k: v.tobytes() for k, v in arrays.items()})
     return {
         "model_url": urls[f"{name}.onnx"],
+        "external_data": [{"path": location, "url": urls[key]} for key, location in external.items()],
         "inputs": [
             {"name": input_name, "url": urls[key], "dtype": str(array.dtype), "dims": list(array.shape)}
             for input_name, (key, array) in zip(feeds, arrays.items(), strict=True)
@@ -471,7 +496,7 @@ async def _run_case(
     model, precision, conversion = case_model(prepared, case)
     if model is None:
         return prepared.result(
-            setting.target, case, "unsupported", conversion["why"], precision=precision, details=details
+            setting.target, case, conversion["status"], conversion["why"], precision=precision, details=details
         )
     page = page_job(files, prepared, setting, case, plan.request, fault, model)
     psutil.cpu_percent(interval=None)  # starts the whole-machine CPU window for this job

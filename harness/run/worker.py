@@ -192,6 +192,9 @@ def _case_results(job: Job, backend: Any) -> Iterator[Result]:
             # one load serves every case of the group: each row carries its figures and says so
             "details": {"load_measured_with": first.key, "load_shared_by": len(cases)},
         }
+        # An engine may read some facts lazily (ONNX Runtime's computed precision optimizes the graph once
+        # more): read them here, after the load is timed and before a case's memory and CPU are observed.
+        _ = session.facts
         for case in cases:
             try:
                 yield _measure_case(job, session, case, load_facts, rss)

@@ -331,13 +331,9 @@ function wasmFiles() {
 
 // Which EP each node went to. ORT-web, like native ORT, silently places nodes its EP cannot run on
 // the wasm CPU EP; a throwaway session with ORT's verbose log prints the placement.
-async function nodePlacement(bytes, option) {
+async function nodePlacement(bytes, options) {
   const start = logs.length;
-  const probe = await ort.InferenceSession.create(bytes, {
-    executionProviders: [option],
-    logSeverityLevel: 0,
-    logVerbosityLevel: 0,
-  });
+  const probe = await ort.InferenceSession.create(bytes, { ...options, logSeverityLevel: 0, logVerbosityLevel: 0 });
   await probe.release();
   const placement = {};
   for (const line of logs.slice(start)) {
@@ -350,19 +346,30 @@ async function nodePlacement(bytes, option) {
   return { node_placement: placement, placement_method: 'ORT verbose log of a throwaway session' };
 }
 
+// The options every session on the job's model is created with: its EP and, for a model whose weights
+// live in external data files, one externalData entry per file: `path` is the location the .onnx names,
+// `data` the file's URL. ORT-web fetches a URL itself and streams a file over 1 GB into memory it sizes
+// from Content-Length, so no file is ever one ArrayBuffer here; the .onnx itself is the graph only.
+// job.session_options: a generate job on WebGPU keeps present.* on the GPU (preferredOutputLocation).
+function sessionOptions(job, rt) {
+  const options = { executionProviders: [rt.option], ...job.session_options };
+  if (job.external_data?.length) options.externalData = job.external_data.map((e) => ({ path: e.path, data: e.url }));
+  return options;
+}
+
+// Shared by every page that loads a model file (a benchmark job, generation): one session per model URL.
 async function getSession(job, rt) {
   const cached = sessions.get(job.model_url);
   if (cached) return cached;
   let started = performance.now();
   const bytes = await fetchBytes(job.model_url);
-  const fetch_ms = performance.now() - started;
-  const placement = EPS[job.ep].node_placement ? await nodePlacement(bytes, rt.option) : null;
+  const fetch_ms = performance.now() - started; // the graph file; external data is fetched inside create()
+  const options = sessionOptions(job, rt);
+  const placement = EPS[job.ep].node_placement ? await nodePlacement(bytes, options) : null;
   started = performance.now();
-  // job.session_options: a generate job on WebGPU keeps present.* on the GPU (preferredOutputLocation)
-  const options = { executionProviders: [rt.option], ...job.session_options };
   const session = await ort.InferenceSession.create(bytes, options);
   // Later jobs on this page reuse the session: their load_ms is this one, and they say whose it is.
-  const entry = { session, load_ms: performance.now() - started, fetch_ms, placement, load_case: job.case };
+  const entry = { session, load_ms: performance.now() - started, fetch_ms, placement, load_case: job.case, options };
   if (job.profile_iterations > 0) entry.bytes = bytes; // for the profiled twin session
   sessions.set(job.model_url, entry);
   return entry;
@@ -446,11 +453,10 @@ async function measure(session, feeds, job) {
 // line) to the console at endProfiling(); Python parses it with native ORT's parser. The first run
 // allocates and is left out there. On WebGPU the trace holds the kernels' GPU times only when ORT's device
 // has timestamp-query; without it the profile says why it has none.
-async function profileRuns(entry, rt, feeds, job) {
+async function profileRuns(entry, feeds, job) {
   const missing = await missingTimestamps(job);
   if (missing) return { error: missing };
-  const options = { executionProviders: [rt.option], enableProfiling: true };
-  const session = await ort.InferenceSession.create(entry.bytes, options);
+  const session = await ort.InferenceSession.create(entry.bytes, { ...entry.options, enableProfiling: true });
   try {
     await session.run(feeds);
     const started = performance.now();
@@ -578,7 +584,7 @@ export async function runJob(job) {
     await injectFault(job.fault);
     const measured = await measure(entry.session, feeds, job);
     const asked = job.profile_iterations > 0;
-    const profile = asked ? await profileRuns(entry, rt, feeds, job).catch(profileError) : null;
+    const profile = asked ? await profileRuns(entry, feeds, job).catch(profileError) : null;
     Object.assign(facts, await runtimeFacts(job, rt), measured.budget, {
       fetch_ms: entry.fetch_ms,
       input_names: entry.session.inputNames,
