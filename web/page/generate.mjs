@@ -5,6 +5,8 @@
 // logits are on the CPU (the harness asks WebGPU to keep present.* on the GPU and return logits only).
 // TTFT is the prefill until the first logits; each decode step runs from one step's logits to the next's.
 
+import { loopStop } from './stop.mjs';
+
 const PAST_ARRAYS = { float32: Float32Array, float16: Uint16Array };
 
 // present_key_0 -> past_key_0; Optimum's present.0.key -> past_key_values.0.key
@@ -129,7 +131,7 @@ function sameTokens(a, b) {
 }
 
 // One untimed warm-up generation (its tokens and prefill logits are the row's), then timed generations
-// under the usual stop rule (runner.mjs's measure): the count and the duration met, capped by
+// under the usual stop rule (stop.mjs, as runner.mjs's measure): the count and the duration met, capped by
 // max_iterations, stopped by the budget but never below min_iterations. hooks: {fault(step), memory(),
 // loopMark(mark)} from runner.mjs. The page's memory is measured after the warm-up and after the repeats.
 export async function measureGeneration(ort, session, inputs, job, hooks) {
@@ -144,15 +146,13 @@ export async function measureGeneration(ort, session, inputs, job, hooks) {
   const steps = [];
   let tokens_stable = true;
   await hooks.loopMark('start');
-  const wanted = performance.now() + job.min_duration_ms;
-  const floor = Math.min(job.min_iterations, job.iterations);
+  const stop = loopStop(job, deadline);
   let loop_stopped = false;
   for (;;) {
     const n = samples.length;
-    const now = performance.now();
-    if (n >= job.max_iterations || (n >= job.iterations && now >= wanted)) break;
-    if (n >= floor && now >= deadline) {
-      loop_stopped = true;
+    const why = stop(n);
+    if (why !== null) {
+      loop_stopped = why === 'budget';
       break;
     }
     const hook = n === 0 ? (step) => (step === 1 ? hooks.fault() : null) : null;

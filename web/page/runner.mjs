@@ -3,6 +3,7 @@
 // Everything timed is timed here with performance.now(); Python only sends jobs and reads answers.
 
 import { measureGeneration } from './generate.mjs';
+import { loopStop } from './stop.mjs';
 
 const ORT_BASE = new URL('../ort/', import.meta.url).href;
 // The one table of browser EPs (web/page/eps.json, read by Python too): bundle, setup, placement, check.
@@ -405,7 +406,7 @@ async function injectFault(fault) {
   }
 }
 
-// first run (timed) -> warmup -> timed iterations: the same stop rule as harness/measure.py (Budget).
+// first run (timed) -> warmup -> timed iterations: stop.mjs, the same stop rule as harness/run/measure.py (Budget).
 // The case's time budget (job.max_time_ms, null for none) starts with the first run and caps the warmup
 // and the timed loop. The loop runs until both the count and the duration are met, capped by
 // max_iterations, and stops early once the budget is spent, but never before min_iterations samples.
@@ -424,15 +425,12 @@ async function measure(session, feeds, job) {
   }
   const samples = [];
   await loopMark('start');
-  const wanted = performance.now() + job.min_duration_ms;
-  const floor = Math.min(job.min_iterations, job.iterations);
+  const stop = loopStop(job, deadline);
   let loop_stopped = false;
   for (;;) {
-    const n = samples.length;
-    const now = performance.now();
-    if (n >= job.max_iterations || (n >= job.iterations && now >= wanted)) break;
-    if (n >= floor && now >= deadline) {
-      loop_stopped = true;
+    const why = stop(samples.length);
+    if (why !== null) {
+      loop_stopped = why === 'budget';
       break;
     }
     t0 = performance.now();
