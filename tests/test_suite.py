@@ -261,6 +261,20 @@ def test_a_suite_generates_natively_and_in_the_browser_and_resume_runs_only_the_
     ]
 
 
+def test_resume_continues_a_run_whose_config_predates_the_modes_keys(tmp_path: Path) -> None:
+    """A run started before `modes`/`new_tokens` existed ran inference only: a config that leaves them at
+    their defaults continues it; one that adds generate starts a new run, naming the key."""
+    path = small_config(tmp_path, engines=("onnxruntime",), families={"text_generation": ["gpt2-tiny"]})
+    config = load_config(path)
+    old = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("modes", "new_tokens")}
+    with open_store(config.db) as store:
+        unfinished = store.start_run("suite", {"suite": config.name, "config": old}, {}, config.name)
+    assert plan_suite(config, resume=True).resume_run_id == unfinished
+    path.write_text(path.read_text().replace("timeout = 120", 'timeout = 120\nmodes = ["inference", "generate"]'))
+    changed = plan_suite(load_config(path), resume=True)
+    assert changed.resume_run_id is None and "modes: ['inference'] → ['inference', 'generate']" in changed.resume_note
+
+
 def report_pid_then_hang(_: object) -> Iterator[int]:
     yield os.getpid()
     time.sleep(600)

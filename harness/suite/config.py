@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import tomllib
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -270,11 +270,17 @@ def _check_families(path: Path, families: dict[str, Any]) -> dict[str, list[str]
     return families
 
 
+def default_values() -> dict[str, Any]:
+    """Each key's value when a file leaves it out: DEFAULT_CONFIG's, else SuiteConfig's default."""
+    defaults = {f.name: f.default for f in fields(SuiteConfig) if f.default is not MISSING and f.name != "source"}
+    return defaults | _flatten(Path("DEFAULT_CONFIG"), tomllib.loads(DEFAULT_CONFIG))
+
+
 def load_config(path: Path) -> SuiteConfig:
     """Parse and check a suite config; raise ConfigError naming the file, the key and the valid values."""
     data = _parse(path)
     valid = [f.name for f in fields(SuiteConfig) if f.name != "source"]
-    values = _flatten(Path("DEFAULT_CONFIG"), tomllib.loads(DEFAULT_CONFIG))
+    values = default_values()
     for key, value in data.items():
         if key in FAMILIES:
             raise ConfigError(f"{path}: '{key}' is a model family: list its models under [model_families]")

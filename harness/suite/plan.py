@@ -24,7 +24,7 @@ from harness.prepare.specs import FAMILIES, load_specs
 from harness.run.plan import BenchmarkRequest, Plan, RequestError, validate
 from harness.run.web import WEB_MODES, WebPlan, WebRequest, validate_web
 from harness.store import StoreError, as_stored, open_store
-from harness.suite.config import SuiteConfig
+from harness.suite.config import SuiteConfig, default_values
 from harness.web.eps import WEB_HARDWARE
 
 HOST = "host-cpu"
@@ -173,10 +173,12 @@ def _done_keys(
 
 def config_changes(stored: dict[str, Any], config: SuiteConfig) -> list[str]:
     """How `config` differs from the config a run stored ("key: then → now"); where the file lies
-    (`source`) is not part of it."""
+    (`source`) is not part of it. A key the run's version did not have (e.g. modes) ran as its
+    default does, so it differs only when the config sets it to something else."""
     now = as_stored(dataclasses.asdict(config))
-    keys = [k for k in now if k != "source" and stored.get(k) != now[k]]
-    return [f"{key}: {stored.get(key)} → {now[key]}" for key in keys]
+    then = as_stored(default_values()) | stored
+    keys = [k for k in now if k != "source" and then.get(k) != now[k]]
+    return [f"{key}: {then.get(key)} → {now[key]}" for key in keys]
 
 
 def plan_suite(
