@@ -51,6 +51,7 @@ SEVENTY = ",".join(str(n) for n in range(1, 71))
         (["suite", "--check", "--config", "@min_iterations = 2000000"], "key 'min_iterations' takes a whole number"),
         (["suite", "--check", "--config", "@web_threads = [1, 999]"], "key 'web_threads' takes whole numbers from 1"),
         (["suite", "--check", "--config", f"@sequence_lengths = [{SEVENTY}]"], "key 'sequence_lengths' takes 1 to 64"),
+        (["suite", "--check", "--config", "@new_tokens = 3000000000"], "key 'new_tokens' takes a whole number from"),
     ],
 )
 def test_every_count_is_bounded_before_anything_is_built(tmp_path: Path, args: list[str], message: str) -> None:

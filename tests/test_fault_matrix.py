@@ -269,6 +269,20 @@ def test_corrupt_db_exits_2_and_is_left_alone(tmp_path: Path) -> None:
         ("model.toml", '[model_families]\nvision = ["vit-huge"]', "unknown model 'vit-huge'; valid: "),
         ("family.toml", '[model_families]\nrobots = ["vit-tiny"]', "unknown family 'robots'; valid: embedding"),
         ("zero.toml", "batch_sizes = [0]", "key 'batch_sizes' takes whole numbers from 1 to 4,096 (got 0)"),
+        ("mode.toml", 'modes = ["chat"]', "key 'modes': unknown value 'chat'; valid: inference, generate, training"),
+        (
+            "tokens.toml",
+            'modes = ["generate"]\nnew_tokens = 5000',
+            "key 'new_tokens' takes a whole number from 1 to 4,096 (got",
+        ),
+        ("nomode.toml", "modes = []", "key 'modes' is empty; valid: inference, generate, training"),
+        ("train.toml", 'modes = ["training"]', "include_web_platforms = true: the browser runs inference, generate"),
+        ("lonely.toml", "new_tokens = 4", "key 'new_tokens' applies to generate only"),
+        (
+            "context.toml",
+            'modes = ["generate"]\nsequence_lengths = [1000]\nnew_tokens = 32',
+            "gpt2-tiny takes 1024 positions: a prompt of 1000 (key 'sequence_lengths') plus key 'new_tokens' 32",
+        ),
     ],
 )
 def test_malformed_config_exits_2_naming_file_and_key(tmp_path: Path, name: str, text: str, message: str) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
+import duckdb
 import numpy as np
 import psutil
 import pytest
@@ -36,6 +37,7 @@ warmup_iterations = 1
 benchmark_iterations = 5
 min_duration_s = 0
 timeout = 120
+{extra}
 [model_families]
 {families}
 [hardware]
@@ -57,11 +59,13 @@ def small_config(
     hardware: tuple[str, ...] = ("cpu",),
     engines: tuple[str, ...] = ("torch", "onnxruntime"),
     families: dict[str, list[str]] = BERT_AND_VIT,
+    extra: str = "",
 ) -> Path:
     """A quick suite config (tiny models, 5 iterations) writing to tmp_path/<name>.duckdb."""
     path = tmp_path / f"{name}.toml"
     text = SMALL.format(
         name=name,
+        extra=extra,
         families="\n".join(f"{family} = {json.dumps(models)}" for family, models in families.items()),
         hardware=json.dumps(list(hardware)),
         engines=json.dumps(list(engines)),
@@ -217,6 +221,58 @@ def test_resume_after_the_config_changed_starts_a_new_run_and_says_why(tmp_path:
     runs = rows(config.db, "SELECT run_id, status FROM runs ORDER BY started_at")
     assert [r["status"] for r in runs] == ["running", "completed"]  # the old run is left as it was
     assert {r["run_id"] for r in rows(config.db)} == {runs[1]["run_id"]}
+
+
+GENERATE = 'modes = ["inference", "generate"]\nnew_tokens = 4\nbenchmark_iterations = 2\nmin_iterations = 1'
+
+
+def test_a_suite_generates_natively_and_in_the_browser_and_resume_runs_only_the_missing(tmp_path: Path) -> None:
+    """modes/new_tokens reach both halves: --check shows the generate cases, the run stores generate rows
+    of 4 tokens natively (ORT) and in the page (wasm); a run stopped before its generate cases resumes with
+    exactly those, the inference rows kept."""
+    text = small_config(tmp_path, engines=("onnxruntime",), families={"text_generation": ["gpt2-tiny"]}, web=True,
+                        extra=GENERATE).read_text().replace("benchmark_iterations = 5\n", "")  # fmt: skip
+    path = tmp_path / "t.toml"
+    path.write_text(text)
+    checked = run_cli("suite", "--config", str(path), "--check")
+    said = " ".join(checked.stdout.split())
+    assert checked.returncode == 0 and "results by mode: 2 inference, 2 generate (4 new tokens each)" in said, said
+    config = load_config(path)
+    summary = run_suite(plan_suite(config))
+    stored = rows(config.db, "SELECT * FROM results ORDER BY created_at")
+    assert summary.counts == {"ok": 4}, [(r["hardware"], r["mode"], r["status"], r["error"]) for r in stored]
+    generated = {r["hardware"]: r for r in stored if r["mode"] == "generate"}
+    assert sorted(generated) == ["cpu", "wasm"] and all(r["new_tokens"] == 4 for r in generated.values())
+    assert all(r["decode_tokens_per_s"] and r["decode_tokens_per_s"] > 0 for r in generated.values())
+    # what a kill -9 before the generate cases leaves: the run 'running', only the inference rows
+    with duckdb.connect(str(config.db)) as db:
+        db.execute("DELETE FROM samples WHERE result_id IN (SELECT result_id FROM results WHERE mode = 'generate')")
+        db.execute("DELETE FROM results WHERE mode = 'generate'")
+        db.execute("UPDATE runs SET status = 'running'")
+    plan = plan_suite(config, resume=True)
+    assert plan.resume_run_id == summary.run_id and plan.results_by_mode() == {"generate": 2}
+    resumed = run_cli("suite", "--config", str(path), "--resume")
+    assert resumed.returncode == 0 and "2 results still to run" in resumed.stdout, resumed.stderr
+    after = rows(config.db, "SELECT * FROM results ORDER BY created_at")
+    assert [r["result_id"] for r in after[:2]] == [r["result_id"] for r in stored if r["mode"] == "inference"]
+    assert sorted((r["hardware"], r["mode"], r["status"]) for r in after[2:]) == [
+        ("cpu", "generate", "ok"),
+        ("wasm", "generate", "ok"),
+    ]
+
+
+def test_resume_continues_a_run_whose_config_predates_the_modes_keys(tmp_path: Path) -> None:
+    """A run started before `modes`/`new_tokens` existed ran inference only: a config that leaves them at
+    their defaults continues it; one that adds generate starts a new run, naming the key."""
+    path = small_config(tmp_path, engines=("onnxruntime",), families={"text_generation": ["gpt2-tiny"]})
+    config = load_config(path)
+    old = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("modes", "new_tokens")}
+    with open_store(config.db) as store:
+        unfinished = store.start_run("suite", {"suite": config.name, "config": old}, {}, config.name)
+    assert plan_suite(config, resume=True).resume_run_id == unfinished
+    path.write_text(path.read_text().replace("timeout = 120", 'timeout = 120\nmodes = ["inference", "generate"]'))
+    changed = plan_suite(load_config(path), resume=True)
+    assert changed.resume_run_id is None and "modes: ['inference'] → ['inference', 'generate']" in changed.resume_note
 
 
 def report_pid_then_hang(_: object) -> Iterator[int]:

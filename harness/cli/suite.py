@@ -109,6 +109,10 @@ def _print_check(plan: object) -> None:
         groups.add_row(group, ", ".join(t.label for t in targets))
     console.print(groups)
     models = plan.native.specs if plan.native else plan.web.specs if plan.web else []
+    tokens = f" ({plan.config.new_tokens} new tokens each)" if "generate" in plan.config.modes else ""
+    by_mode = ", ".join(f"{count} {mode}" + (tokens if mode == "generate" else "") for mode, count in
+                        plan.results_by_mode().items())  # fmt: skip
+    console.print(f"results by mode: {by_mode or 'none'}")
     console.print(
         f"suite '{plan.config.name}': {len(models)} models → {plan.total_results} results to run, "
         f"{len(plan.groups())} group(s) concurrently"

@@ -155,15 +155,24 @@ def check_generation(request: RunOptions, specs: list[ModelSpec], modes: list[st
     """--new-tokens within its bound, and every prompt plus its new tokens within each generative model's
     context: refused here, before anything is prepared, rather than failing inside the model."""
     check_count("--new-tokens", request.new_tokens, MAX_NEW_TOKENS)
-    tokens = request.new_tokens
-    if "generate" not in modes:
-        return
-    longest = max(request.sequence_lengths)
+    if "generate" in modes:
+        check_context(specs, request.sequence_lengths, request.new_tokens)
+
+
+def check_context(
+    specs: list[ModelSpec],
+    prompts: list[int],
+    tokens: int,
+    names: tuple[str, str] = ("--sequence-lengths", "--new-tokens"),
+) -> None:
+    """The longest prompt plus its new tokens within each generative model's context; `names` are the
+    prompt lengths' and the new tokens' option (or config key) names the message gives."""
+    longest = max(prompts)
     for spec in specs:
         if spec.is_generative and spec.context_length and longest + tokens > spec.context_length:
             raise RequestError(
-                f"{spec.name} takes {spec.context_length} positions: a prompt of {longest} (--sequence-lengths) "
-                f"plus --new-tokens {tokens} is {longest + tokens}; lower one of them"
+                f"{spec.name} takes {spec.context_length} positions: a prompt of {longest} ({names[0]}) "
+                f"plus {names[1]} {tokens} is {longest + tokens}; lower one of them"
             )
 
 

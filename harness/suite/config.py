@@ -10,17 +10,18 @@ from __future__ import annotations
 import json
 import tomllib
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from harness.core.bounds import MAX_BATCH, MAX_ITERATIONS, MAX_SEQUENCE, MAX_THREADS, out_of_range
-from harness.core.records import PRECISIONS
+from harness.core.bounds import MAX_BATCH, MAX_ITERATIONS, MAX_NEW_TOKENS, MAX_SEQUENCE, MAX_THREADS, out_of_range
+from harness.core.records import MODES, PRECISIONS
 from harness.native import DEFAULT_ENGINES, ENGINES
 from harness.prepare.specs import FAMILIES, load_specs
 from harness.run.hardware import NATIVE_PLATFORMS
 from harness.run.machine import check_machine_label
-from harness.run.plan import MAX_TIMEOUT_S, RequestError, check_seconds
+from harness.run.plan import MAX_TIMEOUT_S, RequestError, RunOptions, check_context, check_seconds
+from harness.run.web import WEB_MODES
 from harness.web.eps import WEB_HARDWARE
 from harness.web.flags import GPU_MODES
 
@@ -41,6 +42,8 @@ min_iterations = 3               # ... never stopping the timed loop below this 
 timeout = 600                    # seconds a worker or page may take per case
 precision = ["fp32"]             # {", ".join(PRECISIONS)}
 profile = false                  # per-operator profiles after each inference case's timed loop
+modes = ["inference"]            # {", ".join(MODES)} (the browser: {", ".join(WEB_MODES)}); as --mode
+# new_tokens = {RunOptions.new_tokens}          # with "generate" in modes: tokens generated per sequence (--new-tokens)
 
 # family -> models (`accelharness models` lists them; the -tiny variants build in seconds)
 [model_families]
@@ -87,6 +90,7 @@ class SuiteConfig:
     timeout: float
     precision: list[str]
     profile: bool
+    modes: list[str]
     model_families: dict[str, list[str]]
     hardware_types: list[str]
     engines: list[str]
@@ -100,6 +104,7 @@ class SuiteConfig:
     update_compatibility_matrix: bool
     db: Path
     output_dir: Path
+    new_tokens: int = RunOptions.new_tokens  # generate: tokens generated per sequence (the key only with generate)
     machine_label: str | None = None  # names this machine in reports across machines
     source: Path | None = None  # the file it came from, for messages
 
@@ -121,6 +126,8 @@ KEY_TYPES: dict[str, type] = {
     "timeout": float,
     "precision": list,
     "profile": bool,
+    "modes": list,
+    "new_tokens": int,
     "model_families": dict,
     "hardware_types": list,
     "engines": list,
@@ -146,6 +153,7 @@ LIST_ITEMS: dict[str, tuple[type, tuple[str, ...] | None]] = {
     "sequence_lengths": (int, None),
     "web_threads": (int, None),
     "precision": (str, PRECISIONS),
+    "modes": (str, MODES),
     "hardware_types": (str, NATIVE_PLATFORMS),
     "engines": (str, ENGINES),
     "web_platforms": (str, WEB_HARDWARE),
@@ -157,6 +165,7 @@ COUNTS: dict[str, tuple[int, int]] = {  # the count keys (or lists of counts): t
     "warmup_iterations": (0, MAX_ITERATIONS),
     "benchmark_iterations": (1, MAX_ITERATIONS),
     "min_iterations": (1, MAX_ITERATIONS),
+    "new_tokens": (1, MAX_NEW_TOKENS),
 }
 CHOICES: dict[str, tuple[str, ...]] = {"gpu": GPU_MODES}  # string keys with a closed set of values
 
@@ -261,11 +270,17 @@ def _check_families(path: Path, families: dict[str, Any]) -> dict[str, list[str]
     return families
 
 
+def default_values() -> dict[str, Any]:
+    """Each key's value when a file leaves it out: DEFAULT_CONFIG's, else SuiteConfig's default."""
+    defaults = {f.name: f.default for f in fields(SuiteConfig) if f.default is not MISSING and f.name != "source"}
+    return defaults | _flatten(Path("DEFAULT_CONFIG"), tomllib.loads(DEFAULT_CONFIG))
+
+
 def load_config(path: Path) -> SuiteConfig:
     """Parse and check a suite config; raise ConfigError naming the file, the key and the valid values."""
     data = _parse(path)
     valid = [f.name for f in fields(SuiteConfig) if f.name != "source"]
-    values = _flatten(Path("DEFAULT_CONFIG"), tomllib.loads(DEFAULT_CONFIG))
+    values = default_values()
     for key, value in data.items():
         if key in FAMILIES:
             raise ConfigError(f"{path}: '{key}' is a model family: list its models under [model_families]")
@@ -284,7 +299,33 @@ def load_config(path: Path) -> SuiteConfig:
     if not config.models:
         raise ConfigError(f'{path}: model_families names no model; e.g. embedding = ["bert-tiny"]')
     _check_platforms(path, config)
+    _check_modes(path, config, "new_tokens" in data)
     return config
+
+
+def _check_modes(path: Path, config: SuiteConfig, tokens_given: bool) -> None:
+    """modes and new_tokens as --mode and --new-tokens are checked: a mode each half can run, new_tokens
+    only with generate (it would do nothing), and each prompt plus its new tokens within every model's context."""
+    if not config.modes:
+        raise ConfigError(f"{path}: key 'modes' is empty; valid: {', '.join(MODES)}")
+    config.modes = list(dict.fromkeys(config.modes))
+    if tokens_given and "generate" not in config.modes:
+        raise ConfigError(
+            f"{path}: key 'new_tokens' applies to generate only (modes = {config.modes}); "
+            'add "generate" to modes or drop new_tokens'
+        )
+    if config.include_web_platforms and not set(config.modes) & set(WEB_MODES):
+        raise ConfigError(
+            f"{path}: modes = {config.modes} with include_web_platforms = true: the browser runs "
+            f"{', '.join(WEB_MODES)}; add one of them or set include_web_platforms = false"
+        )
+    if "generate" in config.modes:
+        specs = load_specs()
+        try:
+            check_context([specs[m] for m in config.models], config.sequence_lengths, config.new_tokens,
+                          ("key 'sequence_lengths'", "key 'new_tokens'"))  # fmt: skip
+        except RequestError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
 
 
 def _check_platforms(path: Path, config: SuiteConfig) -> None:

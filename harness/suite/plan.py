@@ -22,9 +22,9 @@ from harness.native import get_backend
 from harness.prepare.cache import cache_root
 from harness.prepare.specs import FAMILIES, load_specs
 from harness.run.plan import BenchmarkRequest, Plan, RequestError, validate
-from harness.run.web import WebPlan, WebRequest, validate_web
+from harness.run.web import WEB_MODES, WebPlan, WebRequest, validate_web
 from harness.store import StoreError, as_stored, open_store
-from harness.suite.config import SuiteConfig
+from harness.suite.config import SuiteConfig, default_values
 from harness.web.eps import WEB_HARDWARE
 
 HOST = "host-cpu"
@@ -55,6 +55,19 @@ class SuitePlan:
     @property
     def total_results(self) -> int:
         return sum(p.total_results for p in (self.native, self.web) if p is not None)
+
+    def results_by_mode(self) -> dict[str, int]:
+        """Mode → the results still to run in it (both halves): what --check shows of each mode."""
+        counts: dict[str, int] = {}
+        native = self.native
+        for spec, target in [(s, t) for s in native.specs for t, _ in native.targets] if native else []:
+            for case in native.remaining(spec, target):
+                counts[case.mode] = counts.get(case.mode, 0) + 1
+        web = self.web
+        for spec, setting in [(s, e) for s in web.specs for e in web.settings] if web else []:
+            for case in web.remaining(spec, setting):
+                counts[case.mode] = counts.get(case.mode, 0) + 1
+        return counts
 
     def groups(self) -> dict[str, list[Target]]:
         """Device group → its targets, in plan order (one group when the config says parallel = false)."""
@@ -97,6 +110,7 @@ def suite_requests(
             f"--hardware: '{unknown[0]}' is not in the config's hardware_types {config.hardware_types} "
             f"or web_platforms {config.web_platforms}"
         )
+    web_modes = [m for m in config.modes if m in WEB_MODES]  # training runs natively only (the config says so)
     shared = dict(
         models=names,
         batch_sizes=config.batch_sizes,
@@ -108,6 +122,8 @@ def suite_requests(
         min_iterations=config.min_iterations,
         timeout_s=config.timeout,
         profile=config.profile,
+        modes=config.modes,
+        new_tokens=config.new_tokens,
         db_path=config.db,
         output_dir=None,  # the suite writes its reports once, after both halves
     )
@@ -117,7 +133,13 @@ def suite_requests(
         else None
     )
     web = (
-        WebRequest(**shared, hardware=web_hw, browser=config.browser, threads=config.web_threads, gpu=config.gpu)
+        WebRequest(
+            **shared | {"modes": web_modes},
+            hardware=web_hw,
+            browser=config.browser,
+            threads=config.web_threads,
+            gpu=config.gpu,
+        )
         if web_hw
         else None
     )
@@ -151,10 +173,12 @@ def _done_keys(
 
 def config_changes(stored: dict[str, Any], config: SuiteConfig) -> list[str]:
     """How `config` differs from the config a run stored ("key: then → now"); where the file lies
-    (`source`) is not part of it."""
+    (`source`) is not part of it. A key the run's version did not have (e.g. modes) ran as its
+    default does, so it differs only when the config sets it to something else."""
     now = as_stored(dataclasses.asdict(config))
-    keys = [k for k in now if k != "source" and stored.get(k) != now[k]]
-    return [f"{key}: {stored.get(key)} → {now[key]}" for key in keys]
+    then = as_stored(default_values()) | stored
+    keys = [k for k in now if k != "source" and then.get(k) != now[k]]
+    return [f"{key}: {then.get(key)} → {now[key]}" for key in keys]
 
 
 def plan_suite(
