@@ -13,6 +13,7 @@ import numpy as np
 from harness.core.generation import MEMORY_GROWTH_BOUND_MB, mean_steps, token_parity
 from harness.core.parity import compare
 from harness.core.records import Case, Result
+from harness.prepare.folders import past_shape
 from harness.prepare.greedy import Greedy
 from harness.prepare.prepared import PreparedModel
 
@@ -28,9 +29,12 @@ def graph_outputs(path: Path) -> tuple[str, ...]:
 
 
 def generate_fields(model: Path, case: Case, keeps_on_gpu: bool) -> dict[str, Any]:
-    """What a page job adds for generation: the token count and, on WebGPU, present.* kept on the GPU
+    """What a page job adds for generation: the token count, a model folder's past heads and head size and, on
+    WebGPU, present.* kept on the GPU
     (only the logits, the first output, come back to the CPU)."""
     fields: dict[str, Any] = {"mode": "generate", "new_tokens": case.new_tokens}
+    if (shape := past_shape(model)) is not None:  # a folder's config: the page uses it where the graph is symbolic
+        fields["past_shape"] = list(shape)
     if keeps_on_gpu:
         logits, *presents = graph_outputs(model)
         fields["session_options"] = {
