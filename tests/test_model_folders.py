@@ -141,3 +141,22 @@ def test_a_past_the_config_cannot_size_is_refused_by_name(genai_folder: Path, tm
     arrays = {name: np.asarray(value, dtype=np.int64) for name, value in prompt.items()}
     with pytest.raises(UnsupportedError, match=r"past input 'past_key_values\.0\.key' has symbolic heads or head size"):
         reference_generation(bare, arrays, 2)
+
+
+def test_onnxruntime_genai_generates_the_folder_with_its_own_kv_handling(genai_folder: Path, tmp_path: Path) -> None:
+    """--engines onnxruntime-genai: the same greedy tokens as native ORT's loop on the same int4 graph, the
+    generate figures measured; a precision other than the folder's own is refused by name."""
+    db = tmp_path / "n.duckdb"
+    engines = ("--engines", "onnxruntime,onnxruntime-genai")
+    done = run_cli("native", *engines, *RUN[1:3], *RUN[5:], "--model-path", str(genai_folder),
+                   "--precision", "q4,fp16", "--db", str(db), cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = rows_of(db)
+    genai, ort = rows["onnxruntime-genai", "q4"], rows["onnxruntime", "q4"]
+    assert genai["status"] == "ok" and genai["mode"] == "generate", genai["error"]
+    assert (
+        genai["generated_tokens"] == ort["generated_tokens"] and len(json.loads(genai["generated_tokens"])[0]) == TOKENS
+    )
+    assert genai["ttft_ms"] > 0 and genai["details"]["model_file"] == "model.onnx"
+    refused = rows["onnxruntime-genai", "fp16"]
+    assert refused["status"] == "unsupported" and "a q4 graph; --precision q4 runs it" in refused["error"]
