@@ -17,7 +17,8 @@ from harness.prepare.folders import past_shape
 from harness.prepare.greedy import Greedy
 from harness.prepare.prepared import PreparedModel
 
-TOKEN_REFERENCE = "onnxruntime CPU greedy tokens on the fp32 graph with past key/values"
+# the graph the reference tokens ran on: the fp32 export, or a model file or folder as given (a genai folder: int4)
+TOKEN_REFERENCE = "onnxruntime CPU greedy tokens on the graph with past key/values (the fp32 export, or the file given)"
 
 
 @cache
