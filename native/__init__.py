@@ -16,6 +16,8 @@ REGISTRY = {
     # opt-in (--engines jax): an optional extra that implements two architectures, so in a default run
     # every other model would gain an `unsupported` row. Its module imports without jax and probes unavailable.
     "jax": ("jax_backend", False),
+    # opt-in (--engines onnxruntime-genai): it generates on onnxruntime-genai model folders only
+    "onnxruntime-genai": ("onnxruntime_genai_backend", False),
 }
 ENGINES = tuple(REGISTRY)
 DEFAULT_ENGINES = tuple(engine for engine, (_, default) in REGISTRY.items() if default)

@@ -24,6 +24,7 @@ from harness.core.precision import compute_facts
 from harness.core.profiles import Profile, ort_trace_ops, timed_runs
 from harness.core.records import Target
 from harness.native.base import Availability, Capabilities, Clock, HostMemory, LoadRequest, UnsupportedError
+from harness.prepare.folders import past_shape
 from harness.prepare.graph_precision import matmul_compute
 from harness.prepare.greedy import greedy, prefill_feeds
 from harness.prepare.variants import model_for_precision
@@ -115,7 +116,8 @@ class OrtGenerator(OrtSession):
     def generate(self, prepared: dict[str, np.ndarray], new_tokens: int, stamp: Callable[[], None]) -> int:
         """Exactly new_tokens greedy tokens (no EOS stop, like torch's min = max); stamp() runs as
         each token's logits are ready, since run() returns host arrays."""
-        self.generated = greedy(self.session, prepared, new_tokens, stamp).tokens
+        shape = past_shape(self.path) if self.path is not None else None  # a folder's config, where the graph says none
+        self.generated = greedy(self.session, prepared, new_tokens, stamp, shape=shape).tokens
         return self.generated.shape[1]
 
 
@@ -194,7 +196,7 @@ class OnnxRuntimeBackend:
         if target.provider != "CPUExecutionProvider":
             example = request.example_feeds
             if generating and example is not None:
-                example = prefill_feeds(session, example)
+                example = prefill_feeds(session, example, past_shape(path))
             placement = node_placement(path, target.provider, example)
         ort_session = (OrtGenerator if generating else OrtSession)(session, target.provider, placement, path)
         ort_session.precision = precision

@@ -17,6 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from harness.core.records import UnsupportedError
+from harness.prepare.folders import past_shape
+
 PAST_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
 
@@ -62,15 +65,37 @@ def positions(mask: np.ndarray, length: int) -> np.ndarray:
     return np.where(mask == 0, 1, counted)[:, -length:].astype(np.int64)
 
 
-def prefill_feeds(session: Any, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The prompt with an empty past: [batch, kv_heads, 0, head_dim] for every past input."""
+# The inputs the loop fills: the prompt, its positions, optimum's merged-decoder switch and the past.
+FILLED = ("input_ids", "attention_mask", "position_ids", "use_cache_branch")
+
+
+def prefill_feeds(
+    session: Any, inputs: dict[str, np.ndarray], shape: tuple[int, int] | None = None
+) -> dict[str, np.ndarray]:
+    """The prompt with an empty past: [batch, kv_heads, 0, head_dim] for every past input, the heads and
+    head size from the graph or, where it leaves them symbolic, `shape` (the folder's config:
+    harness.prepare.folders.past_shape). An input the loop cannot fill is refused by name."""
     ids, mask = inputs["input_ids"], inputs["attention_mask"]
-    feeds = {"input_ids": ids, "attention_mask": mask, "position_ids": positions(mask, ids.shape[1])}
-    for past in session.get_inputs():
-        if past.name.startswith("past"):
-            shape = (ids.shape[0], past.shape[1], 0, past.shape[3])
-            feeds[past.name] = np.zeros(shape, dtype=PAST_DTYPES[past.type])
+    feeds = {"input_ids": ids, "attention_mask": mask, "position_ids": positions(mask, ids.shape[1]),
+             "use_cache_branch": np.array([False])}  # fmt: skip
+    for graph_input in session.get_inputs():
+        if graph_input.name.startswith("past"):
+            feeds[graph_input.name] = np.zeros(_empty_past(graph_input, ids.shape[0], shape),
+                                               dtype=PAST_DTYPES[graph_input.type])  # fmt: skip
+        elif graph_input.name not in FILLED:
+            raise UnsupportedError(f"the graph's input '{graph_input.name}' is not one generation fills "
+                                   f"({', '.join(FILLED)}, past key/values)")  # fmt: skip
     return _taken(session, feeds)
+
+
+def _empty_past(graph_input: Any, batch: int, shape: tuple[int, int] | None) -> tuple[int, int, int, int]:
+    heads, size = graph_input.shape[1], graph_input.shape[3]
+    if isinstance(heads, int) and isinstance(size, int):
+        return batch, heads, 0, size
+    if shape is None:
+        raise UnsupportedError(f"past input '{graph_input.name}' has symbolic heads or head size {graph_input.shape} "
+                               "and no config.json or genai_config.json beside the graph says them")  # fmt: skip
+    return batch, shape[0], 0, shape[1]
 
 
 def _taken(session: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -88,13 +113,14 @@ class Greedy:
 
 
 def greedy(session: Any, inputs: dict[str, np.ndarray], new_tokens: int, stamp: Callable[[], None] = lambda: None,
-           keep: bool = False) -> Greedy:  # fmt: skip
+           keep: bool = False, shape: tuple[int, int] | None = None) -> Greedy:  # fmt: skip
     """Exactly new_tokens greedy tokens; stamp() runs as each step's logits are on the host (run()
-    returns host arrays). keep: also the reference's margins and prefill logits (outside any timing)."""
+    returns host arrays). keep: also the reference's margins and prefill logits (outside any timing); shape:
+    the past's heads and head size where the graph leaves them symbolic."""
     output_names = [o.name for o in session.get_outputs()]
     pasts = [past_input(name) for name in output_names[1:]]
     mask = inputs["attention_mask"]
-    feeds = prefill_feeds(session, inputs)
+    feeds = prefill_feeds(session, inputs, shape)
     tokens, margins, prefill = [], [], None
     for _ in range(new_tokens):
         logits, *presents = session.run(output_names, feeds)
@@ -103,11 +129,13 @@ def greedy(session: Any, inputs: dict[str, np.ndarray], new_tokens: int, stamp: 
         token = last.argmax(axis=-1, keepdims=True).astype(np.int64)
         tokens.append(token)
         if keep:
-            prefill = logits.astype(np.float32) if prefill is None else prefill
+            # the last position: the page reports it alone, and a graph may return every position
+            prefill = logits[:, -1:].astype(np.float32) if prefill is None else prefill
             top2 = np.sort(last.astype(np.float64), axis=-1)[:, -2:]
             margins.append(top2[:, 1] - top2[:, 0])
         mask = np.concatenate([mask, np.ones_like(token)], axis=1)
-        step = {"input_ids": token, "attention_mask": mask, "position_ids": positions(mask, 1)}
+        step = {"input_ids": token, "attention_mask": mask, "position_ids": positions(mask, 1),
+                "use_cache_branch": np.array([True])}  # fmt: skip
         feeds = _taken(session, step | dict(zip(pasts, presents, strict=True)))
     kept = np.stack(margins, axis=1) if keep else None
     return Greedy(np.concatenate(tokens, axis=1), kept, prefill)
@@ -121,4 +149,4 @@ def reference_generation(graph: Path, inputs: dict[str, np.ndarray], new_tokens:
     options = ort.SessionOptions()
     options.log_severity_level = 3
     session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
-    return greedy(session, inputs, new_tokens, keep=True)
+    return greedy(session, inputs, new_tokens, keep=True, shape=past_shape(graph))

@@ -262,6 +262,7 @@ def _prepare_onnx_file(job: PrepareJob) -> PreparedModel:
     import onnxruntime as ort
 
     from harness.prepare.external import content_key
+    from harness.prepare.folders import file_precision, past_shape
     from harness.prepare.greedy import prefill_feeds, takes_past
     from harness.prepare.inputs import make_signature_inputs, onnx_file_signature
 
@@ -273,7 +274,7 @@ def _prepare_onnx_file(job: PrepareJob) -> PreparedModel:
         session, reference = None, f"none: onnxruntime CPU cannot run this file ({_first_line(exc)})"
         signature = onnx_file_signature(spec.local_path)
     else:
-        reference = "onnxruntime-cpu-fp32"
+        reference = f"onnxruntime-cpu-{file_precision(spec.local_path)}"  # the file as it is: an int4 one is q4
         signature = [(i.name, list(i.shape), i.type) for i in session.get_inputs()]
     digest = content_key(spec.local_path)  # its external data too: other weights, other reference outputs
     prepared = PreparedModel(
@@ -295,7 +296,7 @@ def _prepare_onnx_file(job: PrepareJob) -> PreparedModel:
     def build(batch: int, seq: int | None) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
         feeds = make_signature_inputs(signature, spec.name, batch, seq)
         if prepared.onnx_past_path is not None:  # the prompt with an empty past (a prefill)
-            feeds = prefill_feeds(session, feeds)
+            feeds = prefill_feeds(session, feeds, past_shape(spec.local_path))
         return feeds, list(session.run(None, feeds)) if session is not None else []
 
     prepared.failed = _build_cases(prepared.case_files, build)

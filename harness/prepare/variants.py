@@ -18,6 +18,7 @@ from typing import Any
 from harness.core.records import UnsupportedError
 from harness.prepare.cache import cache_root
 from harness.prepare.external import content_key, external_locations, save_model
+from harness.prepare.folders import file_precision, folder_root, model_file, precision_file
 
 # MatMulNBits as ORT's quantizer writes it: 4-bit weights in blocks of 32 along K, one scale per block
 # and no zero point (symmetric); accuracy_level left unset, so the MatMul computes in its activations'
@@ -140,8 +141,11 @@ def precision_variant(onnx_path: Path, precision: str) -> VariantOutcome:
 
 def model_for_precision(onnx_path: Path, precision: str) -> tuple[Path, str, dict[str, Any]]:
     """(model file, precision it runs in, conversion facts): the fp32 export, or its int8 / fp16 / q4 /
-    q4f16 conversion. ORT has no bf16 conversion to offer, and a conversion that fails is the reason
+    q4f16 conversion; a model folder's own file for the precision where it has one
+    (harness.prepare.folders). ORT has no bf16 conversion to offer, and a conversion that fails is the reason
     the precision is unsupported."""
+    if (folder_facts := _folder_file(onnx_path, precision)) is not None:
+        return folder_facts
     if precision in ("fp32", "auto"):
         return onnx_path, "fp32", {}
     if precision not in VARIANT_CONVERTERS:
@@ -159,3 +163,20 @@ def model_for_precision(onnx_path: Path, precision: str) -> tuple[Path, str, dic
         "conversion" if k == "tool" else k: v for k, v in variant.info.items()
     }
     return variant.path, precision, facts
+
+
+def _folder_file(graph: Path, precision: str) -> tuple[Path, str, dict[str, Any]] | None:
+    """A model folder's file for the precision (details.model_file names it), or None to convert as for
+    any file. A folder whose graph is not fp32 (an onnxruntime-genai int4 model) converts nothing: its
+    weights are already quantized, so another precision would not be what its name says."""
+    if folder_root(graph) is None:
+        return None
+    asked = file_precision(graph) if precision == "auto" else precision  # auto: the graph as it is
+    chosen = precision_file(graph, asked)
+    if chosen is not None:
+        return chosen, asked, {"model_file": model_file(chosen), "precision_model": str(chosen)}
+    own = file_precision(graph)
+    if own != "fp32":
+        raise UnsupportedError(f"{model_file(graph)} is a {own} graph and the folder has no {asked} file; "
+                               f"--precision {own} runs it")  # fmt: skip
+    return None

@@ -12,6 +12,7 @@ from harness.core.paths import unwritable_directory, unwritable_file
 from harness.core.records import MODES, PRECISIONS, Case, Target, result_key
 from harness.native import DEFAULT_ENGINES, ENGINES, capabilities
 from harness.native.base import Availability
+from harness.prepare.greedy import generates_with_past
 from harness.prepare.specs import ModelSpec, SpecError, check_families, select_specs, spec_from_path
 from harness.run.hardware import NATIVE_PLATFORMS, native_targets
 from harness.run.machine import machine_label
@@ -79,10 +80,11 @@ class Plan:
         not planned rather than recorded."""
         shapes = spec.case_shapes(self.request.batch_sizes, self.request.sequence_lengths)
         cases = []
+        with_past = generates_with_past(spec)  # a decoder's -past export, or a file whose graph takes past
         for mode in self.request.modes:
-            if mode == "generate" and not spec.is_generative:
+            if mode == "generate" and not (spec.is_generative or with_past):
                 continue
-            if target is not None and not capabilities(target.engine).plans(mode, spec.has_past_export):
+            if target is not None and not capabilities(target.engine).plans(mode, with_past):
                 continue
             tokens = self.request.new_tokens if mode == "generate" else None
             cases += [

@@ -13,10 +13,12 @@ import numpy as np
 from harness.core.generation import MEMORY_GROWTH_BOUND_MB, mean_steps, token_parity
 from harness.core.parity import compare
 from harness.core.records import Case, Result
+from harness.prepare.folders import past_shape
 from harness.prepare.greedy import Greedy
 from harness.prepare.prepared import PreparedModel
 
-TOKEN_REFERENCE = "onnxruntime CPU greedy tokens on the fp32 graph with past key/values"
+# the graph the reference tokens ran on: the fp32 export, or a model file or folder as given (a genai folder: int4)
+TOKEN_REFERENCE = "onnxruntime CPU greedy tokens on the graph with past key/values (the fp32 export, or the file given)"
 
 
 @cache
@@ -28,9 +30,12 @@ def graph_outputs(path: Path) -> tuple[str, ...]:
 
 
 def generate_fields(model: Path, case: Case, keeps_on_gpu: bool) -> dict[str, Any]:
-    """What a page job adds for generation: the token count and, on WebGPU, present.* kept on the GPU
+    """What a page job adds for generation: the token count, a model folder's past heads and head size and, on
+    WebGPU, present.* kept on the GPU
     (only the logits, the first output, come back to the CPU)."""
     fields: dict[str, Any] = {"mode": "generate", "new_tokens": case.new_tokens}
+    if (shape := past_shape(model)) is not None:  # a folder's config: the page uses it where the graph is symbolic
+        fields["past_shape"] = list(shape)
     if keeps_on_gpu:
         logits, *presents = graph_outputs(model)
         fields["session_options"] = {

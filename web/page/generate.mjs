@@ -15,14 +15,22 @@ function pastOf(present) {
   return 'past' + present.slice('present'.length);
 }
 
-function emptyPast(ort, session, batch) {
+// The inputs generation fills (greedy.FILLED); any other one is refused by name.
+const FILLED = ['input_ids', 'attention_mask', 'position_ids', 'use_cache_branch'];
+
+// shape: [heads, dim] from a model folder's config (job.past_shape), for graphs that leave them symbolic
+function emptyPast(ort, session, batch, shape) {
   const feeds = {};
   for (const meta of session.inputMetadata) {
-    if (!meta.name.startsWith('past')) continue;
-    const [, heads, , width] = meta.shape;
+    if (!meta.name.startsWith('past')) {
+      if (!FILLED.includes(meta.name)) throw new Error(`the graph's input '${meta.name}' is not one generation fills`);
+      continue;
+    }
+    const fixed = typeof meta.shape[1] === 'number' && typeof meta.shape[3] === 'number';
+    const [heads, width] = fixed ? [meta.shape[1], meta.shape[3]] : shape ?? [];
     if (typeof heads !== 'number' || typeof width !== 'number' || !PAST_ARRAYS[meta.type]) {
       throw new Error(`past input ${meta.name}: need a ${Object.keys(PAST_ARRAYS)} [batch, heads, past, dim] tensor with ` +
-        `fixed heads and dim (got ${meta.type} [${meta.shape}])`);
+        `fixed heads and dim, or a config beside the graph that says them (got ${meta.type} [${meta.shape}])`);
     }
     feeds[meta.name] = new ort.Tensor(meta.type, new PAST_ARRAYS[meta.type](0), [batch, heads, 0, width]);
   }
@@ -92,8 +100,11 @@ async function generateOnce(ort, session, prompt, job, hook) {
   const taken = new Set(session.inputNames);
   let mask = prompt.mask.data;
   let length = promptLength;
-  let feeds = { input_ids: prompt.ids, attention_mask: prompt.mask, ...emptyPast(ort, session, batch) };
+  let feeds = { input_ids: prompt.ids, attention_mask: prompt.mask, ...emptyPast(ort, session, batch, job.past_shape) };
   if (taken.has('position_ids')) feeds.position_ids = positions(ort, mask, batch, length, promptLength);
+  // optimum's merged decoder: its no-cache branch for the prefill, the cache branch for each decode step
+  const branch = (on) => new ort.Tensor('bool', Uint8Array.from([on ? 1 : 0]), [1]);
+  if (taken.has('use_cache_branch')) feeds.use_cache_branch = branch(false);
   const tokens = Array.from({ length: batch }, () => []);
   const steps = [];
   let ttft_ms = null;
@@ -120,6 +131,7 @@ async function generateOnce(ort, session, prompt, job, hook) {
       attention_mask: new ort.Tensor('int64', mask, [batch, length]),
     };
     if (taken.has('position_ids')) feeds.position_ids = positions(ort, mask, batch, length, 1);
+    if (taken.has('use_cache_branch')) feeds.use_cache_branch = branch(true);
     presents.forEach((name, i) => (feeds[pasts[i]] = out[name]));
   }
   disposeAll(feeds, pasts);

@@ -1,0 +1,101 @@
+"""onnxruntime-genai: the runtime on-device LLM deployments use, generating on an onnxruntime-genai model folder
+(genai_config.json + its decoder) with its own KV-cache handling and search. Greedy, exactly new_tokens tokens
+(min_length = max_length, so an EOS does not end it early), as every other engine's generation. The [genai]
+extra; without it the engine probes unavailable."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.core.records import Target
+from harness.native.base import (
+    Availability,
+    Capabilities,
+    Clock,
+    DeviceByHardware,
+    HostMemory,
+    LoadRequest,
+    UnsupportedError,
+)
+from harness.prepare.folders import GENAI_CONFIG, file_precision
+
+
+class GenaiGenerator(HostMemory):
+    """One og.Model; each generate() a fresh og.Generator on the prompt (its KV cache is the generator's)."""
+
+    def __init__(self, model: Any, precision: str, facts: dict[str, Any]) -> None:
+        self.model = model
+        self.precision = precision
+        self.facts = facts
+        self.clock = Clock()
+        self.generated: np.ndarray | None = None  # the last generate()'s token ids, for parity checks
+
+    def prepare(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
+        if not np.all(feeds["attention_mask"] == 1):  # genai builds its own mask from the token ids
+            raise UnsupportedError("onnxruntime-genai takes unpadded prompts only (a mask of ones)")
+        return feeds["input_ids"].astype(np.int32)
+
+    def run(self, prepared: np.ndarray) -> Any:
+        raise UnsupportedError("onnxruntime-genai generates only (--mode generate)")
+
+    def to_numpy(self, outputs: Any) -> list[np.ndarray]:
+        return []
+
+    def generate(self, prepared: np.ndarray, new_tokens: int, stamp: Callable[[], None]) -> int:
+        """Exactly new_tokens greedy tokens; stamp() runs as each token is chosen (the logits are on the host:
+        generate_next_token returns once its search picked the token)."""
+        import onnxruntime_genai as og
+
+        batch, prompt = prepared.shape
+        params = og.GeneratorParams(self.model)
+        length = prompt + new_tokens
+        params.set_search_options(max_length=length, min_length=length, do_sample=False, batch_size=batch)
+        generator = og.Generator(self.model, params)
+        generator.append_tokens(prepared)
+        tokens = []
+        for _ in range(new_tokens):
+            generator.generate_next_token()
+            stamp()
+            tokens.append(np.asarray(generator.get_next_tokens(), dtype=np.int64).reshape(batch, 1))
+        self.generated = np.concatenate(tokens, axis=1)
+        return self.generated.shape[1]
+
+
+class GenaiBackend(DeviceByHardware):
+    engine = "onnxruntime-genai"
+    # opt-in; loads a genai folder's own files (the spec's graph is only where the folder is found)
+    capabilities = Capabilities(modes=("generate",), generate_needs_past_export=True)
+
+    def targets(self) -> list[Target]:
+        return [Target("cpu", self.engine, "cpu")]
+
+    def probe(self, target: Target) -> Availability:
+        if importlib.util.find_spec("onnxruntime_genai") is None:
+            return Availability(False, "onnxruntime-genai is not installed (pip install 'accelharness[genai]')")
+        return Availability(True, "onnxruntime-genai CPU")
+
+    def load(self, request: LoadRequest, target: Target) -> GenaiGenerator:
+        import onnxruntime_genai as og
+
+        graph = request.spec.local_path
+        if graph is None or not (graph.parent / GENAI_CONFIG).is_file():
+            raise UnsupportedError(f"onnxruntime-genai runs an onnxruntime-genai model folder ({GENAI_CONFIG} beside "
+                                   "the graph) only")  # fmt: skip
+        own = file_precision(graph)
+        asked = own if request.precision == "auto" else request.precision
+        if asked != own:
+            raise UnsupportedError(f"onnxruntime-genai runs the folder's {graph.name} as it is, a {own} graph; "
+                                   f"--precision {own} runs it")  # fmt: skip
+        config = og.Config(str(graph.parent))
+        config.clear_providers()  # CPU
+        facts = {"onnxruntime_genai_version": og.__version__, "model_file": graph.name,
+                 "model_folder": str(Path(graph.parent))}  # fmt: skip
+        return GenaiGenerator(og.Model(config), own, facts)
+
+
+BACKEND = GenaiBackend()

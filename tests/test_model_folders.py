@@ -1,0 +1,162 @@
+"""Issue 25 item 3: `--model-path` takes the folders people deploy, each built here by its own tool from a tiny
+random checkpoint (no hub): onnxruntime-genai's builder (int4, external data, symbolic past head size) and a
+transformers.js layout (the harness's own export under onnx/ with q4 and q4f16 siblings). Each generates
+natively on ONNX Runtime and in Chromium's wasm, its tokens checked against native ORT's."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import run_cli
+from test_web import web_cache  # noqa: F401 (the session's export cache)
+
+from harness.prepare.prepared import PrepareJob, prepare_model
+from harness.prepare.specs import load_specs, spec_from_path
+from harness.prepare.variants import precision_variant
+from harness.store import open_store
+
+pytestmark = pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="needs Chromium at /usr/bin/chromium")
+TOKENS = 4
+# the done-when command of the issue, with the smallest case
+RUN = ("run", "--hardware", "cpu", "--web-hardware", "wasm", "--mode", "generate", "--new-tokens", str(TOKENS),
+       "--batch-sizes", "1", "--sequence-lengths", "8", "--iterations", "2", "--warmup", "0",
+       "--min-duration", "0")  # fmt: skip
+
+
+def rows_of(db: Path) -> dict[tuple[str, str], dict[str, Any]]:
+    """The latest run's rows by (engine, precision)."""
+    with open_store(db, read_only=True) as store:
+        rows = store.results(store.resolve_run("latest"))
+    return {(r["engine"], r["requested_precision"]): r | {"details": json.loads(r["details"])} for r in rows}
+
+
+def tiny_llama_checkpoint(folder: Path) -> Path:
+    """A random 2-layer llama with a word-level tokenizer.json (the builder copies the tokenizer); head size
+    16, the smallest ORT's GroupQueryAttention takes."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(128)}, unk_token="t0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="t0", eos_token="t2").save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def genai_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("onnxruntime_genai", reason="the [genai] extra builds the folder")
+    root = tmp_path_factory.mktemp("genai")
+    checkpoint = tiny_llama_checkpoint(root / "checkpoint")
+    built = subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(checkpoint),
+                            "-o", str(root / "tiny-genai"), "-p", "int4", "-e", "cpu"],
+                           capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert built.returncode == 0, built.stderr[-2000:]
+    return root / "tiny-genai"
+
+
+@pytest.fixture(scope="module")
+def transformers_js_folder(web_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:  # noqa: F811
+    """llama-tiny's export with past key/values as onnx/model.onnx, its q4 and q4f16 conversions beside it."""
+    spec = load_specs()["llama-tiny"]
+    prepared = next(prepare_model(PrepareJob(spec, [(1, 8)], with_past=True)))
+    assert prepared.onnx_past_path is not None
+    folder = tmp_path_factory.mktemp("tjs") / "tiny-llama-js"
+    (folder / "onnx").mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama"} | spec.config))
+    shutil.copyfile(prepared.onnx_past_path, folder / "onnx" / "model.onnx")
+    for precision in ("q4", "q4f16"):
+        shutil.copyfile(precision_variant(prepared.onnx_past_path, precision).path,
+                        folder / "onnx" / f"model_{precision}.onnx")  # fmt: skip
+    return folder
+
+
+def test_a_genai_folder_generates_natively_and_on_wasm(genai_folder: Path, tmp_path: Path) -> None:
+    """The builder's int4 model (MatMulNBits, GroupQueryAttention, weights in model.onnx.data, a past whose
+    head size is symbolic: genai_config.json says it) is q4: it generates on ORT and in the page, the page's
+    tokens those of native ORT. fp32 is refused with the reason, not run from the int4 file under its name."""
+    db = tmp_path / "g.duckdb"
+    done = run_cli(*RUN, "--model-path", str(genai_folder), "--precision", "q4,fp32", "--db", str(db), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = rows_of(db)
+    native, page = rows["onnxruntime", "q4"], rows["onnxruntime-web", "q4"]
+    for row in (native, page):
+        assert (row["status"], row["model"], row["mode"]) == ("ok", "tiny-genai", "generate"), row["error"]
+        assert row["details"]["model_file"] == "model.onnx" and row["precision"] == "q4"
+    assert page["tokens_matched"] == TOKENS
+    assert native["details"]["input_shapes"]["past_key_values.0.key"] == [1, 2, 0, 16]  # heads, size: the config's
+    refused = rows["onnxruntime", "fp32"]
+    assert refused["status"] == "unsupported"
+    assert "model.onnx is a q4 graph and the folder has no fp32 file; --precision q4 runs it" in refused["error"]
+
+
+def test_a_transformers_js_folder_runs_the_file_of_each_precision(transformers_js_folder: Path, tmp_path: Path) -> None:
+    """--precision picks onnx/model_<suffix>.onnx and the row names it; natively and in the page alike."""
+    db = tmp_path / "t.duckdb"
+    done = run_cli(
+        *RUN, "--model-path", str(transformers_js_folder), "--precision", "q4,q4f16", "--db", str(db), cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = rows_of(db)
+    for precision in ("q4", "q4f16"):
+        native, page = rows["onnxruntime", precision], rows["onnxruntime-web", precision]
+        for row in (native, page):
+            assert (row["status"], row["model"], row["mode"]) == ("ok", "tiny-llama-js", "generate"), row["error"]
+            assert row["details"]["model_file"] == f"onnx/model_{precision}.onnx" and row["precision"] == precision
+        assert page["tokens_matched"] == TOKENS and page["generated_tokens"] == native["generated_tokens"]
+
+
+def test_a_folder_without_the_file_its_config_names_is_refused_before_a_run(genai_folder: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    shutil.copyfile(genai_folder / "genai_config.json", broken / "genai_config.json")
+    done = run_cli(*RUN, "--model-path", str(broken), "--db", str(tmp_path / "b.duckdb"), cwd=tmp_path)
+    assert done.returncode == 2
+    assert "genai_config.json names decoder file 'model.onnx', which is not in" in done.stderr
+    assert not (tmp_path / "b.duckdb").exists()
+
+
+def test_a_past_the_config_cannot_size_is_refused_by_name(genai_folder: Path, tmp_path: Path) -> None:
+    """Without genai_config.json the graph alone leaves the past's head size symbolic: a clear refusal."""
+    from harness.core.records import UnsupportedError
+    from harness.prepare.greedy import reference_generation
+
+    bare = tmp_path / "model.onnx"
+    shutil.copyfile(genai_folder / "model.onnx", bare)
+    shutil.copyfile(genai_folder / "model.onnx.data", tmp_path / "model.onnx.data")
+    assert spec_from_path(bare, None).is_onnx_file
+    prompt = {"input_ids": [[5, 6, 7]], "attention_mask": [[1, 1, 1]]}
+    import numpy as np
+
+    arrays = {name: np.asarray(value, dtype=np.int64) for name, value in prompt.items()}
+    with pytest.raises(UnsupportedError, match=r"past input 'past_key_values\.0\.key' has symbolic heads or head size"):
+        reference_generation(bare, arrays, 2)
+
+
+def test_onnxruntime_genai_generates_the_folder_with_its_own_kv_handling(genai_folder: Path, tmp_path: Path) -> None:
+    """--engines onnxruntime-genai: the same greedy tokens as native ORT's loop on the same int4 graph, the
+    generate figures measured; a precision other than the folder's own is refused by name."""
+    db = tmp_path / "n.duckdb"
+    engines = ("--engines", "onnxruntime,onnxruntime-genai")
+    done = run_cli("native", *engines, *RUN[1:3], *RUN[5:], "--model-path", str(genai_folder),
+                   "--precision", "q4,fp16", "--db", str(db), cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = rows_of(db)
+    genai, ort = rows["onnxruntime-genai", "q4"], rows["onnxruntime", "q4"]
+    assert genai["status"] == "ok" and genai["mode"] == "generate", genai["error"]
+    assert (
+        genai["generated_tokens"] == ort["generated_tokens"] and len(json.loads(genai["generated_tokens"])[0]) == TOKENS
+    )
+    assert genai["ttft_ms"] > 0 and genai["details"]["model_file"] == "model.onnx"
+    refused = rows["onnxruntime-genai", "fp16"]
+    assert refused["status"] == "unsupported" and "a q4 graph; --precision q4 runs it" in refused["error"]
