@@ -500,7 +500,7 @@ class DeviceServer(PageServer):
             raise ApiError(409, f"page {page_id} does not hold the lease on job {job_id} (device {device.id})")
         try:
             answer = validate_page_result(data.get("answer"), job.page_job, self.timeout_s)
-            if answer["status"] == "ok":
+            if answer["status"] == "ok" and "generation" not in answer:  # a generate answer carries tokens instead
                 decode_outputs(answer["outputs"])
         except (PageResultError, ValueError, binascii.Error) as exc:
             raise ApiError(422, f"the answer failed validation: {exc}") from None
