@@ -128,7 +128,8 @@ async function generateOnce(ort, session, prompt, job, hook, keepLogits = false)
   let length = promptLength;
   let feeds = { input_ids: prompt.ids, attention_mask: prompt.mask, ...emptyPast(ort, session, batch, job.past_shape) };
   if (taken.has('position_ids')) feeds.position_ids = positions(ort, mask, batch, length, promptLength);
-  let nextPositions = realTokens(mask, batch, length); // a decode step's, counted on, not recounted
+  // a decode step's position ids, counted on from the prompt's real tokens rather than recounted each step
+  let nextPositions = taken.has('position_ids') ? realTokens(mask, batch, length) : null;
   // optimum's merged decoder: its no-cache branch for the prefill, the cache branch for each decode step
   const branch = (on) => new ort.Tensor('bool', Uint8Array.from([on ? 1 : 0]), [1]);
   if (taken.has('use_cache_branch')) feeds.use_cache_branch = branch(false);
@@ -156,8 +157,10 @@ async function generateOnce(ort, session, prompt, job, hook, keepLogits = false)
       input_ids: new ort.Tensor('int64', BigInt64Array.from(next, BigInt), [batch, 1]),
       attention_mask: new ort.Tensor('int64', mask, [batch, length]),
     };
-    if (taken.has('position_ids')) feeds.position_ids = new ort.Tensor('int64', nextPositions, [batch, 1]);
-    nextPositions = nextPositions.map((position) => position + 1n);
+    if (nextPositions) {
+      feeds.position_ids = new ort.Tensor('int64', nextPositions, [batch, 1]);
+      nextPositions = nextPositions.map((position) => position + 1n);
+    }
     if (taken.has('use_cache_branch')) feeds.use_cache_branch = branch(true);
     presents.forEach((name, i) => (feeds[pasts[i]] = out[name]));
   }
