@@ -78,29 +78,42 @@ class OpenVinoSession(HostMemory):
 
     def profile(self, prepared: dict[str, np.ndarray], iterations: int) -> Profile:
         """Per-layer real time from a twin compiled with PERF_COUNT (a compile-time property, so the
-        timed model never counts). get_profiling_info() covers the last inference: read after each."""
+        timed model never counts).
+
+        The CPU plugin's counters are each layer's mean real time per execution since the model's
+        first inference, in whole microseconds, with no count and no reset. The profiled iterations'
+        total per layer is the counters' total after them less their total after the first
+        (allocating) inference; a fixed input executes the same layers each time (a layer is
+        EXECUTED every inference or NOT_RUN), so a layer ran once per inference."""
         if self.recompile is None:
             raise RuntimeError("this session cannot be compiled again for profiling")
         compiled = self.recompile({"PERF_COUNT": True})
         request = compiled.create_infer_request()
-        request.infer(prepared)  # first inference: allocation, not profiled
-        fused = fused_layers(compiled)
-        totals: dict[str, list[Any]] = {}
-        wall_ms = 0.0
+        request.infer(prepared)  # first inference: allocation, left out by the difference below
+        before = executed_means(request)
+        started = time.perf_counter_ns()
         for _ in range(iterations):
-            started = time.perf_counter_ns()
             request.infer(prepared)
-            wall_ms += (time.perf_counter_ns() - started) / 1e6
-            for layer in request.get_profiling_info():
-                if layer.status == ov.ProfilingInfo.Status.EXECUTED:
-                    entry = totals.setdefault(layer.node_name, [layer.node_type, layer.exec_type, 0, 0.0])
-                    entry[2] += 1
-                    entry[3] += layer.real_time.total_seconds() * 1000
-        ops = [
-            OpTime(name, kind, self.device, calls, ms, kernel=exec_type, sources=fused.get(name, (name,)))
-            for name, (kind, exec_type, calls, ms) in totals.items()
-        ]
-        return Profile(ops, iterations, wall_ms, f"OpenVINO {ov.__version__} PERF_COUNT get_profiling_info()")
+        wall_ms = (time.perf_counter_ns() - started) / 1e6
+        fused = fused_layers(compiled)
+        ops = []
+        for name, (kind, exec_type, mean_ms) in executed_means(request).items():
+            runs_before = 1 if name in before else 0
+            first_ms = before[name][2] if runs_before else 0.0
+            total_ms = max(mean_ms * (iterations + runs_before) - first_ms, 0.0)  # µs rounding
+            sources = fused.get(name, (name,))
+            ops.append(OpTime(name, kind, self.device, iterations, total_ms, kernel=exec_type, sources=sources))
+        method = f"OpenVINO {ov.__version__} PERF_COUNT get_profiling_info(), means since compile, differenced"
+        return Profile(ops, iterations, wall_ms, method)
+
+
+def executed_means(request: ov.InferRequest) -> dict[str, tuple[str, str, float]]:
+    """{layer: (layer type, kernel, mean ms per execution so far)} of the layers that have run."""
+    return {
+        layer.node_name: (layer.node_type, layer.exec_type, layer.real_time.total_seconds() * 1000)
+        for layer in request.get_profiling_info()
+        if layer.status == ov.ProfilingInfo.Status.EXECUTED
+    }
 
 
 def runtime_compute(compiled: ov.CompiledModel) -> dict[str, int]:

@@ -55,10 +55,11 @@ def test_profile_rows(profiled, engine: str, expected_types: set[str], provider:
     assert all(r.total_ms >= 0 and r.calls >= 1 for r in rows)
     summary = profile.summary()
     assert summary["iterations"] == 3
-    # per-op times against the wall time of the same iterations: a unit slip is off by 1000x. Not
-    # tighter: on a busy machine OpenVINO's per-layer real times of a sub-ms iteration have summed
-    # to 5.7x its wall time (seen under pytest -n 2), and ORT's kernels to a fifth of it.
-    assert 0.05 < summary["coverage"] < 20, summary
+    # per-op times against the wall time of the same iterations: a unit slip is off by 1000x. ORT and
+    # OpenVINO run one node after another, so their operator time is at most the wall time (OpenVINO's
+    # counters are means since the first inference: read naively, a slow first inference on a busy
+    # machine made them sum to 5.7x the wall). torch's profiler nests ops, so it has no upper bound.
+    assert 0.05 < summary["coverage"] < (20 if engine == "torch" else 1.0 + 1e-9), summary
     assert {r.op_class for r in rows} >= {"matmul", "softmax" if engine != "torch" else "matmul_act"}
 
 

@@ -8,8 +8,7 @@ time of the profiled iterations is measured around them, so the rows' operator t
 against it (coverage: the rest is time between operators, in the runtime and the bindings).
 
 operator_rows() turns a Profile into the store's rows: calls and ms over the profiled iterations,
-the share of their operator time (a layer need not run every iteration: OpenVINO skips shape
-arithmetic it has cached), and the FLOPs and bytes of the ONNX nodes behind each row (from
+the share of their operator time, and the FLOPs and bytes of the ONNX nodes behind each row (from
 harness.core.graph_cost, for the case's shapes); rows with no ONNX node behind them (aten ops, nodes an
 engine created) have none.
 
