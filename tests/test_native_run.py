@@ -103,6 +103,7 @@ def test_provenance_and_reports(bert_run) -> None:
     assert run["status"] == "completed" and run["cpu_cores"] >= 1
     hardware = {r["platform"]: r for r in rows(db, "SELECT * FROM hardware")}
     assert hardware["cpu"]["available"] and not hardware["cuda"]["available"]
+    assert not {"wasm", "webgpu", "webnn"} & hardware.keys()  # a native run launches no browser to probe them
     assert "sees no GPU" in hardware["cuda"]["reason"] or "no CUDAExecutionProvider" in hardware["cuda"]["reason"]
     ort_row = next(r for r in rows(db) if r["engine"] == "onnxruntime")
     details = json.loads(ort_row["details"])

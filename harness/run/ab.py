@@ -525,4 +525,5 @@ def run_ab(request: AbRequest, on_result: Callable[[Result, str], None] | None =
         on_result,
         request.outputs,
         machine_label=request.machine_label,
+        browser=plan.web is not None,
     )

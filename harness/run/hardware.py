@@ -2,7 +2,9 @@
 
 A native platform is available when at least one engine target on it probes available. The
 browser platforms (wasm, webgpu, webnn) are decided by a probe page in headless Chromium
-(harness.web.driver.platform_verdicts): WebAssembly, the WebGPU adapter, a WebNN MLContext.
+(harness.web.driver.platform_verdicts): WebAssembly, the WebGPU adapter, a WebNN MLContext. A run
+that drives no browser records the native platforms only: launching Chromium to say what a page
+could do would cost a native run more time (1.5 s) than many of its measurements.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ def _gpu_names() -> list[str]:
     return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
 
 
-def detect_platforms() -> list[PlatformStatus]:
+def detect_platforms(browser: bool = True) -> list[PlatformStatus]:
+    """Every native platform, and the browser platforms too unless `browser` is False."""
     targets = native_targets(list(NATIVE_PLATFORMS), list(ENGINES))
     statuses = []
     for platform in NATIVE_PLATFORMS:
@@ -56,8 +59,7 @@ def detect_platforms() -> list[PlatformStatus]:
         else:
             reasons = "; ".join(sorted({a.reason for _, a in probes}))
             statuses.append(PlatformStatus(platform, False, reasons or "no engine serves it"))
-    statuses += web_platforms()
-    return statuses
+    return statuses + (web_platforms() if browser else [])
 
 
 def web_platforms() -> list[PlatformStatus]:
@@ -67,11 +69,11 @@ def web_platforms() -> list[PlatformStatus]:
     return [PlatformStatus(*verdict) for verdict in platform_verdicts()]
 
 
-def hardware_rows() -> list[dict]:
-    """Rows for the store's hardware table (one per platform)."""
+def hardware_rows(browser: bool = True) -> list[dict]:
+    """Rows for the store's hardware table: one per platform (browser platforms only if `browser`)."""
     gpus = _gpu_names()
     rows = []
-    for status in detect_platforms():
+    for status in detect_platforms(browser):
         device = ", ".join(gpus) if status.platform in ("cuda", "rocm") and gpus else status.device_name
         rows.append(
             {"platform": status.platform, "available": status.available, "reason": status.reason, "device_name": device}

@@ -115,4 +115,5 @@ def run_native(
         None,
         resume_run_id,
         request.machine_label,
+        browser=False,
     )

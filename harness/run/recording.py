@@ -58,12 +58,14 @@ def record_run(
     suite_id: str | None = None,
     resume_run_id: str | None = None,
     machine_label: str | None = None,
+    browser: bool = True,
 ) -> RunSummary:
     """Run each body under one run id; on_result(result, result_id) follows every commit.
 
     resume_run_id continues that run (its bodies must skip the keys it holds); bodies may emit
     from several threads (parallel device groups), so commits are serialised here. machine_label (else
-    ACCELHARNESS_MACHINE_LABEL) names the machine in reports across machines."""
+    ACCELHARNESS_MACHINE_LABEL) names the machine in reports across machines; `browser`: the run
+    drives a browser, so the hardware table probes the browser platforms too."""
     host = host_facts()
     counts: Counter[str] = Counter()
     commit_lock = threading.Lock()  # every write: each result, closing the run, closing the file
@@ -71,7 +73,7 @@ def record_run(
         if resume_run_id is None:
             machine = machine_facts(machine_label, store.machine_salt())
             run_id = store.start_run(command, arguments, host, suite_id, machine)
-            store.add_hardware(run_id, hardware_rows())
+            store.add_hardware(run_id, hardware_rows(browser))
         else:
             run_id = resume_run_id
             store.reopen_run(run_id)
