@@ -63,7 +63,7 @@ def export_key(spec: ModelSpec, weights: Weights) -> str:
         {
             "spec": spec.fingerprint(),
             "weights": weights.fingerprint,
-            "torch": torch.__version__,
+            "torch": str(torch.__version__),  # a plain str: a TorchVersion would import torch where it is read
             "transformers": transformers.__version__,
             "onnx": onnx.__version__,
             "onnxscript": onnxscript.__version__,

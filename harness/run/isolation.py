@@ -47,7 +47,7 @@ TORCH_PRELOAD = [
     "onnxscript",
     "harness.prepare.prepared",
     "harness.run.worker",
-    "harness.native.torch_backend",
+    "harness.native.torch_session",
 ]
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 GROUP_WATCH_SIGNAL = signal.SIGUSR1  # what the kernel sends a worker's group watcher when the worker dies

@@ -1,0 +1,261 @@
+"""PyTorch eager sessions on cpu / cuda / rocm / mps, with per-device synchronisation: what a torch
+worker runs (native/torch_backend.py says where torch runs without importing it).
+
+CUDA and ROCm (HIP builds expose the cuda API) are timed with CUDA events; MPS synchronises
+before the clock stops; CPU runs are synchronous already.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+import transformers
+from transformers import LogitsProcessor, LogitsProcessorList
+
+from harness.core.profiles import OpTime, Profile, timed_runs
+from harness.core.records import Target, UnsupportedError
+from harness.native.base import Clock, HostMemory, LoadRequest
+from harness.prepare.workload import build_module, input_names
+
+# Parameter and floating-input dtype per requested precision. int8 is dynamic quantization:
+# Linear weights in int8, activations quantized on the fly, everything else stays fp32.
+DTYPES = {
+    "fp32": torch.float32,
+    "auto": torch.float32,
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+    "int8": torch.float32,
+}
+
+
+class CudaEventClock(Clock):
+    """Device time between two CUDA events; stop() waits for the device."""
+
+    def start(self) -> None:
+        self._begin = torch.cuda.Event(enable_timing=True)
+        self._end = torch.cuda.Event(enable_timing=True)
+        self._begin.record()
+
+    def stop(self) -> float:
+        self._end.record()
+        self._end.synchronize()
+        return float(self._begin.elapsed_time(self._end))
+
+
+class _Timestamp(LogitsProcessor):
+    """Calls stamp() once per generated token, after the device has produced its logits."""
+
+    def __init__(self, stamp: Callable[[], None], synchronize: Callable[[], None]) -> None:
+        self.stamp = stamp
+        self.synchronize = synchronize
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        self.synchronize()
+        self.stamp()
+        return scores
+
+
+class TorchSession(HostMemory):
+    def __init__(self, module: torch.nn.Module, names: list[str], hardware: str, device: str, precision: str) -> None:
+        self.module = module
+        self.names = names
+        self.hardware = hardware
+        self.device = torch.device(device)
+        self.precision = "fp32" if precision == "auto" else precision
+        self.clock = CudaEventClock() if self.device.type == "cuda" else Clock()
+        self.generated: np.ndarray | None = None  # the last generate()'s token ids, stored on the row
+        self.facts: dict[str, Any] = {
+            "torch_version": str(torch.__version__),  # a TorchVersion would import torch in the parent
+            "transformers_version": transformers.__version__,
+            "device_name": _device_name(self.device),
+            "torch_threads": torch.get_num_threads(),
+            "uses_nvidia_gpu": self.device.type == "cuda" and torch.version.hip is None,
+        }
+
+    def prepare(self, feeds: dict[str, np.ndarray]) -> tuple[torch.Tensor, ...]:
+        tensors = []
+        for name in self.names:
+            tensor = torch.from_numpy(feeds[name]).to(self.device)
+            if tensor.is_floating_point():
+                tensor = tensor.to(DTYPES[self.precision])
+            tensors.append(tensor)
+        return tuple(tensors)
+
+    def run(self, prepared: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        with torch.inference_mode():
+            outputs = self.module(*prepared)
+        if self.device.type == "mps":
+            torch.mps.synchronize()
+        return outputs
+
+    def to_numpy(self, outputs: tuple[torch.Tensor, ...]) -> list[np.ndarray]:
+        return [o.detach().float().cpu().numpy() for o in outputs]
+
+    def profile(self, prepared: tuple[torch.Tensor, ...], iterations: int) -> Profile:
+        """Self time per aten op under torch.profiler (device time on CUDA): self time, so an op
+        that calls others (aten::linear → aten::addmm) is not counted twice."""
+        from torch.profiler import ProfilerActivity, profile
+
+        on_gpu = self.device.type == "cuda"
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+        self.run(prepared)  # anything lazily set up on a first call stays out of the profile
+        with profile(activities=activities) as profiler:
+            wall_ms = timed_runs(lambda: (self.run(prepared), self.synchronize()), iterations)
+        ops = []
+        for event in profiler.key_averages():
+            self_us = event.self_device_time_total if on_gpu else event.self_cpu_time_total
+            if event.key.startswith("aten::") and self_us > 0:
+                ops.append(OpTime(event.key, event.key, self.device.type, event.count, self_us / 1000))
+        method = f"torch {torch.__version__} torch.profiler ({'device' if on_gpu else 'CPU'} self time per aten op)"
+        return Profile(ops, iterations, wall_ms, method)
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        elif self.device.type == "mps":
+            torch.mps.synchronize()
+
+    def generate(self, prepared: tuple[torch.Tensor, ...], new_tokens: int, stamp: Callable[[], None]) -> int:
+        """Greedy generation of exactly new_tokens tokens; stamp() runs as each token's logits are
+        ready. min = max new tokens, so random weights cannot stop early at an EOS token."""
+        model = self.module.model
+        if not hasattr(model, "generate") or not model.can_generate():
+            raise UnsupportedError(f"{type(model).__name__} is not a generative model")
+        # decoder_* inputs are for single-pass inference; generate() builds the decoder's own.
+        inputs = {n: t for n, t in zip(self.names, prepared, strict=True) if not n.startswith("decoder_")}
+        prompt = inputs.get("input_ids")
+        with torch.inference_mode():
+            output = model.generate(
+                **inputs,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+                use_cache=True,
+                logits_processor=LogitsProcessorList([_Timestamp(stamp, self.synchronize)]),
+                pad_token_id=model.generation_config.pad_token_id or model.generation_config.eos_token_id or 0,
+            )
+        is_decoder_only = prompt is not None and not model.config.is_encoder_decoder
+        start = prompt.shape[-1] if is_decoder_only else 1
+        self.generated = output[:, start:].cpu().numpy()  # the token ids, stored on the row
+        return output.shape[-1] - start
+
+    def prepare_training(self, feeds: dict[str, np.ndarray]) -> tuple[torch.Tensor, ...]:
+        self.module.train()
+        self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=1e-4)
+        return self.prepare(feeds)
+
+    def train_step(self, prepared: tuple[torch.Tensor, ...]) -> None:
+        """One optimizer step on a synthetic loss (the mean of every output): what a training step
+        costs, not what it learns."""
+        outputs = self.module(*prepared)
+        loss = sum(o.float().mean() for o in outputs)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def reset_device_peak(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def device_memory_peak_mb(self) -> float | None:
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) / 2**20
+        if self.device.type == "mps":
+            return torch.mps.current_allocated_memory() / 2**20
+        return None
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "mps":
+        return "Apple MPS"
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def load_session(request: LoadRequest, target: Target) -> TorchSession:
+    """The model built in torch at the request's precision (one of DTYPES) on the target's device."""
+    device = torch.device(target.provider)
+    if request.precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise UnsupportedError(f"torch: {torch.cuda.get_device_name(device)} does not support bf16")
+    module, _ = build_module(request.spec)
+    facts: dict[str, Any] = {}
+    if request.precision == "int8":
+        module, facts = quantize_int8(module, device)
+    else:
+        module = module.to(device=device, dtype=DTYPES[request.precision])
+    session = TorchSession(module, input_names(request.spec), target.hardware, target.provider, request.precision)
+    session.facts |= facts
+    if request.precision in ("fp16", "bf16", "int8") and request.example_feeds is not None:
+        check_runs(session, request.example_feeds, request.precision)
+    return session
+
+
+def load_control_session(weights: list[np.ndarray], target: Target) -> TorchSession:
+    """The drift control on this target: the same chain of matmuls, in fp32."""
+    module = MatMulChain(weights).to(torch.device(target.provider))
+    return TorchSession(module, ["x"], target.hardware, target.provider, "fp32")
+
+
+class MatMulChain(torch.nn.Module):
+    """The drift control (harness.run.control) as torch: x @ w0 @ w1 … with the ONNX file's weights."""
+
+    def __init__(self, weights: list[np.ndarray]) -> None:
+        super().__init__()
+        self.weights = torch.nn.ParameterList(torch.from_numpy(w) for w in weights)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+        for weight in self.weights:
+            x = x @ weight
+        return (x,)
+
+
+def quantize_int8(module: torch.nn.Module, device: torch.device) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """Dynamic int8 quantization of every nn.Linear (torch.ao.quantization.quantize_dynamic)."""
+    if device.type != "cpu":
+        raise UnsupportedError(f"torch int8: dynamic quantization has CPU kernels only, not {device.type}")
+    linear = sum(isinstance(m, torch.nn.Linear) for m in module.modules())
+    if linear == 0:
+        raise UnsupportedError(
+            f"torch int8: {type(module.model).__name__} has no nn.Linear layer for dynamic quantization to act on"
+        )
+    with warnings.catch_warnings():  # torch.ao.quantization's deprecation notices, once per load
+        warnings.simplefilter("ignore")
+        # Per-channel weights, as for ORT: on the tiny models they were as close or closer (clap-tiny 0.047
+        # against 0.072 per tensor).
+        qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
+        quantized = torch.ao.quantization.quantize_dynamic(module, {torch.nn.Linear: qconfig}, dtype=torch.qint8)
+    # Weight layers that are not nn.Linear (convolutions, GPT-2's Conv1D) keep computing in fp32.
+    left = sum(
+        1
+        for m in module.modules()
+        if not isinstance(m, torch.nn.Linear | torch.nn.Embedding)
+        and isinstance(getattr(m, "weight", None), torch.nn.Parameter)
+        and m.weight.ndim >= 2
+    )
+    facts = {
+        "quantization": f"torch.ao.quantization.quantize_dynamic qint8 per channel ({torch.backends.quantized.engine})",
+        "quantized_linear_layers": linear,
+        "fp32_weight_layers": left,
+    }
+    return quantized, facts
+
+
+def check_runs(session: TorchSession, feeds: dict[str, np.ndarray], precision: str) -> None:
+    """One untimed forward pass, so a precision torch cannot run here (a kernel without a Half or
+    BFloat16 implementation, model code that reads a quantized Linear's weight) is recorded as
+    unsupported with torch's own error instead of failing every case."""
+    try:
+        session.run(session.prepare(feeds))
+    except (RuntimeError, NotImplementedError, AttributeError, TypeError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UnsupportedError(
+            f"torch {torch.__version__} cannot run this model in {precision} on {session.device}: "
+            f"{type(exc).__name__}: {reason}"
+        ) from exc
