@@ -229,3 +229,17 @@ def test_readme_api_example_runs_as_written(tmp_path: Path, way: str) -> None:
     assert done.returncode == 0, done.stderr
     assert "{'ok': 2}" in done.stdout, done.stdout + done.stderr
     assert (tmp_path / "reports").is_dir()
+
+
+def test_the_calling_process_never_imports_torch(tmp_path: Path) -> None:
+    """A run with torch among its engines probes the machine in a worker and reads torch's results as
+    plain data: torch (1 s) and transformers (0.5 s) stay out of the caller's process, every run."""
+    script = (
+        "import sys\nfrom pathlib import Path\nfrom harness import BenchmarkRequest, run_native\n"
+        "summary = run_native(BenchmarkRequest(models=['bert-tiny'], engines=['torch', 'onnxruntime'], "
+        "iterations=3, warmup=0, min_duration_s=0, db_path=Path('t.duckdb'), output_dir=None))\n"
+        "print(summary.counts, sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "{'ok': 2} []" in done.stdout, done.stdout + done.stderr

@@ -5,10 +5,18 @@ browser platforms (wasm, webgpu, webnn) are decided by a probe page in headless 
 (harness.web.driver.platform_verdicts): WebAssembly, the WebGPU adapter, a WebNN MLContext. A run
 that drives no browser records the native platforms only: launching Chromium to say what a page
 could do would cost a native run more time (1.5 s) than many of its measurements.
+
+The native probes run once per process, in a worker (harness.run.isolation): torch's and the GPU's
+probes import torch and transformers (1.6 s), which the CLI process needs for nothing else, while the
+worker forks from the server that has them imported for the run's own workers; and a probe that
+crashes (a broken driver) makes every target it would have probed unavailable, saying so, instead of
+taking the CLI down.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from harness.core.records import Target
@@ -28,15 +36,14 @@ class PlatformStatus:
     device_name: str | None = None
 
 
-def native_targets(hardware: list[str], engines: list[str]) -> list[tuple[Target, Availability]]:
-    """Every target of the given hardware served by the given engines, with its probe."""
-    found = []
-    for engine in engines:
-        backend = get_backend(engine)
-        for target in backend.targets():
-            if target.hardware in hardware:
-                found.append((target, backend.probe(target)))
-    return found
+PROBE_TIMEOUT_S = 120.0  # a probe that takes longer is stuck (a driver that does not answer)
+Probes = dict[str, list[tuple[Target, Availability]]]  # engine → its targets, each with its probe
+
+
+@dataclass(frozen=True)
+class MachineProbe:
+    targets: Probes
+    gpu_names: list[str]  # the CUDA/ROCm devices torch sees
 
 
 def _gpu_names() -> list[str]:
@@ -45,6 +52,35 @@ def _gpu_names() -> list[str]:
     if not torch.cuda.is_available():
         return []
     return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+
+
+def probe_machine(engines: tuple[str, ...]) -> Iterator[MachineProbe]:
+    """Worker entry point: every target of each engine with its probe, and the GPUs torch sees."""
+    targets = {}
+    for engine in engines:
+        backend = get_backend(engine)
+        targets[engine] = [(target, backend.probe(target)) for target in backend.targets()]
+    yield MachineProbe(targets, _gpu_names())
+
+
+@functools.cache
+def machine_probe() -> MachineProbe:
+    """Every engine's targets probed in a worker, once per process; where the worker fails, every
+    target is unavailable with the reason."""
+    from harness.run.isolation import run_isolated
+
+    found: list[MachineProbe] = []
+    outcome = run_isolated(probe_machine, ENGINES, PROBE_TIMEOUT_S, found.append, uses_torch=True)
+    if found:
+        return found[0]
+    failed = Availability(False, f"the hardware probe failed ({outcome.status}): {outcome.message}")
+    return MachineProbe({e: [(t, failed) for t in get_backend(e).targets()] for e in ENGINES}, [])
+
+
+def native_targets(hardware: list[str], engines: list[str]) -> list[tuple[Target, Availability]]:
+    """Every target of the given hardware served by the given engines, with its probe."""
+    probed = machine_probe().targets
+    return [(target, found) for engine in engines for target, found in probed[engine] if target.hardware in hardware]
 
 
 def detect_platforms(browser: bool = True) -> list[PlatformStatus]:
@@ -71,7 +107,7 @@ def web_platforms() -> list[PlatformStatus]:
 
 def hardware_rows(browser: bool = True) -> list[dict]:
     """Rows for the store's hardware table: one per platform (browser platforms only if `browser`)."""
-    gpus = _gpu_names()
+    gpus = machine_probe().gpu_names
     rows = []
     for status in detect_platforms(browser):
         device = ", ".join(gpus) if status.platform in ("cuda", "rocm") and gpus else status.device_name
