@@ -98,9 +98,9 @@ class OpenVinoSession(HostMemory):
         fused = fused_layers(compiled)
         ops = []
         for name, (kind, exec_type, mean_ms) in executed_means(request).items():
-            runs_before = 1 if name in before else 0
-            first_ms = before[name][2] if runs_before else 0.0
-            total_ms = max(mean_ms * (iterations + runs_before) - first_ms, 0.0)  # µs rounding
+            _, _, first_ms = before.get(name, (kind, exec_type, 0.0))  # 0: it did not run the first time
+            runs = iterations + (name in before)
+            total_ms = max(mean_ms * runs - first_ms, 0.0)  # the counters' whole µs can round below 0
             sources = fused.get(name, (name,))
             ops.append(OpTime(name, kind, self.device, iterations, total_ms, kernel=exec_type, sources=sources))
         method = f"OpenVINO {ov.__version__} PERF_COUNT get_profiling_info(), means since compile, differenced"

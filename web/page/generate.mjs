@@ -86,31 +86,20 @@ function lastRow(logits, row) {
 }
 
 // float16 logits arrive as raw halves (Uint16Array) where the browser has no Float16Array, as numbers where
-// it has one (onnxruntime-common picks): only raw halves need decoding.
-const valueOf = (values) => (values instanceof Uint16Array ? (i) => halfToFloat(values[i]) : (i) => values[i]);
+// it has one (onnxruntime-common picks): only raw halves are decoded (a copy); numbers are read in place.
+const asNumbers = (values) => (values instanceof Uint16Array ? Float32Array.from(values, halfToFloat) : values);
 
 function argmax(values) {
-  const value = valueOf(values);
+  const numbers = asNumbers(values);
   let best = 0;
-  let top = value(0);
-  for (let i = 1; i < values.length; i++) {
-    const v = value(i);
-    if (v > top) {
-      best = i;
-      top = v;
-    }
-  }
+  for (let i = 1; i < numbers.length; i++) if (numbers[i] > numbers[best]) best = i;
   return best;
 }
 
 // The prefill's last-position logits of every row as numbers, for the parity check (the warm-up's only).
 function prefillLogits(logits, batch) {
-  const rows = Array.from({ length: batch }, (_, row) => lastRow(logits, row));
-  const values = rows.flatMap((r) => {
-    const value = valueOf(r);
-    return Array.from({ length: r.length }, (_, i) => value(i));
-  });
-  return { dims: [batch, 1, rows[0].length], values };
+  const rows = Array.from({ length: batch }, (_, row) => Array.from(asNumbers(lastRow(logits, row))));
+  return { dims: [batch, 1, rows[0].length], values: rows.flat() };
 }
 
 function disposeAll(feeds, names) {
