@@ -164,3 +164,36 @@ def test_a_redacted_result_keeps_its_hash_unless_a_measured_column_changed(bundl
     assert done.returncode == 0, done.stderr
     with open_store(target, read_only=True) as store:
         assert store.query("SELECT count(*) AS n FROM results")[0]["n"] == len(hashes["public"])
+
+
+@pytest.mark.parametrize(
+    ("text", "redacted"),
+    [
+        ("cannot load /srv/My Projects/secret-project/model.onnx: no", "cannot load <path>: no"),
+        ("weights /srv/data/My model.onnx here", "weights <path> here"),
+        ("./x/y and x/y/z.onnx and a/b.onnx", "<path> and <path> and <path>"),
+        (r"UNC \\server\share\Team Folder\m.onnx end", "UNC <path> end"),
+        (r"C:\Users\Carol Smith\m.onnx end", "<path> end"),
+        ("~dave and ~/x/y.onnx, ~5 ms", "<path> and <path>, ~5 ms"),
+        ("file:/home/user/x.onnx", "<path>"),
+        ("mail frank@example.org.", "mail <email>."),
+        ("from Ray node box-7 (10.1.2.3)", "from Ray node <host> (<address>)"),
+        ("node gpu-box (fe80::1%eth0)", "node <host> (<address>)"),
+        ("at 2001:db8::42, ::ffff:10.0.0.1 and [::1]:80", "at <address>, <address> and [<address>]:80"),
+        ("http://203.0.113.7:8080/x ok", "<address> ok"),
+    ],
+)
+def test_each_form_is_replaced(text: str, redacted: str) -> None:
+    from harness.bundle.redact import scrubber
+
+    assert scrubber(set())(text) == redacted
+
+
+def test_what_must_stay_useful_is_kept() -> None:
+    """Model ids, EP and engine names, versions (three parts are not an IPv4), rates, user agent tokens."""
+    from harness.bundle.redact import scrubber
+
+    kept = ("bert-tiny on onnxruntime-web 1.31.1 WebGpuExecutionProvider 3.5 ms, pp/tg tokens/s; "
+            "Qwen/Qwen2.5-0.5B onnx-community/gemma-3-1b-it Chrome/131.0.6778.85 std::vector 12:30:45")  # fmt: skip
+    assert scrubber({"alice-laptop"})(kept) == kept
+    assert scrubber({"alice-laptop", "vm"})("on alice-laptop.corp and VM vmx") == "on <name>.corp and <name> vmx"
