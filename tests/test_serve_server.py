@@ -248,6 +248,82 @@ def test_timings_the_page_clock_cannot_have_measured_are_422_and_the_job_stays_o
     assert [row[2]["samples_ms"] for row in served.source.rows] == [[1.0, 1.1, 1.2]]
 
 
+# A generate job as harness.run.web.page_job builds it (generate_fields): 4 new tokens for a prompt of batch 1,
+# logits 16 wide. Its answer: per timed generation a TTFT and 3 decode steps inside the whole generation.
+NEW_TOKENS, VOCAB = 4, 16
+GENERATE_JOB = STOP | {"mode": "generate", "new_tokens": NEW_TOKENS, "vocab_size": VOCAB}
+GENERATE_JOB |= {"inputs": [{"name": n, "dtype": "int64", "dims": [1, 8]} for n in ("input_ids", "attention_mask")]}
+
+
+class GenerateSource(Source):
+    """One generate job per device."""
+
+    def jobs(self, device: Device, _files: Any) -> list[ServeJob]:
+        limit = answer_limit(VOCAB * 4 * 8, MAX_ITERATIONS)
+        return [ServeJob(f"{device.id}|generate", "wasm:threads=1", "generate", GENERATE_JOB, limit)]
+
+
+def generate_answer(**changes: Any) -> dict[str, Any]:
+    generation = {
+        "ttft_samples_ms": [0.4, 0.4, 0.5],
+        "step_samples_ms": [[0.2, 0.2, 0.2]] * 3,
+        "tokens": [[3, 1, 4, 15]],
+        "prefill_logits": {"dims": [1, 1, VOCAB], "values": [0.5] * VOCAB},
+        "memory_before": None,
+        "memory_after": None,
+        "tokens_stable": True,
+    }
+    found = {k: v for k, v in answer().items() if k != "outputs"}
+    return found | {"generation": generation | changes}
+
+
+def test_impossible_served_generations_are_422_and_the_job_stays_open() -> None:
+    """Issue 30, item 12: a 4-token generate job answered with 1 or 200 decode steps, or a TTFT longer than
+    the whole generation, was stored `ok` at 100,000 tokens/s. Steps are new_tokens - 1, TTFT and steps fit
+    in the whole, token ids are integers inside the job's vocabulary, one row per batch row; each is a 422
+    with its reason, nothing stored, and the same page's genuine answer is then stored."""
+    running = Served(GenerateSource())
+    try:
+        page = page_id(1)
+        job = take_job(running, page)
+        assert job["run"]["vocab_size"] == VOCAB
+        refused = [
+            (generate_answer(step_samples_ms=[[0.2]] * 3), "step_samples_ms[0] holds 1 decode steps; a generation"),
+            (generate_answer(step_samples_ms=[[0.001] * 200] * 3), "step_samples_ms[0] holds 200 decode steps"),
+            (generate_answer(ttft_samples_ms=[5.0] * 3), "ttft_samples_ms[0] is 5 ms, longer than the whole"),
+            (generate_answer(step_samples_ms=[[0.5] * 3] * 3), "its TTFT and decode steps add up to 1.9 ms, longer"),
+            (generate_answer(ttft_samples_ms=[1e-300] * 3), "ttft_samples_ms[0] is 1e-300 ms, less than one step"),
+            (generate_answer(step_samples_ms=[[1e300] * 3] * 3), "step_samples_ms[0][0] is 1e+300 ms, longer than"),
+            (generate_answer(tokens=[[3, 1, 4, VOCAB]]), f"tokens[0][3] is {VOCAB}; token ids are integers 0..15"),
+            (generate_answer(tokens=[[3, 1, -4, 1]]), "tokens[0][2] is -4; token ids are integers 0..15"),
+            (generate_answer(tokens=[[3, 1.5, 4, 1]]), "tokens[0][1] is 1.5; token ids are integers"),
+            (generate_answer(tokens=[[3, 1, 4]]), "must hold 1 rows (the job's batch) of 4 token ids each"),
+            (generate_answer(tokens=[[3, 1, 4, 1]] * 2), "must hold 1 rows (the job's batch) of 4 token ids each"),
+            (
+                generate_answer(prefill_logits={"dims": [1, 1, 2 * VOCAB], "values": [0.5] * 2 * VOCAB}),
+                "prefill_logits.dims are [1, 1, 32]; this job's are [1, 1, the vocabulary (16)]",
+            ),
+            (answer(), "result lacks 'generation'"),  # an inference answer to a generate job
+        ]
+        for bad, reason in refused:
+            status, said = post_answer(running, job, page, bad)
+            assert status == 422 and reason in said["error"], (reason, said)
+        assert running.source.rows == [] and running.source.missing == []
+        status, stored = post_answer(running, job, page, generate_answer())
+        assert status == 200 and stored["stored"] == {"status": "ok"}, stored
+        assert running.source.rows[0][2]["generation"]["tokens"] == [[3, 1, 4, 15]]
+    finally:
+        running.stop()
+
+
+def test_a_generation_answering_an_inference_job_is_422(served: Served) -> None:
+    page = page_id(1)
+    job = take_job(served, page)
+    status, said = post_answer(served, job, page, answer(generation=generate_answer()["generation"]))
+    assert status == 422 and "this job is not a generate job" in said["error"], said
+    assert served.source.rows == []
+
+
 @pytest.mark.parametrize("route", ["hello", "result"])
 def test_nested_or_non_standard_json_is_a_400_with_one_log_line(
     served: Served, caplog: pytest.LogCaptureFixture, route: str

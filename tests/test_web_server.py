@@ -259,3 +259,58 @@ def test_well_formed_facts_and_unknown_keys_pass() -> None:
         "a_fact_added_later": {"anything": [1, "two"]},
     }
     assert validate_page_result(answer(facts=facts), JOB, TIMEOUT_S)["facts"] == facts
+
+
+# --- generate answers (issue 30, item 12): the launched page's answers pass the same checks ---------------
+
+GENERATE_JOB = JOB | {"mode": "generate", "new_tokens": 3, "inputs": [{"name": "input_ids", "dims": [2, 8]}]}
+
+
+def generated(**changes: object) -> dict:
+    generation = {
+        "ttft_samples_ms": [0.5] * 3,
+        "step_samples_ms": [[0.25, 0.25]] * 3,
+        "tokens": [[1, 2, 3], [4, 5, 6]],
+        "prefill_logits": {"dims": [2, 1, 8], "values": [0.0] * 16},
+        "tokens_stable": True,
+    }
+    return {k: v for k, v in answer().items() if k != "outputs"} | {"generation": generation | changes}
+
+
+def test_a_launched_page_generation_is_checked_against_its_job() -> None:
+    """validate_page_result is the one check of a generate answer, the launched browser's (web/driver.py) and
+    a served device's alike. Without a vocabulary in the job (a graph whose logits width is symbolic) token
+    ids are bounded by the width of the prefill logits, which must be [batch, 1, width]."""
+    job = GENERATE_JOB | {"vocab_size": 8}
+    assert validate_page_result(generated(), job, TIMEOUT_S)["generation"]["tokens"][1] == [4, 5, 6]
+    assert validate_page_result(generated(), GENERATE_JOB, TIMEOUT_S)["status"] == "ok"
+    refused = [
+        ({"step_samples_ms": [[0.25]] * 3}, "holds 1 decode steps; a generation of this job's 3 new tokens takes 2"),
+        ({"ttft_samples_ms": [1.5] * 3}, "ttft_samples_ms[0] is 1.5 ms, longer than the whole generation"),
+        ({"tokens": [[1, 2, 8], [4, 5, 6]]}, "tokens[0][2] is 8; token ids are integers 0..7"),
+        ({"tokens": [[1, 2, 3]]}, "must hold 2 rows (the job's batch) of 3 token ids each"),
+    ]
+    for changes, message in refused:
+        with pytest.raises(PageResultError, match=re.escape(message)):
+            validate_page_result(generated(**changes), job, TIMEOUT_S)
+    wide = generated(prefill_logits={"dims": [2, 1, 1000], "values": [0.0] * 2000}, tokens=[[999] * 3] * 2)
+    with pytest.raises(PageResultError, match=re.escape("prefill_logits.dims are [2, 1, 1000]; this job's are")):
+        validate_page_result(wide, job, TIMEOUT_S)
+
+
+def test_a_generate_job_carries_its_graphs_vocabulary(tmp_path: Path) -> None:
+    """generate_fields reads the logits width off the graph the page runs (weights not loaded)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from harness.core.records import Case
+    from harness.run.web_generate import generate_fields
+
+    for width, name in ((50, "fixed.onnx"), ("vocab", "symbolic.onnx")):
+        ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"])
+        logits = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "sequence", width])
+        node = helper.make_node("Cast", ["input_ids"], ["logits"], to=TensorProto.FLOAT)
+        onnx.save(helper.make_model(helper.make_graph([node], "g", [ids], [logits])), tmp_path / name)
+    case = Case(1, 8, "fp32", mode="generate", new_tokens=4)
+    assert generate_fields(tmp_path / "fixed.onnx", case, False)["vocab_size"] == 50
+    assert "vocab_size" not in generate_fields(tmp_path / "symbolic.onnx", case, False)

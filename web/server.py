@@ -444,8 +444,10 @@ def validate_page_result(result: Any, job: dict[str, Any], timeout_s: float) -> 
     _check_samples(result, job, clock)
     for key in ("first_run_ms", "load_ms"):
         result[key] = clock.duration(_require(result, key, (int, float)), key)
-    if "generation" in result:  # a generate job (web/page/generate.mjs) answers with tokens, not outputs
-        _check_generation(result["generation"], len(result["samples_ms"]), clock)
+    if job.get("mode") == "generate":  # a generate job (web/page/generate.mjs) answers with tokens, not outputs
+        _check_generation(_require(result, "generation", (dict,)), result["samples_ms"], job, clock)
+    elif "generation" in result:
+        raise PageResultError("result.generation: this job is not a generate job (it answers with outputs)")
     else:
         _check_outputs(result.get("outputs"))
     return result
@@ -461,36 +463,91 @@ def _check_samples(result: dict[str, Any], job: dict[str, Any], clock: Clock) ->
     clock.at_most_limit(timed, "the first run and the timed samples together")
 
 
-def _check_generation(generation: Any, timed: int, clock: Clock) -> None:
+def generate_shape(job: dict[str, Any]) -> tuple[int, int, int | None]:
+    """(batch rows, new tokens, vocabulary size or None) of a generate job, as the harness built it: the
+    answer is checked against these, never against what it says of itself. The vocabulary is the logits
+    width of the job's graph (harness.run.web_generate.generate_fields), None where the graph leaves it
+    symbolic."""
+    prompt = next((i for i in job.get("inputs", []) if i.get("name") == "input_ids"), None)
+    batch = prompt["dims"][0] if prompt is not None else 1
+    return batch, job["new_tokens"], job.get("vocab_size")
+
+
+def _check_generation(generation: dict[str, Any], samples: list[float], job: dict[str, Any], clock: Clock) -> None:
     """A generate answer: per timed generation its TTFT and decode steps, the warm-up's token ids (a list
-    per batch row) and prefill logits (null where JSON could not carry a NaN/inf), memory facts."""
-    if not isinstance(generation, dict):
-        raise PageResultError("result.generation must be an object")
+    per batch row) and prefill logits (null where JSON could not carry a NaN/inf), memory facts. Counts
+    come from the job: new_tokens - 1 decode steps per generation, new_tokens ids per row, each inside the
+    vocabulary; a generation's TTFT and steps fit inside its whole (samples_ms)."""
     where = "result.generation"
-    ttft, steps = (
-        _require(generation, "ttft_samples_ms", (list,), where),
-        _require(generation, "step_samples_ms", (list,), where),
-    )
-    if len(ttft) != timed or len(steps) != timed or not all(isinstance(s, list) for s in steps):
-        raise PageResultError(f"{where} needs a TTFT and a list of decode steps for each of the {timed} generations")
-    generation["ttft_samples_ms"] = [clock.duration(t, f"ttft_samples_ms[{i}]") for i, t in enumerate(ttft)]
-    generation["step_samples_ms"] = [
-        [clock.duration(s, f"step_samples_ms[{i}][{j}]") for j, s in enumerate(each)] for i, each in enumerate(steps)
-    ]
-    tokens = _require(generation, "tokens", (list,), where)
-    if not tokens or not all(isinstance(row, list) and all(_COUNT[1](t) for t in row) for row in tokens):
-        raise PageResultError(f"{where}.tokens must be a list of token-id lists (integers >= 0) per batch row")
+    batch, new_tokens, vocab = generate_shape(job)
+    _check_phases(generation, samples, new_tokens, clock)
     logits = _require(generation, "prefill_logits", (dict,), where)
     dims, values = _require(logits, "dims", (list,), where), _require(logits, "values", (list,), where)
     if not all(_COUNT[1](d) for d in dims) or len(values) != math.prod(dims):
         raise PageResultError(f"{where}.prefill_logits needs integer dims and as many values as they hold")
+    width = vocab if vocab is not None else (dims[-1] if len(dims) == 3 else None)
+    if dims != [batch, 1, width]:
+        raise PageResultError(
+            f"{where}.prefill_logits.dims are {dims!r:.80}; this job's are [{batch}, 1, the vocabulary "
+            f"({'not fixed by the graph' if vocab is None else vocab})]"
+        )
     if not all(v is None or _is_number(v) for v in values):
         raise PageResultError(f"{where}.prefill_logits.values must be numbers (null for a non-finite one)")
+    _check_tokens(_require(generation, "tokens", (list,), where), batch, new_tokens, width)
     for key in ("memory_before", "memory_after"):
         if not _OBJECT[1](generation.get(key)):
             raise PageResultError(f"{where}.{key} must be {_OBJECT[0]}")
     if not isinstance(generation.get("tokens_stable"), bool):
         raise PageResultError(f"{where}.tokens_stable must be a boolean")
+
+
+def _check_phases(generation: dict[str, Any], samples: list[float], new_tokens: int, clock: Clock) -> None:
+    """Each timed generation's TTFT and decode steps: durations the page's clock can measure, as many steps
+    as the job's tokens give, and together no longer than the whole generation (its sample: the page's
+    clock runs from the same start past the last step), within one step of the clock for rounding."""
+    where = "result.generation"
+    ttft = _require(generation, "ttft_samples_ms", (list,), where)
+    steps = _require(generation, "step_samples_ms", (list,), where)
+    if len(ttft) != len(samples) or len(steps) != len(samples) or not all(isinstance(s, list) for s in steps):
+        raise PageResultError(
+            f"{where} needs a TTFT and a list of decode steps for each of the {len(samples)} generations"
+        )
+    for i, each in enumerate(steps):
+        if len(each) != new_tokens - 1:
+            raise PageResultError(
+                f"{where}.step_samples_ms[{i}] holds {len(each)} decode steps; a generation of this job's "
+                f"{new_tokens} new tokens takes {new_tokens - 1} (the first token is the TTFT's)"
+            )
+    generation["ttft_samples_ms"] = [clock.duration(t, f"ttft_samples_ms[{i}]") for i, t in enumerate(ttft)]
+    generation["step_samples_ms"] = [
+        [clock.duration(s, f"step_samples_ms[{i}][{j}]") for j, s in enumerate(each)] for i, each in enumerate(steps)
+    ]
+    phases = zip(generation["ttft_samples_ms"], generation["step_samples_ms"], samples, strict=True)
+    for i, (first, each, whole) in enumerate(phases):
+        if first > whole:
+            raise PageResultError(
+                f"ttft_samples_ms[{i}] is {first:g} ms, longer than the whole generation it begins "
+                f"(samples_ms[{i}] = {whole:g} ms); not a measurement"
+            )
+        if first + sum(each) > whole + clock.step_ms:
+            raise PageResultError(
+                f"generation {i}: its TTFT and decode steps add up to {first + sum(each):g} ms, longer than the "
+                f"whole generation (samples_ms[{i}] = {whole:g} ms); not a measurement"
+            )
+
+
+def _check_tokens(tokens: list[Any], batch: int, new_tokens: int, vocab: int | None) -> None:
+    """The warm-up's token ids: a row per batch row, new_tokens each, integers inside the vocabulary."""
+    where = "result.generation.tokens"
+    if len(tokens) != batch or not all(isinstance(row, list) and len(row) == new_tokens for row in tokens):
+        raise PageResultError(f"{where} must hold {batch} rows (the job's batch) of {new_tokens} token ids each")
+    top = vocab if vocab is not None else 0
+    for row, ids in enumerate(tokens):
+        for column, token in enumerate(ids):
+            if not (_COUNT[1](token) and token < top):
+                raise PageResultError(
+                    f"{where}[{row}][{column}] is {token!r:.40}; token ids are integers 0..{top - 1} (the vocabulary)"
+                )
 
 
 def decode_outputs(outputs: list[dict[str, Any]]) -> list[np.ndarray]:

@@ -22,18 +22,37 @@ TOKEN_REFERENCE = "onnxruntime CPU greedy tokens on the graph with past key/valu
 
 
 @cache
-def graph_outputs(path: Path) -> tuple[str, ...]:
-    """An ONNX file's output names, read from the proto (weights not loaded)."""
+def _outputs(path: Path) -> tuple[tuple[str, int | None], ...]:
+    """An ONNX file's outputs, read from the proto (weights not loaded): each name and its last dimension
+    where the graph fixes it."""
     import onnx
 
-    return tuple(v.name for v in onnx.load(str(path), load_external_data=False).graph.output)
+    found = []
+    for value in onnx.load(str(path), load_external_data=False).graph.output:
+        dims = value.type.tensor_type.shape.dim
+        last = dims[-1].dim_value if dims and dims[-1].HasField("dim_value") else None
+        found.append((value.name, last or None))
+    return tuple(found)
+
+
+def graph_outputs(path: Path) -> tuple[str, ...]:
+    """An ONNX file's output names."""
+    return tuple(name for name, _ in _outputs(path))
+
+
+def vocab_size(path: Path) -> int | None:
+    """The width of a generation graph's logits (its first output): the vocabulary a served page's token ids
+    are checked against (harness.web.server.generate_shape); None where the graph leaves it symbolic."""
+    return _outputs(path)[0][1]
 
 
 def generate_fields(model: Path, case: Case, keeps_on_gpu: bool) -> dict[str, Any]:
-    """What a page job adds for generation: the token count, a model folder's past heads and head size and, on
-    WebGPU, present.* kept on the GPU
+    """What a page job adds for generation: the token count, the logits width (the vocabulary its token ids
+    are checked against), a model folder's past heads and head size and, on WebGPU, present.* kept on the GPU
     (only the logits, the first output, come back to the CPU)."""
     fields: dict[str, Any] = {"mode": "generate", "new_tokens": case.new_tokens}
+    if (vocab := vocab_size(model)) is not None:  # what the page's token ids are checked against
+        fields["vocab_size"] = vocab
     if (shape := past_shape(model)) is not None:  # a folder's config: the page uses it where the graph is symbolic
         fields["past_shape"] = list(shape)
     if keeps_on_gpu:
