@@ -90,6 +90,30 @@ def test_no_import_cycle(graph) -> None:
     assert cycles(graph) == []
 
 
+def part(module: str) -> str:
+    """The part a module belongs to: harness.<part> (harness.store is a part of its own)."""
+    return ".".join(module.split(".")[:2])
+
+
+def part_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The import graph between parts: an arrow wherever one module of a part imports one of another."""
+    parts: dict[str, set[str]] = {part(m): set() for m in graph}
+    for module, targets in graph.items():
+        parts[part(module)] |= {part(t) for t in targets} - {part(module)}
+    return parts
+
+
+def test_the_part_walk_sees_an_arrow_between_parts(graph) -> None:
+    assert "harness.run" in part_graph(graph)["harness.cli"]
+    assert part_graph({"x.a.m": {"x.b.n"}, "x.b.n": {"x.a.k"}, "x.a.k": set()}) == {"x.a": {"x.b"}, "x.b": {"x.a"}}
+
+
+def test_no_cycle_between_parts(graph) -> None:
+    """Modules may be acyclic while their parts are not (web's memory once imported run's MB while run
+    drives web): data flows one way between parts too (ARCHITECTURE.md's picture)."""
+    assert cycles(part_graph(graph)) == []
+
+
 def test_analysis_never_imports_report(graph) -> None:
     analysis = [m for m in graph if m.startswith("harness.analysis")]
     leaks = {m: sorted(t for t in reachable(graph, m) if t.startswith("harness.report")) for m in analysis}

@@ -18,7 +18,7 @@ from typing import Any
 
 import psutil
 
-from harness.run.memory import MB
+from harness.core.units import MB
 
 PROCESS_TYPES = ("renderer", "gpu-process")
 INTERVAL_S = 0.01

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import psutil
 
+from harness.core.units import MB
+
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
-MB = 1024 * 1024
 
 
 def rss_mb() -> float:
