@@ -25,8 +25,8 @@ import psutil
 import pytest
 
 from harness.cli.serve import ServeDisplay
-from harness.web import serve
-from harness.web.serve import Device, DeviceServer, Page, ServeError, ServeJob, answer_limit, serve_until
+from harness.web import device_server
+from harness.web.device_server import Device, DeviceServer, Page, ServeError, ServeJob, answer_limit, serve_until
 
 UA = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/141.0.0.0 Safari/537.36"
 OTHER_UA = "Mozilla/5.0 (Linux; Android 14; Pixel 8) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/141.0 Mobile"
@@ -159,8 +159,8 @@ def test_binds_loopback_by_default(served: Served) -> None:
     ]
     assert [address.ip for address in listening] == ["127.0.0.1"]
     assert served.url.startswith(f"http://127.0.0.1:{served.server.port}/{served.server.token}/page/device.html")
-    assert serve.exposure_warning("127.0.0.1", tls=False) is None
-    warning = serve.exposure_warning("0.0.0.0", tls=False)
+    assert device_server.exposure_warning("127.0.0.1", tls=False) is None
+    warning = device_server.exposure_warning("0.0.0.0", tls=False)
     assert warning and "not a secure context" in warning and "--certfile" in warning
 
 
@@ -342,11 +342,11 @@ def test_nested_or_non_standard_json_is_a_400_with_one_log_line(
     }
     caplog.clear()
     for body, reason in bodies.items():
-        assert len(body) < serve.SMALL_BODY
+        assert len(body) < device_server.SMALL_BODY
         status, said = served.request("POST", path, body)
         assert status == 400 and reason in said["error"], said
     lines = [r for r in caplog.records if r.levelno >= logging.WARNING]
-    assert [r.name for r in lines] == ["harness.web.serve"] * len(bodies)
+    assert [r.name for r in lines] == ["harness.web.device_server"] * len(bodies)
     assert all(r.exc_info is None and "\n" not in r.getMessage() and " 400 " in r.getMessage() for r in lines)
     assert served.source.rows == [] and len(served.server.devices) == 1
 
@@ -395,17 +395,19 @@ def test_a_flood_of_hellos_is_bounded_by_the_rate_limit_and_max_devices(served: 
     refused = [said for status, said in answers if status == 429]
     assert "this run takes at most 8 devices (--max-devices 8)" in refused[0]["error"]
     limited = [said for said in refused if "too many hellos from 127.0.0.1" in said["error"]]
-    assert limited and all(said["retry_s"] == 1 / serve.HELLO_PER_S for said in limited)
+    assert limited and all(said["retry_s"] == 1 / device_server.HELLO_PER_S for said in limited)
     passed = sum(status != 429 or "too many hellos" not in said["error"] for status, said in answers)
-    assert passed <= serve.HELLO_BURST + serve.HELLO_PER_S * took + 1  # the bucket, refilled while it ran
+    assert (
+        passed <= device_server.HELLO_BURST + device_server.HELLO_PER_S * took + 1
+    )  # the bucket, refilled while it ran
     assert sum(len(device.pages) for device in served.server.devices.values()) == 8
-    time.sleep(1.2 / serve.HELLO_PER_S)  # the bucket refills: an admitted device's page may say hello again
+    time.sleep(1.2 / device_server.HELLO_PER_S)  # the bucket refills: an admitted device's page may say hello again
     status, again = served.api("hello", {"page_id": page_id(0), "facts": facts(f"{UA} flood/0")})
     assert status == 200 and again["holding"]
 
 
 def test_a_device_past_its_page_bound_is_refused(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(serve, "MAX_PAGES", 3)
+    monkeypatch.setattr(device_server, "MAX_PAGES", 3)
     statuses = [served.api("hello", {"page_id": page_id(n), "facts": facts()})[0] for n in range(4)]
     assert statuses == [200, 200, 200, 429]
     assert served.api("hello", {"page_id": page_id(0), "facts": facts()})[0] == 200  # a known page reloads
@@ -435,7 +437,7 @@ def test_a_device_cannot_post_for_another_device_or_another_run(served: Served) 
 def test_one_page_per_device_and_an_expired_lease_passes_the_job_on(
     served: Served, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(serve, "LEASE_S", 1.0)
+    monkeypatch.setattr(device_server, "LEASE_S", 1.0)
     first, second = page_id(1), page_id(2)
     job = take_job(served, first)
     status, hello = served.api("hello", {"page_id": second, "facts": facts()})  # the same browser, another tab
@@ -474,7 +476,7 @@ def test_a_job_held_past_the_timeout_is_a_timeout_row(monkeypatch: pytest.Monkey
 
 
 def test_a_lost_job_nobody_takes_up_is_recorded_as_device_disconnected(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(serve, "LEASE_S", 0.5)
+    monkeypatch.setattr(device_server, "LEASE_S", 0.5)
     running = Served(Source())
     page = page_id(1)
     job = take_job(running, page)
@@ -498,36 +500,36 @@ def test_devices_end_serving_once_every_job_is_answered() -> None:
 
 
 def test_device_identity() -> None:
-    first, name = serve.device_identity(facts())
+    first, name = device_server.device_identity(facts())
     assert first.startswith("chrome141-linux-") and name == "chrome 141 on linux"
-    assert serve.device_identity(facts())[0] == first  # the same browser is the same device
+    assert device_server.device_identity(facts())[0] == first  # the same browser is the same device
     pixel = facts(OTHER_UA) | {"user_agent_data": {"model": "Pixel 8"}}
-    assert serve.device_identity(pixel)[1] == "chrome 141 on android (Pixel 8)"
+    assert device_server.device_identity(pixel)[1] == "chrome 141 on android (Pixel 8)"
     gpu = facts() | {"adapter": {"available": True, "info": {"vendor": "nvidia", "description": "RTX 4090"}}}
-    gpu_id, gpu_name = serve.device_identity(gpu)
+    gpu_id, gpu_name = device_server.device_identity(gpu)
     assert gpu_id != first and gpu_id.startswith("chrome141-linux-") and gpu_name.endswith("GPU RTX 4090")
     edge = UA + " Edg/141.0.0.0"
-    assert serve.device_identity(facts(edge))[0].startswith("edge141-linux-")
+    assert device_server.device_identity(facts(edge))[0].startswith("edge141-linux-")
 
 
 def test_bind_and_tls_options_are_checked(tmp_path: Path) -> None:
     with pytest.raises(ServeError, match="go together"):
-        serve.tls_context(tmp_path / "cert.pem", None)
+        device_server.tls_context(tmp_path / "cert.pem", None)
     (tmp_path / "junk.pem").write_text("not a certificate")
     with pytest.raises(ServeError, match="cannot load them as PEM"):
-        serve.tls_context(tmp_path / "junk.pem", tmp_path / "junk.pem")
+        device_server.tls_context(tmp_path / "junk.pem", tmp_path / "junk.pem")
     with pytest.raises(ServeError, match="--port 70000"):
-        serve.check_bind("127.0.0.1", 70000)
+        device_server.check_bind("127.0.0.1", 70000)
     with pytest.raises(ServeError, match="not an address"):
-        serve.check_bind("no-such-host.invalid", 0)
+        device_server.check_bind("no-such-host.invalid", 0)
     with pytest.raises(ServeError, match="cannot listen"):
-        serve.check_bind("192.0.2.1", 0)  # TEST-NET-1: never an address of this machine
+        device_server.check_bind("192.0.2.1", 0)  # TEST-NET-1: never an address of this machine
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
 def test_tls_serves_https_only(tmp_path: Path) -> None:
     cert, key = self_signed(tmp_path)
-    running = Served(Source(), ssl_context=serve.tls_context(cert, key))
+    running = Served(Source(), ssl_context=device_server.tls_context(cert, key))
     try:
         assert running.url.startswith("https://127.0.0.1:")
         insecure = ssl.create_default_context()
@@ -555,7 +557,7 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
 
 
 def test_qr_code_is_text_of_the_right_size() -> None:
-    text = serve.qr_text("http://127.0.0.1:1234/" + "t" * 32 + "/page/device.html")
+    text = device_server.qr_text("http://127.0.0.1:1234/" + "t" * 32 + "/page/device.html")
     lines = text.splitlines()
     assert len({len(line) for line in lines}) == 1  # a square of half-block characters
     assert set("".join(lines)) <= {"█", "▀", "▄", " "}

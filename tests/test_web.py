@@ -172,7 +172,7 @@ def test_wasm_outputs_match_native_onnxruntime(bert_tiny: Any) -> None:
     from harness.core.records import Target
     from harness.native import get_backend
     from harness.native.base import LoadRequest
-    from harness.web.server import decode_outputs
+    from harness.web.answers import decode_outputs
 
     feeds, reference = bert_tiny.load_case((1, 32))
     native = get_backend("onnxruntime").load(

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.web.server import PageResultError, PageServer, validate_page_result
+from harness.web.answers import PageResultError, validate_page_result
+from harness.web.server import PageServer
 
 
 def _serve(isolate: bool) -> Iterator[PageServer]:

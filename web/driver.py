@@ -28,11 +28,12 @@ from urllib.parse import urlsplit
 import psutil
 
 from harness.web.adapter import adapter_name, classify_adapter
+from harness.web.answers import PageResultError, validate_page_result
 from harness.web.browser_memory import LoopMemory
 from harness.web.device_probe import probes_device, prove_device
 from harness.web.eps import WEB_HARDWARE
 from harness.web.flags import GpuProfile, VirtualDisplay, gpu_profile, launch_flags, needs_virtual_display
-from harness.web.server import PageFiles, PageResultError, RoutedPages, SetupError, validate_page_result
+from harness.web.server import PageFiles, RoutedPages, SetupError
 
 BROWSERS = ("chrome", "chromium", "edge")
 CANDIDATES: dict[str, tuple[str, ...]] = {

@@ -20,7 +20,7 @@ class ServeDisplay:
         self.rows: list[Result] = []
 
     def on_ready(self, url: str) -> None:
-        from harness.web.serve import exposure_warning, qr_text
+        from harness.web.device_server import exposure_warning, qr_text
 
         print(url, flush=True)  # alone on its line, unwrapped: scripts (and the tests) read it from here
         print(qr_text(url), flush=True)

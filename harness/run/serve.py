@@ -5,7 +5,7 @@ The models are prepared as for `web` (same cache, same .npz inputs, same referen
 runs runner.mjs's jobs (the same in-page timing and EP checks as a browser driven through Playwright) and
 posts each answer; the answer passes the same validator and becomes a row through the same
 build_result, so parity is checked here against the reference. Each device is a target: its id (a hash
-of its user agent and adapter facts, harness.web.serve.device_identity) is part of every row's target,
+of its user agent and adapter facts, harness.web.device_server.device_identity) is part of every row's target,
 and the row's details say what the device is (user agent, platform, cores, memory, adapter, WebNN
 contexts, isolation, secure context, the origin it loaded from and the address it posted from).
 
@@ -48,7 +48,7 @@ INSECURE = (
     "SharedArrayBuffer (wasm threads drop to 1) and coarsens its timer; serve HTTPS with --certfile/--keyfile"
 )
 DEFAULT_MAX_DEVICES = 32  # devices one run takes unless told (--max-devices)
-ServeEvent = Callable[[str, Any, Any], None]  # (kind, harness.web.serve.Device, ServeJob | None)
+ServeEvent = Callable[[str, Any, Any], None]  # (kind, harness.web.device_server.Device, ServeJob | None)
 
 
 class ServeIncomplete(RuntimeError):
@@ -93,7 +93,7 @@ def _answer_bytes(prepared: PreparedModel, case: Case, request: ServeRequest) ->
 
 def validate_serve(request: ServeRequest) -> ServePlan:
     """Every input checked (the address bound once, the TLS pair loaded) before anything is written."""
-    from harness.web.serve import ServeError, check_bind, tls_context
+    from harness.web.device_server import ServeError, check_bind, tls_context
     from harness.web.server import SetupError, dist_files
 
     specs = check_browser_request(request)
@@ -191,7 +191,7 @@ class _Job:
 
 
 class ServedJobs:
-    """The run's side of the device server (harness.web.serve.JobSource): each device's jobs, and its rows."""
+    """The run's side of the device server (harness.web.device_server.JobSource): each device's jobs, and its rows."""
 
     def __init__(self, plan: ServePlan, models: list[Prepared], emit: Emit) -> None:
         self.plan = plan
@@ -212,7 +212,7 @@ class ServedJobs:
     def jobs(self, device: Any, files: Any) -> list[Any]:
         """The device's jobs, one setting after another (a page load runs one setting); the cases that
         cannot reach a browser (no export, a precision with no conversion) get their rows here."""
-        from harness.web.serve import ServeJob
+        from harness.web.device_server import ServeJob
 
         jobs = []
         for setting in device_settings(self.plan.request, device):
@@ -230,7 +230,7 @@ class ServedJobs:
         self, device: Any, files: Any, model: Prepared, setting: EpSetting, case: Case
     ) -> tuple[dict[str, Any], int] | None:
         """(the page job, the largest answer it may post), or None after storing why it cannot run."""
-        from harness.web.serve import answer_limit
+        from harness.web.device_server import answer_limit
 
         spec, prepared, why = model
         row = not_runnable(spec, prepared, why, setting, case)
@@ -281,8 +281,8 @@ def execute_serve(plan: ServePlan, on_ready: Callable[[str], None], on_event: Se
     """The served part of a run, as a body for record_run: prepare the models, then serve until done."""
 
     def body(emit: Emit) -> None:
+        from harness.web.device_server import DeviceServer, serve_until
         from harness.web.driver import run_sync
-        from harness.web.serve import DeviceServer, serve_until
 
         request = plan.request
         models = [prepare_spec(plan, spec) for spec in plan.specs]

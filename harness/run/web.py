@@ -290,7 +290,7 @@ def build_result(
     """The Result for one page answer: statistics come from samples_ms, parity from the first run's outputs
     at the tolerance of the precision that ran (extra['precision']); with the page's profile, operator rows
     counted on `model` (the file the page ran)."""
-    from harness.web.server import decode_outputs
+    from harness.web.answers import decode_outputs
 
     details = extra.pop("details")
     peak_mb, memory = _memory(answer, details)

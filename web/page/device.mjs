@@ -1,4 +1,4 @@
-// The device page of `accelharness web --serve` (web/serve.py). It runs runner.mjs's own runJob, so a
+// The device page of `accelharness web --serve` (web/device_server.py). It runs runner.mjs's own runJob, so a
 // device is timed and its EP checked exactly as a browser the harness drives; only the way jobs arrive
 // differs: this page says hello with what the browser offers, asks for its device's next job, runs it,
 // posts the answer, and repeats. The server stores each answer as it arrives.

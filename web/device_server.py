@@ -51,7 +51,8 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from harness.core.terminal import terminal_text
-from harness.web.server import PageResultError, PageServer, check_facts, decode_outputs, validate_page_result
+from harness.web.answers import PageResultError, check_facts, decode_outputs, validate_page_result
+from harness.web.server import PageServer
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,329 @@
+"""What a page sends back (a launched browser's, a served device's), checked against the job it
+answers before anything of it reaches the store: its shape, its statuses, timings the page's clock
+can have measured, a generation's steps, TTFT and token ids; and its outputs decoded into arrays.
+The answer is data from elsewhere: a failed check is a PageResultError naming the field."""
+
+from __future__ import annotations
+
+import base64
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+RESULT_STATUSES = ("ok", "error", "unsupported")
+NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "int32": np.int32}
+NUMPY_DTYPES |= {"float64": np.float64, "int16": np.int16, "int8": np.int8, "uint64": np.uint64, "uint32": np.uint32}
+NUMPY_DTYPES |= {"uint16": np.uint16, "uint8": np.uint8, "bool": np.bool_}
+OUTPUT_DTYPES = tuple(NUMPY_DTYPES)
+
+
+class PageResultError(ValueError):
+    """The page's answer does not have the expected shape; nothing of it is stored."""
+
+
+def _require(obj: dict[str, Any], key: str, kinds: tuple[type, ...], where: str = "result") -> Any:
+    if key not in obj:
+        raise PageResultError(f"{where} lacks '{key}'")
+    value = obj[key]
+    if isinstance(value, bool) and bool not in kinds:
+        raise PageResultError(f"{where}.{key} must be {kinds}, got a boolean")
+    if not isinstance(value, kinds):
+        raise PageResultError(f"{where}.{key} must be {' or '.join(k.__name__ for k in kinds)}")
+    return value
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# performance.now() is coarsened by every browser: 5 µs when cross-origin isolated, 100 µs (or more)
+# otherwise (the HR-Time spec). No browser gives a finer step, whatever a page says its step is.
+MIN_TIMER_STEP_MS = 0.005
+# Two readings one step apart are doubles: their difference may come out a rounding error under the step.
+STEP_ROUNDING = 1e-6
+
+
+@dataclass(frozen=True)
+class Clock:
+    """What a duration the page measured can be: at least one step of its timer (a shorter positive
+    duration cannot be read off performance.now()), at most the job's --timeout (a job that ran longer
+    would have been stopped)."""
+
+    step_ms: float
+    limit_ms: float
+
+    @classmethod
+    def of(cls, facts: dict[str, Any], timeout_s: float) -> Clock:
+        reported = facts.get("timer_resolution_ms")  # the page's own smallest observed step
+        step = max(MIN_TIMER_STEP_MS, reported if _is_number(reported) else 0.0)
+        return cls(step, timeout_s * 1000)
+
+    def duration(self, value: Any, name: str) -> float:
+        """A duration from performance.now(). Every run takes time, so 0 ms means the clock did not
+        advance across it: a timer fault (too coarse for the work, or frozen), not a figure."""
+        if not _is_number(value) or value < 0:
+            raise PageResultError(f"{name} must be a finite number > 0 (got {value!r})")
+        if value == 0:
+            raise PageResultError(
+                f"{name} is 0 ms: a timer fault, performance.now() did not advance across the run (its step: "
+                f"{self.step_ms:g} ms); nothing was measured"
+            )
+        if value < self.step_ms * (1 - STEP_ROUNDING):
+            raise PageResultError(
+                f"{name} is {value:g} ms, less than one step of the page's timer ({self.step_ms:g} ms): "
+                "performance.now() cannot measure it; not a measurement"
+            )
+        return self.at_most_limit(float(value), name)
+
+    def at_most_limit(self, value: float, name: str) -> float:
+        if value > self.limit_ms:
+            raise PageResultError(
+                f"{name} is {value:g} ms, longer than the job's --timeout ({self.limit_ms / 1000:g} s), "
+                "past which the job is stopped; not a measurement"
+            )
+        return value
+
+
+def fewest_samples(job: dict[str, Any]) -> int:
+    """The fewest timed samples runner.mjs's measure() returns for this job: its loop runs to
+    `iterations`, and a time budget (max_time_ms) stops it early, but never below min_iterations."""
+    if job["max_time_ms"] is None:
+        return job["iterations"]
+    return min(job["min_iterations"], job["iterations"])
+
+
+# The facts the page reports (web/page/runner.mjs), checked like the rest of its answer: reports and
+# the matrix compute with them. (what a valid value is, in words; the check). Keys not listed pass as
+# they are (plain JSON values).
+FactCheck = tuple[str, Callable[[Any], bool]]
+_BOOLEAN: FactCheck = ("a boolean", lambda v: isinstance(v, bool))
+_COUNT: FactCheck = ("an integer >= 0", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0)
+_MS: FactCheck = ("a finite number >= 0", lambda v: _is_number(v) and v >= 0)
+_TEXT: FactCheck = ("a string", lambda v: isinstance(v, str))
+_OPTIONAL_TEXT: FactCheck = ("a string or null", lambda v: v is None or isinstance(v, str))
+_TEXTS: FactCheck = ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v))
+_OBJECT: FactCheck = ("an object or null", lambda v: v is None or isinstance(v, dict))
+PAGE_MEMORY_MAX_BYTES = 2**40  # far above what a page's heaps and wasm memories can hold (a few GiB)
+
+
+def _page_memory(value: Any) -> bool:
+    """runner.mjs's pageMemory(): {bytes, by_type} (measureUserAgentSpecificMemory) or {error}."""
+    if value is None:
+        return True
+    if not isinstance(value, dict) or not isinstance(value.get("by_type", {}), dict):
+        return False
+    sizes = [value.get("bytes"), *value.get("by_type", {}).values()]
+    return all(s is None or (_is_number(s) and 0 <= s <= PAGE_MEMORY_MAX_BYTES) for s in sizes)
+
+
+_PAGE_MEMORY: FactCheck = (
+    f"null or an object whose sizes (bytes, by_type) are numbers 0..{PAGE_MEMORY_MAX_BYTES}",
+    _page_memory,
+)
+_COUNTS: FactCheck = (
+    "an object of node counts (integers >= 0)",
+    lambda v: isinstance(v, dict) and all(_COUNT[1](n) for n in v.values()),
+)
+FACT_CHECKS: dict[str, FactCheck] = {
+    **dict.fromkeys(
+        (
+            "cross_origin_isolated",
+            "secure_context",
+            "shared_array_buffer",
+            "webassembly",
+            "webgpu_api",
+            "webnn_api",
+            "threads_dropped",
+            "budget_stopped",
+        ),
+        _BOOLEAN,
+    ),
+    **dict.fromkeys(("hardware_concurrency", "threads_requested", "threads_effective", "warmup_run"), _COUNT),
+    "max_time_s": ("a finite number > 0 or null", lambda v: v is None or (_is_number(v) and v > 0)),
+    **dict.fromkeys(("runtime_init_ms", "fetch_ms"), _MS),
+    # runner.mjs's timerResolutionMs(): a step it saw the clock take (a coarse browser's is 1 ms or 16.7 ms)
+    "timer_resolution_ms": ("a number > 0 and <= 1000", lambda v: _is_number(v) and 0 < v <= 1000),
+    **dict.fromkeys(("user_agent", "bundle", "placement_method", "load_measured_with"), _TEXT),
+    **dict.fromkeys(("ort_web_version", "ort_common_version", "ep_check", "wasm_binary"), _OPTIONAL_TEXT),
+    **dict.fromkeys(("wasm_files", "input_names", "output_names", "console_warnings"), _TEXTS),
+    **dict.fromkeys(("probed_adapter", "adapter", "device_probe"), _OBJECT),
+    "page_memory": _PAGE_MEMORY,
+    "device_features": ("a list of strings or null", lambda v: v is None or _TEXTS[1](v)),
+    "node_placement": _COUNTS,
+}
+
+
+def check_facts(facts: dict[str, Any]) -> None:
+    for key, (valid, check) in FACT_CHECKS.items():
+        if key in facts and not check(facts[key]):
+            raise PageResultError(f"result.facts.{key} must be {valid} (got {facts[key]!r:.200})")
+
+
+def _check_outputs(outputs: Any) -> None:
+    if not isinstance(outputs, list) or not outputs:
+        raise PageResultError("result.outputs must be a non-empty list")
+    for i, out in enumerate(outputs):
+        where = f"outputs[{i}]"
+        if not isinstance(out, dict):
+            raise PageResultError(f"{where} must be an object")
+        _require(out, "name", (str,), where)
+        if _require(out, "dtype", (str,), where) not in OUTPUT_DTYPES:
+            raise PageResultError(f"{where}.dtype '{out['dtype']}' is not one of {OUTPUT_DTYPES}")
+        dims = _require(out, "dims", (list,), where)
+        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in dims):
+            raise PageResultError(f"{where}.dims must be non-negative integers")
+        _require(out, "data_b64", (str,), where)
+
+
+# What the harness adds to an answer itself (the launched browser's memory): never the page's to send.
+HARNESS_KEYS = ("browser_memory",)
+
+
+def validate_page_result(result: Any, job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """Check the page's answer to `job` (run under --timeout `timeout_s`): required keys, types (facts
+    included), every duration one the page's clock could have measured (harness.web.server.Clock), as
+    many samples as the job's stop rule gives. A failure makes that job's row an `error` naming what was
+    wrong (a served device's answer: a 422, nothing stored)."""
+    if not isinstance(result, dict):
+        raise PageResultError(f"the page returned {type(result).__name__}, not an object")
+    status = _require(result, "status", (str,))
+    if status not in RESULT_STATUSES:
+        raise PageResultError(f"result.status '{status}' is not one of {RESULT_STATUSES}")
+    facts = _require(result, "facts", (dict,))
+    check_facts(facts)
+    clock = Clock.of(facts, timeout_s)
+    for key in ("runtime_init_ms", "fetch_ms"):  # measured by the page, maybe in an earlier job of its load
+        if key in facts:
+            clock.at_most_limit(facts[key], f"facts.{key}")
+    for key in HARNESS_KEYS:
+        if key in result:
+            raise PageResultError(f"result.{key} is measured by the harness, never sent by a page")
+    if "profile" in result and not job["profile_iterations"]:
+        raise PageResultError("result.profile: this job asked for no profile")
+    if status != "ok":
+        if not _require(result, "error", (str,)).strip():
+            raise PageResultError(f"a '{status}' result must say why (result.error is empty)")
+        return result
+    _check_samples(result, job, clock)
+    for key in ("first_run_ms", "load_ms"):
+        result[key] = clock.duration(_require(result, key, (int, float)), key)
+    if job.get("mode") == "generate":  # a generate job (web/page/generate.mjs) answers with tokens, not outputs
+        _check_generation(_require(result, "generation", (dict,)), result["samples_ms"], job, clock)
+    elif "generation" in result:
+        raise PageResultError("result.generation: this job is not a generate job (it answers with outputs)")
+    else:
+        _check_outputs(result.get("outputs"))
+    return result
+
+
+def _check_samples(result: dict[str, Any], job: dict[str, Any], clock: Clock) -> None:
+    samples = _require(result, "samples_ms", (list,))
+    fewest, most = fewest_samples(job), job["max_iterations"]
+    if not fewest <= len(samples) <= most:
+        raise PageResultError(f"result has {len(samples)} samples; this job's stop rule gives {fewest}..{most}")
+    result["samples_ms"] = [clock.duration(s, f"samples_ms[{i}]") for i, s in enumerate(samples)]
+    timed = sum(result["samples_ms"]) + clock.duration(_require(result, "first_run_ms", (int, float)), "first_run_ms")
+    clock.at_most_limit(timed, "the first run and the timed samples together")
+
+
+def generate_shape(job: dict[str, Any]) -> tuple[int, int, int | None]:
+    """(batch rows, new tokens, vocabulary size or None) of a generate job, as the harness built it: the
+    answer is checked against these, never against what it says of itself. The vocabulary is the logits
+    width of the job's graph (harness.run.web_generate.generate_fields), None where the graph leaves it
+    symbolic."""
+    prompt = next((i for i in job.get("inputs", []) if i.get("name") == "input_ids"), None)
+    batch = prompt["dims"][0] if prompt is not None else 1
+    return batch, job["new_tokens"], job.get("vocab_size")
+
+
+def _check_generation(generation: dict[str, Any], samples: list[float], job: dict[str, Any], clock: Clock) -> None:
+    """A generate answer: per timed generation its TTFT and decode steps, the warm-up's token ids (a list
+    per batch row) and prefill logits (null where JSON could not carry a NaN/inf), memory facts. Counts
+    come from the job: new_tokens - 1 decode steps per generation, new_tokens ids per row, each inside the
+    vocabulary; a generation's TTFT and steps fit inside its whole (samples_ms)."""
+    where = "result.generation"
+    batch, new_tokens, vocab = generate_shape(job)
+    _check_phases(generation, samples, new_tokens, clock)
+    logits = _require(generation, "prefill_logits", (dict,), where)
+    dims, values = _require(logits, "dims", (list,), where), _require(logits, "values", (list,), where)
+    if not all(_COUNT[1](d) for d in dims) or len(values) != math.prod(dims):
+        raise PageResultError(f"{where}.prefill_logits needs integer dims and as many values as they hold")
+    width = vocab if vocab is not None else (dims[-1] if len(dims) == 3 else None)
+    if dims != [batch, 1, width]:
+        raise PageResultError(
+            f"{where}.prefill_logits.dims are {dims!r:.80}; this job's are [{batch}, 1, the vocabulary "
+            f"({'not fixed by the graph' if vocab is None else vocab})]"
+        )
+    if not all(v is None or _is_number(v) for v in values):
+        raise PageResultError(f"{where}.prefill_logits.values must be numbers (null for a non-finite one)")
+    _check_tokens(_require(generation, "tokens", (list,), where), batch, new_tokens, width)
+    for key in ("memory_before", "memory_after"):
+        if not _OBJECT[1](generation.get(key)):
+            raise PageResultError(f"{where}.{key} must be {_OBJECT[0]}")
+    if not isinstance(generation.get("tokens_stable"), bool):
+        raise PageResultError(f"{where}.tokens_stable must be a boolean")
+
+
+def _check_phases(generation: dict[str, Any], samples: list[float], new_tokens: int, clock: Clock) -> None:
+    """Each timed generation's TTFT and decode steps: durations the page's clock can measure, as many steps
+    as the job's tokens give, and together no longer than the whole generation (its sample: the page's
+    clock runs from the same start past the last step), within one step of the clock for rounding."""
+    where = "result.generation"
+    ttft = _require(generation, "ttft_samples_ms", (list,), where)
+    steps = _require(generation, "step_samples_ms", (list,), where)
+    if len(ttft) != len(samples) or len(steps) != len(samples) or not all(isinstance(s, list) for s in steps):
+        raise PageResultError(
+            f"{where} needs a TTFT and a list of decode steps for each of the {len(samples)} generations"
+        )
+    for i, each in enumerate(steps):
+        if len(each) != new_tokens - 1:
+            raise PageResultError(
+                f"{where}.step_samples_ms[{i}] holds {len(each)} decode steps; a generation of this job's "
+                f"{new_tokens} new tokens takes {new_tokens - 1} (the first token is the TTFT's)"
+            )
+    generation["ttft_samples_ms"] = [clock.duration(t, f"ttft_samples_ms[{i}]") for i, t in enumerate(ttft)]
+    generation["step_samples_ms"] = [
+        [clock.duration(s, f"step_samples_ms[{i}][{j}]") for j, s in enumerate(each)] for i, each in enumerate(steps)
+    ]
+    phases = zip(generation["ttft_samples_ms"], generation["step_samples_ms"], samples, strict=True)
+    for i, (first, each, whole) in enumerate(phases):
+        if first > whole:
+            raise PageResultError(
+                f"ttft_samples_ms[{i}] is {first:g} ms, longer than the whole generation it begins "
+                f"(samples_ms[{i}] = {whole:g} ms); not a measurement"
+            )
+        if first + sum(each) > whole + clock.step_ms:
+            raise PageResultError(
+                f"generation {i}: its TTFT and decode steps add up to {first + sum(each):g} ms, longer than the "
+                f"whole generation (samples_ms[{i}] = {whole:g} ms); not a measurement"
+            )
+
+
+def _check_tokens(tokens: list[Any], batch: int, new_tokens: int, vocab: int | None) -> None:
+    """The warm-up's token ids: a row per batch row, new_tokens each, integers inside the vocabulary."""
+    where = "result.generation.tokens"
+    if len(tokens) != batch or not all(isinstance(row, list) and len(row) == new_tokens for row in tokens):
+        raise PageResultError(f"{where} must hold {batch} rows (the job's batch) of {new_tokens} token ids each")
+    top = vocab if vocab is not None else 0
+    for row, ids in enumerate(tokens):
+        for column, token in enumerate(ids):
+            if not (_COUNT[1](token) and token < top):
+                raise PageResultError(
+                    f"{where}[{row}][{column}] is {token!r:.40}; token ids are integers 0..{top - 1} (the vocabulary)"
+                )
+
+
+def decode_outputs(outputs: list[dict[str, Any]]) -> list[np.ndarray]:
+    """The page's base64 outputs as numpy arrays (dtype and byte count checked)."""
+    arrays = []
+    for out in outputs:
+        data = base64.b64decode(out["data_b64"], validate=True)
+        dtype = np.dtype(NUMPY_DTYPES[out["dtype"]])
+        count = int(np.prod(out["dims"], dtype=np.int64))
+        if len(data) != count * dtype.itemsize:
+            raise ValueError(f"output {out['name']}: {len(data)} bytes for shape {out['dims']} of {out['dtype']}")
+        arrays.append(np.frombuffer(data, dtype=dtype).reshape(out["dims"]))
+    return arrays
