@@ -240,6 +240,12 @@ def test_sizes_and_row_counts_are_bounded_before_reading(genuine: Genuine, store
 
     resized = craft(genuine.bundle, tmp_path / "resized.bundle", manifest_change=other_size)
     refused(resized, store, "results.parquet is", "its manifest says")
+    crowded = tmp_path / "crowded.bundle"
+    shutil.copy(genuine.bundle, crowded)
+    with zipfile.ZipFile(crowded, "a") as archive:
+        for number in range(10_000):
+            archive.writestr(f"{number}", b"")
+    refused(crowded, store, "holds 10,007 members; a bundle holds at most 7")
 
 
 def test_tables_larger_once_decompressed_than_a_bundle_may_hold_are_refused(

@@ -152,7 +152,8 @@ def _cast(connection: duckdb.DuckDBPyConnection, path: Path, table: str, column:
         f"AND TRY_CAST({name} AS {kind}) IS NULL ORDER BY rowid LIMIT 1"
     ).fetchone()
     if bad is not None:
-        raise _refuse(path, table, bad[0], column, f"{shown(bad[1])} is {found}, not {kind} (the type of {table}.{column})")
+        what = f"{shown(bad[1])} is {found}, not {kind} (the type of {table}.{column})"
+        raise _refuse(path, table, bad[0], column, what)
     connection.execute(f"ALTER TABLE {table} ALTER {name} SET DATA TYPE {kind}")
 
 

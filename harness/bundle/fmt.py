@@ -75,10 +75,23 @@ def read_bundle(path: Path, directory: Path) -> Bundle:
     if not zipfile.is_zipfile(path):
         raise BundleError(f"{path} is not an accelharness bundle (not a zip file)")
     try:
+        _count_members(path)
         with zipfile.ZipFile(path) as archive:
             return _read(path, archive, directory)
     except (zipfile.BadZipFile, OSError, EOFError) as exc:
         raise BundleError(f"{path} is damaged: {exc}") from None
+
+
+def _count_members(path: Path) -> None:
+    """How many members the zip's end record declares, read before ZipFile() parses its directory (a
+    1 GiB directory of millions of empty members would be millions of objects in memory)."""
+    with open(path, "rb") as handle:
+        end = zipfile._EndRecData(handle)  # the stdlib reader of that record (zip64 too)
+    if end is None:
+        raise BundleError(f"{path} is not an accelharness bundle (not a zip file)")
+    count = end[zipfile._ECD_ENTRIES_TOTAL]
+    if count > len(MEMBERS) + 1:
+        raise BundleError(f"{path} holds {count:,} members; a bundle holds at most {len(MEMBERS) + 1}")
 
 
 def _members(path: Path, archive: zipfile.ZipFile) -> dict[str, zipfile.ZipInfo]:
