@@ -407,8 +407,8 @@ def test_a_bool_schema_version_and_a_duplicated_member_are_refused(
 
     refused(craft(genuine.bundle, tmp_path / "bool.bundle", manifest_change=bool_version), store,
             "needs whole numbers bundle_format and schema_version")  # fmt: skip
-    twice = tmp_path / "twice.bundle"
-    shutil.copy(genuine.bundle, twice)
-    with zipfile.ZipFile(genuine.bundle) as source, zipfile.ZipFile(twice, "a") as archive, pytest.warns(UserWarning):
-        archive.writestr("samples.parquet", source.read("samples.parquet"))
+    twice = tmp_path / "twice.bundle"  # seven members as a bundle has, samples.parquet in place of controls.parquet
+    with zipfile.ZipFile(genuine.bundle) as source, zipfile.ZipFile(twice, "w") as archive, pytest.warns(UserWarning):
+        for name in source.namelist():
+            archive.writestr(name if name != "controls.parquet" else "samples.parquet", source.read(name))
     refused(twice, store, "holds 'samples.parquet' twice")
