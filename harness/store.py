@@ -24,12 +24,26 @@ import duckdb
 import psutil
 import pyarrow as pa
 
+from harness.core.bounds import MAX_ID_CHARS
 from harness.core.generation import summarize_generation
 from harness.core.git import branch_tip
 from harness.core.records import Control, Result
 from harness.core.stats import summarize
 
 DEFAULT_DB = Path("accelharness.duckdb")
+# A run's life, in order: a later copy of a run (a newer bundle of it) moves it forward, never back.
+RUN_STATUSES = ("running", "interrupted", "completed")
+# What names a run, a result, a machine or a served device, and travels in bundles: never a path (no
+# separator, and no '..' anywhere), never a terminal escape. Every id this harness makes fits it (run
+# ids, uuids, hashes, machine ids and labels, device ids); an imported row's must (harness.bundle.checks).
+IDENTIFIER = f"[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_ID_CHARS - 1}}}"
+
+
+def is_identifier_sql(column: str) -> str:
+    """The SQL condition that `column` holds an identifier (NULL for a NULL)."""
+    return f"(regexp_full_match({column}, '{IDENTIFIER}') AND NOT contains({column}, '..'))"
+
+
 ALL_RUNS = "all"  # the run selector for every run in the store
 LATEST_ON = "latest-on-"  # latest-on-<branch>: the newest run made at a branch's tip
 
@@ -682,6 +696,21 @@ def current_columns() -> dict[str, list[tuple[str, str, str | None]]]:
     for table, name, kind, default in rows:
         columns.setdefault(table, []).append((name, kind, default))
     return columns
+
+
+@functools.cache
+def required_columns() -> dict[str, set[str]]:
+    """Each table's NOT NULL columns in a file of this version (as current_columns reads them)."""
+    with duckdb.connect() as memory:
+        Store(memory, Path(":memory:")).ensure_schema()
+        rows = memory.execute(
+            "SELECT table_name, column_name FROM duckdb_columns() WHERE database_name = current_database() "
+            "AND NOT is_nullable"
+        ).fetchall()
+    required: dict[str, set[str]] = {}
+    for table, name in rows:
+        required.setdefault(table, set()).add(name)
+    return required
 
 
 def refuse_directory(path: Path) -> None:

@@ -137,7 +137,7 @@ def old_bundle(tmp_path: Path) -> Path:
         connection.execute(f"COPY {table} TO '{path}' (FORMAT parquet)")
         files[table] = path
         rows = connection.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
-        entries[f"{table}.parquet"] = {"sha256": file_sha256(path), "rows": rows}
+        entries[f"{table}.parquet"] = {"sha256": file_sha256(path), "rows": rows, "bytes": path.stat().st_size}
     connection.close()
     manifest = {"bundle_format": 1, "schema_version": 6, "runs": [{"run_id": "old"}], "files": entries}
     write_bundle(tmp_path / "old.bundle", manifest, files)

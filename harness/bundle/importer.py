@@ -11,6 +11,8 @@ Ctrl-C before the commit leaves the store as it was. An import that adds anythin
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 import tempfile
 import time
@@ -21,12 +23,20 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
+from harness.bundle.checks import check_columns, check_rows
 from harness.bundle.fmt import Bundle, BundleError, read_bundle
+from harness.core.bounds import MAX_BUNDLES
 from harness.core.faults import injected_faults
-from harness.store import RUN_TABLES, SCHEMA_VERSION, Store, StoreError, current_columns, open_store, quoted
+from harness.core.terminal import terminal_text
+from harness.store import Store, StoreError, current_columns, open_store, quoted
 
-MAX_BUNDLES = 1000  # bundles in one import
 MAX_CONFLICTS_NAMED = 10
+# A run here that the bundle holds later in its life (completed where this store has it running or
+# interrupted: exported again after it finished) moves forward; never back (harness.store.RUN_STATUSES).
+FORWARD = """
+UPDATE runs SET status = b.status, finished_at = b.finished_at FROM {b}.runs b
+WHERE runs.run_id = b.run_id AND runs.run_uuid = b.run_uuid AND b.status = 'completed' AND runs.status <> 'completed'
+"""
 # Results of the bundle that are here already: by result id, or by (run, result key).
 MATCHES = """
 SELECT b.result_id, b.run_id, coalesce(b.result_key, b.result_id) AS key, b.content_hash = t.content_hash AS same
@@ -45,10 +55,13 @@ class ImportCount:
     results_skipped: int = 0
     samples_added: int = 0
     rows_added: int = 0  # hardware, operator and control rows
+    runs_completed: int = 0  # runs here that the bundle holds completed
 
     @property
     def added_anything(self) -> bool:
-        return bool(self.runs_added or self.results_added or self.samples_added or self.rows_added)
+        return bool(
+            self.runs_added or self.results_added or self.samples_added or self.rows_added or self.runs_completed
+        )
 
 
 class ImportConflict(BundleError):
@@ -66,15 +79,35 @@ def import_bundles(db_path: Path, paths: list[Path]) -> list[ImportCount]:
             extracted = Path(directory) / str(number)
             extracted.mkdir()
             bundles.append(read_bundle(Path(path), extracted))
-        created = not db_path.exists()
-        try:
+        if db_path.exists():
             with open_store(db_path) as store:
                 return _import(store, _unique(bundles))
-        except BaseException:
-            if created:  # nothing of an import that failed may remain: not even the new file
-                for suffix in ("", ".wal"):
-                    Path(str(db_path) + suffix).unlink(missing_ok=True)
-            raise
+        return _import_new(db_path, _unique(bundles))
+
+
+def _import_new(db_path: Path, bundles: list[Bundle]) -> list[ImportCount]:
+    """Into a store that does not exist yet: made beside it under another name and put in place only
+    when complete, so a kill at any point leaves no store at db_path (only the partial file)."""
+    if not db_path.parent.is_dir():
+        raise StoreError(f"--db {db_path}: directory {db_path.parent} does not exist")
+    partial = db_path.with_name(f".{db_path.name}.importing-{os.getpid()}")
+    try:
+        with open_store(partial) as store:
+            counts = _import(store, bundles)
+            store.connection.execute("CHECKPOINT")  # every row in the file itself, none left in its .wal
+        appeared = StoreError(f"{db_path} appeared during the import; it was left as it is, nothing imported")
+        try:
+            os.link(partial, db_path)  # never over a store that appeared meanwhile
+        except FileExistsError:
+            raise appeared from None
+        except OSError:  # a file system without hard links
+            if db_path.exists():
+                raise appeared from None
+            os.replace(partial, db_path)
+        return counts
+    finally:
+        for leftover in (partial, Path(f"{partial}.wal")):
+            leftover.unlink(missing_ok=True)
 
 
 def _unique(bundles: list[Bundle]) -> list[Bundle]:
@@ -109,6 +142,11 @@ def _import(store: Store, bundles: list[Bundle]) -> list[ImportCount]:
                 _log(connection, bundle, count)
         _hold_if_asked()
         connection.execute("COMMIT")
+    except duckdb.Error as exc:  # a check missed it: still one line, and nothing imported
+        with contextlib.suppress(duckdb.Error):
+            connection.execute("ROLLBACK")
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise BundleError(f"the import failed, nothing imported: {terminal_text(reason)[:300]}") from None
     except BaseException:
         connection.execute("ROLLBACK")
         raise
@@ -119,45 +157,27 @@ def _import(store: Store, bundles: list[Bundle]) -> list[ImportCount]:
 
 
 def _stage(connection: duckdb.DuckDBPyConnection, home: str, bundle: Bundle, number: int) -> str:
-    """The bundle's tables in an in-memory database attached as bundle_N, migrated to this schema."""
+    """The bundle's tables in an in-memory database attached as bundle_N, each column of the store's type,
+    migrated to this schema, every row checked (harness.bundle.checks)."""
     name = f"bundle_{number}"
     connection.execute(f"ATTACH ':memory:' AS {name}")
     connection.execute(f"USE {name}")
     try:
         for table, file in bundle.files.items():
             connection.execute(f"CREATE TABLE {table} AS SELECT * FROM read_parquet(?)", [str(file)])
+        check_columns(connection, bundle.path, list(bundle.files))
         connection.execute("CREATE TABLE schema_version (version INTEGER NOT NULL, applied_at TIMESTAMP NOT NULL)")
         connection.execute("INSERT INTO schema_version VALUES (?, now())", [bundle.schema_version])
         Store(connection, bundle.path).ensure_schema()  # an older bundle migrated by the store's own migrations
-        _check_staged(connection, bundle, name)
+        check_rows(connection, bundle.path)
     except duckdb.Error as exc:
-        raise BundleError(f"{bundle.path} does not hold the tables of schema {bundle.schema_version}: {exc}") from None
+        reason = terminal_text((str(exc).strip().splitlines() or [type(exc).__name__])[0])[:300]
+        raise BundleError(
+            f"{bundle.path} does not hold the tables of schema {bundle.schema_version}: {reason}"
+        ) from None
     finally:
         connection.execute(f"USE {quoted(home)}")
     return name
-
-
-def _check_staged(connection: duckdb.DuckDBPyConnection, bundle: Bundle, name: str) -> None:
-    current = current_columns()
-    for table in RUN_TABLES:
-        staged = {r[0] for r in connection.execute(
-            "SELECT column_name FROM duckdb_columns() WHERE database_name = ? AND table_name = ?", [name, table]
-        ).fetchall()}  # fmt: skip
-        extra = staged - {column for column, _, _ in current[table]}
-        if extra:
-            raise BundleError(
-                f"{bundle.path}: table {table} has columns schema {SCHEMA_VERSION} does not: {sorted(extra)}"
-            )
-    orphans = connection.execute(
-        f"SELECT (SELECT count(*) FROM {name}.results WHERE run_id NOT IN (SELECT run_id FROM {name}.runs)) + "
-        f"(SELECT count(*) FROM {name}.samples WHERE result_id NOT IN (SELECT result_id FROM {name}.results))"
-    ).fetchone()[0]
-    missing = connection.execute(f"SELECT count(*) FROM {name}.results WHERE content_hash IS NULL").fetchone()[0]
-    if orphans or missing:
-        raise BundleError(
-            f"{bundle.path} is damaged: {orphans} rows belong to no run or result of it, "
-            f"{missing} results have no content hash"
-        )
 
 
 def _add(connection: duckdb.DuckDBPyConnection, bundle: Bundle, b: str) -> tuple[ImportCount, list[str]]:
@@ -180,6 +200,7 @@ def _add(connection: duckdb.DuckDBPyConnection, bundle: Bundle, b: str) -> tuple
     connection.register("present", present)
     new = f"SELECT result_id FROM {b}.results WHERE result_id NOT IN (SELECT result_id FROM present)"
     count.results_skipped = len(present)
+    count.runs_completed = connection.execute(FORWARD.format(b=b)).fetchone()[0]
     count.runs_added = _insert(
         connection, "runs", f"SELECT * FROM {b}.runs WHERE run_id NOT IN (SELECT run_id FROM runs)"
     )
@@ -226,9 +247,12 @@ def merge_stores(sources: list[Path], db_path: Path) -> list[ImportCount]:
     """`merge A B --db OUT`: each source exported whole to a bundle, the bundles imported into OUT."""
     from harness.bundle.export import export_bundle
 
-    target = Path(db_path).resolve()
-    if any(Path(source).resolve() == target for source in sources):
-        raise BundleError(f"--db {db_path} is one of the stores to merge; merge into another file")
+    target = Path(db_path)
+    for source in sources:  # the same file by name, symlink or hard link: merging would write into a source
+        if Path(source).resolve() == target.resolve() or (
+            target.exists() and Path(source).exists() and os.path.samefile(source, target)
+        ):
+            raise BundleError(f"--db {db_path} is one of the stores to merge ({source}); merge into another file")
     with tempfile.TemporaryDirectory(prefix="accelharness-merge-") as directory:
         bundles = []
         for number, source in enumerate(sources):

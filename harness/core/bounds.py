@@ -19,6 +19,16 @@ MAX_THREADS = 256  # wasm threads: more cores than any browser reports
 MAX_DEVICES = 1000  # devices one `web --serve` run takes (--max-devices): each holds its jobs and pages in memory
 MAX_WINDOW = 1000  # history: previous points in the baseline
 MAX_VALUES = 64  # values in one comma-separated list (batch sizes, sequence lengths, thread counts)
+# Bundles (harness.bundle): data from another machine, bounded before it is read. A bundle's members are
+# stored, not compressed, so its file size bounds every byte read from it; its tables' rows are counted
+# from the manifest and the Parquet metadata before a table is loaded. 10,000 results of 100 samples
+# make a bundle of 8 MiB and 1,000,000 sample rows (bench/bundle_size.py): these are 128 and 10 times that.
+MAX_BUNDLES = 1000  # bundles in one import
+MAX_BUNDLE_BYTES = 2**30  # one bundle file
+MAX_MANIFEST_BYTES = 16 * 2**20  # its manifest.json (parsed in memory)
+MAX_BUNDLE_ROWS = 10_000_000  # rows of one table of a bundle
+MAX_RUNS = 100_000  # runs named by one manifest
+MAX_ID_CHARS = 128  # a run, result, machine or device id (harness.store.IDENTIFIER)
 
 
 def out_of_range(name: str, values: int | Sequence[int], low: int, high: int) -> str | None:

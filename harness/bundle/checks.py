@@ -1,0 +1,244 @@
+"""Every check a bundle's rows pass before they reach a store, run as SQL over its staged tables.
+
+An imported row passes the checks a freshly measured one does (harness.core.records: STATUSES,
+MEASURED, MODES, VARIANTS, durations finite and > 0, the reason of a failure; the bounds of
+harness.core.bounds), and what only data from elsewhere needs: each column of its schema's type, no
+NULL where the schema has NOT NULL, unique keys, rows that belong to a run or result of the bundle,
+identifiers of a fixed syntax (harness.store.IDENTIFIER: never a path), samples within their result's
+iterations, and each result's content hash recomputed from its rows (harness.store.hash_results_sql),
+never taken as given. A failed check is a BundleError naming the member, the row (counted from 1, in
+the member's order) and the column; a value is shown cut short and without control characters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+
+from harness.bundle.fmt import BundleError
+from harness.core.bounds import MAX_BATCH, MAX_ITERATIONS, MAX_NEW_TOKENS, MAX_ROUNDS, MAX_SEQUENCE
+from harness.core.records import MEASURED, MODES, STATUSES, VARIANTS
+from harness.core.terminal import terminal_text
+from harness.store import (
+    RUN_STATUSES,
+    RUN_TABLES,
+    SCHEMA_VERSION,
+    current_columns,
+    hash_results_sql,
+    is_identifier_sql,
+    quoted,
+    required_columns,
+)
+
+SHOWN_CHARS = 60  # of a value in a message
+POSITIVE = "a finite number > 0"
+IDENTIFIER_RULE = "1 to 128 letters, digits, '.', '_' or '-', starting with a letter or digit, without '..'"
+
+
+@dataclass(frozen=True)
+class Rule:
+    table: str
+    column: str
+    bad: str  # an SQL condition, true on a row that breaks the rule
+    valid: str  # what is valid, for the message
+
+
+def _one_of(values: tuple[str, ...]) -> str:
+    return "(" + ", ".join(f"'{v}'" for v in values) + ")"
+
+
+def _outside(column: str, low: int, high: int) -> str:
+    return f"NOT ({column} BETWEEN {low} AND {high})"
+
+
+def _not_positive(column: str) -> str:
+    return f"NOT (isfinite({column}) AND {column} > 0)"
+
+
+def _not_positive_list(column: str) -> str:
+    return f"len(list_filter({column}, lambda x: x IS NULL OR NOT (isfinite(x) AND x > 0))) > 0"
+
+
+LATENCIES = ("latency_mean_ms", "latency_p50_ms", "latency_p90_ms", "latency_p95_ms", "latency_p99_ms",
+             "latency_min_ms", "latency_max_ms", "throughput_per_s", "ttft_ms", "tpot_ms", "tpot_p90_ms",
+             "tokens_per_s", "prefill_tokens_per_s", "decode_tokens_per_s")  # fmt: skip
+IDENTIFIERS = {
+    "runs": ("run_id", "run_uuid", "machine_id", "machine_label"),
+    "results": ("result_id", "run_id", "device"),
+}
+NAMED = ("model", "family", "weights", "hardware", "engine", "requested_precision", "precision")
+RULES = [
+    *(Rule(t, c, f"NOT {is_identifier_sql(c)}", IDENTIFIER_RULE) for t, cs in IDENTIFIERS.items() for c in cs),
+    Rule("runs", "status", f"status NOT IN {_one_of(RUN_STATUSES)}", f"one of {', '.join(RUN_STATUSES)}"),
+    Rule("runs", "memory_gb", "NOT (isfinite(memory_gb) AND memory_gb >= 0)", "a finite number >= 0"),
+    Rule("runs", "cpu_cores", "cpu_cores < 1", "a whole number >= 1"),
+    Rule("results", "status", f"status NOT IN {_one_of(STATUSES)}", f"one of {', '.join(STATUSES)}"),
+    Rule("results", "error", "status <> 'ok' AND coalesce(trim(error), '') = ''", "the reason of a status not ok"),
+    *(Rule("results", c, f"trim({c}) = ''", "a non-empty text") for c in NAMED),
+    Rule("results", "mode", f"mode IS NULL OR mode NOT IN {_one_of(MODES)}", f"one of {', '.join(MODES)}"),
+    Rule("results", "variant", f"variant NOT IN {_one_of(VARIANTS)}", f"NULL or one of {', '.join(VARIANTS)}"),
+    Rule("results", "batch_size", _outside("batch_size", 1, MAX_BATCH), f"1 to {MAX_BATCH:,}"),
+    Rule("results", "seq_len", _outside("seq_len", 1, MAX_SEQUENCE), f"NULL or 1 to {MAX_SEQUENCE:,}"),
+    Rule("results", "new_tokens", _outside("new_tokens", 1, MAX_NEW_TOKENS), f"NULL or 1 to {MAX_NEW_TOKENS:,}"),
+    Rule("results", "iterations", _outside("iterations", 1, MAX_ITERATIONS), f"NULL or 1 to {MAX_ITERATIONS:,}"),
+    Rule("results", "tokens_matched", "tokens_matched < 0", "NULL or a whole number >= 0"),
+    *(Rule("results", c, _not_positive(c), f"NULL or {POSITIVE}") for c in LATENCIES),
+    *(
+        Rule("results", c, f"NOT (isfinite({c}) AND {c} >= 0)", "NULL or a finite number >= 0")
+        for c in ("latency_std_ms", "latency_cv")
+    ),
+    Rule("samples", "iteration", _outside("iteration", 0, MAX_ITERATIONS - 1), f"0 to {MAX_ITERATIONS - 1:,}"),
+    Rule("samples", "round", _outside("round", 0, MAX_ROUNDS), f"NULL or 0 to {MAX_ROUNDS:,}"),
+    *(Rule("samples", c, _not_positive(c), POSITIVE) for c in ("latency_ms", "ttft_ms", "tpot_ms")),
+    Rule("samples", "steps_ms", _not_positive_list("steps_ms"), f"NULL or a list of numbers each {POSITIVE}"),
+    Rule("samples", "steps_ms", f"len(steps_ms) > {MAX_NEW_TOKENS}", f"at most {MAX_NEW_TOKENS:,} steps"),
+    Rule("operators", "calls", "calls < 1", "a whole number >= 1"),
+    Rule(
+        "operators", "profile_iterations", _outside("profile_iterations", 1, MAX_ITERATIONS), f"1 to {MAX_ITERATIONS:,}"
+    ),
+    Rule("operators", "total_ms", "NOT (isfinite(total_ms) AND total_ms >= 0)", "a finite number >= 0"),
+    Rule("controls", "iterations", _outside("iterations", 0, MAX_ITERATIONS), f"0 to {MAX_ITERATIONS:,}"),
+    Rule("controls", "samples_ms", _not_positive_list("samples_ms"), f"NULL or a list of numbers each {POSITIVE}"),
+    Rule("controls", "samples_ms", f"len(samples_ms) > {MAX_ITERATIONS}", f"at most {MAX_ITERATIONS:,} samples"),
+    Rule("controls", "median_ms", _not_positive("median_ms"), f"NULL or {POSITIVE}"),
+]
+UNIQUE = {"runs": [("run_id",)], "results": [("result_id",), ("run_id", "result_key")],
+          "samples": [("result_id", "iteration")]}  # fmt: skip
+# (table, column, the table holding the key it names, that key)
+LINKS = [("results", "run_id", "runs", "run_id"), ("hardware", "run_id", "runs", "run_id"),
+         ("controls", "run_id", "runs", "run_id"), ("samples", "result_id", "results", "result_id"),
+         ("operators", "result_id", "results", "result_id")]  # fmt: skip
+
+
+def shown(value: object) -> str:
+    """A value from a bundle as a message may show it: NULL, or quoted, cut short, one clean line."""
+    if value is None:
+        return "NULL"
+    text = terminal_text(str(value))
+    return repr(text[:SHOWN_CHARS] + ("…" if len(text) > SHOWN_CHARS else ""))
+
+
+def _refuse(path: Path, table: str, row: int, column: str, what: str) -> BundleError:
+    return BundleError(f"{path}: {table}.parquet row {row + 1}, column {column}: {what}; nothing was imported")
+
+
+def _columns(connection: duckdb.DuckDBPyConnection, table: str) -> dict[str, str]:
+    return dict(connection.execute(
+        "SELECT column_name, data_type FROM duckdb_columns() WHERE database_name = current_database() "
+        "AND table_name = ? ORDER BY column_index", [table],
+    ).fetchall())  # fmt: skip
+
+
+def check_columns(connection: duckdb.DuckDBPyConnection, path: Path, tables: list[str]) -> None:
+    """Before the migration: each staged table's columns are its schema's, each of that column's type or
+    cast to it row by row (the first row that does not cast is named), so every later check, the
+    migration and the insert meet the store's own types."""
+    current = current_columns()
+    for table in tables:
+        staged = _columns(connection, table)
+        extra = sorted(set(staged) - {column for column, _, _ in current[table]})
+        if extra:
+            raise BundleError(f"{path}: table {table} has columns schema {SCHEMA_VERSION} does not: {extra[:10]}")
+        for column, kind, _ in current[table]:
+            if column in staged and staged[column] != kind:
+                _cast(connection, path, table, column, staged[column], kind)
+
+
+def _cast(connection: duckdb.DuckDBPyConnection, path: Path, table: str, column: str, found: str, kind: str) -> None:
+    name = quoted(column)
+    bad = connection.execute(
+        f"SELECT rowid, CAST({name} AS VARCHAR) FROM {table} WHERE {name} IS NOT NULL "
+        f"AND TRY_CAST({name} AS {kind}) IS NULL ORDER BY rowid LIMIT 1"
+    ).fetchone()
+    if bad is not None:
+        what = f"{shown(bad[1])} is {found}, not {kind} (the type of {table}.{column})"
+        raise _refuse(path, table, bad[0], column, what)
+    connection.execute(f"ALTER TABLE {table} ALTER {name} SET DATA TYPE {kind}")
+
+
+def check_rows(connection: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """After the migration (every column the store's): the rows themselves."""
+    present = {r[0] for r in connection.execute(
+        "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()"
+    ).fetchall()}  # fmt: skip
+    missing = [table for table in RUN_TABLES if table not in present]
+    if missing:
+        raise BundleError(f"{path} is damaged: it has no {', '.join(missing)} table (schema {SCHEMA_VERSION} has)")
+    _check_nulls(connection, path)
+    _check_unique(connection, path)
+    for rule in RULES:
+        _first(connection, path, rule.table, rule.column, rule.bad, f"is not valid (valid: {rule.valid})")
+    for table, column, owner, key in LINKS:
+        bad = f"{column} NOT IN (SELECT {key} FROM {owner})"
+        _first(connection, path, table, column, bad, f"is no {owner[:-1]} of this bundle")
+    _check_samples_per_result(connection, path)
+    _check_hashes(connection, path)
+
+
+def _first(connection: duckdb.DuckDBPyConnection, path: Path, table: str, column: str, bad: str, what: str) -> None:
+    row = connection.execute(
+        f"SELECT rowid, CAST({quoted(column)} AS VARCHAR) FROM {table} WHERE {bad} ORDER BY rowid LIMIT 1"
+    ).fetchone()
+    if row is not None:
+        raise _refuse(path, table, row[0], column, f"{shown(row[1])} {what}")
+
+
+def _check_nulls(connection: duckdb.DuckDBPyConnection, path: Path) -> None:
+    for table in RUN_TABLES:
+        for column in sorted(required_columns().get(table, ())):
+            _first(connection, path, table, column, f"{quoted(column)} IS NULL", "is not valid (valid: a value)")
+
+
+def _check_unique(connection: duckdb.DuckDBPyConnection, path: Path) -> None:
+    for table, keys in UNIQUE.items():
+        for key in keys:
+            columns = ", ".join(key)
+            row = connection.execute(
+                f"SELECT rowid, CAST({key[-1]} AS VARCHAR) FROM (SELECT rowid, *, row_number() OVER "
+                f"(PARTITION BY {columns} ORDER BY rowid) AS copy FROM {table} WHERE {key[-1]} IS NOT NULL) "
+                "WHERE copy = 2 ORDER BY rowid LIMIT 1"
+            ).fetchone()
+            if row is not None:
+                what = f"{shown(row[1])} is a second row of the same {' and '.join(key)} (each is unique)"
+                raise _refuse(path, table, row[0], key[-1], what)
+
+
+def _check_samples_per_result(connection: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """A result holds at most its iterations' samples (the store writes exactly them) and at most
+    MAX_ITERATIONS; a measured one (ok, mismatch) at least one."""
+    row = connection.execute(
+        "SELECT r.rowid, r.result_id, r.iterations, r.status, coalesce(s.n, 0) FROM results r LEFT JOIN "
+        "(SELECT result_id, count(*) AS n FROM samples GROUP BY result_id) s USING (result_id) "
+        f"WHERE coalesce(s.n, 0) > least(coalesce(r.iterations, {MAX_ITERATIONS}), {MAX_ITERATIONS}) "
+        f"OR (r.status IN {_one_of(MEASURED)} AND coalesce(s.n, 0) = 0) ORDER BY r.rowid LIMIT 1"
+    ).fetchone()
+    if row is not None:
+        rowid, result_id, iterations, status, count = row
+        raise _refuse(
+            path, "results", rowid, "iterations",
+            f"result {shown(result_id)} (status {shown(status)}, iterations {iterations}) has {count:,} samples "
+            f"(valid: at most its iterations and at most {MAX_ITERATIONS:,}; at least 1 for status "
+            f"{' or '.join(MEASURED)})",
+        )  # fmt: skip
+
+
+def _check_hashes(connection: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """Each result's content hash recomputed from its rows: a result carrying another's hash (its
+    numbers changed, the hash kept) would otherwise pass for it, here and in every store after."""
+    connection.execute("CREATE TEMP TABLE given_hashes AS SELECT rowid AS row, result_id, content_hash FROM results")
+    try:
+        connection.execute("UPDATE results SET content_hash = NULL")
+        connection.execute(hash_results_sql())
+        row = connection.execute(
+            "SELECT g.row, g.result_id, g.content_hash, r.content_hash FROM given_hashes g JOIN results r "
+            "USING (result_id) WHERE g.content_hash IS DISTINCT FROM r.content_hash ORDER BY g.row LIMIT 1"
+        ).fetchone()
+    finally:
+        connection.execute("DROP TABLE given_hashes")
+    if row is not None:
+        what = (
+            f"result {shown(row[1])} carries the content hash {shown(row[2])}, but its rows hash to {row[3]} "
+            "(a hash is recomputed on import, never taken as given)"
+        )
+        raise _refuse(path, "results", row[0], "content_hash", what)
