@@ -150,3 +150,16 @@ def _ints(*values: Any) -> bool:
 
 def _genai_decoder(folder: Path) -> dict[str, Any]:
     return genai_decoder(read_config(folder, GENAI_CONFIG))
+
+
+@cache
+def own_precision(path: Path) -> str | None:
+    """The one precision a model folder holds, as read from its graph (an onnxruntime-genai int4 folder: q4), or
+    None: not an ONNX folder, a transformers.js folder of several files, or one that cannot be read (its checks
+    refuse it, by name, when the run is validated). What runs when --precision is not given."""
+    try:
+        graph = folder_graph(path) if path.is_dir() else None
+        onnx_files = list((path / "onnx").glob("model*.onnx")) if (path / "onnx").is_dir() else [graph]
+        return file_precision(graph) if graph is not None and len(onnx_files) == 1 else None
+    except Exception:  # anything unreadable is refused by name where the model path is checked
+        return None
