@@ -252,7 +252,8 @@ HOSTILE_GENAI = {
                     "takes a whole number from 0 to 1,024 (got 1000000000)"),
     "heads 'two'": (_decoder(num_key_value_heads="two"), "key 'model.decoder.num_key_value_heads' must be an "
                     "integer, got string \"two\""),
-    "escape in a name": (_decoder(filename="\x1b[2J../x.onnx"), "names '../x.onnx', which resolves to"),
+    "escape in a name": (_decoder(filename="\x1b[2J/../../elsewhere/model.onnx"),
+                         "names '/../../elsewhere/model.onnx', which resolves to"),
 }  # fmt: skip
 
 

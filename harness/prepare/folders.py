@@ -79,7 +79,7 @@ def _checked(folder: Path, graphs: list[Path]) -> list[Path]:
 
 def _present(path: Path, why: str) -> Path:
     if not path.is_file():
-        raise FolderError(f"{why}, which is not in {path.parent}")
+        raise FolderError(f"{why}, which is not in {terminal_text(str(path.parent))}")  # the name is a config's
     return path
 
 
