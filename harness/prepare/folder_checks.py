@@ -117,8 +117,9 @@ def size_problem(config: dict[str, Any], name: str) -> str | None:
         values = value if isinstance(value, list) else [value]  # per-stage sizes (CLAP's audio encoder)
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
             return f"{name} key '{terminal_text(dotted)}' must be an integer, got {shown(value)}"
-        if problem := out_of_range(f"{name} key '{terminal_text(dotted)}'", values, 0, bound):
-            return problem.replace("takes whole numbers", "takes a whole number")
+        past = next((v for v in values if not 0 <= v <= bound), None)
+        if past is not None:
+            return out_of_range(f"{name} key '{terminal_text(dotted)}'", past, 0, bound)
     return None
 
 
