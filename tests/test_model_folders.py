@@ -216,3 +216,80 @@ def test_onnxruntime_genai_generates_the_folder_with_its_own_kv_handling(genai_f
     assert genai["ttft_ms"] > 0 and genai["details"]["model_file"] == "model.onnx"
     refused = rows["onnxruntime-genai", "fp16"]
     assert refused["status"] == "unsupported" and "a q4 graph; --precision q4 runs it" in refused["error"]
+
+
+def corrupted_genai(genai_folder: Path, tmp_path: Path, change: Any) -> Path:
+    """A copy of the builder's folder whose genai_config.json `change(config, copy)` rewrote."""
+    copy = tmp_path / "theirs"
+    shutil.copytree(genai_folder, copy)
+    config = json.loads((copy / "genai_config.json").read_text())
+    change(config, copy)
+    (copy / "genai_config.json").write_text(json.dumps(config))
+    return copy
+
+
+def _decoder(**values: Any) -> Any:
+    return lambda config, _: config["model"]["decoder"].update(values)
+
+
+def _graph_elsewhere(config: dict[str, Any], copy: Path) -> None:
+    """model.onnx a symlink to a graph outside the folder (the config left as the builder wrote it)."""
+    elsewhere = copy.parent / "elsewhere"
+    elsewhere.mkdir()
+    (copy / "model.onnx").rename(elsewhere / "model.onnx")
+    (copy / "model.onnx").symlink_to(elsewhere / "model.onnx")
+
+
+HOSTILE_GENAI = {
+    "filename ../../": (_decoder(filename="../../elsewhere/model.onnx"), "key 'model.decoder.filename' names "
+                        "'../../elsewhere/model.onnx', which resolves to"),
+    "filename absolute": (_decoder(filename="/etc/hostname"), "names '/etc/hostname', which resolves to"),
+    "symlink leading out": (_graph_elsewhere, "names 'model.onnx', which resolves to"),
+    "filename 5": (_decoder(filename=5), "key 'model.decoder.filename' must be a file name (a non-empty string), "
+                   "got number 5"),
+    "model 'x'": (lambda config, _: config.update(model="x"), "key 'model' must be a JSON object, got string \"x\""),
+    "10^9 layers": (_decoder(num_hidden_layers=10**9), "genai_config.json key 'model.decoder.num_hidden_layers' "
+                    "takes a whole number from 0 to 1,024 (got 1000000000)"),
+    "heads 'two'": (_decoder(num_key_value_heads="two"), "key 'model.decoder.num_key_value_heads' must be an "
+                    "integer, got string \"two\""),
+    "escape in a name": (_decoder(filename="\x1b[2J/../../elsewhere/model.onnx"),
+                         "names '/../../elsewhere/model.onnx', which resolves to"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("hostile", list(HOSTILE_GENAI))
+def test_a_genai_folder_reaching_outside_itself_is_refused_by_key(
+    hostile: str, genai_folder: Path, tmp_path: Path
+) -> None:
+    """Issue 30 item 11: the builder's folder, its genai_config.json rewritten, is refused before a run exists:
+    exit 2 naming the key and the path (escape sequences stripped), no traceback, no store written."""
+    change, expected = HOSTILE_GENAI[hostile]
+    (tmp_path / "elsewhere").mkdir(exist_ok=True)
+    shutil.copyfile(genai_folder / "model.onnx", tmp_path / "elsewhere" / "model.onnx")  # there to be run
+    (tmp_path / "c").mkdir()
+    folder = corrupted_genai(genai_folder, tmp_path / "c", change)  # ../../elsewhere is tmp_path's
+    db = tmp_path / "h.duckdb"
+    done = run_cli("native", "--hardware", "cpu", "--engines", "onnxruntime", "--model-path", str(folder),
+                   "--iterations", "1", "--warmup", "0", "--db", str(db), cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    message = " ".join(done.stderr.split())
+    assert expected in message and "Traceback" not in message and "\x1b" not in done.stderr
+    assert not db.exists()
+
+
+def test_a_genai_folder_runs_its_own_precision_when_none_is_asked(genai_folder: Path, tmp_path: Path) -> None:
+    """Issue 30: a request that names no precision (the API's default) runs the folder's own, q4 as read from its
+    MatMulNBits graph, and the row says q4; an asked fp32 stays `unsupported` with the reason
+    (test_a_genai_folder_generates_natively_and_on_wasm)."""
+    from harness.run.native import run_native
+    from harness.run.plan import BenchmarkRequest
+
+    db = tmp_path / "own.duckdb"
+    request = BenchmarkRequest(model_path=genai_folder, hardware=["cpu"], engines=["onnxruntime"], modes=["generate"],
+                               new_tokens=2, sequence_lengths=[8], iterations=2, min_iterations=1, warmup=0,
+                               min_duration_s=0, db_path=db, output_dir=None)  # fmt: skip
+    run_native(request)
+    rows = rows_of(db)
+    assert list(rows) == [("onnxruntime", "q4")]
+    row = rows["onnxruntime", "q4"]
+    assert (row["status"], row["precision"], row["details"]["model_file"]) == ("ok", "q4", "model.onnx"), row["error"]

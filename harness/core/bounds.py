@@ -43,3 +43,15 @@ def out_of_range(name: str, values: int | Sequence[int], low: int, high: int) ->
         return None
     kind = "whole numbers" if many else "a whole number"
     return f"{name} takes {kind} from {low} to {high:,} (got {', '.join(str(v) for v in bad[:3])})"
+
+
+# A model folder's configs (genai_config.json, config.json), read as data (harness.prepare.folder_checks):
+# their size before parsing, and the sizes they give a model before anything is built from them. Generous:
+# today's largest models have 126 layers, 128 heads, hidden 16,384, head size 256, 256 K tokens of vocabulary.
+MAX_CONFIG_BYTES = 16 * 2**20  # a config file read (bytes)
+MAX_LAYERS = 1024  # layers of an encoder or a decoder
+MAX_HEADS = 1024  # attention heads, key/value heads
+MAX_HIDDEN = 65_536 * 4  # hidden and intermediate (feed-forward) widths
+MAX_HEAD_SIZE = 65_536  # one attention head's width
+MAX_VOCAB = 4 * 2**20  # tokens in a vocabulary
+MAX_CONTEXT = 16 * 2**20  # positions, context length, a generation's max_length

@@ -15,13 +15,13 @@ PROTOBUF_LIMIT_BYTES = 2**31
 EXTERNAL_ABOVE_BYTES = PROTOBUF_LIMIT_BYTES - 2**27
 
 
-def _tensors(graph: Any) -> Iterator[Any]:
+def tensors(graph: Any) -> Iterator[Any]:
     """Every initializer, subgraphs' (If / Loop bodies) included."""
     yield from graph.initializer
     for node in graph.node:
         for attribute in node.attribute:
             for sub in [attribute.g, *attribute.graphs] if attribute.type in (5, 10) else []:
-                yield from _tensors(sub)
+                yield from tensors(sub)
 
 
 def _external_spans(path: Path) -> dict[str, list[tuple[str, int]]]:
@@ -29,7 +29,7 @@ def _external_spans(path: Path) -> dict[str, list[tuple[str, int]]]:
     import onnx
 
     spans: dict[str, list[tuple[str, int]]] = {}
-    for tensor in _tensors(onnx.load(str(path), load_external_data=False).graph):
+    for tensor in tensors(onnx.load(str(path), load_external_data=False).graph):
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
             continue
         entry = {item.key: item.value for item in tensor.external_data}
@@ -65,7 +65,7 @@ def external_data_problem(path: Path) -> str | None:
     deep inside ORT-web, or waits."""
     for location, spans in _external_spans(path).items():
         file = path.parent / location
-        if Path(location).is_absolute() or ".." in Path(location).parts:
+        if not file.resolve().is_relative_to(path.parent.resolve()):  # ../x, absolute, a symlink leading out
             return f"{path.name}: external data location '{location}' is outside the model's folder"
         if not file.is_file():
             return f"{path.name}: external data file '{location}' is missing (expected at {file})"
@@ -80,7 +80,7 @@ def external_data_problem(path: Path) -> str | None:
 
 
 def initializer_bytes(model: Any) -> int:
-    return sum(len(t.raw_data) for t in _tensors(model.graph))
+    return sum(len(t.raw_data) for t in tensors(model.graph))
 
 
 def save_model(model: Any, target: Path) -> dict[str, Any]:

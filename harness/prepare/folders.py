@@ -11,10 +11,21 @@ A folder with none of these is a Hugging Face checkpoint (harness.prepare.specs)
 
 from __future__ import annotations
 
-import json
 from functools import cache
 from pathlib import Path
 from typing import Any
+
+from harness.core.terminal import terminal_text
+from harness.prepare.folder_checks import (
+    FolderError,
+    check_external_data,
+    check_sizes,
+    genai_decoder,
+    genai_files,
+    inside,
+    read_config,
+    size_problem,
+)
 
 GENAI_CONFIG = "genai_config.json"
 # transformers.js's file suffixes for the harness's precisions (onnx/model<suffix>.onnx); its uint8 and
@@ -23,29 +34,52 @@ TRANSFORMERS_JS_SUFFIXES = {"fp32": "", "fp16": "_fp16", "int8": "_int8", "q4": 
 OPTIMUM_FILES = ("model.onnx", "decoder_model_merged.onnx")
 
 
-class FolderError(ValueError):
-    """A folder that looks like a layout but lacks the file it names; the message says what is there."""
-
-
 def folder_graph(folder: Path) -> Path | None:
     """The ONNX file a folder's reference outputs come from (its fp32 file where it has one), or None
-    when the folder holds no ONNX layout."""
-    if (folder / GENAI_CONFIG).is_file():
-        name = _genai_decoder(folder).get("filename", "model.onnx")
-        return _present(folder / name, f"{GENAI_CONFIG} names decoder file '{name}'")
+    when the folder holds no ONNX layout. Every file the layout names, the configs and their sizes are checked
+    first (harness.prepare.folder_checks): a folder stays inside itself."""
+    if (folder / GENAI_CONFIG).exists() or (folder / GENAI_CONFIG).is_symlink():
+        return _genai_graph(folder)
     onnx_dir = folder / "onnx"
     if onnx_dir.is_dir():
         found = [onnx_dir / f"model{suffix}.onnx" for suffix in TRANSFORMERS_JS_SUFFIXES.values()]
-        present = [path for path in found if path.is_file()]
+        present = [path for path in found if path.is_file() or path.is_symlink()]
         if not present:
             raise FolderError(f"{onnx_dir} holds none of {', '.join(p.name for p in found)}")
-        return present[0]
-    return next((folder / name for name in OPTIMUM_FILES if (folder / name).is_file()), None)
+        return _checked(folder, present)[0]
+    present = [folder / name for name in OPTIMUM_FILES if (folder / name).is_file() or (folder / name).is_symlink()]
+    return _checked(folder, present)[0] if present else None
+
+
+def _genai_graph(folder: Path) -> Path:
+    """genai_config.json's decoder file, with every file the config names inside the folder."""
+    config = read_config(folder, GENAI_CONFIG)
+    if problem := size_problem(config, GENAI_CONFIG):
+        raise FolderError(problem)
+    name = genai_decoder(config).get("filename", "model.onnx")
+    named = genai_files(folder, config)  # the decoder's filename among them, each inside the folder
+    graph = _present(inside(folder, name, "genai_config.json key 'model.decoder.filename'"),
+                     f"{GENAI_CONFIG} names decoder file '{terminal_text(name)}'")  # fmt: skip
+    for path in named:
+        if path.suffix == ".onnx" and path.is_file():
+            check_external_data(path, folder)
+    return graph
+
+
+def _checked(folder: Path, graphs: list[Path]) -> list[Path]:
+    """A transformers.js or optimum folder's graphs, each inside the folder with its external data, and its
+    config.json's sizes within their bounds."""
+    if (folder / "config.json").exists() or (folder / "config.json").is_symlink():
+        check_sizes(folder, "config.json")
+    for graph in graphs:
+        name = str(graph.relative_to(folder))
+        check_external_data(inside(folder, name, f"the layout's model file {name}"), folder)
+    return graphs
 
 
 def _present(path: Path, why: str) -> Path:
     if not path.is_file():
-        raise FolderError(f"{why}, which is not in {path.parent}")
+        raise FolderError(f"{why}, which is not in {terminal_text(str(path.parent))}")  # the name is a config's
     return path
 
 
@@ -102,7 +136,7 @@ def past_shape(graph: Path) -> tuple[int, int] | None:
         decoder = _genai_decoder(root)
         heads, size = decoder.get("num_key_value_heads"), decoder.get("head_size")
     else:
-        config = _json(root / "config.json")
+        config = read_config(root, "config.json")
         attention = config.get("num_attention_heads")
         heads = config.get("num_key_value_heads", attention)
         hidden = config.get("hidden_size")
@@ -115,17 +149,17 @@ def _ints(*values: Any) -> bool:
 
 
 def _genai_decoder(folder: Path) -> dict[str, Any]:
-    decoder = _json(folder / GENAI_CONFIG).get("model", {}).get("decoder", {})
-    if not isinstance(decoder, dict):
-        raise FolderError(f"{folder / GENAI_CONFIG}: model.decoder must be a JSON object")
-    return decoder
+    return genai_decoder(read_config(folder, GENAI_CONFIG))
 
 
-def _json(path: Path) -> dict[str, Any]:
+@cache
+def own_precision(path: Path) -> str | None:
+    """The one precision a model folder holds, as read from its graph (an onnxruntime-genai int4 folder: q4), or
+    None: not an ONNX folder, a transformers.js folder of several files, or one that cannot be read (its checks
+    refuse it, by name, when the run is validated). What runs when --precision is not given."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise FolderError(f"cannot read {path} ({exc})") from exc
-    if not isinstance(data, dict):
-        raise FolderError(f"{path} must hold a JSON object, got {type(data).__name__}")
-    return data
+        graph = folder_graph(path) if path.is_dir() else None
+        onnx_files = list((path / "onnx").glob("model*.onnx")) if (path / "onnx").is_dir() else [graph]
+        return file_precision(graph) if graph is not None and len(onnx_files) == 1 else None
+    except Exception:  # anything unreadable is refused by name where the model path is checked
+        return None

@@ -14,6 +14,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from harness.core.bounds import MAX_CONFIG_BYTES
+
 FAMILIES = ("embedding", "text_generation", "vision", "audio", "multimodal")
 # How inputs are generated (harness/prepare/inputs.py): token ids, images, waveforms, log-mel features,
 # encoder-decoder token pairs, videos, and images spliced into a decoder's tokens.
@@ -218,15 +220,17 @@ def load_specs() -> dict[str, ModelSpec]:
 def spec_from_path(path: Path, family: str | None) -> ModelSpec:
     """A spec for --model-path: an .onnx file, a folder of ONNX files (onnxruntime-genai, transformers.js,
     optimum: harness.prepare.folders), or an HF model directory (config.json [+ weights])."""
-    from harness.prepare.folders import FolderError, folder_graph
+    from harness.prepare.folder_checks import FolderError, check_external_data
+    from harness.prepare.folders import folder_graph
 
     if not path.exists():
         raise SpecError(f"--model-path {path}: no such file or directory")
-    if path.is_file():
-        if path.suffix != ".onnx":
-            raise SpecError(f"--model-path {path}: expected an .onnx file or a model folder")
-        return _onnx_file_spec(path, path.stem, family)
     try:
+        if path.is_file():
+            if path.suffix != ".onnx":
+                raise SpecError(f"--model-path {path}: expected an .onnx file or a model folder")
+            check_external_data(path, path.parent)  # a lone file's weights stay in its own folder too
+            return _onnx_file_spec(path, path.stem, family)
         graph = folder_graph(path)
     except FolderError as exc:
         raise SpecError(f"--model-path {path}: {exc}") from exc
@@ -254,7 +258,11 @@ def _onnx_file_spec(path: Path, name: str, family: str | None) -> ModelSpec:
 
 
 def _checkpoint_spec(path: Path, family: str | None) -> ModelSpec:
+    from harness.prepare.folder_checks import size_problem
+
     config_file = path / "config.json"
+    if config_file.is_file() and config_file.stat().st_size > MAX_CONFIG_BYTES:  # bounded before it is read
+        raise SpecError(f"--model-path {path}: config.json is over {MAX_CONFIG_BYTES:,} bytes, a config's bound")
     try:
         config = json.loads(config_file.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:  # ValueError: bad JSON, or bytes that are not UTF-8
@@ -263,6 +271,8 @@ def _checkpoint_spec(path: Path, family: str | None) -> ModelSpec:
         raise SpecError(f"--model-path {path}: config.json must hold a JSON object, got {type(config).__name__}")
     if problem := config_type_error(config):
         raise SpecError(f"--model-path {path}: config.json {problem}")
+    if problem := size_problem(config, "config.json"):  # bounded before a model of those sizes is built
+        raise SpecError(f"--model-path {path}: {problem}")
     model_type = config.get("model_type")
     template = next((s for s in load_specs().values() if s.model_type == model_type), None)
     if template is None:

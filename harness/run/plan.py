@@ -12,6 +12,7 @@ from harness.core.paths import unwritable_directory, unwritable_file
 from harness.core.records import MODES, PRECISIONS, Case, Target, result_key
 from harness.native import DEFAULT_ENGINES, ENGINES, capabilities
 from harness.native.base import Availability
+from harness.prepare.folders import own_precision
 from harness.prepare.greedy import generates_with_past
 from harness.prepare.specs import ModelSpec, SpecError, check_families, select_specs, spec_from_path
 from harness.run.hardware import NATIVE_PLATFORMS, native_targets
@@ -62,7 +63,7 @@ class RunOptions:
 class BenchmarkRequest(RunOptions):
     hardware: list[str] | None = None  # None: every available native platform
     engines: list[str] | None = None
-    precision: str | list[str] = "fp32"  # one precision, a list, or a comma-separated string
+    precision: str | list[str] | None = None  # one, a list, or a comma-separated string; None: see precisions()
 
 
 @dataclass
@@ -114,7 +115,10 @@ class Plan:
 
 
 def precisions(request: BenchmarkRequest) -> list[str]:
-    """The requested precisions, in order, without duplicates (validate() rejects an empty list)."""
+    """The requested precisions, in order, without duplicates (validate() rejects an empty list). None given:
+    a model folder's own precision where it holds one (an onnxruntime-genai int4 folder runs q4), else fp32."""
+    if request.precision is None:
+        return [(request.model_path and own_precision(Path(request.model_path))) or "fp32"]
     given = request.precision.split(",") if isinstance(request.precision, str) else request.precision
     return list(dict.fromkeys(p.strip() for p in given if p.strip()))
 

@@ -77,7 +77,7 @@ class WebRequest(RunOptions):
     threads: list[int] = field(default_factory=lambda: [1])  # wasm threads; webgpu/webnn use the first
     webnn_device: str = "gpu"
     # fp32 runs the export; fp16/int8 the conversions native ORT runs (harness.prepare.export.precision_variant)
-    precision: str | list[str] = "fp32"
+    precision: str | list[str] | None = None  # None: a model folder's own precision, else fp32 (plan.precisions)
     gpu: str = "auto"  # the launch profile: auto | on | off (harness.web.flags)
     headed: bool = False  # a headful browser (on a virtual display when the host has none)
     browser_args: list[str] = field(default_factory=list)  # raw flags appended to the launch
