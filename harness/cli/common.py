@@ -85,7 +85,7 @@ def with_options(request: type, names: Iterable[str], *, overrides: bool = False
     names = tuple(names)
 
     def wrap(command: Any) -> Any:
-        signature = inspect.signature(command)
+        signature = inspect.signature(command, eval_str=True)  # typer reads a __signature__ as it is
         own = [
             p
             for p in signature.parameters.values()
