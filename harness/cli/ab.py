@@ -12,6 +12,7 @@ from harness.cli.common import errors, fail, given, int_list, request_values, sp
 from harness.cli.progress import run_with_progress
 from harness.core.paths import unwritable_file
 from harness.run.ab import AbRequest
+from harness.run.web import WebRequest
 from harness.web.eps import WEB_HARDWARE
 
 WEB_EPS = ",".join(WEB_HARDWARE)
@@ -22,6 +23,7 @@ PythonHelp = "Another environment's python for variant {side} (with accelharness
 OPTIONS = ("engines", "batch_sizes", "sequence_lengths", "precision", "warmup", "timeout_s", "db_path", "machine_label")
 
 
+@with_options(WebRequest, ("threads",))
 @with_options(AbRequest, OPTIONS)
 def ab(
     ctx: typer.Context,
@@ -33,7 +35,7 @@ def ab(
     web_hardware: Annotated[
         str | None, typer.Option(help=f"Browser EPs, comma-separated ({WEB_EPS}): both variants in one page.")
     ] = None,
-    threads: Annotated[str, typer.Option(help="With --web-hardware: wasm thread counts, comma-separated.")] = "1",
+    threads: str = "1",  # --threads, as `web`'s (WebRequest's field): with --web-hardware only
     a_precision: Annotated[str | None, typer.Option(help="Variant A's precision instead of --precision.")] = None,
     b_precision: Annotated[str | None, typer.Option(help="Variant B's precision instead.")] = None,
     a_python: Annotated[Path | None, typer.Option(help=PythonHelp.format(side="A"))] = None,

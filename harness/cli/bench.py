@@ -25,8 +25,9 @@ from harness.cli.common import (
 from harness.cli.progress import print_summary, run_with_progress
 from harness.cli.stops import interrupted, stopped
 from harness.core.bounds import MAX_DEVICES
+from harness.core.options import declared
 from harness.run.native import run_native
-from harness.run.plan import BenchmarkRequest, RequestError, validate
+from harness.run.plan import BenchmarkRequest, RequestError, RunOptions, validate
 from harness.run.recording import resume_point
 from harness.run.serve import DEFAULT_MAX_DEVICES
 from harness.run.web import WebRequest
@@ -34,11 +35,9 @@ from harness.store import StoreError, StoreWriteError
 from harness.web.eps import WEB_HARDWARE, WEBNN_DEVICES
 
 WEB_EPS = ",".join(WEB_HARDWARE)
-# The run options every benchmark command takes (fields of harness.run.plan.RunOptions: flag, help, bound
-# and choices written there once), in --help order.
-SHARED = ("models", "model_families", "small_models", "model_path", "batch_sizes", "sequence_lengths", "precision",
-          "modes", "new_tokens", "warmup", "iterations", "min_duration_s", "max_iterations", "max_time_s",
-          "min_iterations", "timeout_s", "profile", "db_path", "output_dir", "machine_label")  # fmt: skip
+# The run options every benchmark command takes: each field of harness.run.plan.RunOptions (flag, help, bound
+# and choices written there once), in field order. A field added there is an option of native, web and run.
+SHARED = tuple(declared(RunOptions))
 NATIVE = ("hardware", "engines")  # BenchmarkRequest's own
 BROWSER = ("threads", "gpu")  # WebRequest's own, on `web` and `run`
 # How the browser is launched (or reached): the same options on `web` and `run`.

@@ -211,7 +211,6 @@ def check_shapes(request: RunOptions) -> None:
 def validate(request: BenchmarkRequest) -> Plan:
     """Check every input before anything is written; raise RequestError naming the valid values."""
     check_shapes(request)
-    check(request, declared(BenchmarkRequest), ("precision", "modes"))
     check_measuring(request)
     engines = check_engines(request.engines, request.hardware)
     specs = check_selection(request)
@@ -309,10 +308,10 @@ def check_seconds(name: str, value: float, *, positive: bool, limit: float = mat
 
 
 def check_measuring(request: RunOptions) -> None:
-    """The stop-rule and time-limit options every request shares."""
-    check(request, declared(RunOptions), ("warmup", "iterations"))
+    """Every run option's own check (its field's bound, choices or duration: harness.core.options), then
+    what depends on another option: --max-iterations at least --iterations, and the machine label."""
+    check(request, declared(RunOptions))
     check_count("--max-iterations", request.max_iterations, MAX_ITERATIONS, low=request.iterations)
-    check(request, declared(RunOptions), ("min_iterations", "min_duration_s", "max_time_s", "timeout_s"))
     try:
         machine_label(request.machine_label)
     except ValueError as exc:

@@ -217,7 +217,7 @@ def check_browser_request(request: Any) -> list[ModelSpec]:
     check_measuring(request)
     if not request.hardware:
         raise RequestError(f"--hardware is empty; valid: {', '.join(WEB_HARDWARE)}")
-    check(request, declared(WebRequest), ("hardware", "precision"))
+    check(request, declared(WebRequest), ("hardware",))  # precision and modes: check_measuring
     unknown = [m for m in request.modes if m not in WEB_MODES]
     if unknown or not request.modes:
         raise RequestError(f"--mode {','.join(request.modes)}: the browser runs {', '.join(WEB_MODES)}")
