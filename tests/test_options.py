@@ -4,11 +4,13 @@ are declared aliases of those fields; and the one check() refuses a bad value fr
 
 from __future__ import annotations
 
+import json
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import pytest
 import typer
 from conftest import CLI
@@ -95,6 +97,25 @@ def test_run_refuses_an_unknown_engine_as_native_does(tmp_path: Path) -> None:
         assert "--engines: unknown engine 'tensorflow'; valid: torch, onnxruntime" in done.stderr
         assert "Traceback" not in done.stderr
         assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="needs Chromium at /usr/bin/chromium")
+def test_run_engines_narrows_its_native_half(tmp_path: Path) -> None:
+    """`run --engines onnxruntime`: the native half runs ONNX Runtime only (without it torch and OpenVINO run on
+    cpu too), the browser half runs as before, and the run's stored arguments say so."""
+    db = tmp_path / "r.duckdb"
+    done = subprocess.run(
+        [*CLI, "run", "--model", "bert-tiny", "--hardware", "cpu", "--engines", "onnxruntime", "--web-hardware",
+         "wasm", "--iterations", "3", "--warmup", "0", "--min-duration", "0", "--db", str(db), "--output-dir",
+         str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    with duckdb.connect(str(db), read_only=True) as store:
+        engines = sorted(r[0] for r in store.execute("SELECT engine FROM results").fetchall())
+        (arguments,) = store.execute("SELECT arguments FROM runs").fetchone() or ("",)
+    assert engines == ["onnxruntime", "onnxruntime-web"]
+    assert json.loads(arguments)["native"]["engines"] == ["onnxruntime"]
 
 
 def test_the_suite_configs_keys_are_aliases_of_the_fields() -> None:
