@@ -20,6 +20,7 @@ from harness.cli.common import request_values, with_options
 from harness.cli.reference import commands
 from harness.cli.suite import OVERRIDES
 from harness.core.options import RequestError, check, declared, option, problem
+from harness.core.parity import TOLERANCES
 from harness.core.precision import MEANINGS
 from harness.core.records import PRECISIONS
 from harness.run.ab import AbRequest
@@ -74,6 +75,7 @@ def test_the_benchmark_commands_take_the_same_run_options() -> None:
 def test_every_precision_help_lists_the_one_precision_table() -> None:
     """--precision's choices and help come from core.precision.MEANINGS (+ auto) wherever it is taken."""
     assert (*MEANINGS, "auto") == PRECISIONS
+    assert set(TOLERANCES) == set(MEANINGS)  # the parity check knows every precision the table names
     assert declared(RunOptions)["precision"].choices == PRECISIONS
     for cmd in ("native", "web", "run", "ab"):
         _, help_text, _ = shown(commands()[cmd], "precision") or ([], "", None)
