@@ -12,52 +12,35 @@ import typer
 from rich.markup import escape
 
 from harness.cli.common import (
-    BatchOption,
-    DbOption,
-    FamiliesOption,
-    IterationsOption,
-    MachineLabelOption,
-    MaxIterationsOption,
-    MaxTimeOption,
-    MinDurationOption,
-    MinIterationsOption,
-    ModelOption,
-    ModelPathOption,
-    OutputDirOption,
-    ProfileOption,
     ResumeOption,
-    SeqOption,
-    SmallOption,
-    TimeoutOption,
-    WarmupOption,
     console,
     errors,
     fail,
     given,
     int_list,
+    request_values,
     split_list,
+    with_options,
 )
 from harness.cli.progress import print_summary, run_with_progress
 from harness.cli.stops import interrupted, stopped
 from harness.core.bounds import MAX_DEVICES
-from harness.native import DEFAULT_ENGINES, ENGINES
+from harness.core.options import declared
 from harness.run.native import run_native
-from harness.run.plan import DEFAULT_MAX_TIME_S, BenchmarkRequest, RequestError, validate
+from harness.run.plan import BenchmarkRequest, RequestError, RunOptions, validate
 from harness.run.recording import resume_point
 from harness.run.serve import DEFAULT_MAX_DEVICES
-from harness.store import DEFAULT_DB, StoreError, StoreWriteError
+from harness.run.web import WebRequest
+from harness.store import StoreError, StoreWriteError
 from harness.web.eps import WEB_HARDWARE, WEBNN_DEVICES
 
 WEB_EPS = ",".join(WEB_HARDWARE)
+# The run options every benchmark command takes: each field of harness.run.plan.RunOptions (flag, help, bound
+# and choices written there once), in field order. A field added there is an option of native, web and run.
+SHARED = tuple(declared(RunOptions))
+NATIVE = ("hardware", "engines")  # BenchmarkRequest's own
+BROWSER = ("threads", "gpu")  # WebRequest's own, on `web` and `run`
 # How the browser is launched (or reached): the same options on `web` and `run`.
-GpuOption = Annotated[
-    str,
-    typer.Option(
-        "--gpu",
-        help="Browser GPU profile: on (real WebGPU: Vulkan/ANGLE on Linux, D3D12/Metal elsewhere, no "
-        "--disable-gpu), off (software rendering), auto (on where the host shows a GPU). Recorded per row.",
-    ),
-]
 HeadedOption = Annotated[
     bool,
     typer.Option("--headed", help="A headful browser (on Xvfb without a DISPLAY): where headless forces software."),
@@ -87,100 +70,39 @@ BrowserOption = Annotated[
 BrowserPathOption = Annotated[
     Path | None, typer.Option("--browser-path", help="The browser executable to use instead.")
 ]
-ThreadsOption = Annotated[
-    str, typer.Option("--threads", help="Comma-separated wasm thread counts (webgpu/webnn use the first).")
-]
-WebPrecisionOption = Annotated[
-    str,
-    typer.Option(
-        "--precision",
-        help="Comma-separated: fp32, fp16 (webgpu needs the adapter's shader-f16), int8; the converted ONNX "
-        "files native ONNX Runtime runs. Each row records the precision that ran.",
-    ),
-]
-
-WebModeOption = Annotated[
-    str,
-    typer.Option(
-        "--mode",
-        help="Comma-separated: inference, generate (greedy decoding on the export with past key/values: "
-        "GPT-2, LLaMA, Qwen2, an .onnx with past inputs; TTFT, pp and tg tokens/s, token parity with native ORT).",
-    ),
-]
-NewTokensOption = Annotated[
-    int, typer.Option("--new-tokens", help="--mode generate only: tokens per sequence (exactly; EOS ignored).")
-]
 
 
-def native(
-    ctx: typer.Context,
-    model: ModelOption = None,
-    model_families: FamiliesOption = None,
-    small_models: SmallOption = False,
-    model_path: ModelPathOption = None,
-    hardware: Annotated[
-        str | None, typer.Option(help="cpu,cuda,rocm,mps,openvino,qnn,directml (default: available)")
-    ] = None,
-    engines: Annotated[
-        str | None, typer.Option(help=f"{','.join(ENGINES)} (default: {','.join(DEFAULT_ENGINES)})")
-    ] = None,
-    batch_sizes: BatchOption = "1",
-    sequence_lengths: SeqOption = "32",
-    precision: Annotated[
-        str,
-        typer.Option(
-            help="Comma-separated: fp32 (forced everywhere), fp16, bf16, int8 (dynamic quantization), "
-            "auto (engine default). Each row records the precision that ran."
-        ),
-    ] = "fp32",
-    mode: Annotated[
-        str, typer.Option(help="inference, generate (TTFT/TPOT; torch, ORT for GPT-2/LLaMA/Qwen2), training (torch).")
-    ] = "inference",
-    new_tokens: NewTokensOption = BenchmarkRequest.new_tokens,
-    warmup: WarmupOption = 5,
-    iterations: IterationsOption = 20,
-    min_duration: MinDurationOption = 0.5,
-    max_iterations: MaxIterationsOption = 10_000,
-    max_time: MaxTimeOption = DEFAULT_MAX_TIME_S,
-    min_iterations: MinIterationsOption = 3,
-    timeout: TimeoutOption = 300.0,
-    profile: ProfileOption = False,
-    db: DbOption = DEFAULT_DB,
-    output_dir: OutputDirOption = Path("accelharness-results"),
-    resume: ResumeOption = False,
-    machine_label: MachineLabelOption = None,
-) -> None:
+def pick(options: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    return {name: options[name] for name in names}
+
+
+def shared_values(ctx: typer.Context, options: dict[str, Any]) -> dict[str, Any]:
+    """The run options, parsed (--new-tokens without generate is refused: it would do nothing)."""
+    values = request_values(BenchmarkRequest, pick(options, SHARED))
+    if "generate" not in values["modes"] and given(ctx, "new_tokens"):
+        modes = ",".join(values["modes"])
+        raise fail(f"--new-tokens applies to --mode generate only (got --mode {modes}); add generate or drop it")
+    return values
+
+
+@with_options(BenchmarkRequest, NATIVE + SHARED)
+def native(ctx: typer.Context, resume: ResumeOption = False, **options: Any) -> None:
     """Benchmark models on native backends (torch, ONNX Runtime, OpenVINO)."""
-    shared = run_options(model, model_families, small_models, model_path, batch_sizes, sequence_lengths,
-                         warmup, iterations, min_duration, max_iterations, max_time, min_iterations, timeout, db,
-                         output_dir, profile, machine_label) | mode_options(ctx, mode, new_tokens)  # fmt: skip
-    request = BenchmarkRequest(hardware=split_list(hardware), engines=split_list(engines), precision=precision,
-                               **shared)  # fmt: skip
+    request = BenchmarkRequest(**request_values(BenchmarkRequest, pick(options, NATIVE)), **shared_values(ctx, options))
     try:
         plan = validate(request)
     except RequestError as exc:
         raise fail(str(exc)) from None
-    run_id = resumed(db, "native", asdict(request), [plan]) if resume else None
+    run_id = resumed(request.db_path, "native", asdict(request), [plan]) if resume else None
     run_with_progress(plan.total_results, lambda on_result: run_native(request, on_result, plan, run_id))
 
 
+@with_options(WebRequest, ("hardware", *SHARED, *BROWSER))
 def web(
     ctx: typer.Context,
     browser: BrowserOption = "chromium",
     browser_path: BrowserPathOption = None,
-    hardware: Annotated[str, typer.Option(help=f"Comma-separated: {WEB_EPS}.")] = WEB_EPS,
-    model: ModelOption = None,
-    model_families: FamiliesOption = None,
-    small_models: SmallOption = False,
-    model_path: ModelPathOption = None,
-    batch_sizes: BatchOption = "1",
-    sequence_lengths: SeqOption = "32",
-    threads: ThreadsOption = "1",
     webnn_device: Annotated[str, typer.Option(help=f"WebNN deviceType: {', '.join(WEBNN_DEVICES)}.")] = "gpu",
-    precision: WebPrecisionOption = "fp32",
-    mode: WebModeOption = "inference",
-    new_tokens: NewTokensOption = BenchmarkRequest.new_tokens,
-    gpu: GpuOption = "auto",
     headed: HeadedOption = False,
     browser_arg: BrowserArgOption = None,
     require_hardware_gpu: RequireGpuOption = False,
@@ -211,29 +133,18 @@ def web(
         Path | None, typer.Option(help="--serve: HTTPS certificate (PEM; self-signed works), with --keyfile.")
     ] = None,
     keyfile: Annotated[Path | None, typer.Option(help="--serve: the certificate's private key (PEM).")] = None,
-    warmup: WarmupOption = 5,
-    iterations: IterationsOption = 20,
-    min_duration: MinDurationOption = 0.5,
-    max_iterations: MaxIterationsOption = 10_000,
-    max_time: MaxTimeOption = DEFAULT_MAX_TIME_S,
-    min_iterations: MinIterationsOption = 3,
-    timeout: TimeoutOption = 300.0,
-    profile: ProfileOption = False,
-    db: DbOption = DEFAULT_DB,
-    output_dir: OutputDirOption = Path("accelharness-results"),
     resume: ResumeOption = False,
-    machine_label: MachineLabelOption = None,
+    **options: Any,
 ) -> None:
     """Benchmark the same ONNX files and inputs in Chromium via onnxruntime-web (wasm, webgpu, webnn): launched
     here (headless, or --headed; --gpu profile), remote (--browser-endpoint), or in any browser that opens the
     URL --serve prints."""
-    from harness.run.web import WebRequest, run_web, validate_web
+    from harness.run.web import run_web, validate_web
 
-    if "webnn" not in (split_list(hardware) or []) and given(ctx, "webnn_device"):
-        raise fail(f"--webnn-device applies to webnn only (got --hardware {hardware}); add webnn or drop it")
-    shared = run_options(model, model_families, small_models, model_path, batch_sizes, sequence_lengths,
-                         warmup, iterations, min_duration, max_iterations, max_time, min_iterations, timeout, db,
-                         output_dir, profile, machine_label) | mode_options(ctx, mode, new_tokens)  # fmt: skip
+    hardware = split_list(options["hardware"]) or []
+    if "webnn" not in hardware and given(ctx, "webnn_device"):
+        raise fail(f"--webnn-device applies to webnn only (got --hardware {options['hardware']}); add webnn or drop it")
+    shared = shared_values(ctx, options)
     serving = given(ctx, "host", "port", "devices", "max_devices", "serve_timeout", "certfile", "keyfile")
     if not serve and serving:
         raise fail(f"{', '.join(serving)}: options of --serve; add --serve or drop them")
@@ -247,26 +158,23 @@ def web(
             )
         from harness.run.serve import ServeRequest
 
-        served = ServeRequest(hardware=split_list(hardware) or [], precision=precision, host=host, port=port,
-                              devices=devices, max_devices=max_devices, serve_timeout_s=serve_timeout,
-                              certfile=certfile, keyfile=keyfile,
+        served = ServeRequest(hardware=hardware, host=host, port=port, devices=devices, max_devices=max_devices,
+                              serve_timeout_s=serve_timeout, certfile=certfile, keyfile=keyfile,
                               **shared)  # fmt: skip
         serve_devices(served, resume)
         return
     request = WebRequest(
-        hardware=split_list(hardware) or [],
+        hardware=hardware,
         webnn_device=webnn_device,
-        precision=precision,
-        **browser_options(
-            browser, browser_path, threads, hardware, gpu, headed, browser_arg, require_hardware_gpu, browser_endpoint
-        ),
+        **browser_options(options, hardware, browser, browser_path, headed, browser_arg, require_hardware_gpu,
+                          browser_endpoint),
         **shared,
-    )
+    )  # fmt: skip
     try:
         plan = validate_web(request)
     except RequestError as exc:
         raise fail(str(exc)) from None
-    run_id = resumed(db, "web", asdict(request), [plan]) if resume else None
+    run_id = resumed(request.db_path, "web", asdict(request), [plan]) if resume else None
     run_with_progress(plan.total_results, lambda on_result: run_web(request, on_result, plan, resume_run_id=run_id))
 
 
@@ -304,131 +212,48 @@ def serve_devices(request: Any, resume: bool) -> None:
     print_summary(summary, display.rows)
 
 
+@with_options(WebRequest, BROWSER)
+@with_options(BenchmarkRequest, NATIVE + SHARED)
 def run(
     ctx: typer.Context,
-    model: ModelOption = None,
-    model_families: FamiliesOption = None,
-    small_models: SmallOption = False,
-    model_path: ModelPathOption = None,
-    hardware: Annotated[str | None, typer.Option(help="Native hardware (default: every available).")] = None,
     web_hardware: Annotated[str, typer.Option(help=f"Browser EPs: {WEB_EPS}.")] = WEB_EPS,
     browser: BrowserOption = "chromium",
     browser_path: BrowserPathOption = None,
-    threads: ThreadsOption = "1",
-    precision: Annotated[
-        str, typer.Option(help="Comma-separated: fp32, fp16, bf16, int8, auto (native and browser halves).")
-    ] = "fp32",
-    mode: WebModeOption = "inference",
-    new_tokens: NewTokensOption = BenchmarkRequest.new_tokens,
-    gpu: GpuOption = "auto",
     headed: HeadedOption = False,
     browser_arg: BrowserArgOption = None,
     require_hardware_gpu: RequireGpuOption = False,
     browser_endpoint: EndpointOption = None,
-    batch_sizes: BatchOption = "1",
-    sequence_lengths: SeqOption = "32",
-    warmup: WarmupOption = 5,
-    iterations: IterationsOption = 20,
-    min_duration: MinDurationOption = 0.5,
-    max_iterations: MaxIterationsOption = 10_000,
-    max_time: MaxTimeOption = DEFAULT_MAX_TIME_S,
-    min_iterations: MinIterationsOption = 3,
-    timeout: TimeoutOption = 300.0,
-    profile: ProfileOption = False,
-    db: DbOption = DEFAULT_DB,
-    output_dir: OutputDirOption = Path("accelharness-results"),
     resume: ResumeOption = False,
-    machine_label: MachineLabelOption = None,
+    **options: Any,
 ) -> None:
     """Native backends and the browser as one run: one report with both side by side."""
     from harness.run.both import both_arguments, run_both
-    from harness.run.web import WebRequest, validate_web
+    from harness.run.web import validate_web
 
-    shared = run_options(model, model_families, small_models, model_path, batch_sizes, sequence_lengths,
-                         warmup, iterations, min_duration, max_iterations, max_time, min_iterations, timeout, db,
-                         output_dir, profile, machine_label) | mode_options(ctx, mode, new_tokens)  # fmt: skip
-    native_request = BenchmarkRequest(hardware=split_list(hardware), precision=precision, **shared)
+    shared = shared_values(ctx, options)
+    native_request = BenchmarkRequest(**request_values(BenchmarkRequest, pick(options, NATIVE)), **shared)
+    hardware = split_list(web_hardware) or []
     web_request = WebRequest(
-        hardware=split_list(web_hardware) or [],
-        precision=precision,
-        **browser_options(
-            browser,
-            browser_path,
-            threads,
-            web_hardware,
-            gpu,
-            headed,
-            browser_arg,
-            require_hardware_gpu,
-            browser_endpoint,
-        ),
+        hardware=hardware,
+        **browser_options(options, hardware, browser, browser_path, headed, browser_arg, require_hardware_gpu,
+                          browser_endpoint),
         **shared,
-    )
+    )  # fmt: skip
     try:
         plans = (validate(native_request), validate_web(web_request))
     except RequestError as exc:
         raise fail(str(exc)) from None
     arguments = both_arguments(native_request, web_request)
-    run_id = resumed(db, "run", arguments, list(plans)) if resume else None
+    run_id = resumed(native_request.db_path, "run", arguments, list(plans)) if resume else None
     total = sum(p.total_results for p in plans)
     run_with_progress(total, lambda on_result: run_both(native_request, web_request, on_result, plans, run_id))
 
 
-def mode_options(ctx: typer.Context, mode: str, new_tokens: int) -> dict[str, Any]:
-    """--mode and --new-tokens, parsed (--new-tokens without generate is refused: it would do nothing)."""
-    modes = split_list(mode) or ["inference"]
-    if "generate" not in modes and given(ctx, "new_tokens"):
-        raise fail(f"--new-tokens applies to --mode generate only (got --mode {mode}); add generate or drop it")
-    return {"modes": modes, "new_tokens": new_tokens}
-
-
-def run_options(
-    model: str | None,
-    model_families: str | None,
-    small_models: bool,
-    model_path: Path | None,
-    batch_sizes: str,
-    sequence_lengths: str,
-    warmup: int,
-    iterations: int,
-    min_duration: float,
-    max_iterations: int,
-    max_time: float,
-    min_iterations: int,
-    timeout: float,
-    db: Path,
-    output_dir: Path,
-    profile: bool,
-    machine_label: str | None = None,
-) -> dict[str, Any]:
-    """The RunOptions every benchmark command takes (the model selection, cases, stop rule, store), parsed."""
-    return {
-        "models": split_list(model),
-        "model_families": split_list(model_families),
-        "small_models": small_models,
-        "model_path": model_path,
-        "batch_sizes": int_list("--batch-sizes", batch_sizes),
-        "sequence_lengths": int_list("--sequence-lengths", sequence_lengths),
-        "warmup": warmup,
-        "iterations": iterations,
-        "min_duration_s": min_duration,
-        "max_iterations": max_iterations,
-        "max_time_s": max_time or None,  # 0: no budget
-        "min_iterations": min_iterations,
-        "timeout_s": timeout,
-        "db_path": db,
-        "output_dir": output_dir,
-        "profile": profile,
-        "machine_label": machine_label,
-    }
-
-
 def browser_options(
+    options: dict[str, Any],
+    web_hardware: list[str],
     browser: str,
     browser_path: Path | None,
-    threads: str,
-    web_hardware: str,
-    gpu: str,
     headed: bool,
     browser_arg: list[str] | None,
     require_hardware_gpu: bool,
@@ -438,8 +263,8 @@ def browser_options(
     return {
         "browser": browser,
         "browser_path": browser_path,
-        "threads": thread_counts(threads, web_hardware),
-        "gpu": gpu,
+        "threads": thread_counts(options["threads"], web_hardware),
+        "gpu": options["gpu"],
         "headed": headed,
         "browser_args": browser_arg or [],
         "require_hardware_gpu": require_hardware_gpu,
@@ -447,10 +272,10 @@ def browser_options(
     }
 
 
-def thread_counts(threads: str, web_hardware: str) -> list[int]:
+def thread_counts(threads: str, web_hardware: list[str]) -> list[int]:
     """--threads: each count is a wasm setting; webgpu and webnn run the first one only (their wasm fallback)."""
     counts = int_list("--threads", threads)
-    if len(set(counts)) > 1 and "wasm" not in (split_list(web_hardware) or []):
+    if len(set(counts)) > 1 and "wasm" not in web_hardware:
         raise fail(f"several --threads counts ({threads}) need wasm in the web hardware (webgpu/webnn run the first)")
     return counts
 

@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import inspect
+import typing
+from collections.abc import Callable, Iterable
+from dataclasses import fields
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+
+from harness.core.options import DB_HELP, MODEL_PATH_HELP, OPTION, OUTPUT_DIR_HELP, Opt, default_of
 
 console = Console()
 if not console.is_terminal:  # logs and CI: rich would fold every table to 80 columns
     console.width = 160
 errors = Console(stderr=True)
 
-DbOption = Annotated[Path, typer.Option("--db", help="DuckDB file.")]
-OutputDirOption = Annotated[Path, typer.Option("--output-dir", help="Where the reports and the matrix go.")]
+DbOption = Annotated[Path, typer.Option("--db", help=DB_HELP)]
+OutputDirOption = Annotated[Path, typer.Option("--output-dir", help=OUTPUT_DIR_HELP)]
 # The one run-selector grammar (harness.store.Store.resolve_run), for every option that names a run.
 RUN_SELECTOR = "latest, previous, latest-on-<branch>, a run id or its start, or a suite name"
 RunOption = Annotated[str, typer.Option("--run", help=f"The run: {RUN_SELECTOR}.")]
@@ -48,59 +54,15 @@ def int_list(option: str, value: str) -> list[int]:
         raise fail(f"{option} takes comma-separated integers >= 1, e.g. 1,4 (got '{value}')") from None
 
 
-# Options shared by the commands that run benchmarks (native, web, run).
-ModelOption = Annotated[
-    str | None, typer.Option("--model", help="Comma-separated model names (`accelharness models`).")
-]
-FamiliesOption = Annotated[
-    str | None, typer.Option("--model-families", help="embedding,text_generation,vision,audio,multimodal")
-]
-SmallOption = Annotated[bool, typer.Option("--small-models", help="Use the tiny variant of each selected family.")]
-ModelPathOption = Annotated[
-    Path | None, typer.Option("--model-path", help="A local HF model directory or an .onnx file.")
-]
-BatchOption = Annotated[str, typer.Option("--batch-sizes", help="Comma-separated batch sizes.")]
-SeqOption = Annotated[str, typer.Option("--sequence-lengths", help="Comma-separated sequence lengths (text inputs).")]
-WarmupOption = Annotated[int, typer.Option("--warmup", help="Untimed runs after the first run.")]
-IterationsOption = Annotated[int, typer.Option("--iterations", help="Minimum timed iterations.")]
-MinDurationOption = Annotated[float, typer.Option("--min-duration", help="Minimum seconds of timed iterations.")]
-MaxIterationsOption = Annotated[int, typer.Option("--max-iterations", help="Cap on timed iterations.")]
-MaxTimeOption = Annotated[
-    float,
-    typer.Option(
-        "--max-time",
-        help="Seconds of warmup + timed iterations per case (0: no budget). Once spent, the loop stops "
-        "after --min-iterations samples; the row records that the budget stopped it.",
-    ),
-]
-MinIterationsOption = Annotated[
-    int, typer.Option("--min-iterations", help="Timed iterations a case runs even when --max-time is spent.")
-]
-TimeoutOption = Annotated[
-    float, typer.Option("--timeout", help="Seconds a worker or page may go without finishing a case.")
-]
-ProfileOption = Annotated[
-    bool,
-    typer.Option(
-        "--profile",
-        help="After each inference case's timed loop, a few profiled iterations: time per operator (node, op type, "
-        "provider), stored with the result (`query --report ops`, the HTML report, `predict`).",
-    ),
-]
+# The run options (harness.run.plan.RunOptions and the requests) are not written here: each is a field of its
+# request, and with_options() makes them the command's parameters.
+ModelPathOption = Annotated[Path | None, typer.Option("--model-path", help=MODEL_PATH_HELP)]
 ResumeOption = Annotated[
     bool,
     typer.Option(
         "--resume",
         help="Continue the latest run of this command with the same options if it did not complete "
         "(Ctrl-C, kill -9): only the results it lacks are run.",
-    ),
-]
-MachineLabelOption = Annotated[
-    str | None,
-    typer.Option(
-        "--machine-label",
-        help="Name this machine in reports across machines (default: ACCELHARNESS_MACHINE_LABEL); letters, "
-        "digits, '.', '_', '-', at most 64.",
     ),
 ]
 MachineOption = Annotated[
@@ -110,3 +72,70 @@ MachineOption = Annotated[
         help="Learn from this machine's runs only (its label, or the start of its id; `query --report machines`).",
     ),
 ]
+
+
+# --- commands built from the request dataclasses (harness.core.options) ---------------------------------
+
+
+def with_options(request: type, names: Iterable[str], *, overrides: bool = False) -> Callable[[Any], Any]:
+    """Add the options `names` (fields of `request`) to a command's parameters, after its own: each field's
+    flag, help and default, written once on the field. The command takes them as **options, parsed by
+    request_values(), or as parameters of the same name (typed only here). `overrides`: each defaults to None,
+    "the config's" (suite)."""
+    names = tuple(names)
+
+    def wrap(command: Any) -> Any:
+        signature = inspect.signature(command, eval_str=True)  # typer reads a __signature__ as it is
+        own = [
+            p
+            for p in signature.parameters.values()
+            if p.kind is not inspect.Parameter.VAR_KEYWORD and p.name not in names
+        ]
+        added = [_parameter(request, name, overrides) for name in names]
+        command.__signature__ = signature.replace(parameters=[*own, *added])
+        return command
+
+    return wrap
+
+
+def _parameter(request: type, name: str, overrides: bool) -> inspect.Parameter:
+    found = {f.name: f for f in fields(request)}[name]
+    opt: Opt = found.metadata[OPTION]
+    kind, default = _command_line_form(opt, typing.get_type_hints(request)[name], default_of(found))
+    help_text = opt.help
+    if overrides:
+        kind, default = kind | None, None
+        help_text += f" Default: the config's {opt.key or name}."
+    annotation = Annotated[kind, typer.Option(opt.flag, help=help_text)]  # type: ignore[valid-type]
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+
+def _command_line_form(opt: Opt, hint: Any, default: Any) -> tuple[Any, Any]:
+    """The command line's type and default of an option: a list is one comma-separated string, and an
+    option whose 0 means None (--max-time) a plain number."""
+    if opt.many:
+        text = default if default is None or isinstance(default, str) else ",".join(str(v) for v in default)
+        return (str | None if text is None else str), text
+    if opt.zero_is_none:
+        return float, default or 0.0
+    return hint, default
+
+
+def request_values(request: type, options: dict[str, Any]) -> dict[str, Any]:
+    """The parsed values of the options with_options() added: lists split (counts as integers, a bad one
+    exit 2 naming the flag), an empty list its default, 0 None where it means none."""
+    found = {f.name: f for f in fields(request)}
+    values = {}
+    for name, value in options.items():
+        opt: Opt = found[name].metadata[OPTION]
+        default = default_of(found[name])
+        if value is None:  # an override left out, or an option whose default is None
+            pass
+        elif opt.many and opt.low is not None:
+            value = int_list(opt.flag, value)
+        elif opt.many and not isinstance(default, str):
+            value = split_list(value) or default
+        elif opt.zero_is_none:
+            value = value or None
+        values[name] = value
+    return values

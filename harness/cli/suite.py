@@ -11,21 +11,21 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from harness.cli.common import RUN_SELECTOR, MachineLabelOption, console, fail, given, split_list
+from harness.cli.common import RUN_SELECTOR, console, fail, given, split_list, with_options
 from harness.cli.progress import run_with_progress
 from harness.run.machine import check_machine_label
-from harness.run.plan import MAX_TIMEOUT_S, RequestError, check_seconds
+from harness.run.plan import MAX_TIMEOUT_S, RequestError, RunOptions, check_seconds
 from harness.store import StoreError
 
 DEFAULT_CONFIG_PATH = Path("accelharness-suite.toml")
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)([dhm])$")
 UNITS = {"d": "days", "h": "hours", "m": "minutes"}
 MAX_AGE = timedelta(days=100 * 365)  # further back than any stored result; beyond it dates overflow
-STORE = ("db", "output_dir")  # override the config's db and output_dir, for a run and the report-only modes
+STORE = ("db_path", "output_dir")  # override the config's db and output_dir, for a run and the report-only modes
 # The seeds' modes that only read the store, and the options only a run uses: never both.
 REPORT_ONLY = ("plot_only", "update_matrix_only", "aggregate", "plot_comparison")
 RUN_ONLY = (
-    "max_time",
+    "max_time_s",
     "machine_label",
     "models",
     "hardware",
@@ -132,6 +132,11 @@ def _print_cluster_check(plan: object, address: str) -> None:
         raise fail(str(exc)) from None
 
 
+# The run options a suite run takes over its config's keys (the fields of RunOptions, written there once).
+OVERRIDES = ("max_time_s", "db_path", "output_dir", "machine_label")
+
+
+@with_options(RunOptions, OVERRIDES, overrides=True)
 def suite(
     ctx: typer.Context,
     config: Annotated[Path, typer.Option(help="The suite config (.toml, or .json).")] = DEFAULT_CONFIG_PATH,
@@ -139,20 +144,9 @@ def suite(
     check: Annotated[bool, typer.Option(help="Verify prerequisites and print the plan; run nothing.")] = False,
     models: Annotated[str | None, typer.Option(help="Only these families or models, comma-separated.")] = None,
     hardware: Annotated[str | None, typer.Option(help="Only these hardware types, comma-separated.")] = None,
-    max_time: Annotated[
-        float | None,
-        typer.Option(
-            "--max-time",
-            help="Seconds of warmup + timed iterations per case (0: no budget); default: the config's max_time_s.",
-        ),
-    ] = None,
     resume: Annotated[bool, typer.Option(help="Continue the suite's unfinished run (only missing results).")] = False,
     older_than: Annotated[
         str | None, typer.Option(help="A new run of only what the suite measured longer ago, e.g. 30d.")
-    ] = None,
-    db: Annotated[Path | None, typer.Option("--db", help="DuckDB file (default: the config's db).")] = None,
-    output_dir: Annotated[
-        Path | None, typer.Option("--output-dir", help="Where the reports and the matrix go (default: the config's).")
     ] = None,
     plot_only: Annotated[str | None, typer.Option(help=f"Only write RUN's HTML report ({RUN_SELECTOR}).")] = None,
     update_matrix_only: Annotated[bool, typer.Option(help="Only rebuild the compatibility matrix.")] = False,
@@ -170,7 +164,10 @@ def suite(
             "(needs accelharness\\[ray])."
         ),
     ] = None,
-    machine_label: MachineLabelOption = None,
+    max_time_s: float | None = None,
+    db_path: Path | None = None,
+    output_dir: Path | None = None,
+    machine_label: str | None = None,
 ) -> None:
     """Run a benchmark suite from a config file; resumable, independent devices side by side."""
     from harness.suite.config import ConfigError, load_config, write_default_config
@@ -184,13 +181,13 @@ def suite(
         loaded = load_config(config)
     except ConfigError as exc:
         raise fail(str(exc)) from None
-    loaded = dataclasses.replace(loaded, db=db or loaded.db, output_dir=output_dir or loaded.output_dir)
-    if max_time is not None:
+    loaded = dataclasses.replace(loaded, db=db_path or loaded.db, output_dir=output_dir or loaded.output_dir)
+    if max_time_s is not None:  # 0: no budget, as the config's max_time_s
         try:
-            check_seconds("--max-time", max_time, positive=False, limit=MAX_TIMEOUT_S)
+            check_seconds("--max-time", max_time_s, positive=False, limit=MAX_TIMEOUT_S)
         except RequestError as exc:
             raise fail(str(exc)) from None
-        loaded = dataclasses.replace(loaded, max_time_s=max_time)
+        loaded = dataclasses.replace(loaded, max_time_s=max_time_s)
     if machine_label is not None:  # the option names this machine over the config's machine_label
         try:
             check_machine_label(machine_label)

@@ -20,7 +20,8 @@ MEANINGS: dict[str, tuple[str, str]] = {
     "q4": ("int4", "fp32"),
     "q4f16": ("int4", "fp16"),
 }
-INT4_PRECISIONS = ("q4", "q4f16")
+AUTO = "auto"  # the engine's default: no conversion asked for
+INT4_PRECISIONS = tuple(name for name, (weights, _) in MEANINGS.items() if weights == "int4")
 
 
 def compute_facts(requested: str, computed: Mapping[str, int], source: str) -> dict[str, Any]:
@@ -31,7 +32,7 @@ def compute_facts(requested: str, computed: Mapping[str, int], source: str) -> d
     weights, wanted = MEANINGS.get(requested, (requested, requested))
     total = sum(computed.values())
     other = {kind: count for kind, count in computed.items() if kind not in (wanted, "unknown")}
-    if requested != "auto" and total and other:
+    if requested != AUTO and total and other:
         ran = ", ".join(f"{kind} compute: {count} of {total} MatMul" for kind, count in sorted(other.items()))
         facts["compute_precision_differs"] = f"{weights} weights, {ran}"
     return facts

@@ -8,14 +8,15 @@ from numbers import Real
 from typing import TYPE_CHECKING, Any
 
 from harness.core.labels import target_label
+from harness.core.precision import AUTO, MEANINGS
 
 if TYPE_CHECKING:  # core.profiles imports onnx (via the graph counts); a Result only carries its rows
     from harness.core.profiles import OperatorRow
 
 STATUSES = ("ok", "unsupported", "error", "timeout", "oom", "mismatch")
-# auto: whatever the engine picks by default. Every row records the precision that actually ran.
-# q4 / q4f16: int4 weight-only MatMulNBits (harness.core.precision.MEANINGS says what each means).
-PRECISIONS = ("fp32", "fp16", "bf16", "int8", "q4", "q4f16", "auto")
+# Every precision a user may ask for: the one table (harness.core.precision.MEANINGS), then auto (whatever
+# the engine picks by default). Every row records the precision that actually ran.
+PRECISIONS = (*MEANINGS, AUTO)
 
 
 @dataclass(frozen=True)

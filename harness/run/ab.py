@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from harness.core.bounds import MAX_ITERATIONS, MAX_ROUNDS, MAX_THREADS
-from harness.core.records import PRECISIONS, VARIANTS, Case, Result, Target
+from harness.core.options import declared, items, problem
+from harness.core.records import VARIANTS, Case, Result, Target
 from harness.core.stats import MIN_PAIRED_ROUNDS
 from harness.native import capabilities
 from harness.native.base import Availability
@@ -54,6 +55,7 @@ from harness.run.plan import (
     check_seconds,
     check_shapes,
     choose_targets,
+    engines_option,
 )
 from harness.run.recording import Emit, RunSummary, record_run
 from harness.run.web import PREPARE_TIMEOUT_FLOOR_S, WebPlan
@@ -70,8 +72,8 @@ class AbRequest(RunOptions):
     hardware: list[str] | None = None  # native platforms; None: cpu, unless web_hardware is given
     web_hardware: list[str] | None = None  # browser EPs (wasm, webgpu, webnn): both variants in one page
     threads: list[int] = field(default_factory=lambda: [1])  # wasm threads, as `web --threads`
-    engines: list[str] | None = None  # None: the default engines
-    precision: str = "fp32"  # both variants', unless a_precision / b_precision say otherwise
+    engines: list[str] | None = engines_option()  # None: the default engines
+    # precision (RunOptions'): both variants', unless a_precision / b_precision say otherwise
     a_precision: str | None = None
     b_precision: str | None = None
     a_python: Path | None = None  # the interpreter of variant A's environment (None: this one)
@@ -82,7 +84,6 @@ class AbRequest(RunOptions):
     rounds: int = 20
     block: int = 3  # at least this many iterations per variant and round…
     block_time_s: float = 0.05  # …and at least this long
-    sequence_lengths: list[int] = field(default_factory=lambda: [32])
 
 
 @dataclass(frozen=True)
@@ -164,10 +165,7 @@ def validate_ab(request: AbRequest) -> AbPlan:
         )
     check_count("--threads", request.threads, MAX_THREADS)
     check_seconds("--block-time", request.block_time_s, positive=False, limit=3600)
-    for option, precision in (("--precision", request.precision), ("--a-precision", request.a_precision),
-                              ("--b-precision", request.b_precision)):  # fmt: skip
-        if precision is not None and precision not in PRECISIONS:
-            raise RequestError(f"{option}: unknown precision '{precision}'; valid: {', '.join(PRECISIONS)}")
+    _check_precisions(request)
     engines = check_engines(request.engines, request.hardware)
     check_paths(request)
     specs = {side: _spec(f"--{side}", getattr(request, side)) for side in VARIANTS}
@@ -186,6 +184,19 @@ def validate_ab(request: AbRequest) -> AbPlan:
     if hardware and not targets:
         raise RequestError(f"no target serves hardware {request.hardware} with engines {engines}")
     return AbPlan(variants, targets, request, web)
+
+
+def _check_precisions(request: AbRequest) -> None:
+    """--precision, --a-precision, --b-precision: one precision each, checked as every --precision is."""
+    precision = declared(RunOptions)["precision"]
+    for flag, value in (("--precision", request.precision), ("--a-precision", request.a_precision),
+                        ("--b-precision", request.b_precision)):  # fmt: skip
+        if value is not None and len(items(value)) != 1:
+            raise RequestError(
+                f"{flag} {value}: a variant runs one precision; valid: {', '.join(precision.choices or ())}"
+            )
+        if found := problem(flag, precision, value):
+            raise RequestError(found)
 
 
 def _web_plan(request: AbRequest) -> WebPlan:

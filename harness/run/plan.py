@@ -4,54 +4,122 @@ model × target × case × mode, less what a resumed run already holds."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from harness.core.bounds import MAX_BATCH, MAX_ITERATIONS, MAX_NEW_TOKENS, MAX_SEQUENCE, out_of_range
+from harness.core.options import (
+    DB_HELP,
+    MAX_TIMEOUT_S,
+    MODEL_PATH_HELP,
+    OUTPUT_DIR_HELP,
+    RequestError,
+    check,
+    declared,
+    items,
+    option,
+    seconds_problem,
+)
 from harness.core.paths import unwritable_directory, unwritable_file
+from harness.core.precision import INT4_PRECISIONS
 from harness.core.records import MODES, PRECISIONS, Case, Target, result_key
 from harness.native import DEFAULT_ENGINES, ENGINES, capabilities
 from harness.native.base import Availability
 from harness.prepare.folders import own_precision
 from harness.prepare.greedy import generates_with_past
-from harness.prepare.specs import ModelSpec, SpecError, check_families, select_specs, spec_from_path
+from harness.prepare.specs import FAMILIES, ModelSpec, SpecError, check_families, select_specs, spec_from_path
 from harness.run.hardware import NATIVE_PLATFORMS, native_targets
 from harness.run.machine import machine_label
 from harness.run.outputs import Outputs
 from harness.store import DEFAULT_DB
 
 DEFAULT_MAX_TIME_S = 10.0
-
-
-class RequestError(ValueError):
-    """Invalid user input: the message names what was wrong and what is valid."""
+PRECISION_HELP = (
+    f"Comma-separated: {', '.join(PRECISIONS)}. fp32 is forced everywhere, int8 is dynamic quantization, "
+    f"{' and '.join(INT4_PRECISIONS)} int4 weight-only MatMuls, auto the engine's default; the browser runs "
+    "the converted ONNX files native ONNX Runtime runs (fp16 on webgpu needs shader-f16). Each row records "
+    "the precision that ran. Default: a model folder's own precision where it holds one, else fp32."
+)
+MODE_HELP = (
+    "Comma-separated: inference, generate (greedy decoding, TTFT/TPOT, pp and tg tokens/s: GPT-2, LLaMA, Qwen2, "
+    "an .onnx with past inputs; in the browser with token parity against native ORT), training (torch)."
+)
+MAX_TIME_HELP = (
+    "Seconds of warmup + timed iterations per case (0: no budget). Once spent, the loop stops after "
+    "--min-iterations samples; the row records that the budget stopped it."
+)
+PROFILE_HELP = (
+    "After each inference case's timed loop, a few profiled iterations: time per operator (node, op type, "
+    "provider), stored with the result (`query --report ops`, the HTML report, `predict`)."
+)
+MACHINE_LABEL_HELP = (
+    "Name this machine in reports across machines (default: ACCELHARNESS_MACHINE_LABEL); letters, "
+    "digits, '.', '_', '-', at most 64."
+)
 
 
 @dataclass
 class RunOptions:
-    """What every benchmark request shares: the model selection, the cases, the stop rule and the store."""
+    """What every benchmark request shares: the model selection, the cases, the stop rule and the store. Each
+    field is its option's one definition (harness.core.options): flag, help, bound, choices, suite-config key."""
 
-    models: list[str] | None = None
-    model_families: list[str] | None = None
-    small_models: bool = False
-    model_path: Path | None = None
-    batch_sizes: list[int] = field(default_factory=lambda: [1])
-    sequence_lengths: list[int] = field(default_factory=lambda: [32])
-    warmup: int = 5
-    iterations: int = 20
-    min_duration_s: float = 0.5
-    max_iterations: int = 10_000
+    models: list[str] | None = option(
+        None, flag="--model", many=True, help="Comma-separated model names (`accelharness models`)."
+    )
+    model_families: list[str] | None = option(None, flag="--model-families", many=True, help=",".join(FAMILIES))
+    small_models: bool = option(False, flag="--small-models", help="Use the tiny variant of each selected family.")
+    model_path: Path | None = option(None, flag="--model-path", help=MODEL_PATH_HELP)
+    batch_sizes: list[int] = option(
+        factory=lambda: [1], flag="--batch-sizes", many=True, low=1, high=MAX_BATCH, help="Comma-separated batch sizes."
+    )
+    sequence_lengths: list[int] = option(
+        factory=lambda: [32], flag="--sequence-lengths", many=True, low=1, high=MAX_SEQUENCE,
+        help="Comma-separated sequence lengths (text inputs).",
+    )  # fmt: skip
+    # one precision, a list, or a comma-separated string
+    precision: str | list[str] | None = option(
+        None, flag="--precision", many=True, choices=PRECISIONS, noun="precision", help=PRECISION_HELP
+    )
+    modes: list[str] = option(
+        factory=lambda: ["inference"], flag="--mode", many=True, choices=MODES, noun="mode", help=MODE_HELP
+    )
+    # generate mode: tokens generated per sequence (min = max)
+    new_tokens: int = option(
+        16, flag="--new-tokens", low=1, high=MAX_NEW_TOKENS,
+        help="--mode generate only: tokens per sequence (exactly; EOS ignored).",
+    )  # fmt: skip
+    warmup: int = option(
+        5, flag="--warmup", key="warmup_iterations", low=0, high=MAX_ITERATIONS,
+        help="Untimed runs after the first run.",
+    )  # fmt: skip
+    iterations: int = option(
+        20, flag="--iterations", key="benchmark_iterations", low=1, high=MAX_ITERATIONS,
+        help="Minimum timed iterations.",
+    )  # fmt: skip
+    min_duration_s: float = option(
+        0.5, flag="--min-duration", seconds=(False, math.inf), help="Minimum seconds of timed iterations."
+    )
+    # at least --iterations: check_measuring checks it (its low bound is another option's value)
+    max_iterations: int = option(10_000, flag="--max-iterations", help="Cap on timed iterations.")
     # The time budget of a case's warmup + timed loop (None: none); it never stops the loop below
     # min_iterations samples. The default keeps a 10 s/iteration software adapter to tens of seconds.
-    max_time_s: float | None = DEFAULT_MAX_TIME_S
-    min_iterations: int = 3
-    timeout_s: float = 300.0
-    db_path: Path = DEFAULT_DB
-    output_dir: Path | None = Path("accelharness-results")
-    profile: bool = False  # a few profiled iterations per inference case after its timed loop
-    modes: list[str] = field(default_factory=lambda: ["inference"])
-    new_tokens: int = 16  # generate mode: tokens generated per sequence (min = max)
-    machine_label: str | None = None  # names this machine in reports across machines (harness.run.machine)
+    max_time_s: float | None = option(
+        DEFAULT_MAX_TIME_S, flag="--max-time", seconds=(True, MAX_TIMEOUT_S), zero_is_none=True, help=MAX_TIME_HELP
+    )
+    min_iterations: int = option(
+        3, flag="--min-iterations", low=1, high=MAX_ITERATIONS,
+        help="Timed iterations a case runs even when --max-time is spent.",
+    )  # fmt: skip
+    timeout_s: float = option(
+        300.0, flag="--timeout", key="timeout", seconds=(True, MAX_TIMEOUT_S),
+        help="Seconds a worker or page may go without finishing a case.",
+    )  # fmt: skip
+    db_path: Path = option(DEFAULT_DB, flag="--db", key="db", help=DB_HELP)
+    output_dir: Path | None = option(Path("accelharness-results"), flag="--output-dir", help=OUTPUT_DIR_HELP)
+    profile: bool = option(False, flag="--profile", help=PROFILE_HELP)  # profiled iterations after the timed loop
+    # names this machine in reports across machines (harness.run.machine)
+    machine_label: str | None = option(None, flag="--machine-label", help=MACHINE_LABEL_HELP)
 
     @property
     def outputs(self) -> Outputs | None:
@@ -59,11 +127,22 @@ class RunOptions:
         return Outputs(Path(self.output_dir)) if self.output_dir is not None else None
 
 
+def engines_option() -> Any:
+    """The native engines a request runs (`native`, `run`, `ab`): one definition, a field of each request."""
+    return option(
+        None, flag="--engines", many=True, choices=ENGINES, noun="engine",
+        help=f"{','.join(ENGINES)} (default: {','.join(DEFAULT_ENGINES)})",
+    )  # fmt: skip
+
+
 @dataclass
 class BenchmarkRequest(RunOptions):
-    hardware: list[str] | None = None  # None: every available native platform
-    engines: list[str] | None = None
-    precision: str | list[str] | None = None  # one, a list, or a comma-separated string; None: see precisions()
+    # None: every available native platform
+    hardware: list[str] | None = option(
+        None, flag="--hardware", key="hardware_types", many=True, choices=NATIVE_PLATFORMS, noun="native hardware",
+        help=f"Native platforms: {','.join(NATIVE_PLATFORMS)} (default: every available).",
+    )  # fmt: skip
+    engines: list[str] | None = engines_option()
 
 
 @dataclass
@@ -114,13 +193,12 @@ class Plan:
         return sum(len(self.remaining(spec, target)) for spec in self.specs for target, _ in self.targets)
 
 
-def precisions(request: BenchmarkRequest) -> list[str]:
+def precisions(request: RunOptions) -> list[str]:
     """The requested precisions, in order, without duplicates (validate() rejects an empty list). None given:
     a model folder's own precision where it holds one (an onnxruntime-genai int4 folder runs q4), else fp32."""
     if request.precision is None:
         return [(request.model_path and own_precision(Path(request.model_path))) or "fp32"]
-    given = request.precision.split(",") if isinstance(request.precision, str) else request.precision
-    return list(dict.fromkeys(p.strip() for p in given if p.strip()))
+    return list(dict.fromkeys(items(request.precision)))
 
 
 def check_count(name: str, values: int | list[int], high: int, low: int = 1) -> None:
@@ -131,21 +209,12 @@ def check_count(name: str, values: int | list[int], high: int, low: int = 1) -> 
 
 def check_shapes(request: RunOptions) -> None:
     """The batch sizes and sequence lengths every benchmark request takes."""
-    check_count("--batch-sizes", request.batch_sizes, MAX_BATCH)
-    check_count("--sequence-lengths", request.sequence_lengths, MAX_SEQUENCE)
+    check(request, declared(RunOptions), ("batch_sizes", "sequence_lengths"))
 
 
 def validate(request: BenchmarkRequest) -> Plan:
     """Check every input before anything is written; raise RequestError naming the valid values."""
     check_shapes(request)
-    if not precisions(request):
-        raise RequestError(f"--precision needs at least one of: {', '.join(PRECISIONS)}")
-    for precision in precisions(request):
-        if precision not in PRECISIONS:
-            raise RequestError(f"unknown precision '{precision}'; valid: {', '.join(PRECISIONS)}")
-    for mode in request.modes:
-        if mode not in MODES:
-            raise RequestError(f"unknown mode '{mode}'; valid: {', '.join(MODES)}")
     check_measuring(request)
     engines = check_engines(request.engines, request.hardware)
     specs = check_selection(request)
@@ -160,7 +229,7 @@ def validate(request: BenchmarkRequest) -> Plan:
 def check_generation(request: RunOptions, specs: list[ModelSpec], modes: list[str]) -> None:
     """--new-tokens within its bound, and every prompt plus its new tokens within each generative model's
     context: refused here, before anything is prepared, rather than failing inside the model."""
-    check_count("--new-tokens", request.new_tokens, MAX_NEW_TOKENS)
+    check(request, declared(RunOptions), ("new_tokens",))
     if "generate" in modes:
         check_context(specs, request.sequence_lengths, request.new_tokens)
 
@@ -185,14 +254,9 @@ def check_context(
 def check_engines(engines: list[str] | None, hardware: list[str] | None) -> list[str]:
     """The engines a native request runs (None: the default ones; an opt-in engine runs when named),
     each engine and hardware name checked."""
-    chosen = engines or list(DEFAULT_ENGINES)
-    for engine in chosen:
-        if engine not in ENGINES:
-            raise RequestError(f"unknown engine '{engine}'; valid: {', '.join(ENGINES)}")
-    for hw in hardware or []:
-        if hw not in NATIVE_PLATFORMS:
-            raise RequestError(f"unknown native hardware '{hw}'; valid: {', '.join(NATIVE_PLATFORMS)}")
-    return chosen
+    options = declared(BenchmarkRequest)
+    check(BenchmarkRequest(engines=engines, hardware=hardware), options, ("engines", "hardware"))
+    return engines or list(DEFAULT_ENGINES)
 
 
 def choose_targets(hardware: list[str] | None, engines: list[str]) -> list[tuple[Target, Availability]]:
@@ -241,28 +305,17 @@ def _check_model_path_alone(request: RunOptions) -> None:
         )
 
 
-# The longest --timeout: beyond it a case is a hang, and asyncio/JS timers stop being exact.
-MAX_TIMEOUT_S = 7 * 24 * 3600.0
-
-
 def check_seconds(name: str, value: float, *, positive: bool, limit: float = math.inf) -> None:
-    """A duration option: a finite number of seconds, > 0 (positive) or >= 0, and at most `limit`."""
-    low_ok = value > 0 if positive else value >= 0
-    if not (math.isfinite(value) and low_ok and value <= limit):
-        bounds = f"{'> 0' if positive else '>= 0'}" + (f" and <= {limit:g}" if math.isfinite(limit) else "")
-        raise RequestError(f"{name} takes a finite number of seconds {bounds} (got {value:g})")
+    """A duration option that is no run option's field (--serve-timeout, --block-time), checked as theirs are."""
+    if found := seconds_problem(name, value, positive=positive, limit=limit):
+        raise RequestError(found)
 
 
 def check_measuring(request: RunOptions) -> None:
-    """The stop-rule and time-limit options every request shares."""
-    check_count("--warmup", request.warmup, MAX_ITERATIONS, low=0)
-    check_count("--iterations", request.iterations, MAX_ITERATIONS)
+    """Every run option's own check (its field's bound, choices or duration: harness.core.options), then
+    what depends on another option: --max-iterations at least --iterations, and the machine label."""
+    check(request, declared(RunOptions))
     check_count("--max-iterations", request.max_iterations, MAX_ITERATIONS, low=request.iterations)
-    check_count("--min-iterations", request.min_iterations, MAX_ITERATIONS)
-    check_seconds("--min-duration", request.min_duration_s, positive=False)
-    if request.max_time_s is not None:
-        check_seconds("--max-time", request.max_time_s, positive=True, limit=MAX_TIMEOUT_S)
-    check_seconds("--timeout", request.timeout_s, positive=True, limit=MAX_TIMEOUT_S)
     try:
         machine_label(request.machine_label)
     except ValueError as exc:

@@ -26,9 +26,10 @@ import psutil
 from harness.core.bounds import MAX_THREADS
 from harness.core.failures import UNSUPPORTED_OPERATOR
 from harness.core.labels import BROWSER_ENGINE
+from harness.core.options import check, declared, option
 from harness.core.parity import compare
 from harness.core.profiles import PROFILE_ITERATIONS
-from harness.core.records import PRECISIONS, Case, Control, Result, Target, UnsupportedError, result_key
+from harness.core.records import Case, Control, Result, Target, UnsupportedError, result_key
 from harness.prepare.external import external_data_problem, external_locations, model_bytes
 from harness.prepare.greedy import generates_with_past
 from harness.prepare.prepared import PreparedModel, PrepareJob, unprepared_result
@@ -47,7 +48,6 @@ from harness.run.control import (
 from harness.run.plan import (
     RequestError,
     RunOptions,
-    check_count,
     check_generation,
     check_measuring,
     check_paths,
@@ -67,18 +67,27 @@ WEB_MODES = ("inference", "generate")  # training needs a backward pass ORT-web'
 # --timeout bounds a page job; a cold export in the prepare child can legitimately take longer.
 PREPARE_TIMEOUT_FLOOR_S = 120.0
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
+GPU_HELP = (
+    "Browser GPU profile: on (real WebGPU: Vulkan/ANGLE on Linux, D3D12/Metal elsewhere, no --disable-gpu), "
+    "off (software rendering), auto (on where the host shows a GPU). Recorded per row."
+)
 
 
 @dataclass
 class WebRequest(RunOptions):
-    hardware: list[str] = field(default_factory=lambda: list(WEB_HARDWARE))
+    hardware: list[str] = option(
+        factory=lambda: list(WEB_HARDWARE), flag="--hardware", key="web_platforms", many=True, choices=WEB_HARDWARE,
+        noun="web hardware", help=f"Comma-separated browser EPs: {','.join(WEB_HARDWARE)}.",
+    )  # fmt: skip
     browser: str = "chromium"  # chrome | chromium | edge (chrome and edge fall back to Chromium, recorded)
     browser_path: Path | None = None
-    threads: list[int] = field(default_factory=lambda: [1])  # wasm threads; webgpu/webnn use the first
+    threads: list[int] = option(
+        factory=lambda: [1], flag="--threads", key="web_threads", many=True, low=1, high=MAX_THREADS,
+        help="Comma-separated wasm thread counts (webgpu/webnn use the first).",
+    )  # fmt: skip
     webnn_device: str = "gpu"
-    # fp32 runs the export; fp16/int8 the conversions native ORT runs (harness.prepare.export.precision_variant)
-    precision: str | list[str] | None = None  # None: a model folder's own precision, else fp32 (plan.precisions)
-    gpu: str = "auto"  # the launch profile: auto | on | off (harness.web.flags)
+    # the launch profile (harness.web.flags)
+    gpu: str = option("auto", flag="--gpu", choices=GPU_MODES, help=GPU_HELP)
     headed: bool = False  # a headful browser (on a virtual display when the host has none)
     browser_args: list[str] = field(default_factory=list)  # raw flags appended to the launch
     require_hardware_gpu: bool = False  # webgpu cases on a software adapter: `unsupported`, not run
@@ -174,8 +183,7 @@ def _check_launch(request: WebRequest) -> None:
     from harness.web.driver import ENDPOINT_SCHEMES
     from harness.web.flags import headed_problem
 
-    if request.gpu not in GPU_MODES:
-        raise RequestError(f"unknown --gpu '{request.gpu}'; valid: {', '.join(GPU_MODES)}")
+    check(request, declared(WebRequest), ("gpu",))
     if request.browser_endpoint is None:
         problem = headed_problem() if request.headed else None
         if problem:
@@ -209,12 +217,7 @@ def check_browser_request(request: Any) -> list[ModelSpec]:
     check_measuring(request)
     if not request.hardware:
         raise RequestError(f"--hardware is empty; valid: {', '.join(WEB_HARDWARE)}")
-    for hw in request.hardware:
-        if hw not in WEB_HARDWARE:
-            raise RequestError(f"unknown web hardware '{hw}'; valid: {', '.join(WEB_HARDWARE)}")
-    asked = precisions(request)
-    if not asked or any(p not in PRECISIONS for p in asked):
-        raise RequestError(f"--precision {','.join(asked)}: valid: {', '.join(PRECISIONS)}")
+    check(request, declared(WebRequest), ("hardware",))  # precision and modes: check_measuring
     unknown = [m for m in request.modes if m not in WEB_MODES]
     if unknown or not request.modes:
         raise RequestError(f"--mode {','.join(request.modes)}: the browser runs {', '.join(WEB_MODES)}")
@@ -230,7 +233,7 @@ def validate_web(request: WebRequest) -> WebPlan:
     from harness.web.flags import gpu_profile
     from harness.web.server import SetupError, dist_files
 
-    check_count("--threads", request.threads, MAX_THREADS)
+    check(request, declared(WebRequest), ("threads",))
     if request.webnn_device not in WEBNN_DEVICES:
         raise RequestError(f"unknown WebNN device '{request.webnn_device}'; valid: {', '.join(WEBNN_DEVICES)}")
     if request.browser not in BROWSERS:

@@ -8,22 +8,22 @@ converted file reads the same; a key this file does not know is an error, never 
 from __future__ import annotations
 
 import json
+import math
 import tomllib
 from collections.abc import Callable
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_type_hints
 
-from harness.core.bounds import MAX_BATCH, MAX_ITERATIONS, MAX_NEW_TOKENS, MAX_SEQUENCE, MAX_THREADS, out_of_range
+from harness.core.options import Opt, declared, problem
 from harness.core.records import MODES, PRECISIONS
 from harness.native import DEFAULT_ENGINES, ENGINES
 from harness.prepare.specs import FAMILIES, load_specs
 from harness.run.hardware import NATIVE_PLATFORMS
 from harness.run.machine import check_machine_label
-from harness.run.plan import MAX_TIMEOUT_S, RequestError, RunOptions, check_context, check_seconds
-from harness.run.web import WEB_MODES
+from harness.run.plan import BenchmarkRequest, RequestError, RunOptions, check_context
+from harness.run.web import WEB_MODES, WebRequest
 from harness.web.eps import WEB_HARDWARE
-from harness.web.flags import GPU_MODES
 
 DEFAULT_CONFIG = f"""\
 # accelharness suite config. Run: accelharness suite --config THIS_FILE [--check] [--resume]
@@ -114,60 +114,42 @@ class SuiteConfig:
 
 
 SECTIONS = {"hardware", "run"}  # TOML tables that only group keys; JSON may use them or stay flat
-KEY_TYPES: dict[str, type] = {
+# The keys that are run options: each is its request field's option (harness.core.options: bound, choices,
+# duration) under the seed's key name (Opt.key, where it differs from the field's), checked as its flag is.
+OPTION_FIELDS: dict[type, tuple[str, ...]] = {
+    RunOptions: ("batch_sizes", "sequence_lengths", "warmup", "iterations", "min_duration_s", "max_time_s",
+                 "min_iterations", "timeout_s", "precision", "profile", "modes", "new_tokens", "db_path",
+                 "output_dir", "machine_label"),
+    BenchmarkRequest: ("hardware", "engines"),
+    WebRequest: ("hardware", "threads", "gpu"),
+}  # fmt: skip
+
+
+def _option_keys() -> dict[str, tuple[Opt, type]]:
+    """Each option key's Opt and the type its value takes in the file (a list for a comma-separated flag)."""
+    keys: dict[str, tuple[Opt, type]] = {}
+    for request, names in OPTION_FIELDS.items():
+        hints, declared_here = get_type_hints(request), declared(request)
+        for name in names:
+            opt = declared_here[name]
+            if opt.zero_is_none:  # the file keeps 0 (no budget) where the command line's 0 becomes None
+                opt = replace(opt, seconds=(False, opt.seconds[1] if opt.seconds else math.inf))
+            kinds = [k for k in get_args(hints[name]) or (hints[name],) if k is not type(None)]
+            kind = list if opt.many else str if kinds[0] is Path else kinds[0]
+            keys[opt.key or name] = (opt, kind)
+    return keys
+
+
+OPTION_KEYS = _option_keys()
+KEY_TYPES: dict[str, type] = {  # the suite's own keys, then the run options'
     "name": str,
-    "batch_sizes": list,
-    "sequence_lengths": list,
-    "warmup_iterations": int,
-    "benchmark_iterations": int,
-    "min_duration_s": float,
-    "max_time_s": float,
-    "min_iterations": int,
-    "timeout": float,
-    "precision": list,
-    "profile": bool,
-    "modes": list,
-    "new_tokens": int,
     "model_families": dict,
-    "hardware_types": list,
-    "engines": list,
     "include_web_platforms": bool,
-    "web_platforms": list,
-    "web_threads": list,
     "browser": str,
-    "gpu": str,
     "parallel": bool,
     "generate_plots": bool,
     "update_compatibility_matrix": bool,
-    "db": str,
-    "output_dir": str,
-    "machine_label": str,
-}
-SECONDS: dict[str, dict[str, Any]] = {  # the float keys: durations, checked like --min-duration / --timeout
-    "min_duration_s": {"positive": False},
-    "max_time_s": {"positive": False, "limit": MAX_TIMEOUT_S},
-    "timeout": {"positive": True, "limit": MAX_TIMEOUT_S},
-}
-LIST_ITEMS: dict[str, tuple[type, tuple[str, ...] | None]] = {
-    "batch_sizes": (int, None),
-    "sequence_lengths": (int, None),
-    "web_threads": (int, None),
-    "precision": (str, PRECISIONS),
-    "modes": (str, MODES),
-    "hardware_types": (str, NATIVE_PLATFORMS),
-    "engines": (str, ENGINES),
-    "web_platforms": (str, WEB_HARDWARE),
-}
-COUNTS: dict[str, tuple[int, int]] = {  # the count keys (or lists of counts): their valid range, as their flags'
-    "batch_sizes": (1, MAX_BATCH),
-    "sequence_lengths": (1, MAX_SEQUENCE),
-    "web_threads": (1, MAX_THREADS),
-    "warmup_iterations": (0, MAX_ITERATIONS),
-    "benchmark_iterations": (1, MAX_ITERATIONS),
-    "min_iterations": (1, MAX_ITERATIONS),
-    "new_tokens": (1, MAX_NEW_TOKENS),
-}
-CHOICES: dict[str, tuple[str, ...]] = {"gpu": GPU_MODES}  # string keys with a closed set of values
+} | {key: kind for key, (_, kind) in OPTION_KEYS.items()}
 
 
 def _parse(path: Path) -> dict[str, Any]:
@@ -226,22 +208,16 @@ def _check_type(path: Path, key: str, value: Any) -> Any:
         ok, value = True, float(value)
     if not ok:
         raise ConfigError(f"{path}: key '{key}' must be {expected.__name__}, got {type(value).__name__} {value!r}")
-    if key in CHOICES and value not in CHOICES[key]:
-        raise ConfigError(f"{path}: key '{key}': unknown value '{value}'; valid: {', '.join(CHOICES[key])}")
-    if key in SECONDS:
-        try:
-            check_seconds(f"key '{key}'", value, **SECONDS[key])
-        except RequestError as exc:
-            raise ConfigError(f"{path}: {exc}") from exc
-    if key in LIST_ITEMS:
-        item_type, valid = LIST_ITEMS[key]
+    if key not in OPTION_KEYS:
+        return value
+    opt = OPTION_KEYS[key][0]
+    if opt.many:  # a list of counts (a bounded option) or of names
+        item_type = int if opt.low is not None else str
         for item in value:
             if not isinstance(item, item_type) or isinstance(item, bool):
                 raise ConfigError(f"{path}: key '{key}' takes a list of {item_type.__name__}, got {item!r}")
-            if valid is not None and item not in valid:
-                raise ConfigError(f"{path}: key '{key}': unknown value '{item}'; valid: {', '.join(valid)}")
-    if key in COUNTS and (problem := out_of_range(f"key '{key}'", value, *COUNTS[key])):
-        raise ConfigError(f"{path}: {problem}")
+    if found := problem(f"key '{key}'", opt, value, noun="value", empty_ok=True):
+        raise ConfigError(f"{path}: {found}")
     return value
 
 
