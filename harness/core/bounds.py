@@ -33,3 +33,6 @@ def out_of_range(name: str, values: int | Sequence[int], low: int, high: int) ->
         return None
     kind = "whole numbers" if many else "a whole number"
     return f"{name} takes {kind} from {low} to {high:,} (got {', '.join(str(v) for v in bad[:3])})"
+
+
+MAX_NAME_CHARS = 96  # a file name made from stored text (a run id): room for a hash and a suffix under 255 bytes
