@@ -134,9 +134,10 @@ def test_a_report_file_linked_outside_the_output_dir_is_refused(hostile: tuple[P
     out = tmp_path / "out"
     out.mkdir()
     (out / f"{safe_name(first)}.md").symlink_to(tmp_path / "elsewhere.md")
-    done = run_cli("report", "--run", first, "--format", "md", "--output-dir", str(out), "--db", str(db))
+    done = run_cli("report", "--run", first, "--output-dir", str(out), "--db", str(db))
     assert done.returncode == 2 and "outside" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "elsewhere.md").exists()
+    assert [p.name for p in out.iterdir()] == [f"{safe_name(first)}.md"]  # no other format written before it
 
 
 # --- item 7: stored text reaches no terminal raw ------------------------------------------------------

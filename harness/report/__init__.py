@@ -66,16 +66,15 @@ def write_reports(
     reports = load_run_reports(db_path, run_selector)
     many = run_selector == ALL_RUNS or "," in run_selector  # 'all', or RUN,RUN,… aggregated in one file
     stem = ALL_RUNS_STEM if run_selector == ALL_RUNS else safe_name("-".join(r.run["run_id"] for r in reports))
-    written = []
-    for name in formats:
-        path = Path(out) if out is not None else inside(Path(output_dir), f"{stem}.{name}")
+    # every name checked before the first file is written: a refusal writes nothing
+    paths = {name: Path(out) if out is not None else inside(Path(output_dir), f"{stem}.{name}") for name in formats}
+    for name, path in paths.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         if many:
             _write_many(name, reports, path)
         else:
             FORMATS[name](reports[0], path)
-        written.append(path)
-    return written
+    return list(paths.values())
 
 
 __all__ = ["FORMATS", "RunReport", "load_run_report", "load_run_reports", "write_reports"]
