@@ -35,6 +35,7 @@ from harness.analysis.compare import ALPHA, case_fields, case_key
 from harness.analysis.drift import control_ms, run_controls
 from harness.analysis.tables import AnalysisError, Table, render_table
 from harness.core.bounds import MAX_BATCH, MAX_WINDOW, out_of_range
+from harness.core.escaping import markdown_text
 from harness.core.labels import case_label, target_label
 from harness.core.records import MEASURED
 from harness.core.stats import nearest_rank
@@ -204,7 +205,14 @@ def render(result: History, fmt: str) -> str:
     if uses_samples(result.metric):
         rule += " and Mann-Whitney p < 0.05 against the previous run's samples"
     control = "control_ms: the run's drift control on the same target (a fixed MatMul chain): the machine's own speed"
-    parts = [f"# History of {result.metric} for {result.model}", "", rule, "", control, ""]
+    parts = [
+        f"# History of {markdown_text(result.metric)} for {markdown_text(result.model)}",
+        "",
+        rule,
+        "",
+        control,
+        "",
+    ]
     for series in result.series:
         rows = []
         for point in series.points:

@@ -67,24 +67,57 @@ def across(runs: list[tuple[Mapping[str, Any], list[Mapping[str, Any]]]], by: st
                  ["model", "target", "case", *columns], rows, notes)  # fmt: skip
 
 
+MIN_ID_PREFIX = 8  # a shorter prefix of a 16-character machine id matches too many by chance
+MACHINE_RULE = f"an exact machine id, a unique id prefix of at least {MIN_ID_PREFIX} characters, or an exact label"
+
+
+def _candidates(rows: list[dict[str, Any]]) -> str:
+    return ", ".join(sorted({f"{r['machine_label'] or '(no label)'} (id {r['machine_id']})" for r in rows}))
+
+
+def resolve_machine(db_path: Path, machine: str) -> tuple[str, str]:
+    """--machine (every command that takes it): ("machine_id", id) or ("machine_label", label), the column
+    and value its runs carry. An exact id first, then an exact label (held by one machine id), then a unique
+    id prefix of at least MIN_ID_PREFIX characters; empty, short, ambiguous or unknown is an AnalysisError
+    listing the candidates (the CLI prints it through terminal_text)."""
+    with open_store(db_path, read_only=True) as store:
+        rows = store.query("SELECT DISTINCT machine_id, machine_label FROM runs WHERE machine_id IS NOT NULL")
+    known = ", ".join(sorted({machine_name(r) for r in rows})) or "none recorded"
+    if not machine.strip():
+        raise AnalysisError(f"--machine is empty; it takes {MACHINE_RULE}; machines: {known}")
+    if any(r["machine_id"] == machine for r in rows):
+        return "machine_id", machine
+    labelled = [r for r in rows if r["machine_label"] == machine]
+    if len({r["machine_id"] for r in labelled}) > 1:
+        raise AnalysisError(
+            f"--machine '{machine}' is the label of several machines; give an id: {_candidates(labelled)}"
+        )
+    if labelled:
+        return "machine_label", machine
+    prefixed = [r for r in rows if r["machine_id"].startswith(machine)]
+    if prefixed and len(machine) < MIN_ID_PREFIX:
+        raise AnalysisError(f"--machine '{machine}' is too short for an id prefix; it takes {MACHINE_RULE}: "
+                            f"{_candidates(prefixed)}")  # fmt: skip
+    if len({r["machine_id"] for r in prefixed}) > 1:
+        raise AnalysisError(f"--machine '{machine}' is the start of several machine ids: {_candidates(prefixed)}")
+    if prefixed:
+        return "machine_id", prefixed[0]["machine_id"]
+    raise AnalysisError(f"no run in {db_path} was made on machine '{machine}'; machines: {known}")
+
+
 @contextmanager
 def one_machine(db_path: Path, machine: str | None) -> Iterator[Path]:
-    """The store as if it held only the runs of `machine` (its label, or the start of its id): a
-    temporary store made through the bundle path, for analyses that learn from every row (`recommend`,
-    `predict`). None: the store itself."""
+    """The store as if it held only the runs of `machine` (resolve_machine): a temporary store made through
+    the bundle path, for analyses that learn from every row (`recommend`, `predict`). None: the store itself."""
     if machine is None:
         yield Path(db_path)
         return
     from harness.bundle.export import export_bundle
     from harness.bundle.importer import import_bundles
 
+    column, value = resolve_machine(Path(db_path), machine)
     with open_store(db_path, read_only=True) as store:
-        runs = [r["run_id"] for r in store.query(
-            "SELECT run_id FROM runs WHERE machine_label = ? OR starts_with(machine_id, ?)", [machine, machine]
-        )]  # fmt: skip
-        known = sorted({machine_name(r) for r in store.query("SELECT machine_label, machine_id FROM runs")})
-    if not runs:
-        raise AnalysisError(f"no run in {db_path} was made on machine '{machine}'; machines: {', '.join(known)}")
+        runs = [r["run_id"] for r in store.query(f"SELECT run_id FROM runs WHERE {column} = ?", [value])]
     with tempfile.TemporaryDirectory(prefix="accelharness-machine-") as directory:
         bundle, scoped = Path(directory) / "machine.bundle", Path(directory) / "machine.duckdb"
         export_bundle(Path(db_path), bundle, ",".join(runs))

@@ -24,6 +24,7 @@ from typing import Any
 
 from harness.analysis.machines import machine_name
 from harness.core import labels
+from harness.core.escaping import markdown_text as md
 from harness.core.labels import BASELINE_LABEL, baselines, case_key, case_label, details_of, flags, mode_of, speedup
 from harness.core.records import MODES
 from harness.store import ALL_RUNS, MACHINE_COLUMNS, open_store
@@ -208,14 +209,17 @@ def load_rows(db_path: Path, run: str = ALL_RUNS) -> list[dict[str, Any]]:
 
 
 def matrix_markdown(matrix: dict[str, Any]) -> str:
+    """The matrix for people. Models, targets, cases, errors and ids are stored text, possibly from a
+    device or a bundle made elsewhere: each goes through markdown_text (md)."""
     targets = matrix["targets"]
 
     def table(title: str, rows: dict[str, dict[str, Any]], first: str) -> list[str]:
-        lines = [f"## {title}", "", f"| {first} | " + " | ".join(targets) + " |", "|---" * (len(targets) + 1) + "|"]
+        header = f"| {first} | " + " | ".join(map(md, targets)) + " |"
+        lines = [f"## {title}", "", header, "|---" * (len(targets) + 1) + "|"]
         for name, entry in rows.items():
-            texts = [cell_text(entry["cells"][t]) if t in entry["cells"] else "—" for t in targets]
+            texts = [md(cell_text(entry["cells"][t])) if t in entry["cells"] else "—" for t in targets]
             label = f"{name} ({entry['family']})" if "family" in entry else name
-            lines.append(f"| {label} | " + " | ".join(texts) + " |")
+            lines.append(f"| {md(label)} | " + " | ".join(texts) + " |")
         return [*lines, ""]
 
     thresholds = ", ".join(f"{name} ≥ {value:g}×" for name, value in RATING_THRESHOLDS.items())
@@ -238,10 +242,11 @@ def matrix_markdown(matrix: dict[str, Any]) -> str:
         for target, cell in entry["cells"].items():
             for item in cell["evidence"]:
                 latency = f"{item['median_latency_ms']:.3f} ms" if item["median_latency_ms"] is not None else "—"
-                note = "; ".join([*item["flags"], *([item["error"]] if item["error"] else [])])
+                note = md("; ".join([*item["flags"], *([item["error"]] if item["error"] else [])]))
                 lines.append(
-                    f"- {model} · {target} · {item['case']}: **{item['class']}**, median {latency}, result "
-                    f"`{item['result_id']}` (run {item['run_id']}, {item['date']})" + (f" — {note}" if note else "")
+                    f"- {md(model)} · {md(target)} · {md(item['case'])}: **{item['class']}**, median {latency}, "
+                    f"result {md(item['result_id'])} (run {md(item['run_id'])}, {item['date']})"
+                    + (f" — {note}" if note else "")
                 )
     return "\n".join([*lines, ""])
 

@@ -16,6 +16,7 @@ import duckdb
 
 from harness.analysis.machines import machines_table
 from harness.analysis.tables import AnalysisError, Table
+from harness.core.escaping import CSV_FORMULA_STARTS
 from harness.core.labels import case_label, target_label
 from harness.core.paths import unwritable_directory
 from harness.core.records import MEASURED, STATUSES
@@ -185,6 +186,20 @@ def run_report(db_path: Path, report: str, run: str = "latest", threshold: float
 
 
 # --- export --------------------------------------------------------------------------------------
+def _csv_select(store: Any, table: str) -> str:
+    """SELECT of every column of `table`, its text columns neutralized as core.escaping.csv_cell does
+    (a cell a spreadsheet would run as a formula gets a leading quote); numbers stay numbers."""
+    starts = ", ".join("'" + c.replace("'", "''") + "'" for c in CSV_FORMULA_STARTS)
+    columns = []
+    for column in store.query(f"DESCRIBE {table}"):
+        name = '"' + column["column_name"].replace('"', '""') + '"'
+        if column["column_type"] in ("VARCHAR", "JSON"):
+            columns.append(f"CASE WHEN left({name}, 1) IN ({starts}) THEN '''' || {name} ELSE {name} END AS {name}")
+        else:
+            columns.append(name)
+    return f"SELECT {', '.join(columns)} FROM {table}"
+
+
 def export_tables(db_path: Path, out_dir: Path, fmt: str, table: str = "all") -> list[Path]:
     """COPY each table to out_dir/<table>.<fmt> from a read-only connection."""
     if fmt not in EXPORT_FORMATS:
@@ -201,6 +216,7 @@ def export_tables(db_path: Path, out_dir: Path, fmt: str, table: str = "all") ->
         for name in names:
             path = out_dir / f"{name}.{fmt}"
             quoted = str(path).replace("'", "''")  # COPY takes no parameter for its target
-            store.connection.execute(f"COPY (SELECT * FROM {name}) TO '{quoted}' ({options})")
+            select = _csv_select(store, name) if fmt == "csv" else f"SELECT * FROM {name}"
+            store.connection.execute(f"COPY ({select}) TO '{quoted}' ({options})")
             paths.append(path)
     return paths

@@ -21,6 +21,8 @@ from harness.cli.common import (
     errors,
     fail,
     given,
+    say,
+    shown,
     split_list,
 )
 from harness.core.bounds import MAX_BATCH, out_of_range
@@ -48,12 +50,14 @@ def report(
         raise fail(f"unknown report format '{unknown[0]}'; valid: {', '.join(FORMATS)}")
     if out is not None and len(formats or FORMATS) != 1:
         raise fail("--out is a file path and needs exactly one --format (use --output-dir for several)")
+    from harness.core.paths import UnsafePathError
+
     try:
         paths = write_reports(db, run, output_dir, formats, out=out)
-    except StoreError as exc:
+    except (StoreError, UnsafePathError) as exc:
         raise fail(str(exc)) from None
     for path in paths:
-        console.print(f"report: {path}")
+        console.print(f"report: {shown(path)}")
     markdown = next((p for p in paths if p.suffix == ".md"), None)
     if markdown is not None and run != "all":
         from rich.markdown import Markdown
@@ -77,7 +81,7 @@ def matrix(
     except StoreError as exc:
         raise fail(str(exc)) from None
     for path in write_matrix(built, output_dir):
-        console.print(f"matrix: {path}")
+        console.print(f"matrix: {shown(path)}")
     if update_matrix_only:
         return
     table = Table(title=f"Compatibility matrix ({built['results']} results, {len(built['runs'])} runs)")
@@ -85,7 +89,7 @@ def matrix(
         table.add_column(name, overflow="fold")
     for family, entry in built["families"].items():
         for target, cell in entry["cells"].items():
-            table.add_row(family, target, cell_text(cell))
+            table.add_row(shown(family), shown(target), shown(cell_text(cell)))
     console.print(table)
 
 
@@ -128,7 +132,7 @@ def recommend(
         with one_machine(db, machine) as scoped:
             if create_map is not None:
                 create_map.write_text(json.dumps(selection_map(scoped, score_weights), indent=2))
-                console.print(f"selection map: {create_map}")
+                console.print(f"selection map: {shown(create_map)}")
                 return
             hardware_list = split_list(hardware)
             result = rank(scoped, model, model_family, task, batch_size, None, mode, hardware_list, score_weights)
@@ -141,18 +145,18 @@ def recommend(
         evidence = c.evidence[0] if c.source == "predicted" else f"measured: {', '.join(e[:8] for e in c.evidence)}"
         table.add_row(
             str(rank_number),
-            c.target,
+            shown(c.target),
             f"{c.score:.3f}",
             f"{c.latency_ms:.3f}",
             f"{c.throughput_per_s:.1f}",
             f"{c.memory_mb:.0f}" if c.memory_mb is not None else "—",  # not measured
             f"{c.compatibility:.0%}",
-            evidence,
+            shown(evidence),
         )
     console.print(table)
-    console.print(f"primary: {result.primary.target if result.primary else 'none — no candidate ran ok'}")
+    console.print(f"primary: {shown(result.primary.target) if result.primary else 'none — no candidate ran ok'}")
     for line in result.excluded:
-        console.print(f"excluded: {line}")
+        console.print(f"excluded: {shown(line)}")
 
 
 def _one_line(model: str | None, batch_size: int, mode: str, db: Path) -> None:
@@ -161,7 +165,7 @@ def _one_line(model: str | None, batch_size: int, mode: str, db: Path) -> None:
     if model is None:
         raise fail("--one-line speaks of one model: give --model")
     try:
-        typer.echo(one_line(db, model, batch_size, mode))
+        say(one_line(db, model, batch_size, mode))
     except StoreError as exc:
         raise fail(str(exc)) from None
 
@@ -169,14 +173,14 @@ def _one_line(model: str | None, batch_size: int, mode: str, db: Path) -> None:
 def emit(text: str, out: Path | None) -> None:
     """Print plain text (pipeable, no rich markup) or write it to --out."""
     if out is None:
-        typer.echo(text.rstrip("\n"))
+        say(text.rstrip("\n"))
         return
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
     except OSError as exc:
         raise fail(f"--out {out} could not be written: {exc}") from None
-    console.print(f"wrote {out}")
+    console.print(f"wrote {shown(out)}")
 
 
 def compare_command(
@@ -217,7 +221,7 @@ def compare_command(
         raise fail(str(exc)) from None
     emit(compare.render(result, fmt), out)
     if plot_comparison is not None:
-        console.print(f"plot: {compare.plot_comparison(result, plot_comparison)}")
+        console.print(f"plot: {shown(compare.plot_comparison(result, plot_comparison))}")
     if fail_on_regression and result.regressed:
         errors.print(f"{len(result.regressed)} case(s) regressed or broke; exit 1", highlight=False)
         raise typer.Exit(1)
@@ -320,4 +324,4 @@ def export_command(
     except (AnalysisError, StoreError) as exc:
         raise fail(str(exc)) from None
     for path in paths:
-        console.print(f"export: {path}")
+        console.print(f"export: {shown(path)}")

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from harness.cli.common import DbOption, console, fail
+from harness.cli.common import DbOption, console, fail, shown
 from harness.store import DEFAULT_DB, StoreError
 
 if TYPE_CHECKING:
@@ -37,7 +37,9 @@ def export_bundle_command(db: Path, bundle: Path, run: str | None, since: str | 
         raise fail(str(exc)) from None
     rows = ", ".join(f"{n} {table}" for table, n in summary.rows.items() if n)
     redacted = f", redacted: {summary.redacted}" if summary.redacted else ""
-    console.print(f"bundle: {summary.path} ({len(summary.runs)} runs; {rows}; {summary.bytes:,} bytes{redacted})")
+    console.print(
+        f"bundle: {shown(summary.path)} ({len(summary.runs)} runs; {rows}; {summary.bytes:,} bytes{redacted})"
+    )
 
 
 def import_command(
@@ -77,5 +79,5 @@ def _print_counts(counts: list[ImportCount], db: Path) -> None:
             f"{c.runs_added} runs, {c.results_added} results ({c.samples_added} samples) added, "
             f"{c.results_skipped} results already here"
         )
-        console.print(f"{c.bundle}: {what}" + ("" if c.added_anything else " — nothing new"), highlight=False)
-    console.print(f"store: {db}")
+        console.print(f"{shown(c.bundle)}: {what}" + ("" if c.added_anything else " — nothing new"), highlight=False)
+    console.print(f"store: {shown(db)}")

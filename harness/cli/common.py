@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from harness.core.options import DB_HELP, MODEL_PATH_HELP, OPTION, OUTPUT_DIR_HELP, Opt, default_of
+from harness.core.terminal import terminal_lines, terminal_text
 
 console = Console()
 if not console.is_terminal:  # logs and CI: rich would fold every table to 80 columns
@@ -28,9 +29,21 @@ RunOption = Annotated[str, typer.Option("--run", help=f"The run: {RUN_SELECTOR}.
 RunsOption = Annotated[str, typer.Option("--run", help=f"The run ({RUN_SELECTOR}), RUN,RUN,… for several, or all.")]
 
 
+def shown(value: object) -> str:
+    """Stored text (a machine label, a model name, an error from a device or a bundle) for a rich console
+    line or table cell: no control characters (terminal_text), no markup ([run] is text)."""
+    return escape(terminal_text(str(value)))
+
+
+def say(text: str) -> None:
+    """Print plain text (pipeable, no rich markup) whose lines may hold stored text: each made safe."""
+    typer.echo(terminal_lines(text))
+
+
 def fail(message: str) -> typer.Exit:
-    """Print a one-line error and return the exit for bad input (code 2)."""
-    errors.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)  # [run] is not markup
+    """Print a one-line error and return the exit for bad input (code 2). Errors quote stored text
+    (an unknown machine, a device's message), so the line goes through shown like every other."""
+    errors.print(f"[red]error:[/red] {shown(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(2)
 
 
@@ -69,7 +82,8 @@ MachineOption = Annotated[
     str | None,
     typer.Option(
         "--machine",
-        help="Learn from this machine's runs only (its label, or the start of its id; `query --report machines`).",
+        help="Learn from this machine's runs only: an exact machine id, a unique id prefix of at least 8 characters, "
+        "or an exact label (`query --report machines`).",
     ),
 ]
 

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from harness.cli.common import DbOption, console, fail
+from harness.cli.common import DbOption, console, fail, shown
 from harness.store import DEFAULT_DB, StoreError, init_store
 
 
@@ -23,12 +23,12 @@ def hardware_command() -> None:
         f"memory {host['memory_gb']} GB"
     )
     gpus = {r["device_name"] for r in hardware_rows() if r["platform"] in ("cuda", "rocm") and r["device_name"]}
-    console.print(f"GPUs: {', '.join(sorted(gpus)) or 'none detected'}")
+    console.print(f"GPUs: {shown(', '.join(sorted(gpus))) or 'none detected'}")
     table = Table()
     for name in ("platform", "available", "reason"):
         table.add_column(name, overflow="fold")
     for status in detect_platforms():
-        table.add_row(status.platform, "yes" if status.available else "no", status.reason)
+        table.add_row(status.platform, "yes" if status.available else "no", shown(status.reason))
     console.print(table)
 
 
@@ -75,7 +75,7 @@ def models(db: DbOption = DEFAULT_DB) -> None:
         except Exception as exc:  # a spec transformers cannot build: say so, list the rest
             parameters = f"cannot build: {exc}"[:80]
         row = (spec.name, spec.family, spec.variant, spec.architecture, spec.inputs.kind, parameters)
-        table.add_row(*row, statuses.get(spec.name, "—"))
+        table.add_row(*row, shown(statuses.get(spec.name, "—")))  # statuses: stored text
     console.print(table)
 
 
@@ -88,4 +88,4 @@ def db_init(
         init_store(db, overwrite)
     except StoreError as exc:
         raise fail(str(exc)) from None
-    console.print(f"schema ready in {db}")
+    console.print(f"schema ready in {shown(db)}")

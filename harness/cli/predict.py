@@ -13,7 +13,17 @@ from rich.table import Table
 
 from harness.analysis.machines import one_machine
 from harness.analysis.tables import AnalysisError
-from harness.cli.common import DbOption, MachineOption, ModelPathOption, console, fail, int_list, split_list
+from harness.cli.common import (
+    DbOption,
+    MachineOption,
+    ModelPathOption,
+    console,
+    fail,
+    int_list,
+    say,
+    shown,
+    split_list,
+)
 from harness.core.bounds import MAX_BATCH, MAX_SEQUENCE, out_of_range
 from harness.run.plan import MAX_TIMEOUT_S, RequestError, check_seconds
 from harness.store import DEFAULT_DB, StoreError
@@ -137,7 +147,7 @@ def _refuse(model: str, reasons: list[str], as_json: bool) -> None:
     if as_json:
         console.print_json(json.dumps({"rows": [], "refused": line}))
     else:
-        typer.echo(line)
+        say(line)
 
 
 def _spec(model: str | None, model_path: Path | None, family: str | None) -> Any:
@@ -159,7 +169,9 @@ def _count(spec: Any, asked: Any, timeout: float, model_path: Path | None) -> tu
     from harness.prepare.prepared import PrepareJob
     from harness.run.worker import count_isolated
 
-    console.print(f"counting {spec.name}'s graph at {len(asked.shapes)} case(s) (exported if not cached; not run)")
+    console.print(
+        f"counting {shown(spec.name)}'s graph at {len(asked.shapes)} case(s) (exported if not cached; not run)"
+    )
     try:
         counted = count_isolated(PrepareJob(spec, asked.shapes), timeout)
     except RuntimeError as exc:
@@ -190,7 +202,7 @@ def _print_predictions(asked: Any, result: Any) -> None:
     from harness.core.labels import MARK_STYLES
 
     size = f"{asked.parameters:,} parameters" if asked.parameters else "parameters unknown"
-    table = Table(title=f"Predicted for {asked.model} ({size}) — predictions, not measurements")
+    table = Table(title=f"Predicted for {shown(asked.model)} ({size}) — predictions, not measurements")
     columns = ("target", "precision", "batch", "seq", "method", "p50 ms", "items/s", "memory MB", "held-out MAPE")
     for name in (*columns, "learned from", "measured p50 ms"):
         table.add_column(name)
@@ -198,8 +210,8 @@ def _print_predictions(asked: Any, result: Any) -> None:
         cells = (row["predicted_latency_p50_ms"], row["predicted_throughput_per_s"], row["predicted_memory_peak_mb"])
         mape, measured = row["held_out_mape"], row.get("measured_latency_p50_ms")
         table.add_row(
-            f"{row['hardware']}/{row['engine']}:{row['provider']}", row["precision"], str(row["batch_size"]),
-            str(row["seq_len"] or "—"), row["method"],
+            shown(f"{row['hardware']}/{row['engine']}:{row['provider']}"), shown(row["precision"]),
+            str(row["batch_size"]), str(row["seq_len"] or "—"), row["method"],
             *(f"{v:.{d}f}" if v is not None else "—" for v, d in zip(cells, (3, 1, 0), strict=True)),
             f"{mape:.1%}" if mape is not None else "— (too few models)",
             f"rows marked {row['learned_from_marks']}" if row.get("learned_from_marks") else "—",
@@ -213,7 +225,7 @@ def _print_predictions(asked: Any, result: Any) -> None:
     if legends:
         console.print(f"learned from: the measured rows behind a prediction carry these marks; {'; '.join(legends)}")
     for note in result.notes:
-        console.print(f"note: {note}")
+        console.print(f"note: {shown(note)}")
 
 
 def _evaluate(db: Path, as_json: bool) -> None:
@@ -227,15 +239,16 @@ def _evaluate(db: Path, as_json: bool) -> None:
         console.print_json(json.dumps([dataclasses.asdict(e) for e in found], default=str))
         return
     if not found:
-        console.print(f"no profiled results in {db}: run benchmarks with --profile first")
+        console.print(f"no profiled results in {shown(db)}: run benchmarks with --profile first")
         return
     table = Table(title="Leave-one-model-out MAPE for latency, on the profiled results")
     for name in ("target", "precision", "results", "models", "operators", "log-linear (same results)"):
         table.add_column(name)
     for e in found:
         cells = [f"{v:.1%}" if v is not None else "—" for v in (e.operators, e.log_linear)]
-        table.add_row(f"{e.target[0]}/{e.target[1]}:{e.target[2]}", e.target[3], str(e.rows), str(e.models), *cells)
+        target = shown(f"{e.target[0]}/{e.target[1]}:{e.target[2]}")
+        table.add_row(target, shown(e.target[3]), str(e.rows), str(e.models), *cells)
     console.print(table)
     for e in found:
         for note in e.notes:
-            console.print(f"note ({'/'.join(e.target)}): {note}")
+            console.print(f"note ({shown('/'.join(e.target))}): {shown(note)}")

@@ -55,3 +55,4 @@ MAX_HIDDEN = 65_536 * 4  # hidden and intermediate (feed-forward) widths
 MAX_HEAD_SIZE = 65_536  # one attention head's width
 MAX_VOCAB = 4 * 2**20  # tokens in a vocabulary
 MAX_CONTEXT = 16 * 2**20  # positions, context length, a generation's max_length
+MAX_NAME_CHARS = 96  # a file name made from stored text (a run id): room for a hash and a suffix under 255 bytes

@@ -3,14 +3,19 @@ that is a file, or a read-only one, must not cost a whole run before it is found
 
 Each check creates nothing that outlives it (an anonymous temporary file at most), and asks the
 file system itself rather than the permission bits: root passes every permission check, but not
-a read-only mount.
+a read-only mount. And the one sanitized form of a file name made from stored text (safe_name), kept
+inside its folder (inside).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import tempfile
 from pathlib import Path
+
+from harness.core.bounds import MAX_NAME_CHARS
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -50,3 +55,34 @@ def unwritable_file(path: Path) -> str | None:
     except OSError as exc:
         return f"{path} is not writable ({exc.strerror or exc})"
     return None
+
+
+# --- file names made from stored text --------------------------------------------------------------
+# A run id (or any stored text) that names a file may come from a bundle made elsewhere: it must not
+# climb out of its folder (`../../victim`), hide itself (a leading dot) or carry bytes a file system or
+# shell chokes on. One sanitized form for every such name; two different ids never share it.
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+_HASH_CHARS = 10
+
+
+class UnsafePathError(ValueError):
+    """A file name made from stored text that would resolve outside its output folder."""
+
+
+def safe_name(text: str) -> str:
+    """`text` as a file name: only [A-Za-z0-9._-], no leading dot, at most MAX_NAME_CHARS; when that
+    changed anything, a short hash of the original is appended so two ids never collide."""
+    kept = _UNSAFE.sub("_", text).lstrip(".")
+    if kept == text and 0 < len(kept) <= MAX_NAME_CHARS:
+        return kept
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:_HASH_CHARS]
+    return f"{kept[: MAX_NAME_CHARS - _HASH_CHARS - 1]}-{digest}" if kept else digest
+
+
+def inside(directory: Path, name: str) -> Path:
+    """directory/name, refused (UnsafePathError) unless it resolves, symlinks followed, inside directory."""
+    folder = Path(directory).resolve()
+    path = (folder / name).resolve()
+    if path == folder or not path.is_relative_to(folder):
+        raise UnsafePathError(f"the file name '{name}' would be written outside {directory}; refused")
+    return Path(directory) / name

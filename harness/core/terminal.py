@@ -31,3 +31,9 @@ def terminal_text(text: str) -> str:
         elif unicodedata.category(char) not in _UNPRINTABLE:
             kept.append(char)
     return "".join(kept)
+
+
+def terminal_lines(text: str) -> str:
+    """`text` made safe line by line (terminal_text), its own line breaks kept: a rendered table or
+    report whose lines hold stored text."""
+    return "\n".join(terminal_text(line) for line in text.split("\n"))

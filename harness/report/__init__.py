@@ -8,6 +8,7 @@ from pathlib import Path
 from harness.analysis.machines import across, machine_name
 from harness.analysis.tables import render_table
 from harness.core.labels import details_of
+from harness.core.paths import inside, safe_name
 from harness.report.data import RunReport, load_run_report, load_run_reports
 from harness.report.formats import write_csv, write_json, write_markdown
 from harness.report.html import write_html, write_html_page
@@ -56,24 +57,24 @@ def write_reports(
 
     Files are <run_id>.<format> (<run_id>-<run_id>… for several, all-runs.<format> for 'all') in
     output_dir, or `out` when exactly one format is asked for. Markdown also writes its plots as PNG
-    files under <run_id>-plots/ next to it.
+    files under <run_id>-plots/ next to it. A run id may come from another store: the names are its
+    safe_name, and a name that would leave output_dir is refused (UnsafePathError).
     """
     formats = formats or list(FORMATS)
     if out is not None and len(formats) != 1:
         raise ValueError("an output file path needs exactly one format")
     reports = load_run_reports(db_path, run_selector)
     many = run_selector == ALL_RUNS or "," in run_selector  # 'all', or RUN,RUN,… aggregated in one file
-    stem = ALL_RUNS_STEM if run_selector == ALL_RUNS else "-".join(r.run["run_id"] for r in reports)
-    written = []
-    for name in formats:
-        path = Path(out) if out is not None else Path(output_dir) / f"{stem}.{name}"
+    stem = ALL_RUNS_STEM if run_selector == ALL_RUNS else safe_name("-".join(r.run["run_id"] for r in reports))
+    # every name checked before the first file is written: a refusal writes nothing
+    paths = {name: Path(out) if out is not None else inside(Path(output_dir), f"{stem}.{name}") for name in formats}
+    for name, path in paths.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         if many:
             _write_many(name, reports, path)
         else:
             FORMATS[name](reports[0], path)
-        written.append(path)
-    return written
+    return list(paths.values())
 
 
 __all__ = ["FORMATS", "RunReport", "load_run_report", "load_run_reports", "write_reports"]

@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from harness.report.plots import Plot
 
+from harness.core.escaping import csv_cell, markdown_text
 from harness.core.generation import DECODE_RATE, PREFILL_RATE
 from harness.core.labels import BASELINE_LABEL, case_label, flags, target_label
+from harness.core.paths import inside, safe_name
 from harness.core.records import MEASURED
 from harness.report.data import RunReport
 
@@ -29,8 +31,8 @@ def write_csv(report: RunReport, path: Path) -> None:
         if not report.results:
             return
         writer = csv.DictWriter(handle, fieldnames=list(report.results[0]))
-        writer.writeheader()
-        writer.writerows(report.results)
+        writer.writeheader()  # the column names are the store's own
+        writer.writerows({k: csv_cell(v) for k, v in row.items()} for row in report.results)
 
 
 def _fmt(value: float | None, digits: int = 2) -> str:
@@ -38,8 +40,9 @@ def _fmt(value: float | None, digits: int = 2) -> str:
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+    """A Markdown table; every header and cell escaped (markdown_text): they hold stored text."""
+    lines = ["| " + " | ".join(map(markdown_text, header)) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(map(markdown_text, row)) + " |" for row in rows]
 
 
 def _cell(row: dict[str, Any] | None, column: str, digits: int = 2) -> str:
@@ -58,7 +61,7 @@ def _family_section(family: str, rows: list[dict[str, Any]]) -> list[str]:
     by_key: dict[tuple[str, str], dict[str, dict[str, Any]]] = defaultdict(dict)
     for r in rows:
         by_key[(r["model"], case_label(r))][target_label(r)] = r
-    lines = [f"### {family.replace('_', ' ').title()} Models", ""]
+    lines = [f"### {markdown_text(family.replace('_', ' ').title())} Models", ""]
     for title, column, digits in (
         ("Latency Comparison (p50 ms)", "latency_p50_ms", 3),
         ("Throughput Comparison (items/sec)", "throughput_per_s", 1),
@@ -94,11 +97,11 @@ def _speedups(by_key: dict, targets: list[str]) -> dict[str, tuple[float, int]]:
 def _problems(report: RunReport) -> list[str]:
     lines = []
     for r in report.results:
-        where = f"{r['model']} on {target_label(r)} ({case_label(r)})"
+        where = markdown_text(f"{r['model']} on {target_label(r)} ({case_label(r)})")
         if r["status"] != "ok":
-            lines.append(f"- **{r['status']}** {where}: {r['error']}")
+            lines.append(f"- **{markdown_text(r['status'])}** {where}: {markdown_text(r['error'])}")
         elif marks := flags(r):
-            lines.append(f"- ⚠ {where}: {'; '.join(marks)}")
+            lines.append(f"- ⚠ {where}: {markdown_text('; '.join(marks))}")
     return lines
 
 
@@ -145,7 +148,8 @@ def _mode_sections(results: list[dict[str, Any]]) -> list[str]:
 
 
 def write_markdown(report: RunReport, path: Path) -> None:
-    run, host = report.run, report.host
+    """The run for people; every stored text in it escaped (markdown_text): it may come from elsewhere."""
+    run, host = {k: markdown_text(v) if isinstance(v, str) else v for k, v in report.run.items()}, report.host
     lines = [
         f"# Hardware Benchmark Report - {run['run_id']}",
         "",
@@ -162,7 +166,7 @@ def write_markdown(report: RunReport, path: Path) -> None:
     ]
     for hw in report.hardware:
         mark = "✅ Available" if hw["available"] else "❌ Not available"
-        lines.append(f"- **{hw['platform']}**: {mark} — {hw['reason']}")
+        lines.append(f"- **{markdown_text(hw['platform'])}**: {mark} — {markdown_text(hw['reason'])}")
     lines += ["", "## Benchmark Results", ""]
     families: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in report.results:
@@ -172,7 +176,7 @@ def write_markdown(report: RunReport, path: Path) -> None:
         lines += _family_section(family, rows)
     lines += _mode_sections(report.results)
     weights = sorted({f"{r['model']}: {r['weights']}" for r in report.results})
-    lines += ["## Weights", "", *(f"- {w}" for w in weights), ""]
+    lines += ["## Weights", "", *(f"- {markdown_text(w)}" for w in weights), ""]
     problems = _problems(report)
     lines += [
         "## Failures and Flags",
@@ -201,8 +205,9 @@ def write_pngs(report: RunReport, directory: Path) -> list[tuple[Plot, Path | No
 
 
 def markdown_plot_links(report: RunReport, markdown_path: Path) -> list[str]:
-    """A '## Plots' section linking the PNGs, written to <run_id>-plots/ next to the Markdown file."""
-    directory = markdown_path.parent / f"{report.run['run_id']}-plots"
+    """A '## Plots' section linking the PNGs, written to <run_id>-plots/ (the id's safe_name) next to the
+    Markdown file."""
+    directory = inside(markdown_path.parent, f"{safe_name(report.run['run_id'])}-plots")
     lines = ["## Plots", ""]
     for plot, path in write_pngs(report, directory):
         if path is None:
