@@ -1,4 +1,4 @@
-"""`accelharness ab`: two variants measured interleaved, and the paired verdict (harness.run.ab)."""
+"""`accelharness ab`: two variants measured interleaved, and the paired verdict (harness.ab.run)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from harness.ab.run import AbRequest
 from harness.cli.analysis import emit
 from harness.cli.common import (
     BatchOption,
@@ -24,7 +25,6 @@ from harness.cli.common import (
 from harness.cli.progress import run_with_progress
 from harness.core.paths import unwritable_file
 from harness.native import DEFAULT_ENGINES, ENGINES
-from harness.run.ab import AbRequest
 from harness.store import DEFAULT_DB
 from harness.web.eps import WEB_HARDWARE
 
@@ -68,10 +68,10 @@ def ab(
     machine_label: MachineLabelOption = None,
 ) -> None:
     """Did B get slower than A? Both measured interleaved in one run (ABBA rounds), a paired verdict."""
+    from harness.ab.run import run_ab, validate_ab
     from harness.analysis.compare import parse_threshold, render
     from harness.analysis.paired import compare_pair
     from harness.analysis.tables import AnalysisError
-    from harness.run.ab import run_ab, validate_ab
     from harness.run.plan import RequestError
 
     if fmt not in ("md", "json"):
