@@ -1,4 +1,4 @@
-"""`accelharness ab`: two variants measured interleaved, and the paired verdict (harness.run.ab)."""
+"""`accelharness ab`: two variants measured interleaved, and the paired verdict (harness.ab.run)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from typing import Annotated, Any
 
 import typer
 
+from harness.ab.run import AbRequest
 from harness.cli.analysis import emit
 from harness.cli.common import errors, fail, given, int_list, request_values, split_list, with_options
 from harness.cli.progress import run_with_progress
 from harness.core.paths import unwritable_file
-from harness.run.ab import AbRequest
 from harness.run.web import WebRequest
 from harness.web.eps import WEB_HARDWARE
 
@@ -50,10 +50,10 @@ def ab(
     **options: Any,
 ) -> None:
     """Did B get slower than A? Both measured interleaved in one run (ABBA rounds), a paired verdict."""
+    from harness.ab.run import run_ab, validate_ab
     from harness.analysis.compare import parse_threshold, render
     from harness.analysis.paired import compare_pair
     from harness.analysis.tables import AnalysisError
-    from harness.run.ab import run_ab, validate_ab
     from harness.run.plan import RequestError
 
     if fmt not in ("md", "json"):

@@ -126,7 +126,7 @@ def injected_fault(job: Any) -> str | None:
 
 def inject_fault(job: Any) -> None:
     """Testing hook: ACCELHARNESS_INJECT_FAULT=KIND[:MODEL[:ENGINE]][,…] makes this worker fail for real.
-    job: a Job, or an ab variant's job (harness.run.ab_worker): anything with .prepared and .target.
+    job: a Job, or an ab variant's job (harness.ab.worker): anything with .prepared and .target.
 
     KIND is segfault, abort, hang, oom (an address-space limit, then an allocation past it) or
     grandchild (start a sleeping child process, as an engine's helper might, then hang).

@@ -3,7 +3,7 @@ noisy machine.
 
 Two runs measured one after the other differ by the machine's drift between them (other load,
 clocks, caches), often by more than the change a user looks for. Here both variants are measured at
-the same time instead: each is loaded once, in its own worker process (harness.run.ab_worker), for
+the same time instead: each is loaded once, in its own worker process (harness.ab.worker), for
 the whole run; for every case the two workers take turns in rounds, each round a block of
 iterations from A and one from B, in ABBA order (which one starts is drawn afresh per case), so
 whatever the machine does hits both alike. The rows of both variants go into the store as one run,
@@ -34,6 +34,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from harness.ab.rounds import CaseFailure, WorkerFailure, schedule
+from harness.ab.worker import VariantJob
 from harness.core.bounds import MAX_ITERATIONS, MAX_ROUNDS, MAX_THREADS
 from harness.core.options import declared, items, problem
 from harness.core.records import VARIANTS, Case, Result, Target
@@ -42,8 +44,6 @@ from harness.native import capabilities
 from harness.native.base import Availability
 from harness.prepare.prepared import PreparedModel, PrepareJob, unprepared_result
 from harness.prepare.specs import ModelSpec, SpecError, select_specs, spec_from_path
-from harness.run.ab_rounds import CaseFailure, WorkerFailure, schedule
-from harness.run.ab_worker import VariantJob
 from harness.run.isolation import describe_exit, oom_kill_count
 from harness.run.plan import (
     RequestError,
@@ -131,7 +131,7 @@ def _python(option: str, path: Path | None) -> str:
     if not (Path(path).is_file() and os.access(path, os.X_OK)):
         raise RequestError(f"{option} {path}: not an executable file (give the environment's bin/python)")
     probe = subprocess.run(
-        [str(path), "-c", f"import harness.run.ab_worker; print('{PROBE_OK}')"], capture_output=True, text=True,
+        [str(path), "-c", f"import harness.ab.worker; print('{PROBE_OK}')"], capture_output=True, text=True,
         timeout=120,
     )  # fmt: skip
     if probe.returncode != 0 or PROBE_OK not in probe.stdout:  # an executable that is not that Python prints nothing
@@ -213,7 +213,7 @@ def _web_plan(request: AbRequest) -> WebPlan:
 
 # --- a variant's worker ----------------------------------------------------------------------------
 class VariantWorker:
-    """The parent's end of one variant's worker process (harness.run.ab_worker)."""
+    """The parent's end of one variant's worker process (harness.ab.worker)."""
 
     def __init__(self, variant: Variant, job: VariantJob, timeout_s: float, scratch: Path) -> None:
         self.variant, self.timeout_s = variant, timeout_s
@@ -223,7 +223,7 @@ class VariantWorker:
         self.log: IO[bytes] = self.log_path.open("wb")
         self.oom_before = oom_kill_count()
         self.process = subprocess.Popen(
-            [variant.python, "-m", "harness.run.ab_worker", str(job_file)],
+            [variant.python, "-m", "harness.ab.worker", str(job_file)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.log,
@@ -505,8 +505,8 @@ def _emit_blocked(plan: AbPlan, prepared: dict[str, Prepared], target: Target, r
 
 
 def _run_web(plan: AbPlan, web: WebPlan, prepared: dict[str, Prepared], unpaired: dict, emit: Emit) -> None:
-    """The browser half: both variants in one page per EP setting (harness.run.ab_web)."""
-    from harness.run.ab_web import WebSide, run_web_pairs
+    """The browser half: both variants in one page per EP setting (harness.ab.web)."""
+    from harness.ab.web import WebSide, run_web_pairs
     from harness.web.driver import run_sync
 
     blocked = {setting.target: _blocked(prepared, setting.target, None) for setting in web.settings}

@@ -1,6 +1,6 @@
 """One variant of an `accelharness ab` run, in its own process: loaded once, measured on command.
 
-The parent (harness.run.ab) starts `python -m harness.run.ab_worker JOB` with the interpreter of the
+The parent (harness.ab.run) starts `python -m harness.ab.worker JOB` with the interpreter of the
 variant's environment (--a-python/--b-python: e.g. another onnxruntime release), JOB being the
 pickled VariantJob. Commands arrive as JSON lines on stdin; each gets one JSON line back on the
 process's original stdout. Anything an engine prints goes to stderr (the parent's log of the
