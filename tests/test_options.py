@@ -23,7 +23,7 @@ from harness.core.options import RequestError, check, declared, option, problem
 from harness.core.parity import TOLERANCES
 from harness.core.precision import MEANINGS
 from harness.core.records import PRECISIONS
-from harness.run.ab import AbRequest
+from harness.ab.run import AbRequest
 from harness.run.plan import BenchmarkRequest, RunOptions, validate
 from harness.run.web import WebRequest
 from harness.suite.config import OPTION_KEYS, SuiteConfig
@@ -167,7 +167,7 @@ def test_the_python_api_is_checked_by_the_same_check(request_: BenchmarkRequest,
     ],
 )
 def test_ab_checks_each_variants_precision_by_the_one_definition(fields: dict[str, str], message: str) -> None:
-    from harness.run.ab import validate_ab
+    from harness.ab.run import validate_ab
 
     with pytest.raises(RequestError) as raised:
         validate_ab(AbRequest(a="bert-tiny", b="bert-tiny", **fields))
