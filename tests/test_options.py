@@ -16,6 +16,7 @@ import typer
 from conftest import CLI
 from typer.testing import CliRunner
 
+from harness.ab.run import AbRequest
 from harness.cli.common import request_values, with_options
 from harness.cli.reference import commands
 from harness.cli.suite import OVERRIDES
@@ -23,7 +24,6 @@ from harness.core.options import RequestError, check, declared, option, problem
 from harness.core.parity import TOLERANCES
 from harness.core.precision import MEANINGS
 from harness.core.records import PRECISIONS
-from harness.ab.run import AbRequest
 from harness.run.plan import BenchmarkRequest, RunOptions, validate
 from harness.run.web import WebRequest
 from harness.suite.config import OPTION_KEYS, SuiteConfig
