@@ -213,6 +213,18 @@ ADDED_TABLES = {"operators": 4, "controls": 6, "store_info": 8, "imports": 8}
 TABLES = ("schema_version", "runs", "hardware", "results", "samples", "operators", "controls", "store_info", "imports")
 # What a run is made of: the tables a bundle carries (the store's own facts and log stay home).
 RUN_TABLES = ("runs", "hardware", "results", "samples", "operators", "controls")
+# Each run table's rows that belong to the chosen runs (the registered table `chosen` holds their ids):
+# what a bundle carries, and what a store scoped to one machine holds.
+RUN_ROWS = {
+    "runs": "SELECT * FROM runs WHERE run_id IN (SELECT run_id FROM chosen)",
+    "hardware": "SELECT * FROM hardware WHERE run_id IN (SELECT run_id FROM chosen)",
+    "results": "SELECT * FROM results WHERE run_id IN (SELECT run_id FROM chosen)",
+    "samples": "SELECT s.* FROM samples s JOIN results r USING (result_id) "
+    "WHERE r.run_id IN (SELECT run_id FROM chosen)",
+    "operators": "SELECT o.* FROM operators o JOIN results r USING (result_id) "
+    "WHERE r.run_id IN (SELECT run_id FROM chosen)",
+    "controls": "SELECT * FROM controls WHERE run_id IN (SELECT run_id FROM chosen)",
+}
 MACHINE_COLUMNS = "runs.machine_id, runs.machine_label, runs.hardware_class"  # a result row read with its machine
 MACHINE_SALT = "machine_salt"  # store_info key: the random salt of this store's machine ids
 
@@ -811,3 +823,20 @@ def init_store(path: Path, overwrite: bool) -> None:
 def result_as_dict(result: Result) -> dict[str, Any]:
     """A Result as plain data (for JSON output before it reaches the store)."""
     return asdict(result)
+
+
+def copy_runs(source: Store, target: duckdb.DuckDBPyConnection, run_ids: list[str]) -> None:
+    """Copy every row of the runs `run_ids` from `source` into `target`, a store of the current schema (a
+    source of an older one is read as current: its missing columns stay NULL until IDENTITY_BACKFILL, run
+    after, gives them the migration's own values)."""
+    source.connection.register("chosen", pa.table({"run_id": pa.array(run_ids, pa.string())}))
+    try:
+        for table in RUN_TABLES:
+            rows = source.connection.sql(RUN_ROWS[table]).to_arrow_table()
+            target.register("incoming", rows)
+            target.execute(f"INSERT INTO {table} BY NAME SELECT * FROM incoming")
+            target.unregister("incoming")
+    finally:
+        source.connection.unregister("chosen")
+    for statement in IDENTITY_BACKFILL:
+        target.execute(statement)

@@ -155,3 +155,50 @@ def test_no_module_outside_native_branches_on_an_engine_name() -> None:
     outside = [*(ROOT / "harness").rglob("*.py"), *(ROOT / "web").glob("*.py")]
     hits = [hit for path in outside for hit in engine_comparisons(path.read_text(), str(path.relative_to(ROOT)))]
     assert hits == []
+
+
+def architecture_rows() -> dict[str, str]:
+    """ARCHITECTURE.md's table of parts: each part's folder (its first cell) -> the row's text."""
+    rows = {}
+    for line in (ROOT / "ARCHITECTURE.md").read_text().splitlines():
+        cells = line.split(" | ")
+        if line.startswith("| `") and len(cells) > 1:
+            for folder in cells[0].strip("| ").split(", "):
+                rows[folder.strip("`").split("`")[0]] = line
+    return rows
+
+
+def test_architecture_names_every_module_in_its_part() -> None:
+    """ARCHITECTURE.md stays true to the tree: every module is named in its part's row (the engines of
+    native/ by the rule that names them: `<engine>_backend.py`, one per engine)."""
+    rows = architecture_rows()
+    unnamed = []
+    for path in sorted(
+        [*(ROOT / "harness").rglob("*.py"), *(ROOT / "native").glob("*.py"), *(ROOT / "web").glob("*.py")]
+    ):
+        relative = path.relative_to(ROOT).as_posix()
+        if path.name == "__init__.py" or (relative.startswith("native/") and path.name.endswith("_backend.py")):
+            continue
+        part = max((folder for folder in rows if relative.startswith(folder)), key=len, default=None)
+        name = relative[len(part) :] if part else relative
+        if part is None or (name and f"`{name}`" not in rows[part]):  # a one-module part is its row
+            unnamed.append(relative)
+    assert unnamed == []
+
+
+def documented_arrows() -> dict[str, set[str]]:
+    """The arrows between parts ARCHITECTURE.md lists ("run -> core, native, ...")."""
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    block = text.split("<!-- arrows: begin -->")[1].split("<!-- arrows: end -->")[0]
+    arrows = {}
+    for line in block.splitlines():
+        if "->" in line:
+            source, targets = (side.strip() for side in line.split("->"))
+            arrows[source] = {t.strip() for t in targets.split(",") if t.strip()}
+    return arrows
+
+
+def test_architecture_lists_every_arrow_between_parts(graph) -> None:
+    short = {p.removeprefix("harness.") or "harness": {t.removeprefix("harness.") or "harness" for t in ts}
+             for p, ts in part_graph(graph).items()}  # fmt: skip
+    assert documented_arrows() == {p: ts for p, ts in short.items() if ts}

@@ -12,7 +12,7 @@ from typing import Any
 
 from harness.analysis.tables import AnalysisError, Table
 from harness.core.labels import case_label, target_label
-from harness.store import open_store
+from harness.store import copy_runs, open_store
 
 GROUPINGS = ("machine", "hardware-class")
 UNRECORDED = "unrecorded machine"  # a run made before machines were recorded (schema < 7)
@@ -107,19 +107,15 @@ def resolve_machine(db_path: Path, machine: str) -> tuple[str, str]:
 
 @contextmanager
 def one_machine(db_path: Path, machine: str | None) -> Iterator[Path]:
-    """The store as if it held only the runs of `machine` (resolve_machine): a temporary store made through
-    the bundle path, for analyses that learn from every row (`recommend`, `predict`). None: the store itself."""
+    """The store as if it held only the runs of `machine` (resolve_machine): a temporary store holding a copy of
+    those runs' rows, for analyses that learn from every row (`recommend`, `predict`). None: the store itself."""
     if machine is None:
         yield Path(db_path)
         return
-    from harness.bundle.export import export_bundle
-    from harness.bundle.importer import import_bundles
-
     column, value = resolve_machine(Path(db_path), machine)
-    with open_store(db_path, read_only=True) as store:
-        runs = [r["run_id"] for r in store.query(f"SELECT run_id FROM runs WHERE {column} = ?", [value])]
     with tempfile.TemporaryDirectory(prefix="accelharness-machine-") as directory:
-        bundle, scoped = Path(directory) / "machine.bundle", Path(directory) / "machine.duckdb"
-        export_bundle(Path(db_path), bundle, ",".join(runs))
-        import_bundles(scoped, [bundle])
+        scoped = Path(directory) / "machine.duckdb"
+        with open_store(db_path, read_only=True) as store, open_store(scoped) as copy:
+            runs = [r["run_id"] for r in store.query(f"SELECT run_id FROM runs WHERE {column} = ?", [value])]
+            copy_runs(store, copy.connection, runs)
         yield scoped

@@ -15,25 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-import pyarrow as pa
 
 from harness.bundle.fmt import BUNDLE_FORMAT, REDACTIONS, BundleError, file_sha256, write_bundle
 from harness.bundle.redact import REMOVED, redact_public
-from harness.store import IDENTITY_BACKFILL, RUN_TABLES, SCHEMA_VERSION, Store, open_store
+from harness.store import RUN_TABLES, SCHEMA_VERSION, Store, copy_runs, open_store
 
 MANIFEST_RUN_FIELDS = ("run_id", "run_uuid", "started_at", "status", "command", "machine_id", "machine_label",
                        "hardware_class")  # fmt: skip
-# Each table's rows that belong to the chosen runs (the temporary table `chosen` holds their ids).
-SELECTIONS = {
-    "runs": "SELECT * FROM runs WHERE run_id IN (SELECT run_id FROM chosen)",
-    "hardware": "SELECT * FROM hardware WHERE run_id IN (SELECT run_id FROM chosen)",
-    "results": "SELECT * FROM results WHERE run_id IN (SELECT run_id FROM chosen)",
-    "samples": "SELECT s.* FROM samples s JOIN results r USING (result_id) "
-    "WHERE r.run_id IN (SELECT run_id FROM chosen)",
-    "operators": "SELECT o.* FROM operators o JOIN results r USING (result_id) "
-    "WHERE r.run_id IN (SELECT run_id FROM chosen)",
-    "controls": "SELECT * FROM controls WHERE run_id IN (SELECT run_id FROM chosen)",
-}
 
 
 @dataclass
@@ -60,8 +48,6 @@ def export_bundle(
         staged = Store(staging, Path(":memory:"))
         staged.ensure_schema()
         run_ids = _copy_runs(Path(db_path), staging, runs, since)
-        for statement in IDENTITY_BACKFILL:  # an older file read as current lacks them: the migration's own
-            staging.execute(statement)
         if redact == "public":
             redact_public(staging, RUN_TABLES)
         with tempfile.TemporaryDirectory(prefix="accelharness-bundle-") as directory:
@@ -83,12 +69,7 @@ def _copy_runs(db_path: Path, staging: duckdb.DuckDBPyConnection, runs: str, sin
                 raise BundleError(f"no run in {db_path} started at or after {since:%Y-%m-%d %H:%M:%S}")
         else:
             chosen = store.resolve_runs(runs)
-        store.connection.register("chosen", pa.table({"run_id": pa.array(chosen, pa.string())}))
-        for table in RUN_TABLES:
-            rows = store.connection.sql(SELECTIONS[table]).to_arrow_table()
-            staging.register("incoming", rows)
-            staging.execute(f"INSERT INTO {table} BY NAME SELECT * FROM incoming")
-            staging.unregister("incoming")
+        copy_runs(store, staging, chosen)
     return chosen
 
 
