@@ -46,8 +46,8 @@ def run_with_progress(
             progress.update(task, advance=1, description=f"{result.model} {result.target.label}")
             if not console.is_terminal:  # logs and CI: a line per stored result instead of a live bar
                 console.print(
-                    f"[{len(rows)}/{total}] stored {shown(result.model)} {shown(result.target.label)} {result.case.key}: "
-                    f"{result.status}",
+                    f"[{len(rows)}/{total}] stored {shown(result.model)} {shown(result.target.label)} "
+                    f"{result.case.key}: {result.status}",
                     highlight=False,
                 )
 
