@@ -172,7 +172,7 @@ def validate_ab(request: AbRequest) -> AbPlan:
     if specs["a"].inputs.uses_sequence != specs["b"].inputs.uses_sequence:
         raise RequestError(f"--a {specs['a'].name} and --b {specs['b'].name} take different inputs: no case fits both")
     variants = [
-        Variant(side, specs[side], getattr(request, f"{side}_precision") or request.precision,
+        Variant(side, specs[side], getattr(request, f"{side}_precision") or request.precision or "fp32",
                 _python(f"--{side}-python", getattr(request, f"{side}_python")))
         for side in VARIANTS
     ]  # fmt: skip

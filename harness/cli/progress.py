@@ -16,7 +16,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from harness.cli.common import console, errors, fail
+from harness.cli.common import console, errors, fail, shown
 from harness.cli.stops import interrupted, stopped
 from harness.core.records import Result
 from harness.core.terminal import terminal_text
@@ -46,8 +46,8 @@ def run_with_progress(
             progress.update(task, advance=1, description=f"{result.model} {result.target.label}")
             if not console.is_terminal:  # logs and CI: a line per stored result instead of a live bar
                 console.print(
-                    f"[{len(rows)}/{total}] stored {result.model} {result.target.label} {result.case.key}: "
-                    f"{result.status}",
+                    f"[{len(rows)}/{total}] stored {shown(result.model)} {shown(result.target.label)} "
+                    f"{result.case.key}: {result.status}",
                     highlight=False,
                 )
 
@@ -69,7 +69,7 @@ def print_summary(summary: RunSummary, rows: list[Result]) -> RunSummary:
     for path in summary.reports:
         console.print(f"  report: {path}")
     if summary.report_error:
-        errors.print(f"[red]error:[/red] {summary.report_error}", highlight=False, soft_wrap=True)
+        errors.print(f"[red]error:[/red] {shown(summary.report_error)}", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
     return summary
 

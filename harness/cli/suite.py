@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from harness.cli.common import RUN_SELECTOR, console, fail, given, split_list, with_options
+from harness.cli.common import RUN_SELECTOR, console, fail, given, say, split_list, with_options
 from harness.cli.progress import run_with_progress
 from harness.run.machine import check_machine_label
 from harness.run.plan import MAX_TIMEOUT_S, RequestError, RunOptions, check_seconds
@@ -251,7 +251,7 @@ def _compare_with_baseline(db: Path, baseline: str, run_id: str, threshold: str,
     from harness.analysis import compare
 
     result = compare.compare_runs(db, baseline, run_id, compare.parse_threshold(threshold), cwd=Path.cwd())
-    typer.echo(compare.render(result, "md"))
+    say(compare.render(result, "md"))  # the baseline's rows may come from a bundle
     if fail_on_regression and result.regressed:
         console.print(f"[red]{len(result.regressed)} case(s) regressed or broke against {baseline}[/red]")
         raise typer.Exit(1)

@@ -58,7 +58,6 @@ class ServeIncomplete(RuntimeError):
 @dataclass
 class ServeRequest(RunOptions):
     hardware: list[str] = field(default_factory=lambda: list(WEB_HARDWARE))
-    precision: str | list[str] = "fp32"
     host: str = "127.0.0.1"  # loopback unless asked: anyone who reaches the port with the URL can post
     port: int = 0  # 0: a free port
     devices: int | None = None  # stop once this many devices finished every job (None: serve until Ctrl-C)
