@@ -1,4 +1,9 @@
-"""The one build step pyproject.toml cannot declare: the wheel carries onnxruntime-web's files for the page.
+"""The two build steps pyproject.toml cannot declare: the package list, and onnxruntime-web's files for the page.
+
+The packages are found, never listed: every directory with an __init__.py under harness/, and under the
+top-level native/, models/ and web/ (the design card) installed as harness.native, harness.models and
+harness.web, so they cannot collide with other distributions' `native` or `models`. A hand-written list
+once left harness.bundle out of the wheel (tests/test_package.py checks the wheel against the tree).
 
 build_py stages them into harness/web/ort/ from the npm tarball web/package-lock.json pins, verified
 against its integrity hash (web/ort_dist.py). An editable install skips it: a checkout serves them
@@ -9,10 +14,24 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
+# Top-level folders that install under the harness namespace.
+MAPPED = ("native", "models", "web")
+
+
+def _packages() -> tuple[list[str], dict[str, str]]:
+    """Every package of the tree, and where the mapped ones live."""
+    packages = find_packages(where=str(ROOT), include=["harness", "harness.*"])
+    package_dir = {"harness": "harness"}
+    for top in MAPPED:
+        for name in ["", *find_packages(where=str(ROOT / top))]:
+            dotted = ".".join(filter(None, ["harness", top, name]))
+            packages.append(dotted)
+            package_dir[dotted] = "/".join(filter(None, [top, *name.split(".")]))
+    return sorted(packages), package_dir
 
 
 def _ort_dist():
@@ -33,4 +52,5 @@ class BuildPyWithOrt(build_py):
             print(f"staged {ort_dist.PACKAGE} {pin.version} ({pin.integrity[:19]}…) into harness/web/ort")
 
 
-setup(cmdclass={"build_py": BuildPyWithOrt})
+PACKAGES, PACKAGE_DIR = _packages()
+setup(packages=PACKAGES, package_dir=PACKAGE_DIR, cmdclass={"build_py": BuildPyWithOrt})

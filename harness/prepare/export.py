@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.metadata as metadata
 import json
 import os
 import re
@@ -55,7 +56,6 @@ def _export_code_digest() -> str:
 
 def export_key(spec: ModelSpec, weights: Weights) -> str:
     import onnx
-    import onnxscript
     import torch
     import transformers
 
@@ -66,7 +66,9 @@ def export_key(spec: ModelSpec, weights: Weights) -> str:
             "torch": str(torch.__version__),  # a plain str: a TorchVersion would import torch where it is read
             "transformers": transformers.__version__,
             "onnx": onnx.__version__,
-            "onnxscript": onnxscript.__version__,
+            # its installed version, not its import: importing onnxscript took as long as torch's (the exporter
+            # imports it where an export runs), and a cached export never needs it
+            "onnxscript": metadata.version("onnxscript"),
             "opset": OPSET,
             "harness_export_code": _export_code_digest(),
         },

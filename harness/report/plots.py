@@ -62,7 +62,9 @@ class Plot:
             assert self.figure is not None, f"plot {self.key} was not drawn: {self.note}"
             buffer = io.StringIO() if fmt == "svg" else io.BytesIO()
             self.figure.savefig(buffer, format=fmt, dpi=110, metadata={"Date": None} if fmt == "svg" else None)
-            self.figure.set_layout_engine("none")  # laid out once; the next format reuses it
+            # laid out once; the next format reuses it. None, not "none": "none" leaves a placeholder engine, for
+            # which savefig still draws the whole figure once (rendering disabled) before its real draw
+            self.figure.set_layout_engine(None)
             self._rendered[fmt] = buffer.getvalue()
         return self._rendered[fmt]
 

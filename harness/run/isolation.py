@@ -40,11 +40,13 @@ from harness.core.failures import classify
 
 LOG_TAIL_LINES = 12
 # What the fork server imports once: a spawned worker spent ~2.5 s of every job importing these.
+# Not onnxscript: only an export that is not cached needs it (torch.onnx imports it there), and it cost
+# as much again as torch (and 40% of the server's start) in every run, cached or not. transformers stays:
+# the torch engine (in a default run) and every export build their module with it.
 TORCH_PRELOAD = [
     "torch",
     "transformers",
     "onnx",
-    "onnxscript",
     "harness.prepare.prepared",
     "harness.run.worker",
     "harness.native.torch_session",
