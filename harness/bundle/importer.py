@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import duckdb
+import psutil
 import pyarrow as pa
 
 from harness.bundle.checks import check_columns, check_rows
@@ -90,6 +91,7 @@ def _import_new(db_path: Path, bundles: list[Bundle]) -> list[ImportCount]:
     when complete, so a kill at any point leaves no store at db_path (only the partial file)."""
     if not db_path.parent.is_dir():
         raise StoreError(f"--db {db_path}: directory {db_path.parent} does not exist")
+    _remove_stale_partials(db_path)
     partial = db_path.with_name(f".{db_path.name}.importing-{os.getpid()}")
     try:
         with open_store(partial) as store:
@@ -108,6 +110,15 @@ def _import_new(db_path: Path, bundles: list[Bundle]) -> list[ImportCount]:
     finally:
         for leftover in (partial, Path(f"{partial}.wal")):
             leftover.unlink(missing_ok=True)
+
+
+def _remove_stale_partials(db_path: Path) -> None:
+    """The partial files of earlier imports into db_path that were killed (kill -9 leaves one): removed
+    once the process that wrote each is gone. Never a store: only the `.NAME.importing-PID` names."""
+    for partial in db_path.parent.glob(f".{db_path.name}.importing-*"):
+        pid = partial.name.rpartition("-")[2].removesuffix(".wal")
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            partial.unlink(missing_ok=True)
 
 
 def _unique(bundles: list[Bundle]) -> list[Bundle]:
