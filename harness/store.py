@@ -695,33 +695,31 @@ def quoted(name: str) -> str:
 
 
 @functools.cache
-def current_columns() -> dict[str, list[tuple[str, str, str | None]]]:
-    """Each table's (column, type, default) in a file of this version: SCHEMA and every migration,
+def _schema_columns() -> tuple[tuple[str, str, str, str | None, bool], ...]:
+    """Every (table, column, type, default, nullable) of a file of this version: SCHEMA and every migration,
     applied to an empty database in memory, so the columns are never listed twice."""
     with duckdb.connect() as memory:
         Store(memory, Path(":memory:")).ensure_schema()
-        rows = memory.execute(
-            "SELECT table_name, column_name, data_type, column_default FROM duckdb_columns() "
+        return tuple(memory.execute(
+            "SELECT table_name, column_name, data_type, column_default, is_nullable FROM duckdb_columns() "
             "WHERE database_name = current_database() ORDER BY table_name, column_index"
-        ).fetchall()
+        ).fetchall())  # fmt: skip
+
+
+def current_columns() -> dict[str, list[tuple[str, str, str | None]]]:
+    """Each table's (column, type, default) in a file of this version."""
     columns: dict[str, list[tuple[str, str, str | None]]] = {}
-    for table, name, kind, default in rows:
+    for table, name, kind, default, _nullable in _schema_columns():
         columns.setdefault(table, []).append((name, kind, default))
     return columns
 
 
-@functools.cache
 def required_columns() -> dict[str, set[str]]:
-    """Each table's NOT NULL columns in a file of this version (as current_columns reads them)."""
-    with duckdb.connect() as memory:
-        Store(memory, Path(":memory:")).ensure_schema()
-        rows = memory.execute(
-            "SELECT table_name, column_name FROM duckdb_columns() WHERE database_name = current_database() "
-            "AND NOT is_nullable"
-        ).fetchall()
+    """Each table's NOT NULL columns in a file of this version."""
     required: dict[str, set[str]] = {}
-    for table, name in rows:
-        required.setdefault(table, set()).add(name)
+    for table, name, _kind, _default, nullable in _schema_columns():
+        if not nullable:
+            required.setdefault(table, set()).add(name)
     return required
 
 
