@@ -4,6 +4,7 @@ model × target × case × mode, less what a resumed run already holds."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -154,25 +155,11 @@ class Plan:
 
     def cases(self, spec: ModelSpec, target: Target | None = None) -> list[Case]:
         """The cases of a spec on a target (all targets when None). Each mode is planned on the engines
-        whose capabilities list it: generation for generative architectures only, and on an engine whose
-        generation runs the export with past key/values only for the models that have one (the
-        decoder-only GPT-2, LLaMA, Qwen2; not T5, Whisper or LLaVA). Combinations that don't apply are
-        not planned rather than recorded."""
-        shapes = spec.case_shapes(self.request.batch_sizes, self.request.sequence_lengths)
-        cases = []
-        with_past = generates_with_past(spec)  # a decoder's -past export, or a file whose graph takes past
-        for mode in self.request.modes:
-            if mode == "generate" and not (spec.is_generative or with_past):
-                continue
-            if target is not None and not capabilities(target.engine).plans(mode, with_past):
-                continue
-            tokens = self.request.new_tokens if mode == "generate" else None
-            cases += [
-                Case(b, s, p, mode, tokens)
-                for p in precisions(self.request)  # grouped by precision: the worker loads once per precision
-                for b, s in shapes
-            ]
-        return cases
+        whose capabilities list it: on an engine whose generation runs the export with past key/values only
+        for the models that have one (the decoder-only GPT-2, LLaMA, Qwen2; not T5, Whisper or LLaVA)."""
+        if target is None:
+            return plan_cases(self.request, spec, lambda mode, with_past: True)
+        return plan_cases(self.request, spec, capabilities(target.engine).plans)
 
     def exports_past(self, spec: ModelSpec) -> bool:
         """Whether preparing the spec needs its export with past key/values: an available target
@@ -191,6 +178,25 @@ class Plan:
     @property
     def total_results(self) -> int:
         return sum(len(self.remaining(spec, target)) for spec in self.specs for target, _ in self.targets)
+
+
+def plan_cases(request: RunOptions, spec: ModelSpec, plans: Callable[[str, bool], bool]) -> list[Case]:
+    """The one way a spec's cases are planned, natively and in the browser: every mode `plans` takes (given
+    whether the model generates from a graph with past key/values), precision, batch size and (if it has one)
+    sequence length (a fixed-shape file: its own shapes). Generation only for a generative architecture or a
+    file whose graph takes past; combinations that don't apply are not planned rather than recorded."""
+    shapes = spec.case_shapes(request.batch_sizes, request.sequence_lengths)
+    with_past = generates_with_past(spec)  # a decoder's -past export, or a file whose graph takes past
+    cases = []
+    for mode in request.modes:
+        if mode == "generate" and not (spec.is_generative or with_past):
+            continue
+        if not plans(mode, with_past):
+            continue
+        tokens = request.new_tokens if mode == "generate" else None
+        # grouped by precision: a worker loads once per precision
+        cases += [Case(b, s, p, mode, tokens) for p in precisions(request) for b, s in shapes]
+    return cases
 
 
 def precisions(request: RunOptions) -> list[str]:

@@ -31,7 +31,6 @@ from harness.core.parity import compare
 from harness.core.profiles import PROFILE_ITERATIONS
 from harness.core.records import Case, Control, Result, Target, UnsupportedError, result_key
 from harness.prepare.external import external_data_problem, external_locations, model_bytes
-from harness.prepare.greedy import generates_with_past
 from harness.prepare.prepared import PreparedModel, PrepareJob, unprepared_result
 from harness.prepare.specs import ModelSpec
 from harness.prepare.variants import model_for_precision
@@ -53,7 +52,7 @@ from harness.run.plan import (
     check_paths,
     check_selection,
     check_shapes,
-    precisions,
+    plan_cases,
 )
 from harness.run.profiling import page_profile, profiled_fields
 from harness.run.recording import Body, Emit, RunSummary, record_run
@@ -152,17 +151,13 @@ class WebPlan:
 
 
 def web_cases(request: Any, spec: ModelSpec) -> list[Case]:
-    """A spec's cases in the browser: every mode, precision, batch size and (if it has one) sequence
-    length (a fixed-shape file: its own shapes); generate only for a model with a graph with past key/values
-    (harness.prepare.greedy)."""
-    shapes = spec.case_shapes(request.batch_sizes, request.sequence_lengths)
-    cases = []
-    for mode in request.modes:
-        if mode == "generate" and not generates_with_past(spec):
-            continue
-        tokens = request.new_tokens if mode == "generate" else None
-        cases += [Case(b, s, p, mode, tokens) for p in precisions(request) for b, s in shapes]  # native's parsing
-    return cases
+    """A spec's cases in the browser (plan_cases, native's one way): the page generates from a graph with
+    past key/values only (harness.prepare.greedy)."""
+    return plan_cases(request, spec, _page_plans)
+
+
+def _page_plans(mode: str, with_past: bool) -> bool:
+    return mode != "generate" or with_past
 
 
 def _settings(request: WebRequest) -> list[EpSetting]:
