@@ -394,7 +394,7 @@ def test_a_kill_importing_into_a_new_file_leaves_no_store(genuine: Genuine, tmp_
     process.send_signal(signal.SIGKILL)
     process.wait(timeout=60)
     assert not db.exists() and not Path(f"{db}.wal").exists()
-    assert [p.name for p in tmp_path.glob(".new.duckdb.importing-*")] == [f".new.duckdb.importing-{process.pid}"]
+    assert (tmp_path / f".new.duckdb.importing-{process.pid}").exists()  # what the killed import left
     done = run_cli("import", str(genuine.bundle), "--db", str(db))  # and the next import makes it whole
     assert done.returncode == 0 and db.exists() and not Path(f"{db}.wal").exists()
     assert list(tmp_path.glob(".new.duckdb.importing-*")) == []  # the killed import's partial file removed

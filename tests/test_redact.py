@@ -53,7 +53,7 @@ def _relu(path: Path) -> None:
 
 def _plant(db: Path) -> None:
     """Every form in every kind of column: run arguments (JSON), the machine label, a hardware reason, an
-    error text, a result's details (JSON, nested), and a measured column (a result's variant)."""
+    error text, a result's details (JSON, nested), and a measured column (a result's weights: where they were read)."""
     text = "; ".join(FORMS.values())
     with duckdb.connect(str(db)) as con:
         (arguments,) = con.execute("SELECT arguments FROM runs").fetchone()
@@ -64,7 +64,7 @@ def _plant(db: Path) -> None:
         nested = json.loads(details) | {"ray_node": {"hostname": "gpu-node-secret", "node_ip": "10.1.2.3"},
                                         "planted": {"forms": list(FORMS.values()), "useful": USEFUL}}  # fmt: skip
         con.execute(
-            "UPDATE results SET error = ?, details = ?, variant = ? WHERE result_id = ?",
+            "UPDATE results SET error = ?, details = ?, weights = ? WHERE result_id = ?",
             [f"{text}; {USEFUL}", json.dumps(nested), FORMS["windows"], result_id],
         )
         con.execute("UPDATE results SET content_hash = NULL WHERE result_id = ?", [result_id])
@@ -137,7 +137,7 @@ def test_redact_public_keeps_model_names_engines_versions_and_numbers(bundles: d
 
 def test_a_redacted_result_keeps_its_hash_unless_a_measured_column_changed(bundles: dict[str, Any]) -> None:
     """Notes (error, details) are outside the content hash: those results keep theirs, so the plain and the
-    public bundle import as one result. The result whose variant (a measured column) held a path is hashed
+    public bundle import as one result. The result whose weights (a measured column) held a path is hashed
     again from what the bundle carries, and the public bundle imports."""
     tables = {}
     for level in ("plain", "public"):
@@ -148,9 +148,9 @@ def test_a_redacted_result_keeps_its_hash_unless_a_measured_column_changed(bundl
     hashes = {level: dict(zip(t["results"]["result_id"].to_pylist(), t["results"]["content_hash"].to_pylist(),
                               strict=True)) for level, t in tables.items()}  # fmt: skip
     changed = {rid for rid in hashes["plain"] if hashes["plain"][rid] != hashes["public"][rid]}
-    variants = dict(zip(tables["public"]["results"]["result_id"].to_pylist(),
-                        tables["public"]["results"]["variant"].to_pylist(), strict=True))  # fmt: skip
-    assert changed == {rid for rid, variant in variants.items() if variant == "<path>"} and len(changed) == 1
+    weights = dict(zip(tables["public"]["results"]["result_id"].to_pylist(),
+                       tables["public"]["results"]["weights"].to_pylist(), strict=True))  # fmt: skip
+    assert changed == {rid for rid, source in weights.items() if source == "<path>"} and len(changed) == 1
     with duckdb.connect() as con:  # the carried hash is the one harness.store computes from the carried rows
         for name, table in tables["public"].items():
             con.register(f"incoming_{name}", table)

@@ -21,7 +21,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from harness.store import RESULT_CONTENT_COLUMNS, hash_results_sql
+from harness.store import RESULT_CONTENT_COLUMNS, hash_results_sql, is_identifier_sql
 
 REMOVED = [
     "runs.hostname; host names (this machine's, the runs', Ray nodes', 'node HOST' text) and user names in text",
@@ -219,6 +219,9 @@ def redact_public(staging: duckdb.DuckDBPyConnection, tables: tuple[str, ...]) -
         changed = _redact_table(staging, table, scrubber(names, paths, shapes), shapes)
         if table == "results":
             _rehash(staging, changed)
+    # A label is an identifier (harness.run.machine's rule): one that named an address or a path is no
+    # label once redacted ("<email>"), so it goes, as the hostname does; the machine keeps its id.
+    staging.execute(f"UPDATE runs SET machine_label = NULL WHERE NOT {is_identifier_sql('machine_label')}")
 
 
 def _redact_table(staging: duckdb.DuckDBPyConnection, table: str, scrub: Scrub, shapes: bool) -> set[str]:
