@@ -14,7 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import openvino as ov
+
+try:
+    import openvino as ov
+except ImportError as missing:  # a machine with only some engines (a GPU image with torch): openvino probes
+    ov = None  # unavailable with the reason, and the other engines run (a declared dependency otherwise)
+    NOT_INSTALLED = f"openvino is not installed here ({missing}); pip install openvino"
 
 from harness.core.precision import INT4_PRECISIONS, MEANINGS, compute_facts
 from harness.core.profiles import OpTime, Profile
@@ -151,6 +156,8 @@ class OpenVinoBackend:
         return [Target("openvino", "openvino", device) for device in DEVICES]
 
     def probe(self, target: Target) -> Availability:
+        if ov is None:
+            return Availability(False, NOT_INSTALLED)
         devices = ov.Core().available_devices
         if any(d.split(".")[0] == target.provider for d in devices):
             return Availability(True, f"OpenVINO {ov.__version__} reports {target.provider}")

@@ -307,3 +307,23 @@ def test_bad_output_paths_are_refused_before_anything_runs(
         assert READ_ONLY in stderr or "Permission denied" in stderr, stderr
     assert len(done.stderr.strip().splitlines()) == 1
     assert _tree(tmp_path) == before  # no accelharness.duckdb, no report, the notes byte-identical
+
+
+def test_a_machine_without_an_engines_library_runs_the_others(tmp_path: Path) -> None:
+    """A GPU image with torch and ONNX Runtime but no OpenVINO (found on a lent H200): the machine's probe
+    imported every engine's module, and the missing `openvino` took every command down with a traceback.
+    Now the engine probes unavailable with the reason and the others run."""
+    hidden = tmp_path / "hidden"
+    (hidden / "openvino").mkdir(parents=True)
+    (hidden / "openvino" / "__init__.py").write_text("raise ImportError('openvino hidden by the test')\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(hidden), os.environ.get("PYTHONPATH", "")])}
+    shown = run_cli("hardware", env=env)
+    assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr
+    table = " ".join(shown.stdout.replace("│", " ").split())  # a reason the table wrapped, on one line
+    assert "openvino is not installed here (openvino hidden by the test)" in table
+    db = tmp_path / "h.duckdb"
+    done = run_cli("native", "--model", "bert-tiny", "--engines", "onnxruntime", "--hardware", "cpu",
+                   "--batch-sizes", "1", "--sequence-lengths", "8", *QUICK, "--db", str(db),
+                   "--output-dir", str(tmp_path / "out"), env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "ok" in done.stdout and "Traceback" not in done.stderr
