@@ -115,14 +115,18 @@ def test_profiling_leaves_the_timed_samples_alone(engine: str, target: Target) -
     session = get_backend(engine).load(LoadRequest(model.spec, model.onnx_path, "fp32", feeds), target)
     plain = MeasureConfig(warmup=2, iterations=30, min_duration_s=0, max_iterations=30)
     profiled = MeasureConfig(warmup=2, iterations=30, min_duration_s=0, max_iterations=30, profile_iterations=5)
-    samples: dict[bool, list[float]] = {True: [], False: []}
-    for _ in range(4):
+    # Each round's profiled p50 over its plain p50, measured back to back; the median over rounds, so a burst
+    # of another process's work (a shared CI machine: once 1.32 over 4 pooled rounds) moves one round only.
+    ratios = []
+    for _ in range(8):
+        p50 = {}
         for config in (profiled, plain):
             measured = measure(session, feeds, config, PeakRss())
             assert (measured.profile is not None) == (config is profiled), measured.profile_error
-            samples[config is profiled] += measured.samples_ms
-    ratio = np.median(samples[True]) / np.median(samples[False])
-    assert ratio < 1.25, f"profiled p50 / unprofiled p50 = {ratio:.3f}"
+            p50[config is profiled] = np.median(measured.samples_ms)
+        ratios.append(p50[True] / p50[False])
+    ratio = float(np.median(ratios))
+    assert ratio < 1.25, f"profiled p50 / unprofiled p50 = {ratio:.3f} (rounds: {np.round(ratios, 2).tolist()})"
 
 
 @pytest.mark.skipif(not CHROMIUM, reason="needs Chromium at /usr/bin/chromium")
