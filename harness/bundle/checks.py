@@ -19,7 +19,7 @@ import duckdb
 from harness.bundle.fmt import BundleError
 from harness.core.bounds import MAX_BATCH, MAX_ITERATIONS, MAX_NEW_TOKENS, MAX_ROUNDS, MAX_SEQUENCE
 from harness.core.records import MEASURED, MODES, STATUSES, VARIANTS
-from harness.core.terminal import terminal_text
+from harness.core.terminal import quoted_text
 from harness.store import (
     RUN_STATUSES,
     RUN_TABLES,
@@ -112,11 +112,8 @@ LINKS = [("results", "run_id", "runs", "run_id"), ("hardware", "run_id", "runs",
 
 
 def shown(value: object) -> str:
-    """A value from a bundle as a message may show it: NULL, or quoted, cut short, one clean line."""
-    if value is None:
-        return "NULL"
-    text = terminal_text(str(value))
-    return repr(text[:SHOWN_CHARS] + ("…" if len(text) > SHOWN_CHARS else ""))
+    """A value from a bundle as a message may show it."""
+    return quoted_text(value, SHOWN_CHARS)
 
 
 def _refuse(path: Path, table: str, row: int, column: str, what: str) -> BundleError:

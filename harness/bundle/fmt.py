@@ -19,7 +19,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from harness.core.bounds import MAX_BUNDLE_BYTES, MAX_BUNDLE_ROWS, MAX_MANIFEST_BYTES, MAX_RUNS
-from harness.core.terminal import terminal_text
+from harness.core.terminal import quoted_text, terminal_text
 from harness.store import RUN_TABLES, SCHEMA_VERSION, StoreError
 
 BUNDLE_FORMAT = 1  # the version of this layout; a bundle with a higher one is refused
@@ -125,7 +125,7 @@ def _members(path: Path, archive: zipfile.ZipFile) -> dict[str, zipfile.ZipInfo]
 
 def shown_name(name: str) -> str:
     """A member name from an archive, as a message may show it."""
-    return repr(terminal_text(name)[:80])
+    return quoted_text(name, 80)
 
 
 def _read(path: Path, archive: zipfile.ZipFile, directory: Path) -> Bundle:

@@ -37,3 +37,12 @@ def terminal_lines(text: str) -> str:
     """`text` made safe line by line (terminal_text), its own line breaks kept: a rendered table or
     report whose lines hold stored text."""
     return "\n".join(terminal_text(line) for line in text.split("\n"))
+
+
+def quoted_text(value: object, limit: int = 60) -> str:
+    """Text from elsewhere as a message quotes it: one clean line (terminal_text), at most `limit`
+    characters (then …), in quotes; NULL for None."""
+    if value is None:
+        return "NULL"
+    text = terminal_text(str(value))
+    return repr(text[:limit] + ("…" if len(text) > limit else ""))
