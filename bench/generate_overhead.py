@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
+from harness.browser.run import EpSetting, WebRequest, page_job
 from harness.core.generation import decode_steps, generation_figures
 from harness.core.records import Case
 from harness.prepare.greedy import greedy
 from harness.prepare.prepared import PreparedModel, PrepareJob, prepare_model
 from harness.prepare.specs import load_specs
-from harness.run.web import EpSetting, WebRequest, page_job
 from harness.web import driver
 from harness.web.eps import EPS
 from harness.web.flags import gpu_profile, launch_flags

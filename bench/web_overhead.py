@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from harness.browser.run import EpSetting, WebRequest, page_job
 from harness.core.records import Case, Target
 from harness.native import get_backend
 from harness.native.base import LoadRequest
@@ -31,7 +32,6 @@ from harness.prepare.prepared import PreparedModel, PrepareJob, prepare_model
 from harness.prepare.specs import load_specs
 from harness.run.measure import MeasureConfig, measure
 from harness.run.memory import PeakRss
-from harness.run.web import EpSetting, WebRequest, page_job
 from harness.store import open_store
 from harness.web import driver
 from harness.web.eps import EPS

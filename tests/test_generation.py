@@ -38,7 +38,7 @@ def test_token_parity_notes_a_near_tie_and_flags_a_real_divergence() -> None:
 
 
 def test_memory_that_grows_over_the_repeats_is_flagged() -> None:
-    from harness.run.web_generate import memory_growth
+    from harness.browser.generate import memory_growth
 
     mb = 2**20
     steady = memory_growth({"memory_before": {"bytes": 40 * mb}, "memory_after": {"bytes": 41 * mb}}, {})

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 from int4_models import matmul_model
 
+from harness.browser.run import WebRequest, run_web
 from harness.core.labels import marks
 from harness.core.parity import TOLERANCES
 from harness.native.base import LoadRequest
 from harness.prepare.specs import spec_from_path
 from harness.run.native import BenchmarkRequest, run_native
-from harness.run.web import WebRequest, run_web
 from harness.store import open_store
 
 CHROMIUM = Path("/usr/lib/chromium/chromium")

@@ -17,6 +17,7 @@ from conftest import CLI
 from typer.testing import CliRunner
 
 from harness.ab.run import AbRequest
+from harness.browser.run import WebRequest
 from harness.cli.common import request_values, with_options
 from harness.cli.reference import commands
 from harness.cli.suite import OVERRIDES
@@ -25,7 +26,6 @@ from harness.core.parity import TOLERANCES
 from harness.core.precision import MEANINGS
 from harness.core.records import PRECISIONS
 from harness.run.plan import BenchmarkRequest, RunOptions, validate
-from harness.run.web import WebRequest
 from harness.suite.config import OPTION_KEYS, SuiteConfig
 
 # Every request field that more than one command takes: its one declaration.

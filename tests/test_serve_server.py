@@ -32,7 +32,7 @@ UA = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chr
 OTHER_UA = "Mozilla/5.0 (Linux; Android 14; Pixel 8) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/141.0 Mobile"
 OUTPUT = np.arange(4, dtype=np.float32)
 MAX_ITERATIONS = 10
-# the page job's stop rule (harness.run.web.page_job): 3 timed samples, at most MAX_ITERATIONS
+# the page job's stop rule (harness.browser.run.page_job): 3 timed samples, at most MAX_ITERATIONS
 STOP = {"iterations": 3, "min_iterations": 3, "max_iterations": MAX_ITERATIONS, "max_time_ms": None}
 STOP |= {"profile_iterations": 0}
 
@@ -248,7 +248,7 @@ def test_timings_the_page_clock_cannot_have_measured_are_422_and_the_job_stays_o
     assert [row[2]["samples_ms"] for row in served.source.rows] == [[1.0, 1.1, 1.2]]
 
 
-# A generate job as harness.run.web.page_job builds it (generate_fields): 4 new tokens for a prompt of batch 1,
+# A generate job as harness.browser.run.page_job builds it (generate_fields): 4 new tokens for a prompt of batch 1,
 # logits 16 wide. Its answer: per timed generation a TTFT and 3 decode steps inside the whole generation.
 NEW_TOKENS, VOCAB = 4, 16
 GENERATE_JOB = STOP | {"mode": "generate", "new_tokens": NEW_TOKENS, "vocab_size": VOCAB}

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from harness.run.web import EpSetting, WebRequest, run_web, validate_web
+from harness.browser.run import EpSetting, WebRequest, run_web, validate_web
 from harness.store import open_store
 from harness.web import driver
 from harness.web.eps import EPS
@@ -133,8 +133,8 @@ def test_webnn_is_unsupported_with_the_browsers_message(all_eps: tuple) -> None:
 
 def page_answer(prepared: Any, request: WebRequest) -> dict[str, Any]:
     """The page's answer to one wasm job for `prepared` (bert-tiny, 1x32) under `request`'s stop rule."""
+    from harness.browser.run import page_job
     from harness.core.records import Case
-    from harness.run.web import page_job
     from harness.web.server import PageServer
 
     async def answer() -> dict:
@@ -345,10 +345,10 @@ def test_bad_requests_are_refused_before_anything_runs(bad: dict, tmp_path: Path
 
 
 def test_failed_export_gives_unsupported_rows_with_the_export_error() -> None:
+    from harness.browser.run import not_runnable
     from harness.core.records import Case
     from harness.prepare.prepared import PreparedModel
     from harness.prepare.specs import select_specs
-    from harness.run.web import not_runnable
 
     spec = select_specs(["bert-tiny"], None, False)[0]
     prepared = PreparedModel(spec, "random", "seed=0", None, "exporter exploded", "torch-fp32", None)

@@ -13,12 +13,12 @@ import pytest
 from conftest import run_cli
 from test_web import stored, web_cache  # noqa: F401 (the session's export cache)
 
+from harness.browser.both import run_both
+from harness.browser.run import WebRequest, run_web, validate_web
 from harness.prepare.prepared import PrepareJob, prepare_model
 from harness.prepare.specs import load_specs
-from harness.run.both import run_both
 from harness.run.plan import BenchmarkRequest
 from harness.run.recording import resume_point
-from harness.run.web import WebRequest, run_web, validate_web
 
 pytestmark = pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="needs Chromium at /usr/bin/chromium")
 QUICK = {"iterations": 2, "min_duration_s": 0.0, "warmup": 0, "max_iterations": 10}

@@ -24,9 +24,9 @@ from typing import Any
 import psutil
 import pytest
 
+from harness.browser.run import WebRequest, run_web, validate_web
 from harness.core.parity import TOLERANCES
 from harness.run.plan import RequestError
-from harness.run.web import WebRequest, run_web, validate_web
 from harness.store import open_store
 from harness.web.adapter import classify_adapter, webgpu_refusal
 from harness.web.flags import LINUX_GPU_FLAGS, gpu_profile, host_gpu_evidence, launch_flags

@@ -124,7 +124,7 @@ def test_without_isolation_no_coop_coep() -> None:
 
 # --- the page-answer validator ------------------------------------------------------------------------
 
-# A page job's stop rule (harness.run.web.page_job): at least 3 samples, at most 10; --timeout 60 s.
+# A page job's stop rule (harness.browser.run.page_job): at least 3 samples, at most 10; --timeout 60 s.
 JOB = {"iterations": 3, "min_iterations": 3, "max_iterations": 10, "max_time_ms": None, "profile_iterations": 0}
 TIMEOUT_S = 60.0
 
@@ -304,8 +304,8 @@ def test_a_generate_job_carries_its_graphs_vocabulary(tmp_path: Path) -> None:
     import onnx
     from onnx import TensorProto, helper
 
+    from harness.browser.generate import generate_fields
     from harness.core.records import Case
-    from harness.run.web_generate import generate_fields
 
     for width, name in ((50, "fixed.onnx"), ("vocab", "symbolic.onnx")):
         ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"])

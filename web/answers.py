@@ -232,7 +232,7 @@ def _check_samples(result: dict[str, Any], job: dict[str, Any], clock: Clock) ->
 def generate_shape(job: dict[str, Any]) -> tuple[int, int, int | None]:
     """(batch rows, new tokens, vocabulary size or None) of a generate job, as the harness built it: the
     answer is checked against these, never against what it says of itself. The vocabulary is the logits
-    width of the job's graph (harness.run.web_generate.generate_fields), None where the graph leaves it
+    width of the job's graph (harness.browser.generate.generate_fields), None where the graph leaves it
     symbolic."""
     prompt = next((i for i in job.get("inputs", []) if i.get("name") == "input_ids"), None)
     batch = prompt["dims"][0] if prompt is not None else 1

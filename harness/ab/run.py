@@ -36,6 +36,7 @@ from typing import IO, Any
 
 from harness.ab.rounds import CaseFailure, WorkerFailure, schedule
 from harness.ab.worker import VariantJob
+from harness.browser.run import PREPARE_TIMEOUT_FLOOR_S, WebPlan
 from harness.core.bounds import MAX_ITERATIONS, MAX_ROUNDS, MAX_THREADS
 from harness.core.options import declared, items, problem
 from harness.core.records import VARIANTS, Case, Result, Target
@@ -58,7 +59,6 @@ from harness.run.plan import (
     engines_option,
 )
 from harness.run.recording import Emit, RunSummary, record_run
-from harness.run.web import PREPARE_TIMEOUT_FLOOR_S, WebPlan
 from harness.run.worker import prepare_isolated
 
 PROBE_OK = "accelharness ab worker importable"
@@ -201,7 +201,7 @@ def _check_precisions(request: AbRequest) -> None:
 
 def _web_plan(request: AbRequest) -> WebPlan:
     """The browser half's EP settings and launch, checked as `web` checks them."""
-    from harness.run.web import WebRequest, validate_web
+    from harness.browser.run import WebRequest, validate_web
 
     web = WebRequest(
         hardware=list(request.web_hardware or []), threads=request.threads, batch_sizes=request.batch_sizes,

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.ab.rounds import CaseFailure, schedule
+from harness.browser.run import EpSetting, WebPlan, build_result, page_refusal, precision_model, web_job
 from harness.core.records import VARIANTS, Case, Result
 from harness.prepare.prepared import PreparedModel
 from harness.run.recording import Emit
-from harness.run.web import EpSetting, WebPlan, build_result, page_refusal, precision_model, web_job
 
 
 @dataclass

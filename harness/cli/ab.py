@@ -8,11 +8,11 @@ from typing import Annotated, Any
 import typer
 
 from harness.ab.run import AbRequest
+from harness.browser.run import WebRequest
 from harness.cli.analysis import emit
 from harness.cli.common import errors, fail, given, int_list, request_values, split_list, with_options
 from harness.cli.progress import run_with_progress
 from harness.core.paths import unwritable_file
-from harness.run.web import WebRequest
 from harness.web.eps import WEB_HARDWARE
 
 WEB_EPS = ",".join(WEB_HARDWARE)

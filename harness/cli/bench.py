@@ -11,6 +11,8 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
+from harness.browser.run import WebRequest
+from harness.browser.serve import DEFAULT_MAX_DEVICES
 from harness.cli.common import (
     ResumeOption,
     console,
@@ -29,8 +31,6 @@ from harness.core.options import declared
 from harness.run.native import run_native
 from harness.run.plan import BenchmarkRequest, RequestError, RunOptions, validate
 from harness.run.recording import resume_point
-from harness.run.serve import DEFAULT_MAX_DEVICES
-from harness.run.web import WebRequest
 from harness.store import StoreError, StoreWriteError
 from harness.web.eps import WEB_HARDWARE, WEBNN_DEVICES
 
@@ -139,7 +139,7 @@ def web(
     """Benchmark the same ONNX files and inputs in Chromium via onnxruntime-web (wasm, webgpu, webnn): launched
     here (headless, or --headed; --gpu profile), remote (--browser-endpoint), or in any browser that opens the
     URL --serve prints."""
-    from harness.run.web import run_web, validate_web
+    from harness.browser.run import run_web, validate_web
 
     hardware = split_list(options["hardware"]) or []
     if "webnn" not in hardware and given(ctx, "webnn_device"):
@@ -156,7 +156,7 @@ def web(
                 "device brings its own (wasm runs at 1 thread and at the device's core count, WebNN at every "
                 "device type)"
             )
-        from harness.run.serve import ServeRequest
+        from harness.browser.serve import ServeRequest
 
         served = ServeRequest(hardware=hardware, host=host, port=port, devices=devices, max_devices=max_devices,
                               serve_timeout_s=serve_timeout, certfile=certfile, keyfile=keyfile,
@@ -185,8 +185,8 @@ LAUNCH_OPTIONS = ("browser", "browser_path", "threads", "webnn_device", "gpu", "
 
 def serve_devices(request: Any, resume: bool) -> None:
     """web --serve: validate, print the URL, serve until the run ends, then the summary."""
+    from harness.browser.serve import COMMAND, ServeIncomplete, run_serve, validate_serve
     from harness.cli.serve import ServeDisplay
-    from harness.run.serve import COMMAND, ServeIncomplete, run_serve, validate_serve
 
     try:
         plan = validate_serve(request)
@@ -227,8 +227,8 @@ def run(
     **options: Any,
 ) -> None:
     """Native backends and the browser as one run: one report with both side by side."""
-    from harness.run.both import both_arguments, run_both
-    from harness.run.web import validate_web
+    from harness.browser.both import both_arguments, run_both
+    from harness.browser.run import validate_web
 
     shared = shared_values(ctx, options)
     native_request = BenchmarkRequest(**request_values(BenchmarkRequest, pick(options, NATIVE)), **shared)

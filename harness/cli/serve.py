@@ -12,7 +12,7 @@ from harness.core.terminal import terminal_text
 
 
 class ServeDisplay:
-    """The callbacks harness.run.serve.run_serve is given: on_ready(url), on_event(kind, device, job),
+    """The callbacks harness.browser.serve.run_serve is given: on_ready(url), on_event(kind, device, job),
     on_result(result, result_id)."""
 
     def __init__(self, request: Any) -> None:

@@ -15,6 +15,7 @@ from dataclasses import MISSING, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, get_args, get_type_hints
 
+from harness.browser.run import WEB_MODES, WebRequest
 from harness.core.options import Opt, declared, problem
 from harness.core.records import MODES, PRECISIONS
 from harness.native import DEFAULT_ENGINES, ENGINES
@@ -22,7 +23,6 @@ from harness.prepare.specs import FAMILIES, load_specs
 from harness.run.hardware import NATIVE_PLATFORMS
 from harness.run.machine import check_machine_label
 from harness.run.plan import BenchmarkRequest, RequestError, RunOptions, check_context
-from harness.run.web import WEB_MODES, WebRequest
 from harness.web.eps import WEB_HARDWARE
 
 DEFAULT_CONFIG = f"""\

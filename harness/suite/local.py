@@ -9,11 +9,11 @@ import dataclasses
 import threading
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
+from harness.browser.run import execute_web
 from harness.core.records import Result, Target
 from harness.run.isolation import Stopped, stop_when
 from harness.run.native import execute_native
 from harness.run.recording import Body, Emit
-from harness.run.web import execute_web
 from harness.suite.plan import WEB_TARGET_HARDWARE, SuitePlan
 
 

@@ -16,13 +16,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from harness.browser.run import WEB_MODES, WebPlan, WebRequest, validate_web
 from harness.core.paths import unwritable_directory
 from harness.core.records import Target
 from harness.native import get_backend
 from harness.prepare.cache import cache_root
 from harness.prepare.specs import FAMILIES, load_specs
 from harness.run.plan import BenchmarkRequest, Plan, RequestError, validate
-from harness.run.web import WEB_MODES, WebPlan, WebRequest, validate_web
 from harness.store import StoreError, as_stored, open_store
 from harness.suite.config import SuiteConfig, default_values
 from harness.web.eps import WEB_HARDWARE

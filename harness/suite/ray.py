@@ -24,6 +24,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from harness.browser.run import WebPlan, execute_web
 from harness.core.failures import classify
 from harness.core.records import Case, Control, Result, Target, result_key
 from harness.prepare.prepared import unprepared_result
@@ -31,7 +32,6 @@ from harness.prepare.specs import ModelSpec
 from harness.run.native import execute_native
 from harness.run.plan import Plan, RequestError
 from harness.run.recording import Body, Emit
-from harness.run.web import WebPlan, execute_web
 from harness.suite.plan import HOST, SuitePlan, device_group
 
 INSTALL_HINT = "pip install 'accelharness[ray]'"

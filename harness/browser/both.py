@@ -1,6 +1,6 @@
 """`accelharness run`: native backends, then the browser, as one run with one report.
 
-from harness.run.both import run_both
+from harness.browser.both import run_both
 summary = run_both(BenchmarkRequest(models=["bert-tiny"], hardware=["cpu"]), WebRequest(models=["bert-tiny"]))
 """
 
@@ -10,11 +10,11 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
+from harness.browser.run import WebPlan, WebRequest, execute_web, validate_web
 from harness.core.records import Result
 from harness.run.native import execute_native
 from harness.run.plan import BenchmarkRequest, Plan, validate
 from harness.run.recording import RunSummary, record_run
-from harness.run.web import WebPlan, WebRequest, execute_web, validate_web
 
 
 def run_both(

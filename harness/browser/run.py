@@ -4,7 +4,7 @@ onnxruntime-web (wasm, webgpu, webnn), parity-checked against the same reference
 The browser is launched here (headless or headed, with the GPU profile's flags) or reached at
 --browser-endpoint; either way every row says which browser, flags and adapter it ran on.
 
-from harness.run.web import WebRequest, run_web
+from harness.browser.run import WebRequest, run_web
 summary = run_web(WebRequest(models=["bert-tiny"], hardware=["wasm"], threads=[1, 2]))
 summary = run_web(WebRequest(models=["bert-tiny"], hardware=["webgpu"], gpu="on", require_hardware_gpu=True))
 """
@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 import numpy as np
 import psutil
 
+from harness.browser.generate import generate_fields, generation_result, prompt_feeds
 from harness.core.bounds import MAX_THREADS
 from harness.core.failures import UNSUPPORTED_OPERATOR
 from harness.core.labels import BROWSER_ENGINE
@@ -56,7 +57,6 @@ from harness.run.plan import (
 )
 from harness.run.profiling import page_profile, profiled_fields
 from harness.run.recording import Body, Emit, RunSummary, record_run
-from harness.run.web_generate import generate_fields, generation_result, prompt_feeds
 from harness.run.worker import prepare_isolated
 from harness.web.eps import EPS, WEB_HARDWARE, WEBNN_DEVICES
 from harness.web.flags import GPU_MODES, GpuProfile

@@ -9,7 +9,7 @@ of its user agent and adapter facts, harness.web.device_server.device_identity) 
 and the row's details say what the device is (user agent, platform, cores, memory, adapter, WebNN
 contexts, isolation, secure context, the origin it loaded from and the address it posted from).
 
-from harness.run.serve import ServeRequest, run_serve
+from harness.browser.serve import ServeRequest, run_serve
 summary = run_serve(ServeRequest(models=["bert-tiny"], hardware=["wasm"], devices=1), on_ready=print)
 """
 
@@ -22,14 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.core.bounds import MAX_DEVICES
-from harness.core.labels import case_label
-from harness.core.records import Case, Result, result_key
-from harness.prepare.prepared import PreparedModel
-from harness.prepare.specs import ModelSpec
-from harness.run.plan import MAX_TIMEOUT_S, RequestError, RunOptions, check_seconds
-from harness.run.recording import Body, Emit, RunSummary, record_run
-from harness.run.web import (
+from harness.browser.run import (
     EpSetting,
     Prepared,
     build_result,
@@ -40,6 +33,13 @@ from harness.run.web import (
     prepare_spec,
     web_cases,
 )
+from harness.core.bounds import MAX_DEVICES
+from harness.core.labels import case_label
+from harness.core.records import Case, Result, result_key
+from harness.prepare.prepared import PreparedModel
+from harness.prepare.specs import ModelSpec
+from harness.run.plan import MAX_TIMEOUT_S, RequestError, RunOptions, check_seconds
+from harness.run.recording import Body, Emit, RunSummary, record_run
 from harness.web.eps import EPS, WEB_HARDWARE
 
 COMMAND = "web --serve"  # the run's command in the store, and what --resume looks for
