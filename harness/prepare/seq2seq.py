@@ -81,6 +81,15 @@ def start_token(graph: Path) -> int:
     return value
 
 
+WHISPER_HOP_S = 0.01  # Whisper's log-mel frames: a 160-sample hop at 16 kHz (3000 frames: its 30 s window)
+
+
+def audio_seconds(feeds: dict[str, np.ndarray]) -> float | None:
+    """The seconds of audio a speech case's log-mel features cover (None: not speech)."""
+    features = feeds.get("input_features")
+    return None if features is None else features.shape[-1] * WHISPER_HOP_S
+
+
 def _names(session: Any) -> list[str]:
     return [i.name for i in session.get_inputs()]
 

@@ -22,11 +22,13 @@ import numpy as np
 
 from harness.core.failures import classify
 from harness.core.faults import injected_faults
+from harness.core.generation import encoder_figures
 from harness.core.parity import compare
 from harness.core.records import Case, Control, Result, Target, UnsupportedError
 from harness.native import capabilities
 from harness.prepare.graph_work import GraphWork, count_graph
 from harness.prepare.prepared import PreparedModel, PrepareJob, prepare_model
+from harness.prepare.seq2seq import audio_seconds
 from harness.run.control import ControlProbe, control_positions
 from harness.run.isolation import Outcome, run_isolated, start_method
 from harness.run.measure import MeasureConfig, Measurement, measure, measure_generation, measure_training
@@ -71,6 +73,9 @@ def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: Pea
         **measured.budget,  # max_time_s, warmup_run, budget_stopped
     }
     details |= load.pop("details")
+    if measured.encoder_samples_ms:  # an encoder–decoder: its encoder's phase and, for speech, the real-time factor
+        figures = encoder_figures(measured.encoder_samples_ms, measured.samples_ms, audio_seconds(feeds))
+        details |= figures | {"encoder_samples_ms": measured.encoder_samples_ms, "audio_seconds": audio_seconds(feeds)}
     operators = []
     if job.measure.profile_iterations > 0:
         error = measured.profile_error or (None if case.mode == "inference" else "profiles cover inference only")
