@@ -28,7 +28,7 @@ from harness.native.base import Availability, Capabilities, Clock, HostMemory, L
 from harness.prepare.folders import past_shape
 from harness.prepare.graph_precision import matmul_compute
 from harness.prepare.greedy import greedy, prefill_feeds
-from harness.prepare.seq2seq import Seq2SeqFiles, Seq2SeqGreedy, seq2seq_files, start_token
+from harness.prepare.seq2seq import Seq2SeqGreedy, precision_files, seq2seq_files, start_token
 from harness.prepare.variants import model_for_precision
 
 PROVIDERS = [
@@ -147,16 +147,6 @@ class OrtSeq2Seq(OrtSession):
         return self.generated.shape[1]
 
 
-def _seq2seq_files(source: Path, precision: str) -> tuple[Seq2SeqFiles, str, dict[str, Any]]:
-    """Each graph of an encoder–decoder layout at the precision (the folder's own file or a conversion),
-    the precision they run in and the decoder's conversion facts."""
-    layout = seq2seq_files(source)
-    assert layout is not None
-    converted = [model_for_precision(path, precision) for path in (layout.encoder, layout.decoder, layout.decoder_past)]
-    (encoder, *_), (decoder, ran, facts), (past, *_) = converted
-    return Seq2SeqFiles(encoder, decoder, decoder if layout.merged else past), ran, facts
-
-
 COMPUTE_SOURCE = "onnxruntime SessionOptions.optimized_model_filepath: the activation type of each MatMul node"
 
 
@@ -243,7 +233,7 @@ class OnnxRuntimeBackend:
 
     def _load_seq2seq(self, source: Path, request: LoadRequest, target: Target) -> OrtSeq2Seq:
         """An encoder–decoder's graphs at the precision; the start token from the layout's config.json."""
-        files, precision, conversion = _seq2seq_files(source, request.precision)
+        files, precision, conversion = precision_files(source, request.precision)
         opened = {
             path: ort.InferenceSession(str(path), providers=[target.provider])
             for path in dict.fromkeys((files.encoder, files.decoder, files.decoder_past))

@@ -234,7 +234,8 @@ def generate_shape(job: dict[str, Any]) -> tuple[int, int, int | None]:
     answer is checked against these, never against what it says of itself. The vocabulary is the logits
     width of the job's graph (harness.browser.generate.generate_fields), None where the graph leaves it
     symbolic."""
-    prompt = next((i for i in job.get("inputs", []) if i.get("name") == "input_ids"), None)
+    names = ("input_ids", "input_features")  # a decoder's prompt, or an encoder-decoder's encoder input
+    prompt = next((i for i in job.get("inputs", []) if i.get("name") in names), None)
     batch = prompt["dims"][0] if prompt is not None else 1
     return batch, job["new_tokens"], job.get("vocab_size")
 
@@ -246,7 +247,7 @@ def _check_generation(generation: dict[str, Any], samples: list[float], job: dic
     vocabulary; a generation's TTFT and steps fit inside its whole (samples_ms)."""
     where = "result.generation"
     batch, new_tokens, vocab = generate_shape(job)
-    _check_phases(generation, samples, new_tokens, clock)
+    _check_phases(generation, samples, new_tokens, clock, bool(job.get("seq2seq")))
     logits = _require(generation, "prefill_logits", (dict,), where)
     dims, values = _require(logits, "dims", (list,), where), _require(logits, "values", (list,), where)
     if not all(_COUNT[1](d) for d in dims) or len(values) != math.prod(dims):
@@ -267,7 +268,9 @@ def _check_generation(generation: dict[str, Any], samples: list[float], job: dic
         raise PageResultError(f"{where}.tokens_stable must be a boolean")
 
 
-def _check_phases(generation: dict[str, Any], samples: list[float], new_tokens: int, clock: Clock) -> None:
+def _check_phases(
+    generation: dict[str, Any], samples: list[float], new_tokens: int, clock: Clock, encoder_decoder: bool = False
+) -> None:
     """Each timed generation's TTFT and decode steps: durations the page's clock can measure, as many steps
     as the job's tokens give, and together no longer than the whole generation (its sample: the page's
     clock runs from the same start past the last step), within one step of the clock for rounding."""
@@ -288,6 +291,22 @@ def _check_phases(generation: dict[str, Any], samples: list[float], new_tokens: 
     generation["step_samples_ms"] = [
         [clock.duration(s, f"step_samples_ms[{i}][{j}]") for j, s in enumerate(each)] for i, each in enumerate(steps)
     ]
+    if encoder_decoder:  # the encoder's run begins each generation's TTFT: never longer than it
+        encoder = _require(generation, "encoder_samples_ms", (list,), where)
+        if len(encoder) != len(samples):
+            raise PageResultError(f"{where}.encoder_samples_ms needs the encoder's run of each of the "
+                                  f"{len(samples)} generations")  # fmt: skip
+        generation["encoder_samples_ms"] = [
+            clock.duration(e, f"encoder_samples_ms[{i}]") for i, e in enumerate(encoder)
+        ]
+        for i, (run, first) in enumerate(
+            zip(generation["encoder_samples_ms"], generation["ttft_samples_ms"], strict=True)
+        ):
+            if run > first:
+                raise PageResultError(f"encoder_samples_ms[{i}] is {run:g} ms, longer than the TTFT it begins "
+                                      f"({first:g} ms); not a measurement")  # fmt: skip
+    elif "encoder_samples_ms" in generation:
+        raise PageResultError(f"{where}.encoder_samples_ms: this job runs no encoder")
     phases = zip(generation["ttft_samples_ms"], generation["step_samples_ms"], samples, strict=True)
     for i, (first, each, whole) in enumerate(phases):
         if first > whole:

@@ -10,12 +10,13 @@ from typing import Any
 
 import numpy as np
 
-from harness.core.generation import MEMORY_GROWTH_BOUND_MB, mean_steps, token_parity
+from harness.core.generation import MEMORY_GROWTH_BOUND_MB, encoder_figures, mean_steps, token_parity
 from harness.core.parity import compare
 from harness.core.records import Case, Result
 from harness.prepare.folders import past_shape
 from harness.prepare.greedy import Greedy
 from harness.prepare.prepared import PreparedModel
+from harness.prepare.seq2seq import Seq2SeqFiles, audio_seconds, precision_files, seq2seq_files, start_token
 
 # the graph the reference tokens ran on: the fp32 export, or a model file or folder as given (a genai folder: int4)
 TOKEN_REFERENCE = "onnxruntime CPU greedy tokens on the graph with past key/values (the fp32 export, or the file given)"
@@ -46,26 +47,56 @@ def vocab_size(path: Path) -> int | None:
     return _outputs(path)[0][1]
 
 
-def generate_fields(model: Path, case: Case, keeps_on_gpu: bool) -> dict[str, Any]:
+def seq2seq_layout(source: Path | None, precision: str) -> tuple[Seq2SeqFiles, int] | None:
+    """An encoder–decoder's graphs at the precision and its decoder's start token, where `source` (the model's
+    graph for generation, harness.prepare.prepared) is the first decoder step of such a layout."""
+    if source is None or seq2seq_files(source) is None:
+        return None
+    return precision_files(source, precision)[0], start_token(source)
+
+
+def layout_files(name: str, layout: Seq2SeqFiles) -> dict[str, Path]:
+    """The other graphs a page job serves: the encoder and, for a split decoder, the later steps' one."""
+    served = {f"{name}-encoder.onnx": layout.encoder}
+    return served if layout.merged else served | {f"{name}-decoder-past.onnx": layout.decoder_past}
+
+
+def _on_gpu(model: Path) -> dict[str, Any]:
+    """WebGPU's output locations: present.* kept on the GPU, only the logits (the first output) to the CPU."""
+    logits, *presents = graph_outputs(model)
+    return {"preferredOutputLocation": {logits: "cpu"} | dict.fromkeys(presents, "gpu-buffer")}
+
+
+def generate_fields(model: Path, case: Case, keeps_on_gpu: bool, layout: tuple[Seq2SeqFiles, int] | None = None,
+                    urls: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
     """What a page job adds for generation: the token count, the logits width (the vocabulary its token ids
     are checked against), a model folder's past heads and head size and, on WebGPU, present.* kept on the GPU
-    (only the logits, the first output, come back to the CPU)."""
+    (only the logits, the first output, come back to the CPU). An encoder–decoder's job names its other graphs'
+    URLs (`urls`, as layout_files named them) and the decoder's start token (web/page/seq2seq.mjs)."""
     fields: dict[str, Any] = {"mode": "generate", "new_tokens": case.new_tokens}
     if (vocab := vocab_size(model)) is not None:  # what the page's token ids are checked against
         fields["vocab_size"] = vocab
-    if (shape := past_shape(model)) is not None:  # a folder's config: the page uses it where the graph is symbolic
+    if layout is None and (shape := past_shape(model)) is not None:  # a folder's config, where the graph is symbolic
         fields["past_shape"] = list(shape)
     if keeps_on_gpu:
-        logits, *presents = graph_outputs(model)
-        fields["session_options"] = {
-            "preferredOutputLocation": {logits: "cpu"} | dict.fromkeys(presents, "gpu-buffer"),
+        fields["session_options"] = _on_gpu(model)
+    if layout is not None:
+        by_suffix = {key.rsplit("-", 1)[-1]: url for key, url in (urls or {}).items()}  # encoder.onnx, past.onnx
+        files, start = layout
+        fields["seq2seq"] = {
+            "encoder_url": by_suffix["encoder.onnx"],
+            "decoder_past_url": by_suffix.get("past.onnx"),
+            "decoder_past_options": _on_gpu(files.decoder_past) if keeps_on_gpu and not files.merged else None,
+            "start_token": start,
         }
     return fields
 
 
-def prompt_feeds(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The prompt a generation starts from (the page builds positions and the empty past itself)."""
-    return {name: feeds[name] for name in ("input_ids", "attention_mask")}
+def prompt_feeds(feeds: dict[str, np.ndarray], seq2seq: bool = False) -> dict[str, np.ndarray]:
+    """The prompt a generation starts from (the page builds positions and the empty past itself); an
+    encoder–decoder's: its encoder's inputs (log-mel features, or tokens and their mask)."""
+    names = ("input_features",) if seq2seq and "input_features" in feeds else ("input_ids", "attention_mask")
+    return {name: feeds[name] for name in names}
 
 
 def memory_growth(generation: dict[str, Any], details: dict[str, Any]) -> dict[str, Any]:
@@ -112,6 +143,13 @@ def generation_result(prepared: PreparedModel, target: Any, case: Case, answer: 
         "generated_tokens": generation["tokens"],
     }
     details |= memory_growth(generation, details) | {"warmup_generations": 1, "token_reference": TOKEN_REFERENCE}
+    if generation.get("encoder_samples_ms"):  # an encoder–decoder: the encoder's phase, speech's real-time factor
+        feeds, _ = prepared.load_case((case.batch_size, case.seq_len))
+        seconds = audio_seconds(feeds)
+        details |= encoder_figures(generation["encoder_samples_ms"], answer["samples_ms"], seconds) | {
+            "encoder_samples_ms": generation["encoder_samples_ms"],
+            "audio_seconds": seconds,
+        }
     if not generation["tokens_stable"]:
         details["tokens_unstable"] = "the timed generations did not all give the warm-up's tokens"
     reference = prepared.load_generation((case.batch_size, case.seq_len), case.new_tokens or 1)

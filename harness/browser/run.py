@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import numpy as np
 import psutil
 
-from harness.browser.generate import generate_fields, generation_result, prompt_feeds
+from harness.browser.generate import generate_fields, generation_result, layout_files, prompt_feeds, seq2seq_layout
 from harness.core.bounds import MAX_THREADS
 from harness.core.failures import UNSUPPORTED_OPERATOR
 from harness.core.labels import BROWSER_ENGINE
@@ -414,22 +414,26 @@ def page_job(
     }
     name = f"{_file_stem(prepared.spec.name)}-{case.precision}"
     if case.mode == "generate":  # its own file name: the page keeps one session per URL
-        job = web_job(files, f"{name}-past", model, prompt_feeds(feeds), setting, stop, case.key, fault)
-        return job | generate_fields(model, case, EPS[setting.ep].gpu_adapter)
+        layout = seq2seq_layout(prepared.onnx_past_path, case.precision)
+        also = {} if layout is None else layout_files(f"{name}-past", layout[0])
+        job = web_job(files, f"{name}-past", model, prompt_feeds(feeds, layout is not None), setting, stop, case.key,
+                      fault, also)  # fmt: skip
+        return job | generate_fields(model, case, EPS[setting.ep].gpu_adapter, layout, job.pop("also_urls", {}))
     return web_job(files, name, model, feeds, setting, stop, case.key, fault)
 
 
 def web_job(files: Any, name: str, model: Path, feeds: dict[str, np.ndarray], setting: EpSetting, stop: dict[str, Any],
-         case_key: str, fault: str | None = None) -> dict[str, Any]:  # fmt: skip
+         case_key: str, fault: str | None = None, also: dict[str, Path] | None = None) -> dict[str, Any]:  # fmt: skip
     """A page job: the model file, its external data files and the input tensors served to the page, the
     EP setting and the stop rule. Each external file is an `externalData` entry whose path is its location
     as the .onnx names it and whose data is its URL, which ORT-web fetches itself (streamed above 1 GB)."""
     arrays = {f"{name}.{i}.bin": np.ascontiguousarray(v) for i, v in enumerate(feeds.values())}
     external = {f"{name}.data{i}": location for i, location in enumerate(external_locations(model))}
     served = {f"{name}.onnx": model} | {k: model.parent / location for k, location in external.items()}
-    urls = files.set_job_files(served | {k: v.tobytes() for k, v in arrays.items()})
+    urls = files.set_job_files(served | (also or {}) | {k: v.tobytes() for k, v in arrays.items()})
     return {
         "model_url": urls[f"{name}.onnx"],
+        **({"also_urls": {key: urls[key] for key in also}} if also else {}),  # an encoder-decoder's other graphs
         "external_data": [{"path": location, "url": urls[key]} for key, location in external.items()],
         "inputs": [
             {"name": input_name, "url": urls[key], "dtype": str(array.dtype), "dims": list(array.shape)}

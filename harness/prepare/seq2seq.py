@@ -162,6 +162,20 @@ class Seq2SeqGreedy:
         return {n: feeds[n] for n in _names(self.decoder)}
 
 
+def precision_files(decoder: Path, precision: str) -> tuple[Seq2SeqFiles, str, dict[str, Any]]:
+    """Each graph of the layout `decoder` belongs to at the precision (a folder's own file or the harness's
+    conversion, harness.prepare.variants), the precision they run in and the decoder's conversion facts."""
+    from harness.prepare.variants import model_for_precision
+
+    layout = seq2seq_files(decoder)
+    if layout is None:
+        raise UnsupportedError(f"{decoder.name} has no encoder_model.onnx and later-step decoder beside it")
+    encoder, _, _ = model_for_precision(layout.encoder, precision)
+    first, ran, facts = model_for_precision(layout.decoder, precision)
+    later = first if layout.merged else model_for_precision(layout.decoder_past, precision)[0]
+    return Seq2SeqFiles(encoder, first, later), ran, facts
+
+
 def load_seq2seq(files: Seq2SeqFiles, open_session: Callable[[Path], Any]) -> Seq2SeqGreedy:
     """The loop over a layout's graphs, each opened by open_session (a merged decoder once)."""
     encoder, decoder = open_session(files.encoder), open_session(files.decoder)
