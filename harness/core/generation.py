@@ -72,9 +72,14 @@ def summarize_generation(result: Any) -> dict[str, float | None]:
     """The figures of a generate Result (its case gives the batch and the prompt length)."""
     if result.case.mode != "generate":
         return {}
+    details = result.details or {}
     # speech has no prompt tokens: its case's sequence is the teacher-forced decoder's, which generation never reads
-    prompt = None if (result.details or {}).get("audio_seconds") else result.case.seq_len
-    return generation_figures(result.case.batch_size, prompt, result.ttft_samples_ms, result.step_samples_ms)
+    prompt = None if details.get("audio_seconds") else result.case.seq_len
+    figures = generation_figures(result.case.batch_size, prompt, result.ttft_samples_ms, result.step_samples_ms)
+    if not figures:
+        return figures
+    encoder = encoder_figures(details.get("encoder_samples_ms") or [], result.samples_ms, details.get("audio_seconds"))
+    return figures | {"encoder_ms": None, "real_time_factor": None} | encoder
 
 
 def step_curve(steps_ms: Sequence[Sequence[float]]) -> list[float]:

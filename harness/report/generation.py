@@ -19,7 +19,8 @@ LOG_RATIO = 30.0  # a log scale once the slowest step is this many times the fas
 NO_CURVE = "No decode steps to draw (one token, or no measured row)."
 COLUMNS = (("TTFT p50 ms", "ttft_ms", 3), (PREFILL_RATE, "prefill_tokens_per_s", 1),
            (DECODE_RATE, "decode_tokens_per_s", 1), ("TPOT p50 ms", "tpot_ms", 3), ("TPOT p90 ms", "tpot_p90_ms", 3),
-           ("e2e p50 ms", "latency_p50_ms", 3))  # fmt: skip
+           ("e2e p50 ms", "latency_p50_ms", 3), ("encoder p50 ms", "encoder_ms", 3),
+           ("real-time factor", "real_time_factor", 1))  # fmt: skip
 
 
 def _fmt(value: float | None, digits: int) -> str:
