@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from test_web import web_cache  # noqa: F401 (the session's export cache)
 from test_web_generate import results
@@ -73,3 +74,27 @@ def test_an_encoder_decoder_answer_without_its_encoder_phase_is_refused() -> Non
             validate_page_result(answer, job, TIMEOUT_S)
     with pytest.raises(PageResultError, match="this job runs no encoder"):
         validate_page_result(good, GENERATE_JOB | {"vocab_size": 8}, TIMEOUT_S)
+
+
+def test_the_merged_decoder_gives_the_split_decoders_tokens(rows: list[dict[str, Any]], web_cache: Path) -> None:  # noqa: F811
+    """decoder_model_merged.onnx (harness.prepare.merged_decoder: an If on use_cache_branch, the shared weights
+    stored once) runs the same loop to the same tokens and prefill logits as the two decoders it merges."""
+    from harness.prepare.seq2seq import reference_seq2seq, seq2seq_files
+
+    folders = sorted(web_cache.glob("onnx/*-seq2seq"))
+    assert len(folders) >= len(MODELS)
+    for folder in folders:
+        split, merged = (seq2seq_files(folder / name) for name in ("decoder_model.onnx", "decoder_model_merged.onnx"))
+        assert split is not None and merged is not None and merged.merged and not split.merged
+        size = sum(path.stat().st_size for path in (split.decoder, split.decoder_past))
+        assert merged.decoder.stat().st_size < size  # the weights both decoders hold, stored once
+        rng, speech = (
+            np.random.default_rng(0),
+            json.loads((folder / "config.json").read_text())["model_type"] == "whisper",
+        )
+        mask = np.ones((2, 8), dtype=np.int64)
+        feeds = ({"input_features": rng.standard_normal((2, 80, 3000), dtype=np.float32)} if speech else
+                 {"input_ids": rng.integers(0, 1000, (2, 8)), "attention_mask": mask})  # fmt: skip
+        a, b = reference_seq2seq(split, feeds, TOKENS), reference_seq2seq(merged, feeds, TOKENS)
+        assert a.tokens.tolist() == b.tokens.tolist()
+        assert np.allclose(a.prefill_logits, b.prefill_logits, atol=1e-5)

@@ -14,7 +14,9 @@ later step reads them as past and grows only the self-attention cache. Split rat
 (`decoder_model_merged.onnx`, one graph with an If on `use_cache_branch`): two plain graphs export with
 torch.export as they are, and harness.prepare.seq2seq runs a merged file from a folder the same way.
 Each graph is cached as the other exports are (harness.prepare.export.export_cached), under the model's
-export key with a suffix, and the three are linked into one folder under their layout names.
+export key with a suffix, and the three are linked into one folder under their layout names, with the
+model's config.json and both decoders merged as transformers.js ships them (decoder_model_merged.onnx,
+harness.prepare.merged_decoder), which the same loop runs.
 """
 
 from __future__ import annotations
@@ -29,12 +31,14 @@ import numpy as np
 import torch
 
 from harness.prepare.export import ExportOutcome, export_cached, export_dir, export_key
+from harness.prepare.merged_decoder import merge_decoders
 from harness.prepare.specs import ModelSpec
 from harness.prepare.workload import Weights
 
 ENCODER_FILE = "encoder_model.onnx"
 DECODER_FILE = "decoder_model.onnx"
 DECODER_PAST_FILE = "decoder_with_past_model.onnx"
+MERGED_FILE = "decoder_model_merged.onnx"  # both decoders as one graph (harness.prepare.merged_decoder)
 KINDS = ("decoder", "encoder")  # self-attention, then cross-attention: Optimum's order within a layer
 
 
@@ -180,11 +184,12 @@ def _linked(folder: Path, outcomes: dict[str, ExportOutcome], config: str) -> Pa
     """The three cached files under their layout names in one folder (hard links where the file system
     has them) with the model's config.json (its decoder_start_token_id starts the loop), built beside it and
     renamed into place."""
-    if all((folder / name).exists() for name in [*outcomes, "config.json"]):
+    if all((folder / name).exists() for name in [*outcomes, "config.json", MERGED_FILE]):
         return folder
     staging = folder.with_name(f".{folder.name}.{os.getpid()}")
     staging.mkdir(parents=True, exist_ok=True)
     (staging / "config.json").write_text(config)
+    merge_decoders(staging / DECODER_FILE, staging / DECODER_PAST_FILE, staging / MERGED_FILE)
     for name, outcome in outcomes.items():
         assert outcome.path is not None
         try:
