@@ -188,16 +188,18 @@ def _linked(folder: Path, outcomes: dict[str, ExportOutcome], config: str) -> Pa
         return folder
     staging = folder.with_name(f".{folder.name}.{os.getpid()}")
     staging.mkdir(parents=True, exist_ok=True)
-    (staging / "config.json").write_text(config)
-    merge_decoders(staging / DECODER_FILE, staging / DECODER_PAST_FILE, staging / MERGED_FILE)
-    for name, outcome in outcomes.items():
-        assert outcome.path is not None
-        try:
-            os.link(outcome.path, staging / name)
-        except OSError:
-            shutil.copyfile(outcome.path, staging / name)
     try:
+        for name, outcome in outcomes.items():
+            assert outcome.path is not None
+            try:
+                os.link(outcome.path, staging / name)
+            except OSError:
+                shutil.copyfile(outcome.path, staging / name)
+        (staging / "config.json").write_text(config)
+        merge_decoders(staging / DECODER_FILE, staging / DECODER_PAST_FILE, staging / MERGED_FILE)
         os.replace(staging, folder)
     except OSError:  # another process linked it first
+        pass
+    finally:  # renamed into place, failed or interrupted: no staging folder is left behind
         shutil.rmtree(staging, ignore_errors=True)
     return folder
