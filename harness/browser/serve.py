@@ -41,6 +41,7 @@ from harness.prepare.specs import ModelSpec
 from harness.run.plan import MAX_TIMEOUT_S, RequestError, RunOptions, check_seconds
 from harness.run.recording import Body, Emit, RunSummary, record_run
 from harness.web.eps import EPS, WEB_HARDWARE
+from harness.web.page_job import PageJob
 
 COMMAND = "web --serve"  # the run's command in the store, and what --resume looks for
 INSECURE = (
@@ -186,7 +187,7 @@ class _Job:
     case: Case
     precision: str  # the precision that runs (fp32 may stand for an unconverted export)
     conversion: dict[str, Any]
-    page: dict[str, Any]
+    page: PageJob
 
 
 class ServedJobs:
@@ -227,7 +228,7 @@ class ServedJobs:
 
     def _job(
         self, device: Any, files: Any, model: Prepared, setting: EpSetting, case: Case
-    ) -> tuple[dict[str, Any], int] | None:
+    ) -> tuple[PageJob, int] | None:
         """(the page job, the largest answer it may post), or None after storing why it cannot run."""
         from harness.web.device_server import answer_limit
 
@@ -254,7 +255,7 @@ class ServedJobs:
     def answered(self, device: Any, job: Any, answer: dict[str, Any], page: Any) -> dict[str, Any]:
         found = self._jobs[job.key]
         details = device_details(device, page, job.lost) | found.conversion
-        details["input_shapes"] = {i["name"]: i["dims"] for i in found.page["inputs"]}
+        details["input_shapes"] = found.page.input_shapes
         _, reference = found.prepared.load_case((found.case.batch_size, found.case.seq_len))
         extra = {"precision": found.precision, "details": details}
         result = build_result(found.prepared, found.setting, found.case, answer, extra, reference)
