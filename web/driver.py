@@ -32,11 +32,10 @@ from harness.web.answers import PageResultError, validate_page_result
 from harness.web.browser_memory import LoopMemory
 from harness.web.device_probe import probes_device, prove_device
 from harness.web.eps import WEB_HARDWARE
-from harness.web.flags import GpuProfile, VirtualDisplay, gpu_profile, launch_flags, needs_virtual_display
+from harness.web.flags import BROWSERS, GpuProfile, VirtualDisplay, gpu_profile, launch_flags, needs_virtual_display
 from harness.web.page_job import PageJob
 from harness.web.server import PageFiles, RoutedPages, SetupError
 
-BROWSERS = ("chrome", "chromium", "edge")
 CANDIDATES: dict[str, tuple[str, ...]] = {
     "chrome": ("google-chrome", "google-chrome-stable", "/opt/google/chrome/chrome"),
     "chromium": ("chromium", "chromium-browser", "/usr/bin/chromium"),

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -59,7 +59,7 @@ from harness.run.profiling import page_profile, profiled_fields
 from harness.run.recording import Body, Emit, RunSummary, record_run
 from harness.run.worker import prepare_isolated
 from harness.web.eps import EPS, WEB_HARDWARE, WEBNN_DEVICES
-from harness.web.flags import GPU_MODES, GpuProfile
+from harness.web.flags import BROWSERS, GPU_MODES, GpuProfile
 from harness.web.page_job import ExternalData, GenerateJob, PageInput, PageJob, StopRule
 
 ENGINE = BROWSER_ENGINE
@@ -73,28 +73,57 @@ GPU_HELP = (
 )
 
 
+ENDPOINT_HELP = (
+    "A remote browser: ws://… (Playwright browser server) or http://HOST:PORT (Chromium with "
+    "--remote-debugging-port). Everything reaches it through Playwright; no local port is opened."
+)
+
+
 @dataclass
 class WebRequest(RunOptions):
     hardware: list[str] = option(
         factory=lambda: list(WEB_HARDWARE), flag="--hardware", key="web_platforms", many=True, choices=WEB_HARDWARE,
         noun="web hardware", help=f"Comma-separated browser EPs: {','.join(WEB_HARDWARE)}.",
     )  # fmt: skip
-    browser: str = "chromium"  # chrome | chromium | edge (chrome and edge fall back to Chromium, recorded)
-    browser_path: Path | None = None
+    # chrome and edge fall back to Chromium, recorded
+    browser: str = option(
+        "chromium", flag="--browser", choices=BROWSERS, noun="browser",
+        help="chrome, chromium or edge (chrome/edge fall back to Chromium).",
+    )  # fmt: skip
+    browser_path: Path | None = option(None, flag="--browser-path", help="The browser executable to use instead.")
     threads: list[int] = option(
         factory=lambda: [1], flag="--threads", key="web_threads", many=True, low=1, high=MAX_THREADS,
         help="Comma-separated wasm thread counts (webgpu/webnn use the first).",
     )  # fmt: skip
-    webnn_device: str = "gpu"
+    webnn_device: str = option(
+        "gpu", flag="--webnn-device", choices=WEBNN_DEVICES, noun="WebNN device",
+        help=f"WebNN deviceType: {', '.join(WEBNN_DEVICES)}.",
+    )  # fmt: skip
     # the launch profile (harness.web.flags)
     gpu: str = option("auto", flag="--gpu", choices=GPU_MODES, help=GPU_HELP)
-    headed: bool = False  # a headful browser (on a virtual display when the host has none)
-    browser_args: list[str] = field(default_factory=list)  # raw flags appended to the launch
-    require_hardware_gpu: bool = False  # webgpu cases on a software adapter: `unsupported`, not run
-    browser_endpoint: str | None = None  # ws:// (Playwright server) or http:// (CDP): a remote browser
+    # a headful browser (on a virtual display when the host has none)
+    headed: bool = option(
+        False, flag="--headed", help="A headful browser (on Xvfb without a DISPLAY): where headless forces software."
+    )
+    browser_args: list[str] = option(
+        factory=list, flag="--browser-arg", repeat=True,
+        help="A raw browser flag appended to the launch (repeatable); recorded per row.",
+    )  # fmt: skip
+    require_hardware_gpu: bool = option(
+        False, flag="--require-hardware-gpu",
+        help="webgpu cases on a software adapter (SwiftShader, llvmpipe, WARP) are `unsupported`, not run.",
+    )  # fmt: skip
+    # ws:// (Playwright server) or http:// (CDP): a remote browser
+    browser_endpoint: str | None = option(None, flag="--browser-endpoint", help=ENDPOINT_HELP)
     # False drops COOP/COEP: the page is then not cross-origin isolated and ORT-web silently runs one
     # wasm thread. Only for showing that the harness detects it (details.threads_dropped).
     cross_origin_isolation: bool = True
+
+
+# How the browser is launched or reached: WebRequest's options that `web --serve` refuses (each device brings
+# its own browser) and `run` takes as `web` does.
+LAUNCH = ("browser", "browser_path", "threads", "webnn_device", "gpu", "headed", "browser_args",
+          "require_hardware_gpu", "browser_endpoint")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -225,15 +254,11 @@ def check_browser_request(request: Any) -> list[ModelSpec]:
 
 def validate_web(request: WebRequest) -> WebPlan:
     """Check every input (browser and ORT-web install included) before anything is written."""
-    from harness.web.driver import BROWSERS, BrowserNotFound, resolve_browser
+    from harness.web.driver import BrowserNotFound, resolve_browser
     from harness.web.flags import gpu_profile
     from harness.web.server import SetupError, dist_files
 
-    check(request, declared(WebRequest), ("threads",))
-    if request.webnn_device not in WEBNN_DEVICES:
-        raise RequestError(f"unknown WebNN device '{request.webnn_device}'; valid: {', '.join(WEBNN_DEVICES)}")
-    if request.browser not in BROWSERS:
-        raise RequestError(f"unknown browser '{request.browser}'; valid: {', '.join(BROWSERS)}")
+    check(request, declared(WebRequest), ("threads", "webnn_device", "browser"))
     specs = check_browser_request(request)
     _check_launch(request)
     try:
