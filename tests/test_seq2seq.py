@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from harness.browser.both import run_both
 from harness.browser.run import WebRequest
 from harness.run.plan import BenchmarkRequest
 from harness.web.answers import PageResultError, validate_page_result
+from harness.web.page_job import GenerateJob, Seq2SeqJob
 
 pytestmark = pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="needs Chromium at /usr/bin/chromium")
 TOKENS = 4
@@ -61,7 +63,8 @@ def test_an_encoder_decoder_generates_natively_and_in_the_page(rows: list[dict[s
 def test_an_encoder_decoder_answer_without_its_encoder_phase_is_refused() -> None:
     """The page's encoder runs are one per timed generation and inside its TTFT; a job with no encoder
     takes none."""
-    job = GENERATE_JOB | {"vocab_size": 8, "seq2seq": {"start_token": 0}}
+    plain = replace(GENERATE_JOB, generate=GenerateJob(new_tokens=3, vocab_size=8))
+    job = replace(plain, generate=replace(plain.generate, seq2seq=Seq2SeqJob("job/e.onnx", 0)))
     good = generated(encoder_samples_ms=[0.25] * 3)
     assert validate_page_result(good, job, TIMEOUT_S)["generation"]["encoder_samples_ms"] == [0.25] * 3
     refused = [
@@ -73,7 +76,7 @@ def test_an_encoder_decoder_answer_without_its_encoder_phase_is_refused() -> Non
         with pytest.raises(PageResultError, match=re.escape(message)):
             validate_page_result(answer, job, TIMEOUT_S)
     with pytest.raises(PageResultError, match="this job runs no encoder"):
-        validate_page_result(good, GENERATE_JOB | {"vocab_size": 8}, TIMEOUT_S)
+        validate_page_result(good, plain, TIMEOUT_S)
 
 
 def test_the_merged_decoder_gives_the_split_decoders_tokens(rows: list[dict[str, Any]], web_cache: Path) -> None:  # noqa: F811

@@ -1,4 +1,4 @@
-"""A generate case in the browser (web/page/generate.mjs): the page job's generation fields, and the row
+"""A generate case in the browser (web/page/generate.mjs): the page job's generation part, and the row
 built from the page's answer, with the figures of harness.core.generation and token-level parity against
 native ONNX Runtime's greedy tokens on the same graph (harness.prepare.greedy.reference_generation)."""
 
@@ -17,6 +17,7 @@ from harness.prepare.folders import past_shape
 from harness.prepare.greedy import Greedy
 from harness.prepare.prepared import PreparedModel
 from harness.prepare.seq2seq import Seq2SeqFiles, audio_seconds, precision_files, seq2seq_files, start_token
+from harness.web.page_job import GenerateJob, Seq2SeqJob
 
 # the graph the reference tokens ran on: the fp32 export, or a model file or folder as given (a genai folder: int4)
 TOKEN_REFERENCE = "onnxruntime CPU greedy tokens on the graph with past key/values (the fp32 export, or the file given)"
@@ -43,7 +44,7 @@ def graph_outputs(path: Path) -> tuple[str, ...]:
 
 def vocab_size(path: Path) -> int | None:
     """The width of a generation graph's logits (its first output): the vocabulary a served page's token ids
-    are checked against (harness.web.server.generate_shape); None where the graph leaves it symbolic."""
+    are checked against (harness.web.answers); None where the graph leaves it symbolic."""
     return _outputs(path)[0][1]
 
 
@@ -67,29 +68,28 @@ def _on_gpu(model: Path) -> dict[str, Any]:
     return {"preferredOutputLocation": {logits: "cpu"} | dict.fromkeys(presents, "gpu-buffer")}
 
 
-def generate_fields(model: Path, case: Case, keeps_on_gpu: bool, layout: tuple[Seq2SeqFiles, int] | None = None,
-                    urls: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
-    """What a page job adds for generation: the token count, the logits width (the vocabulary its token ids
-    are checked against), a model folder's past heads and head size and, on WebGPU, present.* kept on the GPU
-    (only the logits, the first output, come back to the CPU). An encoder–decoder's job names its other graphs'
-    URLs (`urls`, as layout_files named them) and the decoder's start token (web/page/seq2seq.mjs)."""
-    fields: dict[str, Any] = {"mode": "generate", "new_tokens": case.new_tokens}
-    if (vocab := vocab_size(model)) is not None:  # what the page's token ids are checked against
-        fields["vocab_size"] = vocab
-    if layout is None and (shape := past_shape(model)) is not None:  # a folder's config, where the graph is symbolic
-        fields["past_shape"] = list(shape)
-    if keeps_on_gpu:
-        fields["session_options"] = _on_gpu(model)
-    if layout is not None:
-        by_suffix = {key.rsplit("-", 1)[-1]: url for key, url in (urls or {}).items()}  # encoder.onnx, past.onnx
-        files, start = layout
-        fields["seq2seq"] = {
-            "encoder_url": by_suffix["encoder.onnx"],
-            "decoder_past_url": by_suffix.get("past.onnx"),
-            "decoder_past_options": _on_gpu(files.decoder_past) if keeps_on_gpu and not files.merged else None,
-            "start_token": start,
-        }
-    return fields
+def generate_job(model: Path, case: Case, keeps_on_gpu: bool, layout: tuple[Seq2SeqFiles, int] | None = None,
+                 urls: dict[str, str] | None = None) -> GenerateJob:  # fmt: skip
+    """A page job's generation part: the token count, the logits width (the vocabulary its token ids are
+    checked against), a model folder's past heads and head size and, on WebGPU, present.* kept on the GPU
+    (only the logits, the first output, come back to the CPU). An encoder–decoder's names its other graphs'
+    URLs (`urls`, keyed as layout_files names them) and the decoder's start token (web/page/seq2seq.mjs)."""
+    assert case.new_tokens is not None  # a generate case always has its count (harness.run.plan)
+    shape = past_shape(model) if layout is None else None  # a folder's config, where the graph is symbolic
+    return GenerateJob(
+        new_tokens=case.new_tokens,
+        vocab_size=vocab_size(model),
+        past_shape=None if shape is None else list(shape),
+        session_options=_on_gpu(model) if keeps_on_gpu else None,
+        seq2seq=None if layout is None else _seq2seq_job(layout, keeps_on_gpu, urls or {}),
+    )
+
+
+def _seq2seq_job(layout: tuple[Seq2SeqFiles, int], keeps_on_gpu: bool, urls: dict[str, str]) -> Seq2SeqJob:
+    files, start = layout
+    by_suffix = {key.rsplit("-", 1)[-1]: url for key, url in urls.items()}  # encoder.onnx, past.onnx
+    options = _on_gpu(files.decoder_past) if keeps_on_gpu and not files.merged else None
+    return Seq2SeqJob(by_suffix["encoder.onnx"], start, by_suffix.get("past.onnx"), options)
 
 
 def prompt_feeds(feeds: dict[str, np.ndarray], seq2seq: bool = False) -> dict[str, np.ndarray]:
