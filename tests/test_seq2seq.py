@@ -101,3 +101,33 @@ def test_the_merged_decoder_gives_the_split_decoders_tokens(rows: list[dict[str,
         a, b = reference_seq2seq(split, feeds, TOKENS), reference_seq2seq(merged, feeds, TOKENS)
         assert a.tokens.tolist() == b.tokens.tolist()
         assert np.allclose(a.prefill_logits, b.prefill_logits, atol=1e-5)
+
+
+def test_a_layout_without_a_start_token_or_with_an_unfilled_input_is_unsupported(tmp_path: Path) -> None:
+    """The decoder's start token is read from the folder's config.json as data (bounded, typed): missing, or
+    not a token id, the generation is refused naming it; so is a graph input the loop cannot fill."""
+    from harness.core.records import UnsupportedError
+    from harness.prepare.seq2seq import Seq2SeqGreedy, start_token
+
+    graph = tmp_path / "onnx" / "decoder_model_merged.onnx"
+    graph.parent.mkdir()
+    for config, message in (({"model_type": "t5"}, "is not a token id"),
+                            ({"decoder_start_token_id": "0"}, "is not a token id"),
+                            ({"decoder_start_token_id": -1}, "is not a token id")):  # fmt: skip
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        start_token.cache_clear()
+        with pytest.raises(UnsupportedError, match=message):
+            start_token(graph)
+    (tmp_path / "config.json").write_text(json.dumps({"pad_token_id": 0}))  # T5's configs: it starts from pad
+    start_token.cache_clear()
+    assert start_token(graph) == 0
+
+    class Named:
+        def __init__(self, *names: str) -> None:
+            self.names = names
+
+        def get_inputs(self) -> list[Any]:
+            return [type("Input", (), {"name": name})() for name in self.names]
+
+    with pytest.raises(UnsupportedError, match="the graph's input 'position_ids' is not one encoder–decoder"):
+        Seq2SeqGreedy((Named("input_features"), Named("input_ids", "position_ids"), Named("input_ids")), 0)
