@@ -132,6 +132,10 @@ MODE_SECTIONS = {
 }
 
 
+# columns only some models measure (an encoder–decoder's encoder): shown where a row of the table has one
+WHERE_MEASURED = ("encoder_ms",)
+
+
 def _mode_sections(results: list[dict[str, Any]]) -> list[str]:
     """One table per non-inference mode present in the results (MODE_SECTIONS)."""
     lines: list[str] = []
@@ -139,9 +143,10 @@ def _mode_sections(results: list[dict[str, Any]]) -> list[str]:
         rows = [r for r in results if r.get("mode") == mode]
         if not rows:
             continue
+        columns = [c for c in columns if c[1] not in WHERE_MEASURED or any(r.get(c[1]) is not None for r in rows)]
         header = ["Model", "Target", "Case", *(name for name, _, _ in columns), "status"]
         cells = [
-            [r["model"], target_label(r), case_label(r), *(_fmt(r[f], d) for _, f, d in columns), r["status"]]
+            [r["model"], target_label(r), case_label(r), *(_fmt(r.get(f), d) for _, f, d in columns), r["status"]]
             for r in rows
         ]
         lines += [f"### {title}", "", *_table(header, cells), ""]
@@ -161,7 +166,7 @@ def _speech_section(results: list[dict[str, Any]]) -> list[str]:
         return []
     header = ["Model", "Target", "Case", *(name for name, _, _ in SPEECH_COLUMNS), "status"]
     cells = [[r["model"], target_label(r), case_label(r), _fmt(_details(r).get("audio_seconds"), 1),
-              *(_fmt(r[f], d) for _, f, d in SPEECH_COLUMNS[1:]), r["status"]] for r in rows]  # fmt: skip
+              *(_fmt(r.get(f), d) for _, f, d in SPEECH_COLUMNS[1:]), r["status"]] for r in rows]  # fmt: skip
     title = "### Speech (audio seconds ÷ processing seconds: the real-time factor; above 1 is faster than real time)"
     return [title, "", *_table(header, cells), ""]
 
