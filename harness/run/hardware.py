@@ -9,10 +9,11 @@ could do would cost a native run more time (1.5 s) than many of its measurements
 The native probes run once per engine and process, in a worker (harness.run.isolation), and only for
 the engines asked for: a run probes its own engines while it is planned, and its hardware rows are the
 platforms those engines serve, as they find them (a platform none of them serves gets no row: not
-probed is not unavailable; a web run's rows are the browser platforms only). Torch's probes import torch and transformers (1.6 s): they fork from the
-server that has them imported for the run's own torch workers, while a run without torch probes in a
-spawned worker and starts no fork server. A probe that crashes (a broken driver) makes every target it
-would have probed unavailable, saying so, instead of taking the CLI down.
+probed is not unavailable; a web run's rows are the browser platforms only). Torch's probes import
+torch and transformers (1.6 s): they fork from the server that has them imported for the run's own
+torch workers, while a run without torch probes in a spawned worker and starts no fork server. A
+probe that crashes (a broken driver) makes every target it would have probed unavailable, saying so,
+instead of taking the CLI down.
 """
 
 from __future__ import annotations
