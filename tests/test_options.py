@@ -128,6 +128,7 @@ def test_the_suite_configs_keys_are_aliases_of_the_fields() -> None:
         "warmup_iterations": "--warmup",
         "benchmark_iterations": "--iterations",
         "timeout": "--timeout",
+        "prepare_timeout": "--prepare-timeout",
         "db": "--db",
         "hardware_types": "--hardware",
         "web_platforms": "--hardware",

@@ -38,7 +38,7 @@ WEB_EPS = ",".join(WEB_HARDWARE)
 # The run options every benchmark command takes: each field of harness.run.plan.RunOptions (flag, help, bound
 # and choices written there once), in field order. A field added there is an option of native, web and run.
 SHARED = tuple(declared(RunOptions))
-NATIVE = ("hardware", "engines")  # BenchmarkRequest's own
+NATIVE = ("hardware", "engines", "native_threads")  # BenchmarkRequest's own
 BROWSER = ("threads", "gpu")  # WebRequest's own, on `web` and `run`
 # How the browser is launched (or reached): the same options on `web` and `run`.
 HeadedOption = Annotated[
