@@ -2,7 +2,7 @@
 
 Workers read it (harness.run.worker: segfault, abort, hang, oom, grandchild); an import reads
 `import-hang` (harness.bundle.importer: stop inside the import's transaction, for the kill tests); an export
-reads `export-hang` (harness.prepare.export: hang with its staging folder written, to be killed)."""
+reads `export-kill` and `export-hang` (harness.prepare.export: die or hang with its staging folder written)."""
 
 from __future__ import annotations
 

@@ -51,6 +51,16 @@ def short_target(row: Mapping[str, Any]) -> str:
     return on_device(f"{label}:{provider.removeprefix(row['hardware'] + ':')}", row)
 
 
+def threads_text(row: Mapping[str, Any]) -> str:
+    """A native row's intra-op threads as reports show them, "2 threads, not spinning" ('' where the row says
+    none: a browser row, whose count is its provider's, or a row stored before the columns existed)."""
+    count = row.get("native_threads")
+    if count is None:
+        return ""
+    spin = {True: ", spinning", False: ", not spinning"}.get(row.get("spinning"), "")
+    return f"{count} thread{'s' * (count != 1)}{spin}"
+
+
 def is_baseline(row: Mapping[str, Any]) -> bool:
     return (row["hardware"], row["engine"]) == BASELINE
 

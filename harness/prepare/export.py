@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import time
 import traceback
 from dataclasses import dataclass
@@ -153,12 +154,20 @@ def export_cached(
     args = tuple(torch.from_numpy(feeds[n]) for n in module.input_names)
     staging = staging_dir(target_dir.parent)  # a killed export's stale folder is removed first
     try:
-        if "export-hang" in injected_faults():  # testing hook: an export that never ends, to be killed
-            while True:
-                time.sleep(3600)
+        _injected_export_fault()
         return _export_staged(staging, target_dir, module, args, feeds, shapes, axes)
     finally:  # renamed into place, failed or interrupted: no staging directory is left behind
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _injected_export_fault() -> None:
+    """Testing hook: an export killed (export-kill: SIGKILL, no cleanup runs) or hanging (export-hang) with
+    its staging folder written."""
+    faults = injected_faults()
+    if "export-kill" in faults:
+        os.kill(os.getpid(), signal.SIGKILL)
+    while "export-hang" in faults:
+        time.sleep(3600)
 
 
 def _parameter_bytes(module: Any) -> int:

@@ -252,11 +252,11 @@ def validate(request: BenchmarkRequest) -> Plan:
     """Check every input before anything is written; raise RequestError naming the valid values."""
     check_shapes(request)
     check_measuring(request)
+    check(request, declared(BenchmarkRequest), ("native_threads",))
     engines = check_engines(request.engines, request.hardware)
     specs = check_selection(request)
     check_generation(request, specs, request.modes)
     check_paths(request)
-    check(request, declared(BenchmarkRequest), ("native_threads",))
     targets = choose_targets(request.hardware, engines)
     if not targets:
         raise RequestError(f"no target serves hardware {request.hardware} with engines {engines}")
