@@ -45,8 +45,9 @@ def ours(folder: Path, threads: int, spinning: bool | None) -> Loop:
 
     graph = folder / "model.onnx"
     options, facts = session_options(threads)
-    if spinning is not None:
+    if spinning is not None:  # forced: what the backend's rule would otherwise decide
         options.add_session_config_entry(SPINNING_ENTRY, "1" if spinning else "0")
+        facts |= {"spinning": spinning, "spinning_source": "forced by the bench"}
     session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
     shape = past_shape(graph)
     print(f"  ours{'' if spinning is None else '-spin'}: {json.dumps(facts)}", flush=True)
