@@ -12,7 +12,11 @@ offline and caches it). In interleaved rounds, on the same file, prompt and thre
 each quiet and with one busy core beside it (a `python -c "while True: pass"` process). Prints each
 variant's median TTFT and decode tokens/s and the ratios ours ÷ genai (goal: decode ≥ 0.9, TTFT ≤ 1.1).
 
+and, with --page, one `accelharness run` on the folder (native ORT, the onnxruntime-genai row, the page on
+wasm at 1 thread) for the harness's own rows.
+
     timeout 900 .venv/bin/python bench/generate_peers.py [--threads 2] [--rounds 5] [--prompt 32] [--new-tokens 32]
+        [--page]
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -135,12 +140,38 @@ def summary(found: dict[str, list[tuple]], title: str) -> None:
             print(f"  {name} ÷ genai: {ratios}")
 
 
+def harness_rows(folder: Path, threads: int, prompt: int, new_tokens: int) -> None:
+    """One `accelharness run` on the folder: native ORT and the onnxruntime-genai row at `threads`, and the
+    page on wasm at 1 thread (not interleaved with the rounds above: the harness's own rows, as a user gets)."""
+    import duckdb
+
+    with tempfile.TemporaryDirectory(prefix="peers-") as directory:
+        db = Path(directory) / "peers.duckdb"
+        command = [sys.executable, "-m", "harness.cli", "run", "--mode", "generate", "--model-path", str(folder),
+                   "--engines", "onnxruntime,onnxruntime-genai", "--hardware", "cpu", "--web-hardware", "wasm",
+                   "--native-threads", str(threads), "--threads", "1", "--sequence-lengths", str(prompt),
+                   "--new-tokens", str(new_tokens), "--iterations", "5", "--warmup", "1", "--min-duration", "0",
+                   "--db", str(db), "--output-dir", directory]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            print(f"\naccelharness run failed ({done.returncode}): {done.stderr.strip()[-500:]}")
+            return
+        found = duckdb.connect(str(db), read_only=True).execute(
+            "SELECT engine, provider, status, ttft_ms, decode_tokens_per_s FROM results ORDER BY engine, provider"
+        )
+        print("\nthe harness's rows (accelharness run, one busy core: no)")
+        for engine, provider, status, ttft, decode in found.fetchall():
+            figures = f"TTFT {ttft:7.1f} ms   decode {decode:6.1f} tok/s" if ttft is not None else ""
+            print(f"  {engine}:{provider} {status} {figures}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--prompt", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--page", action="store_true", help="also one `accelharness run` with the page on wasm")
     args = parser.parse_args()
     folder = genai_folder()
     vocab = json.loads((folder / "genai_config.json").read_text())["model"]["vocab_size"]
@@ -160,6 +191,8 @@ def main() -> None:
     finally:
         busy.kill()
         busy.wait()
+    if args.page:
+        harness_rows(folder, args.threads, args.prompt, args.new_tokens)
 
 
 if __name__ == "__main__":

@@ -116,7 +116,7 @@ class Phase:
     """What a preparing child is doing now, sent to the parent before each long step (the CLI shows it)."""
 
     model: str
-    step: str  # e.g. "exporting ONNX with past key/values (cold cache)"
+    step: str  # e.g. "exporting ONNX with past key/values"
 
 
 def unprepared_result(
@@ -193,8 +193,9 @@ def _prepare_from_cache(job: PrepareJob, weights: Weights, case_dir: Path) -> Pr
     from harness.prepare.export import ExportOutcome, cached_export, export_dir
 
     facts_path = case_dir / MODEL_FACTS
-    skipped_export = ExportOutcome(None, None, False, None, NOT_EXPORTED, None)
-    onnx = cached_export(export_dir(case_dir.name)) if job.plain else skipped_export
+    onnx = cached_export(export_dir(case_dir.name))  # an earlier run's plain export serves even when not needed
+    if onnx is None and not job.plain:
+        onnx = ExportOutcome(None, None, False, None, NOT_EXPORTED, None)
     past = cached_export(export_dir(f"{case_dir.name}-past")) if job.with_past else None
     if not facts_path.exists() or onnx is None or (job.with_past and past is None):
         return None
