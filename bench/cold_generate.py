@@ -71,11 +71,13 @@ def main() -> None:
         process.wait()
         print(f"exit {process.returncode} after {time.perf_counter() - started:.0f} s")
     rows = duckdb.connect(str(db), read_only=True).execute(
-        "SELECT engine, provider, status, ttft_ms, decode_tokens_per_s, error FROM results ORDER BY engine"
+        "SELECT engine, provider, status, ttft_ms, decode_tokens_per_s, error, load_avg_1m, "
+        "details->'export' FROM results ORDER BY engine"
     )
-    for engine, provider, status, ttft, decode, error in rows.fetchall():
+    for engine, provider, status, ttft, decode, error, load, export in rows.fetchall():
         figures = f"TTFT {ttft:.0f} ms, decode {decode:.1f} tok/s" if ttft is not None else (error or "")[:160]
-        print(f"  {engine} {provider}: {status}  {figures}")
+        print(f"  {engine} {provider}: {status}  {figures}  (load average {load:.1f})")
+        print(f"    export: {export}")  # the plain export's exporter null: not made; the past's export_s
 
 
 if __name__ == "__main__":
