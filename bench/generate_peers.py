@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -124,7 +125,8 @@ def rounds(loops: dict[str, Loop], ids: np.ndarray, new_tokens: int, count: int)
 
 
 def summary(found: dict[str, list[tuple]], title: str) -> None:
-    print(f"\n{title}")
+    load = os.getloadavg()[0]  # "quiet" means no busy process of ours: the machine's other load is this
+    print(f"\n{title} (load average {load:.1f} on {os.cpu_count()} CPUs at the end)")
     medians = {}
     for name, samples in found.items():
         ttft = statistics.median(s[0] for s in samples)
@@ -183,7 +185,7 @@ def main() -> None:
         "genai": genai(folder, args.threads),
         "genai-row": genai_row(folder, args.threads),
     }
-    summary(rounds(loops, ids, args.new_tokens, args.rounds), "quiet")
+    summary(rounds(loops, ids, args.new_tokens, args.rounds), "no busy process beside it")
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(1.0)
