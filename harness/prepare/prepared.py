@@ -7,6 +7,7 @@ reference: torch fp32 for spec models, ONNX Runtime CPU for plain .onnx files.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -167,8 +168,21 @@ def _case_paths(job: PrepareJob, case_dir: Path, limit: int | None) -> tuple[dic
         if limit is not None and seq is not None and seq > limit:
             skipped[(batch, seq)] = f"sequence length {seq} exceeds the model's maximum of {limit} positions"
         else:
-            case_files[(batch, seq)] = case_dir / f"b{batch}_s{seq}.npz"
+            case_files[(batch, seq)] = case_dir / case_file_name(job.spec, batch, seq)
     return case_files, skipped
+
+
+# The rule drawn prompts follow (harness.prepare.prompts); a new rule gets a new tag, so no case file an
+# earlier rule drew is reused.
+DRAWN_PROMPTS = "drawn2"
+
+
+def case_file_name(spec: ModelSpec, batch: int, seq: int | None) -> str:
+    """A case's .npz name: its shape and its prompt (the given ids' digest, or the drawing rule)."""
+    if spec.prompt is None:
+        return f"b{batch}_s{seq}_{DRAWN_PROMPTS}.npz"
+    digest = hashlib.sha256(json.dumps(list(spec.prompt)).encode()).hexdigest()[:16]
+    return f"b{batch}_s{seq}_p{digest}.npz"
 
 
 def _prepare_from_cache(job: PrepareJob, weights: Weights, case_dir: Path) -> PreparedModel | None:
@@ -264,7 +278,8 @@ def _prepare_onnx_file(job: PrepareJob) -> PreparedModel:
     from harness.prepare.external import content_key
     from harness.prepare.folders import file_precision, past_shape
     from harness.prepare.greedy import prefill_feeds, takes_past
-    from harness.prepare.inputs import make_signature_inputs, onnx_file_signature
+    from harness.prepare.inputs import index_tables, make_signature_inputs, onnx_file_signature
+    from harness.prepare.prompts import tokenizer_folder, vocabulary
 
     spec = job.spec
     assert spec.local_path is not None
@@ -289,18 +304,30 @@ def _prepare_onnx_file(job: PrepareJob) -> PreparedModel:
         output_names=tuple(o.name for o in session.get_outputs()) if session is not None else (),
     )
     case_dir = _case_dir(digest)
-    prepared.case_files = {(batch, seq): case_dir / f"b{batch}_s{seq}.npz" for batch, seq in job.shapes}
+    prepared.case_files = {(b, s): case_dir / case_file_name(spec, b, s) for b, s in job.shapes}
+    tables = index_tables(spec.local_path)  # integer inputs stay inside the tables they index
+    rows = tables.get("input_ids") or _logits_width(session)
+    vocab = vocabulary(tokenizer_folder(spec.local_path), rows) if rows else None
     if session is not None and takes_past([i.name for i in session.get_inputs()], prepared.output_names):
         prepared.onnx_past_path = spec.local_path  # a graph with past key/values: it generates
 
     def build(batch: int, seq: int | None) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
-        feeds = make_signature_inputs(signature, spec.name, batch, seq)
+        feeds = make_signature_inputs(signature, spec.name, batch, seq, tables, vocab, spec.prompt)
         if prepared.onnx_past_path is not None:  # the prompt with an empty past (a prefill)
             feeds = prefill_feeds(session, feeds, past_shape(spec.local_path))
         return feeds, list(session.run(None, feeds)) if session is not None else []
 
     prepared.failed = _build_cases(prepared.case_files, build)
     return prepared
+
+
+def _logits_width(session: Any) -> int | None:
+    """The vocabulary a graph's first output spans where it fixes its last dimension (a graph whose input_ids
+    index no table the proto shows)."""
+    if session is None:
+        return None
+    last = (session.get_outputs()[0].shape or [None])[-1]
+    return last if isinstance(last, int) and last > 0 else None
 
 
 def _first_line(exc: BaseException) -> str:

@@ -1,0 +1,200 @@
+"""One prompt per model, whatever its layout, and text in and out through the model folder's tokenizer.
+
+A drawn prompt (no --prompt given) depends on the model, never on the folder it came in: its ids are drawn
+from the regular tokens (the tokenizer's added and special ids excluded) below the embedding table's rows, with
+a seed from that row count, so an HF folder, the harness's export of it, the onnxruntime-genai builder's folder
+and a transformers.js folder of one model start from the same ids. A model folder's tokenizer.json (read through
+the `tokenizers` library), its chat template (rendered in jinja2's sandbox) and its EOS ids are data from
+elsewhere: each file inside the folder, bounded before it is read (harness.core.bounds).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.core.bounds import MAX_CONFIG_BYTES, MAX_TEMPLATE_CHARS, MAX_TOKENIZER_BYTES
+from harness.core.terminal import terminal_text
+from harness.prepare.folder_checks import FolderError, inside
+
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG = "tokenizer_config.json"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"  # transformers 5 saves the template beside tokenizer_config.json
+# where a folder says its EOS ids, first found wins: generation's own, the model's, onnxruntime-genai's
+EOS_SOURCES = (("generation_config.json", ("eos_token_id",)), ("config.json", ("eos_token_id",)),
+               ("genai_config.json", ("model", "eos_token_id")))  # fmt: skip
+
+
+class PromptError(ValueError):
+    """A prompt that cannot be made for this model; the message says what was wrong and what is valid."""
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """What a model's prompt ids are drawn from: the embedding table's rows (what every layout of the model
+    agrees on: config.json's vocab_size, the graph's Gather table) and the tokenizer's size and special ids
+    where the folder has one."""
+
+    rows: int
+    tokens: int | None = None  # the tokenizer's ids, added ones included
+    special: tuple[int, ...] = ()  # the tokenizer's added and special ids: never drawn
+
+    def regular_ids(self) -> np.ndarray:
+        top = min(self.rows, self.tokens or self.rows)
+        ids = np.setdiff1d(np.arange(top, dtype=np.int64), np.asarray(self.special, dtype=np.int64))
+        if ids.size == 0:
+            raise PromptError(f"the vocabulary of {self.rows} rows has no regular token to draw a prompt from")
+        return ids
+
+
+def random_prompt(vocabulary: Vocabulary, batch: int, seq: int) -> np.ndarray:
+    """[batch, seq] ids from the vocabulary's regular tokens; each row seeded by the table's rows, the length and
+    the row's index, so a batch's first row is the prompt of batch 1."""
+    ids = vocabulary.regular_ids()
+    rows = []
+    for row in range(batch):
+        seed = int(hashlib.sha256(f"prompt|{vocabulary.rows}|{seq}|{row}".encode()).hexdigest()[:8], 16)
+        rows.append(ids[np.random.default_rng(seed).integers(0, ids.size, size=seq)])
+    return np.stack(rows).astype(np.int64)
+
+
+def tokenizer_folder(model_path: Path | None) -> Path | None:
+    """The folder whose tokenizer serves a model: an HF folder itself, a graph's model folder (a genai folder,
+    transformers.js's onnx/ parent); None for a built-in spec or a lone file."""
+    if model_path is None:
+        return None
+    if model_path.is_dir():
+        return model_path
+    from harness.prepare.folders import folder_root
+
+    return folder_root(model_path)
+
+
+def _bounded_text(folder: Path, name: str, limit: int) -> str | None:
+    """A folder's file as text, inside the folder and at most `limit` bytes; None where the folder has none."""
+    if not ((folder / name).is_file() or (folder / name).is_symlink()):
+        return None
+    path = inside(folder, name, f"the tokenizer file {name}")
+    size = path.stat().st_size
+    if size > limit:
+        raise PromptError(f"{terminal_text(str(path))} is {size:,} bytes; the harness reads at most {limit:,}")
+    try:
+        return path.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PromptError(f"cannot read {terminal_text(str(path))} ({terminal_text(str(exc))[:200]})") from exc
+
+
+def _json_file(folder: Path, name: str) -> dict[str, Any]:
+    text = _bounded_text(folder, name, MAX_CONFIG_BYTES)
+    try:
+        data = json.loads(text) if text is not None else {}
+    except (ValueError, RecursionError) as exc:
+        why = terminal_text(str(exc))[:200]
+        raise PromptError(f"{name} in {terminal_text(str(folder))} is not JSON ({why})") from None
+    return data if isinstance(data, dict) else {}
+
+
+@cache
+def load_tokenizer(folder: Path) -> Any:
+    """The folder's tokenizer.json as a `tokenizers.Tokenizer`, or None where the folder has none."""
+    from tokenizers import Tokenizer
+
+    try:
+        text = _bounded_text(folder, TOKENIZER_FILE, MAX_TOKENIZER_BYTES)
+        return None if text is None else Tokenizer.from_str(text)
+    except FolderError as exc:
+        raise PromptError(str(exc)) from exc
+    except Exception as exc:  # the library's own words: a file it cannot parse
+        raise PromptError(f"{TOKENIZER_FILE} in {terminal_text(str(folder))} cannot be read by the tokenizers "
+                          f"library ({terminal_text(str(exc))[:200]})") from exc  # fmt: skip
+
+
+def vocabulary(folder: Path | None, rows: int) -> Vocabulary:
+    """A model's vocabulary: the table's rows, with its folder's tokenizer where there is one."""
+    tokenizer = load_tokenizer(folder) if folder is not None else None
+    if tokenizer is None:
+        return Vocabulary(rows)
+    special = tuple(sorted(tokenizer.get_added_tokens_decoder()))
+    return Vocabulary(rows, tokenizer.get_vocab_size(with_added_tokens=True), special)
+
+
+def encode(folder: Path | None, text: str, chat: bool) -> list[int]:
+    """--prompt's ids: the text (the folder's chat template applied first with --chat) through tokenizer.json."""
+    tokenizer = load_tokenizer(folder) if folder is not None else None
+    if tokenizer is None:
+        where = "this model has no folder" if folder is None else f"{terminal_text(str(folder))} has none"
+        raise PromptError(f"--prompt needs the model folder's {TOKENIZER_FILE} to tokenize the text, and {where}; "
+                          "give the ids with --prompt-ids instead")  # fmt: skip
+    if chat:
+        assert folder is not None
+        return tokenizer.encode(chat_text(folder, text), add_special_tokens=False).ids
+    return tokenizer.encode(text).ids
+
+
+def chat_text(folder: Path, text: str) -> str:
+    """The prompt as the folder's chat template renders one user message, with the generation prompt."""
+    from jinja2 import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    config = _json_file(folder, TOKENIZER_CONFIG)
+    template = _bounded_text(folder, CHAT_TEMPLATE_FILE, MAX_TEMPLATE_CHARS) or config.get("chat_template")
+    if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}]
+        template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"),
+                        None)  # fmt: skip
+    if not isinstance(template, str) or not template:
+        raise PromptError(f"--chat needs a chat template ({CHAT_TEMPLATE_FILE}, or {TOKENIZER_CONFIG}'s "
+                          f"chat_template) and {terminal_text(str(folder))} has none; drop --chat")  # fmt: skip
+    if len(template) > MAX_TEMPLATE_CHARS:
+        raise PromptError(f"the chat template is {len(template):,} characters; the harness renders at most "
+                          f"{MAX_TEMPLATE_CHARS:,}")  # fmt: skip
+    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    environment.globals["raise_exception"] = _template_error
+    try:
+        return environment.from_string(template).render(
+            messages=[{"role": "user", "content": text}], add_generation_prompt=True,
+            bos_token=_token_text(config.get("bos_token")), eos_token=_token_text(config.get("eos_token")),
+        )  # fmt: skip
+    except (TemplateError, PromptError, RecursionError) as exc:
+        raise PromptError(f"the folder's chat template failed to render: {terminal_text(str(exc))[:200]}") from exc
+
+
+def _template_error(message: str) -> None:
+    raise PromptError(str(message))
+
+
+def _token_text(token: Any) -> str:
+    """A special token as tokenizer_config.json writes it: a string, or an object with its content."""
+    content = token.get("content") if isinstance(token, dict) else token
+    return content if isinstance(content, str) else ""
+
+
+def decode(folder: Path | None, ids: list[int]) -> str | None:
+    """Token ids as the folder's tokenizer writes them (special tokens kept: what the model made), or None
+    where the model has no tokenizer."""
+    tokenizer = load_tokenizer(folder) if folder is not None else None
+    return None if tokenizer is None else tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def eos_ids(folder: Path | None) -> tuple[int, ...]:
+    """The ids that end a generation, as the folder says (generation_config.json, config.json,
+    genai_config.json, then the tokenizer's eos_token); () where it says none."""
+    if folder is None:
+        return ()
+    for name, keys in EOS_SOURCES:
+        value: Any = _json_file(folder, name)
+        for key in keys:
+            value = value.get(key) if isinstance(value, dict) else None
+        found = value if isinstance(value, list) else [value]
+        ids = tuple(v for v in found if isinstance(v, int) and not isinstance(v, bool) and v >= 0)
+        if ids:
+            return ids
+    tokenizer = load_tokenizer(folder)
+    eos = _token_text(_json_file(folder, TOKENIZER_CONFIG).get("eos_token"))
+    token = tokenizer.token_to_id(eos) if tokenizer is not None and eos else None
+    return (token,) if token is not None else ()
