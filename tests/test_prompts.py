@@ -24,7 +24,7 @@ def latest_rows(db: Path) -> list[dict]:
 def test_the_harness_own_bert_export_given_back_as_a_file_runs_ok(web_cache: Path, tmp_path: Path) -> None:  # noqa: F811
     """token_type_ids index a table of 2 rows: zeros, as a tokenizer gives one text; input_ids stay below the
     word table's rows (read from the graph's Gather). Before: ids up to 99, "idx=32 must be within [-2,1]"."""
-    from harness.prepare.inputs import index_tables
+    from harness.prepare.graph_tables import index_tables
 
     prepared = next(prepare_model(PrepareJob(load_specs()["bert-tiny"], [(1, 8)])))
     assert prepared.onnx_path is not None

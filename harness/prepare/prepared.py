@@ -277,8 +277,9 @@ def _prepare_onnx_file(job: PrepareJob) -> PreparedModel:
 
     from harness.prepare.external import content_key
     from harness.prepare.folders import file_precision, past_shape
+    from harness.prepare.graph_tables import index_tables
     from harness.prepare.greedy import prefill_feeds, takes_past
-    from harness.prepare.inputs import index_tables, make_signature_inputs, onnx_file_signature
+    from harness.prepare.inputs import make_signature_inputs, onnx_file_signature
     from harness.prepare.prompts import tokenizer_folder, vocabulary
 
     spec = job.spec

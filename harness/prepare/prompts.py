@@ -19,7 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from harness.core.bounds import MAX_CONFIG_BYTES, MAX_TEMPLATE_CHARS, MAX_TOKENIZER_BYTES
+from harness.core.bounds import (
+    MAX_CONFIG_BYTES,
+    MAX_PROMPT_CHARS,
+    MAX_PROMPT_IDS,
+    MAX_TEMPLATE_CHARS,
+    MAX_TOKENIZER_BYTES,
+    MAX_VOCAB,
+)
 from harness.core.terminal import terminal_text
 from harness.prepare.folder_checks import FolderError, inside
 
@@ -198,3 +205,66 @@ def eos_ids(folder: Path | None) -> tuple[int, ...]:
     eos = _token_text(_json_file(folder, TOKENIZER_CONFIG).get("eos_token"))
     token = tokenizer.token_to_id(eos) if tokenizer is not None and eos else None
     return (token,) if token is not None else ()
+
+
+def table_rows(spec: Any) -> int | None:
+    """The rows of a model's token table: the graph's (the Gather input_ids index), an HF folder's config.json
+    vocab_size, a built-in spec's; None where none says."""
+    if spec.is_onnx_file:
+        from harness.prepare.graph_tables import index_tables
+
+        return index_tables(spec.local_path).get("input_ids")
+    config = spec.config
+    if spec.local_path is not None:
+        from harness.prepare.folder_checks import read_config
+
+        config = read_config(spec.local_path, "config.json")
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    rows = text.get("vocab_size")
+    return rows if isinstance(rows, int) and not isinstance(rows, bool) and rows > 0 else None
+
+
+def given_prompt(spec: Any, text: str | None, chat: bool, ids: list[Any] | None) -> tuple[int, ...] | None:
+    """The prompt a run gives a model (--prompt text, with --chat its chat template; or --prompt-ids), checked:
+    bounded, each id inside the model's vocabulary; None when the run gives none (a prompt is drawn)."""
+    if text is not None and ids is not None:
+        raise PromptError("--prompt and --prompt-ids each give the prompt; give one of them")
+    if chat and text is None:
+        raise PromptError("--chat applies the folder's chat template to --prompt's text; give --prompt too")
+    if text is None and ids is None:
+        return None
+    if text is not None:
+        if not 0 < len(text) <= MAX_PROMPT_CHARS:
+            raise PromptError(f"--prompt takes 1 to {MAX_PROMPT_CHARS:,} characters (got {len(text):,})")
+        found = encode(tokenizer_folder(spec.local_path), text, chat)
+    elif len(ids or []) > MAX_PROMPT_IDS:
+        raise PromptError(f"--prompt-ids takes 1 to {MAX_PROMPT_IDS:,} token ids (got {len(ids or []):,})")
+    else:
+        found = _ids(ids or [])
+    if not 0 < len(found) <= MAX_PROMPT_IDS:
+        raise PromptError(f"the prompt is {len(found):,} tokens; a prompt takes 1 to {MAX_PROMPT_IDS:,}")
+    try:
+        rows = table_rows(spec)
+    except FolderError as exc:
+        raise PromptError(str(exc)) from exc
+    folder = tokenizer_folder(spec.local_path)
+    tokenizer = load_tokenizer(folder) if folder is not None else None
+    size = min(v for v in (rows, tokenizer and tokenizer.get_vocab_size(with_added_tokens=True), MAX_VOCAB) if v)
+    if outside := [i for i in found if i >= size]:
+        raise PromptError(f"--prompt-ids: {', '.join(map(str, outside[:3]))} is outside {spec.name}'s vocabulary "
+                          f"(ids 0 to {size - 1:,})")  # fmt: skip
+    return tuple(found)
+
+
+def _ids(values: list[Any]) -> list[int]:
+    """--prompt-ids' values as integers >= 0 (the command line gives strings, the API integers)."""
+    try:
+        found = [int(v) for v in values]
+        if any(isinstance(v, (bool, float)) for v in values):
+            raise ValueError
+    except (TypeError, ValueError):
+        shown = terminal_text(", ".join(map(str, values[:3])))[:80]
+        raise PromptError(f"--prompt-ids takes comma-separated token ids (integers >= 0), got {shown}") from None
+    if negative := [v for v in found if v < 0]:
+        raise PromptError(f"--prompt-ids takes token ids >= 0 (got {negative[0]})")
+    return found
