@@ -205,6 +205,12 @@ MIGRATIONS: dict[int, list[str]] = {
         )""",
         *IDENTITY_BACKFILL,
     ],
+    9: [
+        # issue 32: a generate row's prompt ids, its decoded output text and the EOS policy that ran
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS prompt_ids JSON",
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS output_text VARCHAR",
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS stop_at_eos BOOLEAN",
+    ],
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 # Tables a migration created: a read-only open of an older file shows them empty.
@@ -510,6 +516,9 @@ class Store:
             "energy_j_per_item": result.energy_j_per_item,
             "generated_tokens": None if result.generated_tokens is None else json.dumps(result.generated_tokens),
             "tokens_matched": result.details.get("tokens_matched"),
+            "prompt_ids": None if result.prompt_ids is None else json.dumps(result.prompt_ids),
+            "output_text": result.output_text,
+            "stop_at_eos": result.stop_at_eos,
             "git_sha": git_sha,
             "details": json.dumps(result.details, default=str),
         }

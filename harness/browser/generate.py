@@ -46,11 +46,12 @@ def vocab_size(path: Path) -> int | None:
     return _outputs(path)[0][1]
 
 
-def generate_fields(model: Path, case: Case, keeps_on_gpu: bool) -> dict[str, Any]:
-    """What a page job adds for generation: the token count, the logits width (the vocabulary its token ids
-    are checked against), a model folder's past heads and head size and, on WebGPU, present.* kept on the GPU
-    (only the logits, the first output, come back to the CPU)."""
-    fields: dict[str, Any] = {"mode": "generate", "new_tokens": case.new_tokens}
+def generate_fields(model: Path, case: Case, keeps_on_gpu: bool, eos: tuple[int, ...] = ()) -> dict[str, Any]:
+    """What a page job adds for generation: the token count, the EOS ids it stops at (--stop-at-eos; none: it
+    makes exactly new_tokens), the logits width (the vocabulary its token ids are checked against), a model
+    folder's past heads and head size and, on WebGPU, present.* kept on the GPU (only the logits, the first
+    output, come back to the CPU)."""
+    fields: dict[str, Any] = {"mode": "generate", "new_tokens": case.new_tokens, "eos_ids": list(eos)}
     if (vocab := vocab_size(model)) is not None:  # what the page's token ids are checked against
         fields["vocab_size"] = vocab
     if (shape := past_shape(model)) is not None:  # a folder's config: the page uses it where the graph is symbolic
@@ -116,6 +117,8 @@ def generation_result(prepared: PreparedModel, target: Any, case: Case, answer: 
         details["tokens_unstable"] = "the timed generations did not all give the warm-up's tokens"
     reference = prepared.load_generation((case.batch_size, case.seq_len), case.new_tokens or 1)
     status, error, parity_fields = _parity(generation, reference, extra.get("precision") or "fp32", details)
+    feeds, _ = prepared.load_case((case.batch_size, case.seq_len))  # the prompt the page's job carried
+    fields |= prepared.text_fields(feeds["input_ids"], generation["tokens"], details)
     return prepared.result(target, case, status, error, details=details, **parity_fields, **extra, **fields)
 
 

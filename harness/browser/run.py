@@ -415,7 +415,7 @@ def page_job(
     name = f"{_file_stem(prepared.spec.name)}-{case.precision}"
     if case.mode == "generate":  # its own file name: the page keeps one session per URL
         job = web_job(files, f"{name}-past", model, prompt_feeds(feeds), setting, stop, case.key, fault)
-        return job | generate_fields(model, case, EPS[setting.ep].gpu_adapter)
+        return job | generate_fields(model, case, EPS[setting.ep].gpu_adapter, prepared.eos)
     return web_job(files, name, model, feeds, setting, stop, case.key, fault)
 
 
@@ -518,7 +518,8 @@ def prepare_spec(plan: Any, spec: ModelSpec) -> Prepared:
     timeout_s = max(plan.request.timeout_s, PREPARE_TIMEOUT_FLOOR_S)
     generates = any(c.mode == "generate" for c in cases)  # the graph with past, and native ORT's tokens
     tokens = plan.request.new_tokens if generates else 0
-    job = PrepareJob(spec, shapes, with_past=generates and spec.has_past_export, reference_tokens=tokens)
+    job = PrepareJob(spec, shapes, with_past=generates and spec.has_past_export, reference_tokens=tokens,
+                     stop_at_eos=plan.request.stop_at_eos)  # fmt: skip
     prepared, outcome = prepare_isolated(job, timeout_s)
     if prepared:
         return spec, prepared, ""

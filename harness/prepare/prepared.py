@@ -12,7 +12,7 @@ import json
 import os
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -50,6 +50,15 @@ class PreparedModel:
     output_names: tuple[str, ...] = ()  # the reference outputs' names, in order (parity messages name them)
     # generate in the browser: native ORT's greedy generation per (case, new tokens), the tokens checked against
     generation_files: dict[tuple[CaseShape, int], Path] = field(default_factory=dict)
+    eos: tuple[int, ...] = ()  # the ids generation stops at (--stop-at-eos and the model states some), else ()
+    eos_asked: bool = False  # --stop-at-eos
+
+    def text_fields(self, input_ids: np.ndarray, generated: list[list[int]] | None,
+                    details: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+        """A generate row's prompt ids, decoded output text and EOS policy (harness.prepare.prompts)."""
+        from harness.prepare.prompts import text_fields
+
+        return text_fields(self.spec, input_ids, generated, self.eos, self.eos_asked, details)
 
     def result(self, target: Target, case: Case, status: str, error: str | None = None, **fields: Any) -> Result:
         """A Result carrying this model's facts, native or browser; measured fields come in **fields."""
@@ -106,6 +115,7 @@ class PrepareJob:
     with_past: bool = False
     # > 0: also native ORT's greedy generation of this many tokens per case (browser token parity)
     reference_tokens: int = 0
+    stop_at_eos: bool = False  # --stop-at-eos: generations (and the reference's) stop at the model's EOS id
 
 
 def unprepared_result(
@@ -226,7 +236,9 @@ def _build_and_prepare(job: PrepareJob, case_dir: Path) -> PreparedModel:
 
     failed = _build_cases(case_files, build)  # references first: exporting traces the module and may change it
     example_seq = 16 if spec.inputs.uses_sequence else None
-    outcome = export_onnx(spec, module, weights, make_inputs(spec, config, 2, example_seq))
+    # the export's example: a drawn prompt of its own length (a given prompt's length is one case's, not the graph's)
+    example = make_inputs(replace(spec, prompt=None), config, 2, example_seq)
+    outcome = export_onnx(spec, module, weights, example)
     prepared = _prepared(job, weights, outcome, parameters, case_files, skipped)
     prepared.failed = failed
     if job.with_past:
@@ -346,6 +358,10 @@ def _case_dir(key: str) -> Path:
 def prepare_model(job: PrepareJob) -> Iterator[PreparedModel]:
     """Worker entry point (a generator, as harness.run.isolation expects)."""
     prepared = _prepare_onnx_file(job) if job.spec.is_onnx_file else _prepare_spec_model(job)
+    if job.stop_at_eos:
+        from harness.prepare.prompts import model_eos_ids
+
+        prepared.eos, prepared.eos_asked = model_eos_ids(job.spec), True
     if job.reference_tokens and prepared.onnx_past_path is not None:
         _reference_generations(prepared, job.reference_tokens)
     yield prepared
@@ -358,11 +374,12 @@ def _reference_generations(prepared: PreparedModel, new_tokens: int) -> None:
 
     assert prepared.onnx_past_path is not None
     for shape, case_file in prepared.case_files.items():
-        path = case_file.with_name(f"{case_file.stem}_gen{new_tokens}.npz")
+        stop = "_eos" + "-".join(map(str, prepared.eos)) if prepared.eos else ""  # where the reference stopped
+        path = case_file.with_name(f"{case_file.stem}_gen{new_tokens}{stop}.npz")
         if not path.exists():
             feeds, _ = prepared.load_case(shape)
             prompt = {name: feeds[name] for name in ("input_ids", "attention_mask")}
-            made = reference_generation(prepared.onnx_past_path, prompt, new_tokens)
+            made = reference_generation(prepared.onnx_past_path, prompt, new_tokens, prepared.eos)
             arrays = {"tokens": made.tokens, "margins": made.margins, "prefill_logits": made.prefill_logits}
             write_atomically(path, lambda file, arrays=arrays: np.savez(file, **arrays))
         prepared.generation_files[(shape, new_tokens)] = path

@@ -268,3 +268,29 @@ def _ids(values: list[Any]) -> list[int]:
     if negative := [v for v in found if v < 0]:
         raise PromptError(f"--prompt-ids takes token ids >= 0 (got {negative[0]})")
     return found
+
+
+def model_eos_ids(spec: Any) -> tuple[int, ...]:
+    """The EOS ids of a model: its folder's (eos_ids), else a built-in spec's config."""
+    found = eos_ids(tokenizer_folder(spec.local_path))
+    if found or spec.local_path is not None:
+        return found
+    value = spec.config.get("eos_token_id")
+    values = value if isinstance(value, list) else [value]
+    return tuple(v for v in values if isinstance(v, int) and not isinstance(v, bool) and v >= 0)
+
+
+def text_fields(spec: Any, input_ids: np.ndarray, generated: list[list[int]] | None, eos: tuple[int, ...],
+                asked: bool, details: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """A generate row's prompt ids, its output text (the first row's tokens through the model's tokenizer) and
+    its EOS policy (`eos`: the ids it stopped at, () when it ran to --new-tokens; `asked`: --stop-at-eos); why
+    a text is NULL, and a policy asked of a model that states no EOS id, go to `details`."""
+    text = decode(tokenizer_folder(spec.local_path), generated[0]) if generated else None
+    if text is None:
+        details["output_text"] = ("not decoded: no tokens were kept" if not generated else
+                                  f"not decoded: the model has no {TOKENIZER_FILE}")  # fmt: skip
+    if asked and not eos:
+        details["eos_policy"] = "--stop-at-eos asked, but the model states no EOS id: ran to --new-tokens"
+    else:
+        details["eos_policy"] = f"stop at EOS ({', '.join(map(str, eos))})" if eos else "EOS ignored"
+    return {"prompt_ids": np.asarray(input_ids).astype(int).tolist(), "output_text": text, "stop_at_eos": bool(eos)}

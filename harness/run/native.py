@@ -24,7 +24,7 @@ from harness.run.worker import Job, prepare_isolated, run_job
 
 def _prepare(plan: Plan, spec: ModelSpec) -> tuple[PreparedModel | None, str | None, str]:
     shapes = sorted({(c.batch_size, c.seq_len) for c in plan.cases(spec)}, key=str)
-    job = PrepareJob(spec, shapes, with_past=plan.exports_past(spec))
+    job = PrepareJob(spec, shapes, with_past=plan.exports_past(spec), stop_at_eos=plan.request.stop_at_eos)
     prepared, outcome = prepare_isolated(job, plan.request.timeout_s)
     if prepared:
         return prepared, None, "ok"
