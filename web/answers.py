@@ -312,10 +312,9 @@ def _check_tokens(tokens: list[Any], batch: int, new_tokens: int, vocab: int | N
     """The warm-up's token ids: a row per batch row, integers inside the vocabulary, new_tokens each, or where
     the job stops at EOS (`eos`) as many as end at the first step where every row has made an EOS id."""
     where = "result.generation.tokens"
-    if len(tokens) != batch or not all(isinstance(row, list) for row in tokens):
-        raise PageResultError(f"{where} must hold {batch} rows (the job's batch) of token ids")
-    expected = _eos_length(tokens, new_tokens, eos)
-    if not all(len(row) == expected for row in tokens):
+    rows = all(isinstance(row, list) for row in tokens)
+    expected = _eos_length(tokens, new_tokens, eos) if rows else new_tokens
+    if len(tokens) != batch or not rows or not all(len(row) == expected for row in tokens):
         why = "" if expected == new_tokens else f" (the rows have all made an EOS id {sorted(eos)} by then)"
         raise PageResultError(f"{where} must hold {batch} rows (the job's batch) of {expected} token ids each{why}")
     top = vocab if vocab is not None else 0
