@@ -3,9 +3,11 @@ and out through the model folder's tokenizer, and the EOS policy a row states.""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
+import pytest
 from conftest import run_cli
 from test_web import web_cache  # noqa: F401 (the session's export cache: bert-tiny is exported once)
 
@@ -38,3 +40,48 @@ def test_the_harness_own_bert_export_given_back_as_a_file_runs_ok(web_cache: Pat
     assert done.returncode == 0, done.stderr[-2000:]
     (row,) = latest_rows(db)
     assert row["status"] == "ok", row["error"]
+
+
+def tokenizer_folder_with(tmp_path: Path, template: str | None) -> Path:
+    """A folder with only a word-level tokenizer (t0..t127; t0 unk, t2 eos) and, given, a chat template."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(128)}, unk_token="t0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="t0", eos_token="t2").save_pretrained(tmp_path)
+    if template is not None:
+        config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+        (tmp_path / "tokenizer_config.json").write_text(json.dumps(config | {"chat_template": template}))
+    return tmp_path
+
+
+def test_a_prompt_is_tokenized_with_the_folder_s_tokenizer_and_its_chat_template_in_a_sandbox(tmp_path: Path) -> None:
+    from harness.prepare.prompts import PromptError, decode, encode, eos_ids, vocabulary
+
+    template = "{% for m in messages %}t3 {{ m.content }}{% endfor %}{% if add_generation_prompt %} t4{% endif %}"
+    folder = tokenizer_folder_with(tmp_path, template)
+    assert encode(folder, "t5 t6 t7", chat=False) == [5, 6, 7]
+    assert encode(folder, "t5 t6 t7", chat=True) == [3, 5, 6, 7, 4]  # the template's turn markers around it
+    assert decode(folder, [5, 6, 2]) == "t5 t6 t2" and eos_ids(folder) == (2,)
+    assert vocabulary(folder, 128).special == (0, 2)  # unk and eos: never drawn into a prompt
+    escape = "{{ ''.__class__.__mro__[1].__subclasses__() }}"  # the template is data from elsewhere
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": escape}))
+    with pytest.raises(PromptError, match="chat template failed to render"):
+        encode(folder, "t5", chat=True)
+
+
+def test_a_prompt_that_cannot_be_made_is_refused_before_a_run(tmp_path: Path) -> None:
+    """--prompt without a tokenizer, ids outside the vocabulary, --chat alone: exit 2, the reason, no store."""
+    db = tmp_path / "r.duckdb"
+    refused = [
+        (("--prompt", "hello"), "--prompt needs the model folder's tokenizer.json"),
+        (("--prompt-ids", "5,1000"), "1000 is outside llama-tiny's vocabulary (ids 0 to 999)"),
+        (("--prompt-ids", "5,x"), "--prompt-ids takes comma-separated token ids"),
+        (("--chat",), "--chat applies the folder's chat template to --prompt's text"),
+    ]
+    for given, message in refused:
+        done = run_cli("native", "--model", "llama-tiny", "--mode", "generate", *given, "--db", str(db))
+        assert done.returncode == 2 and message in done.stderr, done.stderr[-500:]
+        assert "Traceback" not in done.stderr
+    assert not db.exists()
