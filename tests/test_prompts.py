@@ -85,3 +85,22 @@ def test_a_prompt_that_cannot_be_made_is_refused_before_a_run(tmp_path: Path) ->
         assert done.returncode == 2 and message in done.stderr, done.stderr[-500:]
         assert "Traceback" not in done.stderr
     assert not db.exists()
+
+
+def test_the_generation_tables_state_the_policy_and_escape_the_model_s_text() -> None:
+    """Output text is model output: escaped in the HTML table and the Markdown one, cut to its shown length."""
+    from harness.report.formats import _mode_sections
+    from harness.report.generation import SHOWN_CHARS, _table
+
+    row = dict(model="m", hardware="cpu", engine="onnxruntime", provider="CPUExecutionProvider", batch_size=1,
+               seq_len=3, requested_precision="fp32", precision="fp32", new_tokens=4, status="ok", mode="generate",
+               prompt_ids="[[5, 6, 7]]", stop_at_eos=False, tokens_matched=None, ttft_ms=1.0, prefill_tokens_per_s=3.0,
+               decode_tokens_per_s=3.0, tpot_ms=1.0, tpot_p90_ms=1.0, latency_p50_ms=4.0)  # fmt: skip
+    hostile = "<script>alert(1)</script> | =cmd" + "x" * SHOWN_CHARS
+    html = _table([row | {"output_text": hostile}])
+    assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "EOS ignored" in html and "3 ids: 5, 6, 7" in html and "x…</td>" in html
+    (line,) = [line for line in _mode_sections([row | {"output_text": hostile}]) if line.startswith("| m |")]
+    assert "&lt;script&gt;" in line and r"\| =cmd" in line and "<script>" not in line
+    stopped = _table([row | {"stop_at_eos": True, "output_text": None}])
+    assert "stopped at EOS" in stopped
