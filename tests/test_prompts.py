@@ -79,6 +79,7 @@ def test_a_prompt_that_cannot_be_made_is_refused_before_a_run(tmp_path: Path) ->
         (("--prompt-ids", "5,1000"), "1000 is outside llama-tiny's vocabulary (ids 0 to 999)"),
         (("--prompt-ids", "5,x"), "--prompt-ids takes comma-separated token ids"),
         (("--chat",), "--chat applies the folder's chat template to --prompt's text"),
+        (("--model", "vit-tiny", "--prompt-ids", "5"), "vit-tiny takes no token ids (vision inputs)"),
     ]
     for given, message in refused:
         done = run_cli("native", "--model", "llama-tiny", "--mode", "generate", *given, "--db", str(db))

@@ -322,6 +322,8 @@ def with_prompt(request: RunOptions, spec: ModelSpec) -> ModelSpec:
         prompt = given_prompt(spec, request.prompt, request.chat, request.prompt_ids)
     except PromptError as exc:
         raise RequestError(f"{spec.name}: {exc}") from exc
+    if prompt is not None and not spec.inputs.uses_sequence:  # it would be given and never read
+        raise RequestError(f"{spec.name} takes no token ids ({spec.inputs.kind} inputs); drop the prompt")
     return spec if prompt is None else replace(spec, prompt=prompt)
 
 
