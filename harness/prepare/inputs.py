@@ -176,7 +176,7 @@ def make_signature_inputs(
     """Inputs for an arbitrary ONNX file from its signature (name, shape, type).
 
     Fixed dimensions are kept; the first symbolic dimension is the batch, later ones the sequence. An integer
-    input stays inside the table it indexes (`tables`: harness.prepare.inputs.index_tables): token_type_ids
+    input stays inside the table it indexes (`tables`: harness.prepare.graph_tables.index_tables): token_type_ids
     zeros, input_ids the model's prompt (`prompt`, else drawn from `vocab`: harness.prepare.prompts), others
     drawn below the table's rows (below 100 where the graph shows no table); masks get ones.
     """
