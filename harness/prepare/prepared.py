@@ -358,7 +358,7 @@ def _case_dir(key: str) -> Path:
 def prepare_model(job: PrepareJob) -> Iterator[PreparedModel]:
     """Worker entry point (a generator, as harness.run.isolation expects)."""
     prepared = _prepare_onnx_file(job) if job.spec.is_onnx_file else _prepare_spec_model(job)
-    if job.stop_at_eos:
+    if job.stop_at_eos:  # its files were read once already, when the run was checked (harness.run.plan)
         from harness.prepare.prompts import model_eos_ids
 
         prepared.eos, prepared.eos_asked = model_eos_ids(job.spec), True

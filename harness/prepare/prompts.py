@@ -87,7 +87,10 @@ def _bounded_text(folder: Path, name: str, limit: int) -> str | None:
     """A folder's file as text, inside the folder and at most `limit` bytes; None where the folder has none."""
     if not ((folder / name).is_file() or (folder / name).is_symlink()):
         return None
-    path = inside(folder, name, f"the tokenizer file {name}")
+    try:
+        path = inside(folder, name, f"the tokenizer file {name}")
+    except FolderError as exc:  # a link out of the folder
+        raise PromptError(str(exc)) from exc
     size = path.stat().st_size
     if size > limit:
         raise PromptError(f"{terminal_text(str(path))} is {size:,} bytes; the harness reads at most {limit:,}")
@@ -112,11 +115,11 @@ def load_tokenizer(folder: Path) -> Any:
     """The folder's tokenizer.json as a `tokenizers.Tokenizer`, or None where the folder has none."""
     from tokenizers import Tokenizer
 
+    text = _bounded_text(folder, TOKENIZER_FILE, MAX_TOKENIZER_BYTES)
+    if text is None:
+        return None
     try:
-        text = _bounded_text(folder, TOKENIZER_FILE, MAX_TOKENIZER_BYTES)
-        return None if text is None else Tokenizer.from_str(text)
-    except FolderError as exc:
-        raise PromptError(str(exc)) from exc
+        return Tokenizer.from_str(text)
     except Exception as exc:  # the library's own words: a file it cannot parse
         raise PromptError(f"{TOKENIZER_FILE} in {terminal_text(str(folder))} cannot be read by the tokenizers "
                           f"library ({terminal_text(str(exc))[:200]})") from exc  # fmt: skip
@@ -285,10 +288,13 @@ def text_fields(spec: Any, input_ids: np.ndarray, generated: list[list[int]] | N
     """A generate row's prompt ids, its output text (the first row's tokens through the model's tokenizer) and
     its EOS policy (`eos`: the ids it stopped at, () when it ran to --new-tokens; `asked`: --stop-at-eos); why
     a text is NULL, and a policy asked of a model that states no EOS id, go to `details`."""
-    text = decode(tokenizer_folder(spec.local_path), generated[0]) if generated else None
+    try:
+        text = decode(tokenizer_folder(spec.local_path), generated[0]) if generated else None
+        why = "no tokens were kept" if not generated else f"the model has no {TOKENIZER_FILE}"
+    except PromptError as exc:  # a tokenizer that cannot be read costs the row its text, not its measurement
+        text, why = None, str(exc)
     if text is None:
-        details["output_text"] = ("not decoded: no tokens were kept" if not generated else
-                                  f"not decoded: the model has no {TOKENIZER_FILE}")  # fmt: skip
+        details["output_text"] = f"not decoded: {why}"
     if asked and not eos:
         details["eos_policy"] = "--stop-at-eos asked, but the model states no EOS id: ran to --new-tokens"
     else:

@@ -29,7 +29,7 @@ from harness.native import DEFAULT_ENGINES, ENGINES, capabilities
 from harness.native.base import Availability
 from harness.prepare.folders import own_precision
 from harness.prepare.greedy import generates_with_past
-from harness.prepare.prompts import PromptError, given_prompt
+from harness.prepare.prompts import PromptError, given_prompt, model_eos_ids
 from harness.prepare.specs import FAMILIES, ModelSpec, SpecError, check_families, select_specs, spec_from_path
 from harness.run.hardware import NATIVE_PLATFORMS, native_targets
 from harness.run.machine import machine_label
@@ -320,6 +320,8 @@ def with_prompt(request: RunOptions, spec: ModelSpec) -> ModelSpec:
     for this model; unchanged when the run gives none."""
     try:
         prompt = given_prompt(spec, request.prompt, request.chat, request.prompt_ids)
+        if request.stop_at_eos:
+            model_eos_ids(spec)  # the folder's configs read now: one that cannot be is refused before the run
     except PromptError as exc:
         raise RequestError(f"{spec.name}: {exc}") from exc
     if prompt is not None and not spec.inputs.uses_sequence:  # it would be given and never read
