@@ -116,3 +116,41 @@ def test_the_generation_tables_state_the_policy_and_escape_the_model_s_text() ->
     assert "&lt;script&gt;" in line and r"\| =cmd" in line and "<script>" not in line
     stopped = _table([row | {"stop_at_eos": True, "output_text": None}])
     assert "stopped at EOS" in stopped
+
+
+def test_the_table_an_id_input_indexes_is_read_through_casts_and_a_shared_quantized_embedding(tmp_path: Path) -> None:
+    """The genai builder's int4 SmolLM2 folder feeds input_ids to a GatherBlockQuantized whose data is a Reshape of
+    the LM head's weights (no initializer): its scales say the rows. token_type_ids reach their table through a
+    Cast. Another integer input that indexes nothing is not a table's."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from harness.prepare.graph_tables import index_tables
+
+    def ints(name: str) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", "sequence"])
+
+    weights = [
+        helper.make_tensor("head", TensorProto.UINT8, [300, 2, 16], bytes(300 * 32), raw=True),
+        helper.make_tensor("scales", TensorProto.FLOAT, [300, 2], [1.0] * 600),
+        helper.make_tensor("shape", TensorProto.INT64, [2], [300, 32]),
+        helper.make_tensor("types", TensorProto.FLOAT, [2, 64], [0.0] * 128),
+    ]
+    nodes = [
+        helper.make_node("Reshape", ["head", "shape"], ["table"]),
+        helper.make_node(
+            "GatherBlockQuantized",
+            ["table", "input_ids", "scales"],
+            ["embedded"],
+            domain="com.microsoft",
+            block_size=32,
+        ),
+        helper.make_node("Cast", ["token_type_ids"], ["types_i32"], to=TensorProto.INT32),
+        helper.make_node("Gather", ["types", "types_i32"], ["typed"]),
+        helper.make_node("Identity", ["step"], ["step_out"]),
+    ]
+    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("embedded", "typed")]
+    outputs.append(helper.make_tensor_value_info("step_out", TensorProto.INT64, None))
+    graph = helper.make_graph(nodes, "g", [ints("input_ids"), ints("token_type_ids"), ints("step")], outputs, weights)
+    onnx.save(helper.make_model(graph), tmp_path / "shared.onnx")
+    assert index_tables(tmp_path / "shared.onnx") == {"input_ids": 300, "token_type_ids": 2}

@@ -42,8 +42,19 @@ def _table_rows(name: str, consumers: dict[str, list[Any]], rows: dict[str, int]
             continue
         seen.add(value)
         for node in consumers.get(value, ()):
-            if node.op_type in GATHERS and len(node.input) > 1 and node.input[1] == value and node.input[0] in rows:
-                found.append(rows[node.input[0]])
+            if node.op_type in GATHERS and len(node.input) > 1 and node.input[1] == value:
+                found += _gathered_rows(node, rows)
             elif node.op_type in INDEX_PASSTHROUGH and node.input[0] == value:
                 stack.extend(node.output)
     return found
+
+
+def _gathered_rows(node: Any, rows: dict[str, int]) -> list[int]:
+    """The rows of the table a Gather reads: its data initializer's first dimension or, for the genai
+    builder's GatherBlockQuantized over embeddings shared with the LM head (its data a Reshape of the head's
+    weights), its scales' first dimension: one row of scales per table row."""
+    if node.input[0] in rows:
+        return [rows[node.input[0]]]
+    if node.op_type == "GatherBlockQuantized" and len(node.input) > 2 and node.input[2] in rows:
+        return [rows[node.input[2]]]
+    return []
