@@ -69,6 +69,10 @@ def test_a_prompt_is_tokenized_with_the_folder_s_tokenizer_and_its_chat_template
     (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": escape}))
     with pytest.raises(PromptError, match="chat template failed to render"):
         encode(folder, "t5", chat=True)
+    endless = "{% for i in range(100000) %}{% for j in range(100000) %}t1 {% endfor %}{% endfor %}"
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": endless}))
+    with pytest.raises(PromptError, match="it wrote over 1,000,000 characters around a prompt of 2"):
+        encode(folder, "t5", chat=True)
 
 
 def test_a_prompt_that_cannot_be_made_is_refused_before_a_run(tmp_path: Path) -> None:

@@ -166,10 +166,17 @@ def chat_text(folder: Path, text: str) -> str:
     environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     environment.globals["raise_exception"] = _template_error
     try:
-        return environment.from_string(template).render(
+        chunks = environment.from_string(template).generate(
             messages=[{"role": "user", "content": text}], add_generation_prompt=True,
             bos_token=_token_text(config.get("bos_token")), eos_token=_token_text(config.get("eos_token")),
         )  # fmt: skip
+        rendered, size = [], 0
+        for chunk in chunks:  # streamed, so a template that writes without end stops at the prompt's bound
+            rendered.append(chunk)
+            size += len(chunk)
+            if size > MAX_PROMPT_CHARS + len(text):
+                raise PromptError(f"it wrote over {MAX_PROMPT_CHARS:,} characters around a prompt of {len(text):,}")
+        return "".join(rendered)
     except (TemplateError, PromptError, RecursionError) as exc:
         raise PromptError(f"the folder's chat template failed to render: {terminal_text(str(exc))[:200]}") from exc
 
