@@ -158,3 +158,14 @@ def test_the_table_an_id_input_indexes_is_read_through_casts_and_a_shared_quanti
     graph = helper.make_graph(nodes, "g", [ints("input_ids"), ints("token_type_ids"), ints("step")], outputs, weights)
     onnx.save(helper.make_model(graph), tmp_path / "shared.onnx")
     assert index_tables(tmp_path / "shared.onnx") == {"input_ids": 300, "token_type_ids": 2}
+
+
+def test_ab_which_draws_its_inputs_refuses_a_prompt_from_the_api() -> None:
+    """ab's request inherits the run options but compares inference on drawn inputs: a prompt or an EOS policy
+    given through the Python API is refused, not ignored."""
+    from harness.ab.run import AbRequest, validate_ab
+    from harness.core.options import RequestError
+
+    for given in ({"prompt": "t1"}, {"prompt_ids": [1]}, {"chat": True}, {"stop_at_eos": True}):
+        with pytest.raises(RequestError, match="ab draws each case's inputs: it takes no prompt"):
+            validate_ab(AbRequest(a="bert-tiny", b="bert-tiny", **given))
