@@ -210,6 +210,10 @@ MIGRATIONS: dict[int, list[str]] = {
         # whether its idle threads spin (NULL: the engine has no such setting); the browser's are in its provider
         "ALTER TABLE results ADD COLUMN IF NOT EXISTS native_threads INTEGER",
         "ALTER TABLE results ADD COLUMN IF NOT EXISTS spinning BOOLEAN",
+        # issue 32: a generate row's prompt ids, its decoded output text and the EOS policy that ran
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS prompt_ids JSON",
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS output_text VARCHAR",
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS stop_at_eos BOOLEAN",
     ],
 }
 SCHEMA_VERSION = max(MIGRATIONS)
@@ -518,6 +522,9 @@ class Store:
             "tokens_matched": result.details.get("tokens_matched"),
             "native_threads": result.details.get("native_threads"),
             "spinning": result.details.get("spinning"),
+            "prompt_ids": None if result.prompt_ids is None else json.dumps(result.prompt_ids),
+            "output_text": result.output_text,
+            "stop_at_eos": result.stop_at_eos,
             "git_sha": git_sha,
             "details": json.dumps(result.details, default=str),
         }

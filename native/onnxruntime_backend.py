@@ -123,11 +123,12 @@ class OrtGenerator(OrtSession):
     def prepare(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {name: feeds[name] for name in ("input_ids", "attention_mask")}
 
-    def generate(self, prepared: dict[str, np.ndarray], new_tokens: int, stamp: Callable[[], None]) -> int:
-        """Exactly new_tokens greedy tokens (no EOS stop, like torch's min = max); stamp() runs as
-        each token's logits are ready, since run() returns host arrays."""
+    def generate(self, prepared: dict[str, np.ndarray], new_tokens: int, stamp: Callable[[], None],
+                 eos: tuple[int, ...] = ()) -> int:  # fmt: skip
+        """Exactly new_tokens greedy tokens (no EOS stop, like torch's min = max), or up to them stopping at
+        `eos`; stamp() runs as each token's logits are ready, since run() returns host arrays."""
         shape = past_shape(self.path) if self.path is not None else None  # a folder's config, where the graph says none
-        self.generated = greedy(self.session, prepared, new_tokens, stamp, shape=shape).tokens
+        self.generated = greedy(self.session, prepared, new_tokens, stamp, shape=shape, eos=eos).tokens
         return self.generated.shape[1]
 
 

@@ -441,7 +441,7 @@ def page_job(
     name = f"{_file_stem(prepared.spec.name)}-{case.precision}"
     stop = stop_rule(request)
     if case.mode == "generate":  # its own file name: the page keeps one session per URL
-        generate = generate_job(model, case, EPS[setting.ep].gpu_adapter)
+        generate = generate_job(model, case, EPS[setting.ep].gpu_adapter, prepared.eos)
         return web_job(files, f"{name}-past", model, prompt_feeds(feeds), setting, stop, case.key, fault, generate)
     return web_job(files, name, model, feeds, setting, stop, case.key, fault)
 
@@ -555,7 +555,8 @@ def prepare_spec(plan: Any, spec: ModelSpec) -> Prepared:
     generates = any(c.mode == "generate" for c in cases)  # the graph with past, and native ORT's tokens
     tokens = plan.request.new_tokens if generates else 0
     plain = any(c.mode != "generate" for c in cases)  # the page generates from the graph with past alone
-    job = PrepareJob(spec, shapes, with_past=generates and spec.has_past_export, reference_tokens=tokens, plain=plain)
+    job = PrepareJob(spec, shapes, with_past=generates and spec.has_past_export, reference_tokens=tokens, plain=plain,
+                     stop_at_eos=plan.request.stop_at_eos)  # fmt: skip
     prepared, outcome = prepare_isolated(job, plan.request.prepare_timeout_s)
     if prepared:
         return spec, prepared, ""

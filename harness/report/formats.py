@@ -18,6 +18,7 @@ from harness.core.labels import BASELINE_LABEL, case_label, flags, target_label,
 from harness.core.paths import inside, safe_name
 from harness.core.records import MEASURED
 from harness.report.data import RunReport
+from harness.report.generation import TEXT_COLUMNS
 
 
 def write_json(report: RunReport, path: Path) -> None:
@@ -144,10 +145,13 @@ def _mode_sections(results: list[dict[str, Any]]) -> list[str]:
         rows = [r for r in results if r.get("mode") == mode]
         if not rows:
             continue
-        header = ["Model", "Target", "Case", *(name for name, _, _ in columns), "status"]
+        texts = TEXT_COLUMNS if mode == "generate" else ()  # the EOS policy, prompt and output text
+        header = ["Model", "Target", "Case", *(name for name, _, _ in columns), "status", *(n for n, _ in texts)]
         cells = [
-            [r["model"], _target(r), case_label(r), *(_fmt(r[f], d) for _, f, d in columns), r["status"]] for r in rows
-        ]
+            [r["model"], _target(r), case_label(r), *(_fmt(r[f], d) for _, f, d in columns), r["status"],
+             *(shown(r) for _, shown in texts)]
+            for r in rows
+        ]  # fmt: skip
         lines += [f"### {title}", "", *_table(header, cells), ""]
     return lines
 

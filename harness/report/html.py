@@ -36,6 +36,7 @@ table { border-collapse: collapse; margin: 6px 0 14px; font-size: 13px; }
 th, td { border: 1px solid var(--line); padding: 4px 8px; text-align: left; vertical-align: top; }
 th { background: #eef1f5; position: sticky; top: 0; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+td.gen-text { overflow-wrap: anywhere; min-width: 12em; max-width: 28em; }
 tr.failed td { background: #fff6f6; } tr.flagged td { background: #fffbea; }
 .facts { display: grid; grid-template-columns: repeat(auto-fit, minmax(360px, 1fr)); gap: 6px 28px; }
 .facts table { width: 100%; } .facts th { width: 34%; position: static; }

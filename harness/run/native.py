@@ -24,7 +24,8 @@ from harness.run.worker import Job, prepare_isolated, run_job
 
 def _prepare(plan: Plan, spec: ModelSpec) -> tuple[PreparedModel | None, str | None, str]:
     shapes = sorted({(c.batch_size, c.seq_len) for c in plan.cases(spec)}, key=str)
-    job = PrepareJob(spec, shapes, with_past=plan.exports_past(spec), plain=plan.exports_plain(spec))
+    job = PrepareJob(spec, shapes, with_past=plan.exports_past(spec), plain=plan.exports_plain(spec),
+                     stop_at_eos=plan.request.stop_at_eos)  # fmt: skip
     prepared, outcome = prepare_isolated(job, plan.request.prepare_timeout_s)
     if prepared:
         return prepared, None, "ok"
