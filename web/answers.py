@@ -241,9 +241,9 @@ def generate_shape(job: dict[str, Any]) -> tuple[int, int, int | None]:
 
 def _check_generation(generation: dict[str, Any], samples: list[float], job: dict[str, Any], clock: Clock) -> None:
     """A generate answer: per timed generation its TTFT and decode steps, the warm-up's token ids (a list
-    per batch row) and prefill logits (null where JSON could not carry a NaN/inf), memory facts. Counts
-    come from the job: new_tokens - 1 decode steps per generation, new_tokens ids per row, each inside the
-    vocabulary; a generation's TTFT and steps fit inside its whole (samples_ms)."""
+    per batch row), prefill logits (null where JSON could not carry a NaN/inf) and top-k logits per step,
+    memory facts. Counts come from the job: new_tokens - 1 decode steps per generation, new_tokens ids per
+    row, each inside the vocabulary; a generation's TTFT and steps fit inside its whole (samples_ms)."""
     where = "result.generation"
     batch, new_tokens, vocab = generate_shape(job)
     _check_phases(generation, samples, new_tokens, clock)
@@ -260,6 +260,7 @@ def _check_generation(generation: dict[str, Any], samples: list[float], job: dic
     if not all(v is None or _is_number(v) for v in values):
         raise PageResultError(f"{where}.prefill_logits.values must be numbers (null for a non-finite one)")
     _check_tokens(_require(generation, "tokens", (list,), where), batch, new_tokens, width)
+    _check_step_top(_require(generation, "step_top", (dict,), where), batch, new_tokens, job["top_k"], width)
     for key in ("memory_before", "memory_after"):
         if not _OBJECT[1](generation.get(key)):
             raise PageResultError(f"{where}.{key} must be {_OBJECT[0]}")
@@ -314,6 +315,24 @@ def _check_tokens(tokens: list[Any], batch: int, new_tokens: int, vocab: int | N
                 raise PageResultError(
                     f"{where}[{row}][{column}] is {token!r:.40}; token ids are integers 0..{top - 1} (the vocabulary)"
                 )
+
+
+def _check_step_top(top: dict[str, Any], batch: int, new_tokens: int, k: int, vocab: int | None) -> None:
+    """The warm-up's top-k at each step: ids and logits, [batch][new_tokens][k] each as the job asked (k =
+    job.top_k, set by the harness), ids inside the vocabulary, logits numbers or null (non-finite)."""
+    where = "result.generation.step_top"
+    ids, values = _require(top, "ids", (list,), where), _require(top, "values", (list,), where)
+    for name, rows in (("ids", ids), ("values", values)):
+        if len(rows) != batch or not all(
+            isinstance(row, list) and len(row) == new_tokens and all(isinstance(s, list) and len(s) == k for s in row)
+            for row in rows
+        ):
+            raise PageResultError(f"{where}.{name} must hold [{batch}][{new_tokens}][{k}] values (batch, steps, k)")
+    top = vocab if vocab is not None else 0
+    if not all(_COUNT[1](i) and i < top for row in ids for step in row for i in step):
+        raise PageResultError(f"{where}.ids must be token ids 0..{top - 1} (the vocabulary)")
+    if not all(v is None or _is_number(v) for row in values for step in row for v in step):
+        raise PageResultError(f"{where}.values must be numbers (null for a non-finite one)")
 
 
 def decode_outputs(outputs: list[dict[str, Any]]) -> list[np.ndarray]:

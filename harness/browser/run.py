@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import numpy as np
 import psutil
 
-from harness.browser.generate import generate_fields, generation_result, prompt_feeds
+from harness.browser.generate import generate_fields, generation_result, prompt_feeds, served_graph
 from harness.core.bounds import MAX_THREADS
 from harness.core.failures import UNSUPPORTED_OPERATOR
 from harness.core.labels import BROWSER_ENGINE
@@ -298,7 +298,7 @@ def build_result(
     fields = {"samples_ms": answer["samples_ms"], "load_ms": answer["load_ms"], "first_run_ms": answer["first_run_ms"]}
     fields["memory_peak_mb"] = peak_mb
     if case.mode == "generate":  # an ok answer holds a generation exactly then (web/answers.py checked it)
-        return generation_result(prepared, setting.target, case, answer, fields, extra, details)
+        return generation_result(prepared, setting.target, case, answer, fields, extra, details, model)
     names = [out["name"] for out in answer["outputs"]]  # the page's session.outputNames, in order
     try:
         parity = compare(decode_outputs(answer["outputs"]), reference, extra.get("precision") or "fp32", names)
@@ -414,7 +414,7 @@ def page_job(
     }
     name = f"{_file_stem(prepared.spec.name)}-{case.precision}"
     if case.mode == "generate":  # its own file name: the page keeps one session per URL
-        job = web_job(files, f"{name}-past", model, prompt_feeds(feeds), setting, stop, case.key, fault)
+        job = web_job(files, f"{name}-past", served_graph(model), prompt_feeds(feeds), setting, stop, case.key, fault)
         return job | generate_fields(model, case, EPS[setting.ep].gpu_adapter)
     return web_job(files, name, model, feeds, setting, stop, case.key, fault)
 

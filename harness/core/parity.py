@@ -133,3 +133,35 @@ def compare(
         return Parity(None, None, tolerance, False, tuple(non_finite))
     max_rel = max_abs / scale if scale > 0 else max_abs
     return Parity(max_abs, max_rel, tolerance, bool(max_abs <= tolerance))
+
+
+# (absolute, relative to the step's largest |logit|): how far a generation's logits may be from native ONNX
+# Runtime's on the same graph file at every step (harness.core.generation.token_check). Both sides run the
+# same weights in the same precision, so this is much tighter than TOLERANCES (against the fp32 model): only
+# the kernels' rounding differs. Measured by bench/token_gaps.py (docs/measurement.md).
+LOGIT_TOLERANCES: dict[str, tuple[float, float]] = {
+    "fp32": (1e-4, 1e-4),
+    "fp16": (1e-2, 1e-2),
+    "q4": (1e-3, 1e-3),
+    "q4f16": (1e-2, 1e-2),
+}
+
+
+def logit_tolerance(precision: str) -> tuple[float, float]:
+    """A precision's same-graph logit tolerance (LOGIT_TOLERANCES; its output tolerance where none is set)."""
+    return LOGIT_TOLERANCES.get(precision) or TOLERANCES.get(precision, TOLERANCES["fp32"])
+
+
+# Where a generation leaves native ORT's tokens on the same graph, native's top-1 logit minus its logit of the
+# other side's token must be below this: two sides that compute the same thing within rounding only differ
+# where native's choice was a near tie. Per (precision, side): "browser" (onnxruntime-web, wasm/WebGPU) or
+# "native" (another native loop on the same file: onnxruntime-genai, ORT on a GPU). Measured by
+# bench/token_gaps.py (docs/measurement.md: the largest |logit| difference per step, same graph, both sides
+# teacher-forced on the same tokens; a flip needs a gap under twice it): the figures there, x4 headroom.
+GAP_TOLERANCES: dict[tuple[str, str], float] = {}
+DEFAULT_GAP_TOLERANCE = 1e-2
+
+
+def gap_tolerance(precision: str, side: str) -> float:
+    """The near-tie gap for a precision and side (GAP_TOLERANCES; the fp32 figure for one not measured)."""
+    return GAP_TOLERANCES.get((precision, side), GAP_TOLERANCES.get(("fp32", side), DEFAULT_GAP_TOLERANCE))

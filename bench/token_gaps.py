@@ -1,0 +1,100 @@
+"""How far a generation's logits are from native ONNX Runtime's on the same graph file: the figures behind
+harness.core.parity.LOGIT_TOLERANCES and GAP_TOLERANCES (docs/measurement.md).
+
+Browser side: one `accelharness run --mode generate` (native ORT CPU and onnxruntime-web wasm, the given
+precisions); each page row's check (harness.core.generation.token_check, teacher-forced native ORT on its
+tokens) stores the largest |logit| difference over every step's top-k, absolute and relative to the step's
+largest |logit|, and the gap at any step where its token differs. Native side (--genai FOLDER): an
+onnxruntime-genai folder's own greedy loop, its logits read at every step (generator.get_output), against
+native ORT teacher-forced on the same file and tokens.
+
+    timeout 3600 .venv/bin/python bench/token_gaps.py [--model llama-tiny,gpt2-tiny] [--model-path DIR]
+        [--genai FOLDER] [--precision fp32,fp16,q4,q4f16] [--new-tokens 32] [--seq 32] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import duckdb
+import numpy as np
+
+
+def browser_rows(args: argparse.Namespace, out: Path) -> None:
+    db = out / "gaps.duckdb"
+    models = ["--model-path", args.model_path] if args.model_path else ["--model", args.model]
+    command = [sys.executable, "-m", "harness.cli", "run", "--mode", "generate", *models, "--precision",
+               args.precision, "--hardware", "cpu", "--engines", "onnxruntime", "--web-hardware", "wasm",
+               "--new-tokens", str(args.new_tokens), "--sequence-lengths", str(args.seq), "--iterations", "2",
+               "--warmup", "0", "--min-duration", "0", "--db", str(db), "--output-dir", str(out / "reports")]  # fmt: skip
+    subprocess.run(command, check=False)
+    rows = duckdb.connect(str(db), read_only=True).execute(
+        "SELECT model, engine, precision, status, tokens_matched, details FROM results ORDER BY model, precision, engine"
+    ).fetchall()
+    print("\nmodel | side | precision | status | tokens = native | max |dlogit| | rel | gap at divergence")
+    for model, engine, precision, status, matched, details in rows:
+        facts = json.loads(details)
+        print(f"{model} | {engine} | {precision} | {status} | {matched}/{args.new_tokens} | "
+              f"{facts.get('step_logit_max_diff')} | {facts.get('step_logit_max_rel')} | {facts.get('reference_gap')}")  # fmt: skip
+
+
+def genai_logits(folder: Path, prompt: np.ndarray, new_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """onnxruntime-genai's own greedy loop: its tokens [1, N] and the logits it chose each from [1, N, vocab]."""
+    import onnxruntime_genai as og
+
+    model = og.Model(str(folder))
+    params = og.GeneratorParams(model)
+    length = prompt.shape[1] + new_tokens
+    params.set_search_options(do_sample=False, max_length=length, min_length=length)
+    generator = og.Generator(model, params)
+    generator.append_tokens(prompt)
+    tokens, logits = [], []
+    for _ in range(new_tokens):
+        logits.append(np.asarray(generator.get_output("logits"), dtype=np.float32)[:, -1])
+        generator.generate_next_token()
+        tokens.append(int(generator.get_next_tokens()[0]))
+    return np.asarray([tokens]), np.stack(logits, axis=1)
+
+
+def genai_rows(folder: Path, new_tokens: int, seq: int) -> None:
+    from harness.prepare.quality import forced
+
+    graph = folder / "model.onnx"
+    vocab = json.loads((folder / "genai_config.json").read_text())["model"]["vocab_size"]
+    prompt = np.random.default_rng(0).integers(0, vocab, size=(1, seq), dtype=np.int64)
+    tokens, theirs = genai_logits(folder, prompt, new_tokens)
+    mine = forced(graph, {"input_ids": prompt, "attention_mask": np.ones_like(prompt)}, tokens)[:, -new_tokens:]
+    diff = np.abs(theirs - mine).max(axis=-1)[0]
+    scale = np.abs(mine).max(axis=-1)[0]
+    native = mine.argmax(axis=-1)[0]
+    gaps = [float(mine[0, s, native[s]] - mine[0, s, tokens[0, s]]) for s in np.nonzero(native != tokens[0])[0]]
+    print(f"\ngenai {folder.name}: max |dlogit| {diff.max():.3g}, rel {(diff / scale).max():.3g}, "
+          f"tokens = native {int((native == tokens[0]).sum())}/{new_tokens}, gaps where they differ {gaps}")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="llama-tiny,gpt2-tiny")
+    parser.add_argument("--model-path")
+    parser.add_argument("--genai", type=Path)
+    parser.add_argument("--precision", default="fp32,fp16,q4,q4f16")
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--seq", type=int, default=32)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--skip-browser", action="store_true")
+    args = parser.parse_args()
+    out = args.out or Path(tempfile.mkdtemp(prefix="token-gaps-"))
+    out.mkdir(parents=True, exist_ok=True)
+    if not args.skip_browser:
+        browser_rows(args, out)
+    if args.genai:
+        genai_rows(args.genai, args.new_tokens, args.seq)
+
+
+if __name__ == "__main__":
+    main()
