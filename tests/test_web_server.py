@@ -264,7 +264,12 @@ def test_well_formed_facts_and_unknown_keys_pass() -> None:
 
 # --- generate answers (issue 30, item 12): the launched page's answers pass the same checks ---------------
 
-GENERATE_JOB = JOB | {"mode": "generate", "new_tokens": 3, "inputs": [{"name": "input_ids", "dims": [2, 8]}]}
+GENERATE_JOB = JOB | {
+    "mode": "generate",
+    "new_tokens": 3,
+    "top_k": 2,
+    "inputs": [{"name": "input_ids", "dims": [2, 8]}],
+}
 
 
 def generated(**changes: object) -> dict:
@@ -273,6 +278,7 @@ def generated(**changes: object) -> dict:
         "step_samples_ms": [[0.25, 0.25]] * 3,
         "tokens": [[1, 2, 3], [4, 5, 6]],
         "prefill_logits": {"dims": [2, 1, 8], "values": [0.0] * 16},
+        "step_top": {"ids": [[[1, 0]] * 3] * 2, "values": [[[0.5, None]] * 3] * 2},  # null: a non-finite logit
         "tokens_stable": True,
     }
     return {k: v for k, v in answer().items() if k != "outputs"} | {"generation": generation | changes}
@@ -290,6 +296,13 @@ def test_a_launched_page_generation_is_checked_against_its_job() -> None:
         ({"ttft_samples_ms": [1.5] * 3}, "ttft_samples_ms[0] is 1.5 ms, longer than the whole generation"),
         ({"tokens": [[1, 2, 8], [4, 5, 6]]}, "tokens[0][2] is 8; token ids are integers 0..7"),
         ({"tokens": [[1, 2, 3]]}, "must hold 2 rows (the job's batch) of 3 token ids each"),
+        ({"step_top": {"ids": [[[1, 0]] * 3], "values": [[[0.5, 0.5]] * 3] * 2}}, "step_top.ids must hold [2][3][2]"),
+        ({"step_top": {"ids": [[[1, 8]] * 3] * 2, "values": [[[0.5, 0.5]] * 3] * 2}}, "step_top.ids must be token ids"),
+        (
+            {"step_top": {"ids": [[[1, 0]] * 3] * 2, "values": [[[0.5, True]] * 3] * 2}},
+            "step_top.values must be numbers",
+        ),
+        ({"step_top": None}, "result.generation.step_top"),
     ]
     for changes, message in refused:
         with pytest.raises(PageResultError, match=re.escape(message)):
