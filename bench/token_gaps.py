@@ -31,7 +31,8 @@ def browser_rows(args: argparse.Namespace, out: Path) -> None:
     command = [sys.executable, "-m", "harness.cli", "run", "--mode", "generate", *models, "--precision",
                args.precision, "--hardware", "cpu", "--engines", "onnxruntime", "--web-hardware", "wasm",
                "--new-tokens", str(args.new_tokens), "--sequence-lengths", str(args.seq), "--iterations", "2",
-               "--warmup", "0", "--min-duration", "0", "--db", str(db), "--output-dir", str(out / "reports")]  # fmt: skip
+               "--warmup", "0", "--min-duration", "0", "--timeout", "1800", "--db", str(db),
+               "--output-dir", str(out / "reports")]  # fmt: skip
     subprocess.run(command, check=False)
     rows = duckdb.connect(str(db), read_only=True).execute(
         "SELECT model, engine, precision, status, tokens_matched, details FROM results ORDER BY model, precision, engine"
@@ -44,7 +45,10 @@ def browser_rows(args: argparse.Namespace, out: Path) -> None:
 
 
 def genai_logits(folder: Path, prompt: np.ndarray, new_tokens: int) -> tuple[np.ndarray, np.ndarray]:
-    """onnxruntime-genai's own greedy loop: its tokens [1, N] and the logits it chose each from [1, N, vocab]."""
+    """onnxruntime-genai's own greedy loop: its tokens [1, N] and the logits it chose each from [1, N, vocab].
+    The prompt's logits are there after append_tokens; token k's (k >= 1) after the k-th generate_next_token,
+    which runs the model on token k-1 before its search. min_length makes the search push EOS to -FLT_MAX in
+    place: those values are left out (NaN)."""
     import onnxruntime_genai as og
 
     model = og.Model(str(folder))
@@ -53,12 +57,18 @@ def genai_logits(folder: Path, prompt: np.ndarray, new_tokens: int) -> tuple[np.
     params.set_search_options(do_sample=False, max_length=length, min_length=length)
     generator = og.Generator(model, params)
     generator.append_tokens(prompt)
-    tokens, logits = [], []
-    for _ in range(new_tokens):
-        logits.append(np.asarray(generator.get_output("logits"), dtype=np.float32)[:, -1])
+
+    def last() -> np.ndarray:
+        return np.asarray(generator.get_output("logits"), dtype=np.float32)[:, -1].copy()
+
+    tokens, logits = [], [last()]
+    for k in range(new_tokens):
         generator.generate_next_token()
         tokens.append(int(generator.get_next_tokens()[0]))
-    return np.asarray([tokens]), np.stack(logits, axis=1)
+        if k:
+            logits.append(last())
+    found = np.stack(logits, axis=1)
+    return np.asarray([tokens]), np.where(np.abs(found) > 1e30, np.nan, found)
 
 
 def genai_rows(folder: Path, new_tokens: int, seq: int) -> None:
@@ -69,7 +79,7 @@ def genai_rows(folder: Path, new_tokens: int, seq: int) -> None:
     prompt = np.random.default_rng(0).integers(0, vocab, size=(1, seq), dtype=np.int64)
     tokens, theirs = genai_logits(folder, prompt, new_tokens)
     mine = forced(graph, {"input_ids": prompt, "attention_mask": np.ones_like(prompt)}, tokens)[:, -new_tokens:]
-    diff = np.abs(theirs - mine).max(axis=-1)[0]
+    diff = np.nanmax(np.abs(theirs - mine), axis=-1)[0]
     scale = np.abs(mine).max(axis=-1)[0]
     native = mine.argmax(axis=-1)[0]
     gaps = [float(mine[0, s, native[s]] - mine[0, s, tokens[0, s]]) for s in np.nonzero(native != tokens[0])[0]]
