@@ -34,14 +34,22 @@ def browser_rows(args: argparse.Namespace, out: Path) -> None:
                "--warmup", "0", "--min-duration", "0", "--timeout", "1800", "--db", str(db),
                "--output-dir", str(out / "reports")]  # fmt: skip
     subprocess.run(command, check=False)
-    rows = duckdb.connect(str(db), read_only=True).execute(
-        "SELECT model, engine, precision, status, tokens_matched, details FROM results ORDER BY model, precision, engine"
-    ).fetchall()
+    rows = (
+        duckdb.connect(str(db), read_only=True)
+        .execute(
+            "SELECT model, engine, precision, status, tokens_matched, details FROM results "
+            "ORDER BY model, precision, engine"
+        )
+        .fetchall()
+    )
     print("\nmodel | side | precision | status | tokens = native | max |dlogit| | rel | gap at divergence")
     for model, engine, precision, status, matched, details in rows:
         facts = json.loads(details)
-        print(f"{model} | {engine} | {precision} | {status} | {matched}/{args.new_tokens} | "
-              f"{facts.get('step_logit_max_diff')} | {facts.get('step_logit_max_rel')} | {facts.get('reference_gap')}")  # fmt: skip
+        figures = [facts.get(k) for k in ("step_logit_max_diff", "step_logit_max_rel", "reference_gap")]
+        print(
+            f"{model} | {engine} | {precision} | {status} | {matched}/{args.new_tokens} | "
+            + " | ".join(map(str, figures))
+        )
 
 
 def genai_logits(folder: Path, prompt: np.ndarray, new_tokens: int) -> tuple[np.ndarray, np.ndarray]:
@@ -83,8 +91,9 @@ def genai_rows(folder: Path, new_tokens: int, seq: int) -> None:
     scale = np.abs(mine).max(axis=-1)[0]
     native = mine.argmax(axis=-1)[0]
     gaps = [float(mine[0, s, native[s]] - mine[0, s, tokens[0, s]]) for s in np.nonzero(native != tokens[0])[0]]
+    same = int((native == tokens[0]).sum())
     print(f"\ngenai {folder.name}: max |dlogit| {diff.max():.3g}, rel {(diff / scale).max():.3g}, "
-          f"tokens = native {int((native == tokens[0]).sum())}/{new_tokens}, gaps where they differ {gaps}")  # fmt: skip
+          f"tokens = native {same}/{new_tokens}, gaps where they differ {gaps}")  # fmt: skip
 
 
 def smollm2_folder(out: Path) -> Path:
