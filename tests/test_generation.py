@@ -33,8 +33,9 @@ def _forced(rows: list[list[list[float]]]) -> np.ndarray:
 
 
 # two rows, three steps, a vocabulary of 4: native's argmax is [[0, 1, 2], [3, 1, 0]]; row 1 step 1 is a near
-# tie (1 against 0.999 for token 2), row 0 step 1 is not (1 against 0.2 for token 3)
-FORCED = _forced([[[1, 0, 0, 0], [0, 1, 0, 0.2], [0, 0, 1, 0]], [[0, 0, 0, 1], [0, 1, 0.999, 0], [1, 0, 0, 0]]])
+# tie at fp32 (1 against 0.9999 for token 2: below twice the tolerance, 2 x (1e-4 + 1e-4 x 1)), row 0 step 1
+# is not (1 against 0.2 for token 3)
+FORCED = _forced([[[1, 0, 0, 0], [0, 1, 0, 0.2], [0, 0, 1, 0]], [[0, 0, 0, 1], [0, 1, 0.9999, 0], [1, 0, 0, 0]]])
 
 
 def _top(forced: np.ndarray, k: int = 2) -> StepTop:

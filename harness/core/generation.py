@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.core.parity import gap_tolerance, logit_tolerance
+from harness.core.parity import logit_tolerance
 from harness.core.stats import nearest_rank
 
 # The tables' names of the two phases' rates (llama-bench's pp / tg).
@@ -94,21 +94,23 @@ def token_check(tokens: Sequence[Sequence[int]], forced: np.ndarray, precision: 
     difference is native greedy's own). Agree only if (1) at every step the other side's top-k logits stay
     within the precision's logit tolerance of native's at the same ids (and native's top-1 is among them
     or below their k-th), and (2) at every step where the token differs from native's argmax, native's gap
-    between its top-1 and that token is below the tolerance measured for the precision and side
-    (harness.core.parity.gap_tolerance): a near tie, not a kernel that computes something else."""
+    between its top-1 and that token is below twice the step's logit tolerance, measured for the precision
+    and side (harness.core.parity.LOGIT_TOLERANCES): two sides within it can only swap a near tie."""
     ids = np.asarray(tokens, dtype=np.int64)
     if ids.shape != forced.shape[:2]:
         return False, {"token_parity": f"mismatch: tokens {list(ids.shape)} against native's {list(forced.shape[:2])}"}
     native = forced.argmax(axis=-1)
     matched, row = common_prefix(ids.tolist(), native.tolist())
     facts: dict[str, Any] = {"tokens_matched": matched, "tokens_compared": int(ids.shape[1])}
-    problems = [] if top is None else _logit_problems(forced, top, precision, facts)
-    gap_limit = gap_tolerance(precision, side)
-    facts["gap_tolerance"] = gap_limit
+    atol, rtol = logit_tolerance(precision, side)
+    facts["step_logit_tolerance"] = [atol, rtol]
+    problems = [] if top is None else _logit_problems(forced, top, (atol, rtol), facts)
     for r, s in zip(*np.nonzero(ids != native), strict=True):
         gap = float(forced[r, s, native[r, s]] - forced[r, s, ids[r, s]])
+        gap_limit = 2 * (atol + rtol * _scale(forced[r, s]))
         if (r, s) == (row, matched):
-            facts |= {"divergence_row": int(r), "divergence_position": int(s), "reference_gap": gap}
+            facts |= {"divergence_row": int(r), "divergence_position": int(s), "reference_gap": gap,
+                      "gap_tolerance": gap_limit}  # fmt: skip
         if not gap < gap_limit:
             problems.append(f"row {r} step {s}: token {ids[r, s]} where native ORT's is {native[r, s]}, whose "
                             f"logit is {gap:.3g} above it (a near tie is below {gap_limit:g})")  # fmt: skip
@@ -118,18 +120,25 @@ def token_check(tokens: Sequence[Sequence[int]], forced: np.ndarray, precision: 
         facts["token_parity"] = f"all {matched} tokens of every row equal native ORT's on the same graph"
     else:
         facts["token_parity"] = (f"ok: row {row} leaves native ORT's tokens at step {matched} on a near tie "
-                                 f"(gap {facts['reference_gap']:.3g} < {gap_limit:g}); teacher-forced on its "
-                                 "tokens after it, native ORT agrees within the tolerances")  # fmt: skip
+                                 f"(gap {facts['reference_gap']:.3g} < {facts['gap_tolerance']:.3g}); teacher-forced "
+                                 "on its tokens after it, native ORT agrees within the tolerances")  # fmt: skip
     return not problems, facts
 
 
-def _logit_problems(forced: np.ndarray, top: StepTop, precision: str, facts: dict[str, Any]) -> list[str]:
-    """Steps where the other side's top-k logits leave native's by more than the precision's tolerance."""
+def _scale(logits: np.ndarray) -> float:
+    """A step's largest finite |logit|: what the relative part of a tolerance is relative to."""
+    return float(np.max(np.abs(logits[np.isfinite(logits)]), initial=0.0))
+
+
+def _logit_problems(
+    forced: np.ndarray, top: StepTop, tolerance: tuple[float, float], facts: dict[str, Any]
+) -> list[str]:
+    """Steps where the other side's top-k logits leave native's by more than the tolerance (atol, rtol)."""
     problems, worst, worst_rel = [], 0.0, 0.0
-    atol, rtol = logit_tolerance(precision)
+    atol, rtol = tolerance
     for r, s in np.ndindex(*forced.shape[:2]):
         mine, theirs = forced[r, s], top.values[r, s]
-        scale = float(np.max(np.abs(mine[np.isfinite(mine)]), initial=0.0))
+        scale = _scale(mine)
         diff = float(np.max(np.abs(theirs - mine[top.ids[r, s]])))  # NaN on either side: not a number below
         worst, worst_rel = _worse(worst, diff), _worse(worst_rel, diff / scale if scale else diff)
         best = int(mine.argmax())
@@ -140,8 +149,7 @@ def _logit_problems(forced: np.ndarray, top: StepTop, precision: str, facts: dic
             problems.append(f"row {r} step {s}: native ORT's top-1 token {best} (logit {mine[best]:.4g}) is missing "
                             f"from the other side's top-{top.ids.shape[2]}")  # fmt: skip
     facts |= {"step_logit_max_diff": None if np.isnan(worst) else worst,
-              "step_logit_max_rel": None if np.isnan(worst_rel) else worst_rel,
-              "step_logit_tolerance": [atol, rtol]}  # fmt: skip
+              "step_logit_max_rel": None if np.isnan(worst_rel) else worst_rel}  # fmt: skip
     return problems
 
 
