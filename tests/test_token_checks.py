@@ -69,13 +69,23 @@ def test_a_q4_row_states_its_quality_beside_fp32_and_is_not_a_mismatch_for_it(pl
 
 
 def test_recommend_gives_the_fastest_generation_above_an_agreement(planted: Any) -> None:
-    db = str(planted[0])
-    done = run_cli("recommend", "--mode", "generate", "--model", "llama-tiny", "--min-agreement", "0.9", "--db", db)
-    assert done.returncode == 0, done.stderr
-    assert "Fastest generation for llama-tiny" in done.stdout and "cpu/onnxruntime" in done.stdout
-    assert "wasm/onnxruntime-web" not in done.stdout  # its rows are mismatches: not a choice
+    from harness.analysis.recommend import fastest_generation
+
+    choice = fastest_generation(planted[0], "llama-tiny", 1, 0.9)
+    assert {(r["engine"], r["precision"]) for r in choice.ranked} == {("onnxruntime", "fp32"), ("onnxruntime", "q4")}
+    assert [r["decode_tokens_per_s"] for r in choice.ranked] == sorted(
+        (r["decode_tokens_per_s"] for r in choice.ranked), reverse=True
+    )  # the page's rows are mismatches: not a choice
+    strict = fastest_generation(planted[0], "llama-tiny", 1, 1.0)
+    q4 = planted[1]["onnxruntime", "q4"]
+    assert (q4["agreement_top1"] < 1.0) == any("below 1" in line for line in strict.excluded)
+    shown = run_cli("recommend", "--mode", "generate", "--model", "llama-tiny", "--min-agreement", "0.9", "--db",
+                    str(planted[0]))  # fmt: skip
+    assert shown.returncode == 0 and "Fastest generation for llama-tiny" in shown.stdout, shown.stderr
     refusals = {"1.5": "--min-agreement takes a share from 0 to 1", "0.9": "--min-agreement ranks generate targets"}
     for value, why in refusals.items():  # out of range; a floor on a mode that has none
         mode = "generate" if value == "1.5" else "inference"
-        refused = run_cli("recommend", "--model", "llama-tiny", "--mode", mode, "--min-agreement", value, "--db", db)
+        refused = run_cli(
+            "recommend", "--model", "llama-tiny", "--mode", mode, "--min-agreement", value, "--db", str(planted[0])
+        )
         assert refused.returncode == 2 and why in refused.stderr and "Traceback" not in refused.stderr
