@@ -149,7 +149,19 @@ def _evidence(row: dict[str, Any], status: str, ratio: float | None) -> dict[str
         "speedup": ratio,
         "flags": flags(row),
         "error": error[0][:300] if error else None,
+        # a generation's speed and, at a precision other than fp32, its quality beside the fp32 model
+        "decode_tokens_per_s": row.get("decode_tokens_per_s"),
+        "agreement_top1": row.get("agreement_top1"),
+        "kl_mean": row.get("kl_mean"),
     }
+
+
+def _generation_text(item: dict[str, Any]) -> str:
+    """', tg N tokens/s, top-1 agreement A, KL K' for a generate row (what was measured of it), else ''."""
+    parts = [f"{name} {item[key]:{spec}}" for name, key, spec in (
+        ("tg tokens/s", "decode_tokens_per_s", ".1f"), ("top-1 agreement vs fp32", "agreement_top1", ".3f"),
+        ("KL vs fp32", "kl_mean", ".4f")) if item.get(key) is not None]  # fmt: skip
+    return "".join(f", {part}" for part in parts)
 
 
 def _cell(rows: list[dict[str, Any]], base: dict, is_baseline: bool) -> Cell:
@@ -247,7 +259,8 @@ def matrix_markdown(matrix: dict[str, Any]) -> str:
                 latency = f"{item['median_latency_ms']:.3f} ms" if item["median_latency_ms"] is not None else "—"
                 note = md("; ".join([*item["flags"], *([item["error"]] if item["error"] else [])]))
                 lines.append(
-                    f"- {md(model)} · {md(target)} · {md(item['case'])}: **{item['class']}**, median {latency}, "
+                    f"- {md(model)} · {md(target)} · {md(item['case'])}: **{item['class']}**, median {latency}"
+                    f"{_generation_text(item)}, "
                     f"result {md(item['result_id'])} (run {md(item['run_id'])}, {item['date']})"
                     + (f" — {note}" if note else "")
                 )

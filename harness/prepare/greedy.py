@@ -147,13 +147,42 @@ def greedy(session: Any, inputs: dict[str, np.ndarray], new_tokens: int, stamp: 
     return Greedy(np.concatenate(tokens, axis=1), kept, prefill)
 
 
-def reference_generation(graph: Path, inputs: dict[str, np.ndarray], new_tokens: int,
-                         eos: tuple[int, ...] = ()) -> Greedy:  # fmt: skip
-    """Native ONNX Runtime's greedy tokens on the CPU for this graph and prompt (stopping at `eos` where the
-    run asked): what every browser generation of the same file is checked against."""
+def forced_logits(session: Any, inputs: dict[str, np.ndarray], tokens: np.ndarray,
+                  shape: tuple[int, int] | None = None) -> np.ndarray:  # fmt: skip
+    """Teacher forcing: the logits at every position the loop computes when fed the prompt and then `tokens`
+    [batch, N] (another side's generation) instead of its own choices, as float32 [batch, L, vocab]: the
+    prefill's positions (every prompt position where the graph returns them all, else the last), then one
+    per later token; the last N predict `tokens` one by one. The prefix up to a first difference is the
+    native loop's own, so its logits there are native greedy's."""
+    output_names = [o.name for o in session.get_outputs()]
+    pasts = [past_input(name) for name in output_names[1:]]
+    mask = inputs["attention_mask"]
+    feeds = prefill_feeds(session, inputs, shape)
+    kept = []
+    for step in range(tokens.shape[1]):
+        logits, *presents = session.run(output_names, feeds)
+        kept.append(np.asarray(logits, dtype=np.float32) if step == 0 else np.asarray(logits[:, -1:], np.float32))
+        if step == tokens.shape[1] - 1:
+            break
+        token = tokens[:, step : step + 1].astype(np.int64)
+        mask = np.concatenate([mask, np.ones_like(token)], axis=1)
+        feed = {"input_ids": token, "attention_mask": mask, "position_ids": positions(mask, 1),
+                "use_cache_branch": np.array([True])}  # fmt: skip
+        feeds = _taken(session, feed | dict(zip(pasts, presents, strict=True)))
+    return np.concatenate(kept, axis=1)
+
+
+def cpu_session(graph: Path) -> Any:
+    """A native ONNX Runtime CPU session on a graph: the reference every other side is checked against."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
-    return greedy(session, inputs, new_tokens, keep=True, shape=past_shape(graph), eos=eos)
+    return ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+
+
+def reference_generation(graph: Path, inputs: dict[str, np.ndarray], new_tokens: int,
+                         eos: tuple[int, ...] = ()) -> Greedy:  # fmt: skip
+    """Native ONNX Runtime's greedy tokens on the CPU for this graph and prompt (stopping at `eos` where the
+    run asked): what every browser generation of the same file is checked against."""
+    return greedy(cpu_session(graph), inputs, new_tokens, keep=True, shape=past_shape(graph), eos=eos)

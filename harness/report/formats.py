@@ -36,8 +36,9 @@ def write_csv(report: RunReport, path: Path) -> None:
         writer.writerows({k: csv_cell(v) for k, v in row.items()} for row in report.results)
 
 
-def _fmt(value: float | None, digits: int = 2) -> str:
-    return "—" if value is None else f"{value:.{digits}f}"
+def _fmt(value: float | str | None, digits: int | None = 2) -> str:
+    """A number to `digits` places; a text (digits None) as it is; NULL as a dash."""
+    return "—" if value is None else str(value) if digits is None else f"{value:.{digits}f}"
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -119,6 +120,9 @@ MODE_SECTIONS = {
             ("TPOT p90 ms", "tpot_p90_ms", 3),
             ("e2e p50 ms", "latency_p50_ms", 3),
             ("tokens = native ORT", "tokens_matched", 0),
+            ("top-1 agreement vs fp32", "agreement_top1", 3),
+            ("KL vs fp32", "kl_mean", 4),
+            ("tokens checked on", "token_reference", None),
         ],
     ),
     "training": (
