@@ -24,8 +24,12 @@ from harness.native import ENGINES, get_backend
 from harness.native.base import Availability
 from harness.web.eps import WEB_HARDWARE
 
-NATIVE_PLATFORMS = ("cpu", "cuda", "rocm", "mps", "openvino", "qnn", "directml")
-PLATFORMS = NATIVE_PLATFORMS + WEB_HARDWARE  # the browser platforms are the browser EP table's
+NATIVE_PLATFORMS = ("cpu", "cuda", "rocm", "mps", "openvino", "qnn", "directml", "webgpu")
+# What a run without --hardware runs: native WebGPU only when asked for, since on a machine without a
+# GPU it is SwiftShader on the host's cores (minutes of F rows in every default run)
+DEFAULT_NATIVE_PLATFORMS = tuple(p for p in NATIVE_PLATFORMS if p != "webgpu")
+# the browser platforms are the browser EP table's; webgpu is both (native WebGPU, and the page's)
+PLATFORMS = NATIVE_PLATFORMS + tuple(p for p in WEB_HARDWARE if p not in NATIVE_PLATFORMS)
 
 
 @dataclass(frozen=True)
@@ -90,11 +94,12 @@ def detect_platforms(browser: bool = True) -> list[PlatformStatus]:
     for platform in NATIVE_PLATFORMS:
         probes = [(t, a) for t, a in targets if t.hardware == platform]
         ready = [f"{t.engine}:{t.provider}" for t, a in probes if a.ok]
+        name = f"{platform} (native)" if platform in WEB_HARDWARE else platform  # not the page's platform
         if ready:
-            statuses.append(PlatformStatus(platform, True, "runs on " + ", ".join(ready)))
+            statuses.append(PlatformStatus(name, True, "runs on " + ", ".join(ready)))
         else:
             reasons = "; ".join(sorted({a.reason for _, a in probes}))
-            statuses.append(PlatformStatus(platform, False, reasons or "no engine serves it"))
+            statuses.append(PlatformStatus(name, False, reasons or "no engine serves it"))
     return statuses + (web_platforms() if browser else [])
 
 
