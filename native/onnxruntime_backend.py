@@ -195,6 +195,12 @@ class OnnxRuntimeBackend:
     def targets(self) -> list[Target]:
         return [Target(hw, "onnxruntime", provider) for hw, provider in PROVIDERS]
 
+    def discovered_devices(self) -> list[dict[str, Any]]:
+        """What ORT's own device discovery offers once the installed plugin EPs are registered."""
+        from harness.native.ort_devices import ep_devices
+
+        return ep_devices()
+
     def probe(self, target: Target) -> Availability:
         if target.provider in PLUGINS:
             return PLUGINS[target.provider].probe()
@@ -213,8 +219,8 @@ class OnnxRuntimeBackend:
         if source is None:
             raise UnsupportedError("no ONNX file for this model (see the export error)")
         path, precision, conversion = model_for_precision(source, request.precision)
-        if target.provider in PLUGINS:
-            PLUGINS[target.provider].proved()  # a device that makes no progress fails here, once, quickly
+        # a device that makes no progress fails here, once, quickly; so does a precision it has no kernels for
+        shaders = PLUGINS[target.provider].proved(precision) if target.provider in PLUGINS else {}
         try:
             session = new_session(path, target.provider)
         except Exception as exc:  # a converted file ORT rejects (e.g. duplicate node names): no such model here
@@ -231,7 +237,7 @@ class OnnxRuntimeBackend:
         ort_session.precision = precision
         ort_session.base_facts |= conversion
         if target.provider in PLUGINS:
-            ort_session.base_facts |= PLUGINS[target.provider].facts()
+            ort_session.base_facts |= PLUGINS[target.provider].facts() | shaders
         return ort_session
 
 

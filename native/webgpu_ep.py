@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.core.adapters import classify_adapter
+from harness.core.adapters import adapter_name, classify_adapter, computes_fp16, f16_refusal
 from harness.core.records import UnsupportedError
 
 EP_NAME = "WebGpuExecutionProvider"
@@ -146,16 +146,16 @@ def _with_devices(vulkan: Vulkan) -> Vulkan:
 
 
 def adapter_info(device: dict[str, Any]) -> dict[str, Any]:
-    """A Vulkan device as the page's adapter info names it (vendor, architecture, device, description)."""
-    vendor = VENDORS.get(device["vendor_id"], f"0x{device['vendor_id']:04x}")
+    """A Vulkan device in the page's adapter-info terms (Chromium's GPUAdapterInfo from Dawn): vendor,
+    architecture, device (the PCI device id in hex), description (the device's name), driver."""
+    driver = " ".join(filter(None, (device.get("driver_name"), device.get("driver_info"))))
     name = device["device_name"]
-    driver = device.get("driver_name") or ""
     # Dawn names SwiftShader's architecture; its table for GPUs is inside the plugin, not read here
     architecture = "swiftshader" if "swiftshader" in name.lower() else None
-    description = f"{driver}: {device['driver_info']}" if device.get("driver_info") else driver
-    return {"vendor": vendor, "architecture": architecture, "device": name, "description": description or None,
-            "driver": driver or None, "type": device["type"], "vendor_id": device["vendor_id"],
-            "device_id": device["device_id"], "shader_f16": device.get("shader_f16")}  # fmt: skip
+    return {"vendor": VENDORS.get(device["vendor_id"], f"0x{device['vendor_id']:04x}"), "architecture": architecture,
+            "device": f"0x{device['device_id']:04x}", "description": name, "driver": driver or None,
+            "type": device["type"], "vulkan_api": device.get("vulkan_api"),
+            "shader_f16": device.get("shader_f16")}  # fmt: skip
 
 
 def chosen_adapter(devices: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, str]:
@@ -214,7 +214,7 @@ def unavailable_reason(ready: Setup) -> str | None:
         why = ready.vulkan.error or "it offers no physical device"
         return f"Dawn has no WebGPU adapter: {ready.vulkan.found}; {why}"
     if not ready.devices:
-        return f"onnxruntime lists no {EP_NAME} device (adapter '{ready.adapter['device']}')"
+        return f"onnxruntime lists no {EP_NAME} device (adapter '{ready.adapter['description']}')"
     return None
 
 
@@ -230,7 +230,8 @@ def probe() -> Any:
         return Availability(False, reason)
     assert ready.adapter is not None
     kind = "software adapter" if ready.software else "adapter"
-    return Availability(True, f"{PACKAGE} {ready.facts['webgpu_ep_version']} on the {kind} '{ready.adapter['device']}'")
+    version = ready.facts["webgpu_ep_version"]
+    return Availability(True, f"{PACKAGE} {version} on the {kind} '{ready.adapter['description']}'")
 
 
 def facts() -> dict[str, Any]:
@@ -246,12 +247,19 @@ def add_to(options: Any) -> None:
     options.add_provider_for_devices(ready.devices, {})
 
 
-def proved() -> None:
-    """The first tiny dispatch under FIRST_DISPATCH_S, once per process: raises UnsupportedError (with
-    Dawn's words, or the stall) when the device cannot run it, now and on every later call."""
+def proved(precision: str) -> dict[str, Any]:
+    """The device proved for a precision, or UnsupportedError: an fp16 precision on an adapter without
+    shader-f16 (the page's refusal, harness.core.adapters), or the first tiny dispatch under
+    FIRST_DISPATCH_S failing or stalling (once per process; its verdict holds for every later call).
+    Returns the facts of the shaders the precision runs."""
+    adapter = setup().adapter or {}
+    refusal = f16_refusal(adapter_name(adapter), adapter.get("shader_f16"), precision, "the WebGPU EP")
+    if refusal is not None:
+        raise UnsupportedError(refusal)
     verdict = _first_dispatch()
     if verdict is not None:
         raise UnsupportedError(verdict)
+    return {"webgpu_shaders": "f16 (shader-f16)" if computes_fp16(precision) else "f32"}
 
 
 @functools.cache
@@ -260,7 +268,7 @@ def _first_dispatch() -> str | None:
     worker = threading.Thread(target=lambda: outcome.append(_tiny_run()), daemon=True)
     worker.start()
     worker.join(FIRST_DISPATCH_S)
-    name = (setup().adapter or {}).get("device", "unknown")
+    name = (setup().adapter or {}).get("description", "unknown")
     if not outcome:  # still waiting: a device that makes no progress (its thread is left behind)
         return f"WebGPU adapter '{name}' made no progress on a trivial dispatch in {FIRST_DISPATCH_S:g} s"
     if outcome[0] is not None:

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.core.adapters import AdapterClass, adapter_name, classify_adapter
-from harness.core.precision import MEANINGS
+from harness.core.adapters import AdapterClass, adapter_name, classify_adapter, f16_refusal
 
 __all__ = ["AdapterClass", "adapter_details", "adapter_name", "classify_adapter", "webgpu_refusal"]
 
@@ -45,10 +44,4 @@ def webgpu_refusal(report: dict[str, Any], precision: str, require_hardware: boo
             f"--require-hardware-gpu: the WebGPU adapter is software ({verdict.why}): it reports itself as "
             f"'{verdict.name}'"
         )
-    computes_fp16 = MEANINGS.get(precision, ("", ""))[1] == "fp16"  # fp16, and q4f16's activations
-    if computes_fp16 and "shader-f16" not in (report.get("features") or []):
-        return (
-            f"adapter lacks shader-f16 ('{verdict.name}' offers no fp16 shaders), so ORT-web has no fp16 kernels "
-            f"for {precision}"
-        )
-    return None
+    return f16_refusal(verdict.name, "shader-f16" in (report.get("features") or []), precision, "ORT-web")

@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from harness.core.precision import MEANINGS
+
 # Names of software rasterizers as they appear in an adapter's info (vendor, architecture, device,
 # description, driver), with what each is.
 SOFTWARE_ADAPTERS = {
@@ -57,3 +59,17 @@ def classify_adapter(info: dict[str, Any] | None) -> AdapterClass | None:
     if found:
         return AdapterClass("software", SOFTWARE_ADAPTERS[found.group(1)], name)
     return AdapterClass("hardware", "not a fallback adapter, not a CPU device, no software rasterizer named", name)
+
+
+def computes_fp16(precision: str) -> bool:
+    """Whether a precision's activations are fp16 (fp16, and q4f16's), so its WebGPU kernels need shader-f16."""
+    return MEANINGS.get(precision, ("", ""))[1] == "fp16"
+
+
+def f16_refusal(name: str, has_f16: bool | None, precision: str, engine: str) -> str | None:
+    """Why a precision cannot run on an adapter without shader-f16 (its `unsupported` reason), or None.
+    has_f16 None (not known) lets it run: the engine then says what it finds."""
+    if computes_fp16(precision) and has_f16 is False:
+        why = f"adapter lacks shader-f16 ('{name}' offers no fp16 shaders)"
+        return f"{why}, so {engine} has no fp16 kernels for {precision}"
+    return None

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from harness.core.records import Target
 from harness.native import ENGINES, get_backend
@@ -48,6 +48,8 @@ Probes = dict[str, list[tuple[Target, Availability]]]  # engine → its targets,
 class MachineProbe:
     targets: Probes
     gpu_names: list[str]  # the CUDA/ROCm devices torch sees
+    # engine → the devices its own discovery reports (ORT's get_ep_devices, plugin EPs registered)
+    discovered: dict[str, list[dict]] = field(default_factory=dict)
 
 
 def _gpu_names() -> list[str]:
@@ -60,11 +62,13 @@ def _gpu_names() -> list[str]:
 
 def probe_machine(engines: tuple[str, ...]) -> Iterator[MachineProbe]:
     """Worker entry point: every target of each engine with its probe, and the GPUs torch sees."""
-    targets = {}
+    targets, discovered = {}, {}
     for engine in engines:
         backend = get_backend(engine)
         targets[engine] = [(target, backend.probe(target)) for target in backend.targets()]
-    yield MachineProbe(targets, _gpu_names())
+        if hasattr(backend, "discovered_devices"):
+            discovered[engine] = backend.discovered_devices()
+    yield MachineProbe(targets, _gpu_names(), discovered)
 
 
 @functools.cache
