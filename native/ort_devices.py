@@ -10,22 +10,22 @@ registered through harness.native.webgpu_ep, which first gives Dawn its Vulkan l
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
+import pkgutil
 from typing import Any
 
 from harness.native import webgpu_ep
 
-PLUGIN_PREFIX = "onnxruntime-ep-"
+PLUGIN_MODULE_PREFIX = "onnxruntime_ep_"
 MAX_PLUGINS = 16  # plugin packages registered, at most
 MAX_DEVICES = 64  # devices listed, at most
 TEXT = 200  # characters kept of each value ORT reports
 
 
 def plugin_packages() -> list[str]:
-    """The installed plugin EP packages' module names (onnxruntime_ep_*), bounded."""
-    names = {d.metadata["Name"].lower().replace("_", "-") for d in importlib.metadata.distributions()}
-    found = sorted(n for n in names if n.startswith(PLUGIN_PREFIX))[:MAX_PLUGINS]
-    return [n.replace("-", "_") for n in found]
+    """The installed plugin EP packages' module names (onnxruntime_ep_*, top-level on sys.path), bounded:
+    found by listing sys.path's folders, not by reading every installed distribution's metadata."""
+    found = {m.name for m in pkgutil.iter_modules() if m.name.startswith(PLUGIN_MODULE_PREFIX)}
+    return sorted(found)[:MAX_PLUGINS]
 
 
 def register_plugins() -> dict[str, str]:

@@ -14,6 +14,7 @@ from conftest import run_cli
 from test_web import web_cache  # noqa: F401 (the session's export cache)
 
 from harness.analysis.browser_cost import browser_cost_table, browser_costs
+from harness.analysis.compare import compare_runs, render
 from harness.browser.both import run_both
 from harness.browser.run import WebRequest
 from harness.core.labels import marks
@@ -90,6 +91,11 @@ def test_the_report_gives_the_browser_cost_on_the_same_adapter(side_by_side: Any
     assert "## Browser cost" in markdown and "webgpu/onnxruntime-web:webgpu ↔ webgpu/onnxruntime" in markdown
     matrix = json.loads((reports / "compatibility_matrix.json").read_text())
     assert len(matrix["browser_cost"]["pairs"]) == 1
+    assert "## Browser cost" in (reports / "compatibility_matrix.md").read_text()
+    run_id = rows[0]["run_id"]
+    comparison = compare_runs(reports.parent / "w.duckdb", run_id, run_id)
+    assert len(comparison.browser_cost[run_id]["pairs"]) == 1
+    assert f"## Browser cost in run A ({run_id})" in render(comparison, "md")
 
 
 def _pair_rows(page: dict[str, Any], native: dict[str, Any]) -> list[dict[str, Any]]:
