@@ -121,7 +121,7 @@ OPTION_FIELDS: dict[type, tuple[str, ...]] = {
                  "min_iterations", "timeout_s", "precision", "profile", "modes", "new_tokens", "db_path",
                  "output_dir", "machine_label"),
     BenchmarkRequest: ("hardware", "engines"),
-    WebRequest: ("hardware", "threads", "gpu"),
+    WebRequest: ("hardware", "browser", "threads", "gpu"),
 }  # fmt: skip
 
 
@@ -145,7 +145,6 @@ KEY_TYPES: dict[str, type] = {  # the suite's own keys, then the run options'
     "name": str,
     "model_families": dict,
     "include_web_platforms": bool,
-    "browser": str,
     "parallel": bool,
     "generate_plots": bool,
     "update_compatibility_matrix": bool,
