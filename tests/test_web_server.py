@@ -319,7 +319,9 @@ def test_a_generation_shorter_than_its_job_is_taken_only_from_a_job_that_stops_a
     with pytest.raises(
         PageResultError, match=re.escape("takes 2 (the first token is the TTFT's; the job ignores EOS)")
     ):
-        validate_page_result(generated(**short), replace(JOB, generate=GenerateJob(3, vocab_size=8, top_k=2)), TIMEOUT_S)
+        validate_page_result(
+            generated(**short), replace(JOB, generate=GenerateJob(3, vocab_size=8, top_k=2)), TIMEOUT_S
+        )
     stops = replace(JOB, generate=GenerateJob(new_tokens=3, vocab_size=8, eos_ids=[7], top_k=2))
     assert validate_page_result(generated(**short), stops, TIMEOUT_S)["generation"]["tokens"] == [[1, 7], [7, 5]]
     assert validate_page_result(generated(), stops, TIMEOUT_S)["status"] == "ok"  # no EOS made: all 3 tokens

@@ -22,7 +22,9 @@ from pathlib import Path
 from statistics import geometric_mean
 from typing import Any
 
+from harness.analysis.browser_cost import BrowserCost, Unpaired, browser_costs, cost_table
 from harness.analysis.machines import machine_name
+from harness.analysis.tables import render_table
 from harness.core import labels
 from harness.core.escaping import markdown_text as md
 from harness.core.labels import BASELINE_LABEL, baselines, case_key, case_label, details_of, flags, mode_of, speedup
@@ -209,7 +211,13 @@ def build_matrix(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "models": {
             model: {"family": family, "cells": cells(groups)} for (family, model), groups in sorted(by_model.items())
         },
+        "browser_cost": browser_cost(rows),  # page ÷ native on the same kernels, one machine's latest rows
     }
+
+
+def browser_cost(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    paired, unpaired = browser_costs(rows)
+    return {"pairs": [asdict(c) for c in paired], "unpaired": [asdict(u) for u in unpaired]}
 
 
 def cell_text(cell: dict[str, Any]) -> str:
@@ -251,6 +259,10 @@ def matrix_markdown(matrix: dict[str, Any]) -> str:
         return "\n".join([*lines, "No results in the store yet.", ""])
     lines += table("By Model Family", matrix["families"], "family")
     lines += table("By Model", matrix["models"], "model")
+    found = matrix.get("browser_cost") or {}
+    cost = cost_table([BrowserCost(**c) for c in found.get("pairs", [])],
+                      [Unpaired(**u) for u in found.get("unpaired", [])])  # fmt: skip
+    lines += [render_table(cost, "md")] if cost is not None else []
     lines += ["## Classes", "", *(f"- {SYMBOLS[c]} **{c}**: {text}" for c, text in CLASSES.items()), ""]
     lines += ["## Evidence", ""]
     for model, entry in matrix["models"].items():

@@ -113,20 +113,46 @@ class Greedy:
     prefill_logits: np.ndarray | None = None  # the first step's logits (last prompt position)
 
 
+def bound_step(session: Any, output_names: list[str], device: str | None) -> Callable[[dict[str, Any]], list[Any]]:
+    """One step of the loop: run() with host arrays, or, given an ORT device name (e.g. "webgpu"), an
+    I/O binding whose presents stay on that device as OrtValues fed back as the next step's past
+    (the KV cache never leaves the device, as in the page); the logits come back to the host."""
+    if device is None:
+        return lambda feeds: session.run(output_names, feeds)
+
+    def step(feeds: dict[str, Any]) -> list[Any]:
+        binding = session.io_binding()
+        for name, value in feeds.items():
+            if isinstance(value, np.ndarray):
+                binding.bind_cpu_input(name, value)
+            else:
+                binding.bind_ortvalue_input(name, value)
+        binding.bind_output(output_names[0], "cpu")
+        for name in output_names[1:]:
+            binding.bind_output(name, device)
+        session.run_with_iobinding(binding)
+        logits, *presents = binding.get_outputs()
+        return [logits.numpy(), *presents]
+
+    return step
+
+
 def greedy(session: Any, inputs: dict[str, np.ndarray], new_tokens: int, stamp: Callable[[], None] = lambda: None,
-           keep: bool = False, shape: tuple[int, int] | None = None, eos: tuple[int, ...] = ()) -> Greedy:  # fmt: skip
+           keep: bool = False, shape: tuple[int, int] | None = None, eos: tuple[int, ...] = (),
+           device: str | None = None) -> Greedy:  # fmt: skip
     """Exactly new_tokens greedy tokens, or with `eos` (--stop-at-eos) up to new_tokens, ending once every row
     has made one of those ids; stamp() runs as each step's logits are on the host (run() returns host arrays).
     keep: also the reference's margins and prefill logits (outside any timing); shape: the past's heads and
-    head size where the graph leaves them symbolic."""
+    head size where the graph leaves them symbolic; device: keep the presents on that ORT device (bound_step)."""
     output_names = [o.name for o in session.get_outputs()]
     pasts = [past_input(name) for name in output_names[1:]]
     mask = inputs["attention_mask"]
     feeds = prefill_feeds(session, inputs, shape)
+    run = bound_step(session, output_names, device)
     tokens, margins, prefill = [], [], None
     ended = np.zeros(mask.shape[0], dtype=bool)
     for _ in range(new_tokens):
-        logits, *presents = session.run(output_names, feeds)
+        logits, *presents = run(feeds)
         stamp()
         last = logits[:, -1]
         token = last.argmax(axis=-1, keepdims=True).astype(np.int64)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 from collections import defaultdict
+from dataclasses import asdict
 from pathlib import Path
 from statistics import geometric_mean
 from typing import TYPE_CHECKING, Any
@@ -12,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from harness.report.plots import Plot
 
+from harness.analysis.browser_cost import browser_cost_table, browser_costs
+from harness.analysis.tables import render_table
 from harness.core.escaping import csv_cell, markdown_text
 from harness.core.generation import DECODE_RATE, PREFILL_RATE
 from harness.core.labels import BASELINE_LABEL, case_label, flags, target_label, threads_text
@@ -23,7 +26,10 @@ from harness.report.generation import TEXT_COLUMNS
 
 def write_json(report: RunReport, path: Path) -> None:
     results = [dict(r, details=json.loads(r["details"]) if r["details"] else {}) for r in report.results]
-    document = {"run": dict(report.run, host=report.host), "hardware": report.hardware, "results": results}
+    paired, unpaired = browser_costs(report.results)
+    cost = {"pairs": [asdict(c) for c in paired], "unpaired": [asdict(u) for u in unpaired]}
+    document = {"run": dict(report.run, host=report.host), "hardware": report.hardware, "results": results,
+                "browser_cost": cost}  # fmt: skip
     path.write_text(json.dumps(document, indent=2, default=str))
 
 
@@ -188,6 +194,8 @@ def write_markdown(report: RunReport, path: Path) -> None:
     for family, rows in sorted(families.items()):
         lines += _family_section(family, rows)
     lines += _mode_sections(report.results)
+    if (cost := browser_cost_table(report.results)) is not None:  # page ÷ native on the same kernels
+        lines += [render_table(cost, "md")]
     weights = sorted({f"{r['model']}: {r['weights']}" for r in report.results})
     lines += ["## Weights", "", *(f"- {markdown_text(w)}" for w in weights), ""]
     problems = _problems(report)

@@ -32,7 +32,7 @@ from harness.prepare.folders import own_precision
 from harness.prepare.greedy import generates_with_past
 from harness.prepare.prompts import PromptError, given_prompt, model_eos_ids
 from harness.prepare.specs import FAMILIES, ModelSpec, SpecError, check_families, select_specs, spec_from_path
-from harness.run.hardware import NATIVE_PLATFORMS, native_targets
+from harness.run.hardware import DEFAULT_NATIVE_PLATFORMS, NATIVE_PLATFORMS, native_targets
 from harness.run.machine import machine_label
 from harness.run.outputs import Outputs
 from harness.store import DEFAULT_DB
@@ -181,7 +181,7 @@ class BenchmarkRequest(RunOptions):
     # None: every available native platform
     hardware: list[str] | None = option(
         None, flag="--hardware", key="hardware_types", many=True, choices=NATIVE_PLATFORMS, noun="native hardware",
-        help=f"Comma-separated native platforms: {','.join(NATIVE_PLATFORMS)} (default: every available; "
+        help=f"Comma-separated native platforms: {','.join(NATIVE_PLATFORMS)} (default: every available but webgpu; "
         "ab: cpu, none with --web-hardware).",
     )  # fmt: skip
     engines: list[str] | None = engines_option()
@@ -333,7 +333,7 @@ def choose_targets(hardware: list[str] | None, engines: list[str]) -> list[tuple
     """The available targets of each platform; a platform asked for by name that nothing here
     serves keeps its unavailable targets, so the run records them as `unsupported` with the reason."""
     chosen = []
-    for platform in hardware or NATIVE_PLATFORMS:
+    for platform in hardware or DEFAULT_NATIVE_PLATFORMS:
         probed = native_targets([platform], engines)
         available = [(t, a) for t, a in probed if a.ok]
         chosen += available if available or not hardware else probed
