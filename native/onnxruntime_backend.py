@@ -108,16 +108,18 @@ class OrtGenerator(OrtSession):
     ) -> None:
         super().__init__(session, provider, placement, path)
         self.generated: np.ndarray | None = None  # the last generate()'s token ids, for parity checks
+        self.fills_cache = True  # generate() takes a KV-cache depth (--depths), filled before begin()
         self.base_facts["onnx_graph"] = "with past key/values (KV-cache decoder loop)"
 
     def prepare(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {name: feeds[name] for name in ("input_ids", "attention_mask")}
 
-    def generate(self, prepared: dict[str, np.ndarray], new_tokens: int, stamp: Callable[[], None]) -> int:
-        """Exactly new_tokens greedy tokens (no EOS stop, like torch's min = max); stamp() runs as
-        each token's logits are ready, since run() returns host arrays."""
+    def generate(self, prepared: dict[str, np.ndarray], new_tokens: int, stamp: Callable[[], None], depth: int = 0,
+                 begin: Callable[[], None] = lambda: None) -> int:  # fmt: skip
+        """Exactly new_tokens greedy tokens (no EOS stop, like torch's min = max) after a KV cache filled to
+        `depth` (then begin() runs); stamp() runs as each token's logits are ready, since run() returns host arrays."""
         shape = past_shape(self.path) if self.path is not None else None  # a folder's config, where the graph says none
-        self.generated = greedy(self.session, prepared, new_tokens, stamp, shape=shape).tokens
+        self.generated = greedy(self.session, prepared, new_tokens, stamp, shape=shape, depth=depth, begin=begin).tokens
         return self.generated.shape[1]
 
 

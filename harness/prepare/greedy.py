@@ -112,15 +112,42 @@ class Greedy:
     prefill_logits: np.ndarray | None = None  # the first step's logits (last prompt position)
 
 
+def filler(ids: np.ndarray, depth: int) -> np.ndarray:
+    """The tokens a KV cache is filled with to a depth: each row's prompt repeated (ids the model takes);
+    web/page/generate.mjs fills with the same."""
+    return np.stack([np.resize(row, depth) for row in ids]).astype(np.int64)
+
+
+def fill_cache(session: Any, inputs: dict[str, np.ndarray], depth: int, shape: tuple[int, int] | None) -> tuple[
+        dict[str, np.ndarray], np.ndarray]:  # fmt: skip
+    """The prompt's feeds after a KV cache filled to `depth` tokens (a prefill of the filler, run here, outside
+    any timing): the past is the filler's presents, the mask covers filler and prompt. (feeds, mask)"""
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    fill = filler(ids, depth)
+    output_names = [o.name for o in session.get_outputs()]
+    _, *presents = session.run(output_names, prefill_feeds(session, {"input_ids": fill, "attention_mask":
+                                                                     np.ones_like(fill)}, shape))  # fmt: skip
+    mask = np.concatenate([np.ones_like(fill), mask], axis=1)
+    feeds = {"input_ids": ids, "attention_mask": mask, "position_ids": positions(mask, ids.shape[1]),
+             "use_cache_branch": np.array([True])}  # fmt: skip
+    pasts = [past_input(name) for name in output_names[1:]]
+    return _taken(session, feeds | dict(zip(pasts, presents, strict=True))), mask
+
+
 def greedy(session: Any, inputs: dict[str, np.ndarray], new_tokens: int, stamp: Callable[[], None] = lambda: None,
-           keep: bool = False, shape: tuple[int, int] | None = None) -> Greedy:  # fmt: skip
+           keep: bool = False, shape: tuple[int, int] | None = None, depth: int = 0,
+           begin: Callable[[], None] = lambda: None) -> Greedy:  # fmt: skip
     """Exactly new_tokens greedy tokens; stamp() runs as each step's logits are on the host (run()
     returns host arrays). keep: also the reference's margins and prefill logits (outside any timing); shape:
-    the past's heads and head size where the graph leaves them symbolic."""
+    the past's heads and head size where the graph leaves them symbolic; depth: the KV cache filled to that
+    many tokens first (fill_cache), after which begin() runs: what is timed starts there."""
     output_names = [o.name for o in session.get_outputs()]
     pasts = [past_input(name) for name in output_names[1:]]
     mask = inputs["attention_mask"]
     feeds = prefill_feeds(session, inputs, shape)
+    if depth:
+        feeds, mask = fill_cache(session, inputs, depth, shape)
+    begin()
     tokens, margins, prefill = [], [], None
     for _ in range(new_tokens):
         logits, *presents = session.run(output_names, feeds)
@@ -141,12 +168,12 @@ def greedy(session: Any, inputs: dict[str, np.ndarray], new_tokens: int, stamp: 
     return Greedy(np.concatenate(tokens, axis=1), kept, prefill)
 
 
-def reference_generation(graph: Path, inputs: dict[str, np.ndarray], new_tokens: int) -> Greedy:
-    """Native ONNX Runtime's greedy tokens on the CPU for this graph and prompt: what every browser
-    generation of the same file is checked against."""
+def reference_generation(graph: Path, inputs: dict[str, np.ndarray], new_tokens: int, depth: int = 0) -> Greedy:
+    """Native ONNX Runtime's greedy tokens on the CPU for this graph and prompt (after a KV cache filled to
+    `depth`): what every browser generation of the same file is checked against."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
     session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
-    return greedy(session, inputs, new_tokens, keep=True, shape=past_shape(graph))
+    return greedy(session, inputs, new_tokens, keep=True, shape=past_shape(graph), depth=depth)

@@ -7,6 +7,7 @@ reference: torch fp32 for spec models, ONNX Runtime CPU for plain .onnx files.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import tempfile
@@ -47,8 +48,8 @@ class PreparedModel:
     onnx_past_path: Path | None = None  # the export with past key/values, for ONNX generation
     onnx_past_error: str | None = None  # why there is none when it was asked for
     output_names: tuple[str, ...] = ()  # the reference outputs' names, in order (parity messages name them)
-    # generate in the browser: native ORT's greedy generation per (case, new tokens), the tokens checked against
-    generation_files: dict[tuple[CaseShape, int], Path] = field(default_factory=dict)
+    # generate in the browser: native ORT's greedy generation per (case, new tokens, depth), the tokens checked against
+    generation_files: dict[tuple[CaseShape, int, int], Path] = field(default_factory=dict)
 
     def result(self, target: Target, case: Case, status: str, error: str | None = None, **fields: Any) -> Result:
         """A Result carrying this model's facts, native or browser; measured fields come in **fields."""
@@ -85,9 +86,9 @@ class PreparedModel:
             reference = [data[f"ref:{i}"] for i in range(count)]
         return feeds, reference
 
-    def load_generation(self, shape: CaseShape, new_tokens: int) -> Greedy | None:
-        """The reference generation of a case (None when none was made: no graph with past)."""
-        path = self.generation_files.get((shape, new_tokens))
+    def load_generation(self, shape: CaseShape, new_tokens: int, depth: int = 0) -> Greedy | None:
+        """The reference generation of a case at a KV-cache depth (None when none was made: no graph with past)."""
+        path = self.generation_files.get((shape, new_tokens, depth))
         if path is None:
             return None
         from harness.prepare.greedy import Greedy
@@ -105,6 +106,7 @@ class PrepareJob:
     with_past: bool = False
     # > 0: also native ORT's greedy generation of this many tokens per case (browser token parity)
     reference_tokens: int = 0
+    reference_depths: tuple[int, ...] = (0,)  # the KV-cache depths each reference generation is made at
 
 
 def unprepared_result(
@@ -319,22 +321,22 @@ def prepare_model(job: PrepareJob) -> Iterator[PreparedModel]:
     """Worker entry point (a generator, as harness.run.isolation expects)."""
     prepared = _prepare_onnx_file(job) if job.spec.is_onnx_file else _prepare_spec_model(job)
     if job.reference_tokens and prepared.onnx_past_path is not None:
-        _reference_generations(prepared, job.reference_tokens)
+        _reference_generations(prepared, job.reference_tokens, job.reference_depths)
     yield prepared
 
 
-def _reference_generations(prepared: PreparedModel, new_tokens: int) -> None:
+def _reference_generations(prepared: PreparedModel, new_tokens: int, depths: tuple[int, ...]) -> None:
     """Native ORT's greedy generation of every case (cached beside the case's inputs): the tokens, the
     top-1/top-2 margin at each step and the prefill logits the browser's generation is checked against."""
     from harness.prepare.greedy import reference_generation
 
     assert prepared.onnx_past_path is not None
-    for shape, case_file in prepared.case_files.items():
-        path = case_file.with_name(f"{case_file.stem}_gen{new_tokens}.npz")
+    for (shape, case_file), depth in itertools.product(prepared.case_files.items(), depths):
+        path = case_file.with_name(f"{case_file.stem}_gen{new_tokens}" + (f"_d{depth}" if depth else "") + ".npz")
         if not path.exists():
             feeds, _ = prepared.load_case(shape)
             prompt = {name: feeds[name] for name in ("input_ids", "attention_mask")}
-            made = reference_generation(prepared.onnx_past_path, prompt, new_tokens)
+            made = reference_generation(prepared.onnx_past_path, prompt, new_tokens, depth)
             arrays = {"tokens": made.tokens, "margins": made.margins, "prefill_logits": made.prefill_logits}
             write_atomically(path, lambda file, arrays=arrays: np.savez(file, **arrays))
-        prepared.generation_files[(shape, new_tokens)] = path
+        prepared.generation_files[(shape, new_tokens, depth)] = path

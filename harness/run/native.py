@@ -16,6 +16,7 @@ from harness.native import capabilities
 from harness.native.base import Availability
 from harness.prepare.prepared import PreparedModel, PrepareJob, unprepared_result
 from harness.prepare.specs import ModelSpec
+from harness.run.ceilings import wanted
 from harness.run.measure import MeasureConfig
 from harness.run.plan import BenchmarkRequest, Plan, validate
 from harness.run.recording import Body, Emit, RunSummary, record_run
@@ -46,7 +47,7 @@ def _not_runnable(
     return None
 
 
-def _run_model(plan: Plan, spec: ModelSpec, emit: Emit) -> None:
+def _run_model(plan: Plan, spec: ModelSpec, emit: Emit, measured: dict[Target, set[tuple[str, str]]]) -> None:
     if not any(plan.remaining(spec, target) for target, _ in plan.targets):
         return  # a resumed run holds every result of this model: do not even export it
     prepared, error, status = _prepare(plan, spec)
@@ -78,15 +79,18 @@ def _run_model(plan: Plan, spec: ModelSpec, emit: Emit) -> None:
                 else:
                     runnable.append(case)
             if runnable:
-                run_job(Job(prepared, target, runnable, measure), plan.request.timeout_s, emit)
+                # the target's ceilings, measured once per run, before the first job that needs each of them
+                calibrations = tuple(wanted((c.precision for c in runnable), measured.setdefault(target, set())))
+                run_job(Job(prepared, target, runnable, measure, calibrations), plan.request.timeout_s, emit)
 
 
 def execute_native(plan: Plan) -> Body:
     """The native part of a run, as a body for harness.run.recording.record_run."""
 
     def body(emit: Emit) -> None:
+        measured: dict[Target, set[tuple[str, str]]] = {}  # each target's ceilings measured in this run
         for spec in plan.specs:
-            _run_model(plan, spec, emit)
+            _run_model(plan, spec, emit, measured)
 
     return body
 

@@ -23,10 +23,11 @@ import numpy as np
 from harness.core.failures import classify
 from harness.core.faults import injected_faults
 from harness.core.parity import compare
-from harness.core.records import Case, Control, Result, Target, UnsupportedError
+from harness.core.records import Case, Ceiling, Control, Result, Target, UnsupportedError
 from harness.native import capabilities
 from harness.prepare.graph_work import GraphWork, count_graph
 from harness.prepare.prepared import PreparedModel, PrepareJob, prepare_model
+from harness.run.ceilings import Calibration, measure_ceilings, row_work
 from harness.run.control import ControlProbe, control_positions
 from harness.run.isolation import Outcome, run_isolated, start_method
 from harness.run.measure import MeasureConfig, Measurement, measure, measure_generation, measure_training
@@ -40,13 +41,14 @@ class Job:
     target: Target
     cases: list[Case]
     measure: MeasureConfig
+    calibrations: tuple[Calibration, ...] = ()  # the target's ceilings this job measures first (run.ceilings)
 
 
 def _run_mode(job: Job, session: Any, case: Case, feeds: dict[str, np.ndarray], rss: PeakRss) -> Measurement:
     if case.mode == "inference":
         return measure(session, feeds, job.measure, rss)
     if case.mode == "generate" and hasattr(session, "generate"):
-        return measure_generation(session, feeds, job.measure, case.new_tokens or 1, rss)
+        return measure_generation(session, feeds, job.measure, case.new_tokens or 1, rss, case.depth or 0)
     if case.mode == "training" and hasattr(session, "train_step"):
         return measure_training(session, feeds, job.measure, rss)
     engine, can = job.target.engine, capabilities(job.target.engine)
@@ -77,6 +79,8 @@ def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: Pea
         model_file = getattr(session, "path", None) or job.prepared.onnx_path  # the file the session ran
         operators, profiled = profiled_fields(model_file, details["input_shapes"], measured.profile, error)
         details |= profiled
+    work, counted = row_work(_ran_file(job, session, case), case, details["input_shapes"])
+    details |= counted
     status, error, parity_fields = "ok", None, {}
     if not reference:  # a file no reference engine could run: measured, not parity-checked
         details["parity"] = f"not checked: no reference ({job.prepared.reference})"
@@ -108,7 +112,18 @@ def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: Pea
         operators=operators,
         **parity_fields,
         **load,
+        **work,
     )
+
+
+def _ran_file(job: Job, session: Any, case: Case) -> Any:
+    """The ONNX file the session ran (its own path), or the export where the engine ran the model in fp32 from
+    it; None where no file says what ran (an engine building its own module at another precision)."""
+    if (path := getattr(session, "path", None)) is not None:
+        return path
+    if session.precision == "fp32" and capabilities(job.target.engine).needs_onnx:
+        return job.prepared.onnx_past_path if case.mode == "generate" else job.prepared.onnx_path
+    return None
 
 
 GRANDCHILD_MARK = "accelharness-fault-grandchild"  # in the grandchild fault's command line, for tests to find it
@@ -159,6 +174,7 @@ def benchmark_job(job: Job) -> Iterator[Result | Control]:
     probe = ControlProbe(backend, job.target, job.prepared.spec.name)
     positions = control_positions(len(job.cases))
     yield probe.measure(positions[-1])
+    yield from measure_ceilings(backend, job.target, job.calibrations)
     for index, result in enumerate(_case_results(job, backend)):
         yield result
         if index in positions:
@@ -210,7 +226,7 @@ def run_job(job: Job, timeout_s: float, emit: Callable[[Result | Control], None]
     uses_torch = capabilities(job.target.engine).worker_needs_torch
 
     def on_result(result: Result | Control) -> None:
-        if isinstance(result, Control):
+        if isinstance(result, Control | Ceiling):
             emit(result)
             return
         reported.add(result.case.key)

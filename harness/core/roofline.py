@@ -1,0 +1,49 @@
+"""A target's ceilings and how close a row comes to them, defined once (pure functions, no I/O).
+
+A ceiling is measured, not looked up (harness.run.ceilings natively, the same graphs in the page): a
+calibration graph of known work is timed through the row's own engine under the result's timing rules.
+  bandwidth  bytes the graph moves per run (read + written) / the run's time: GB/s
+  compute    a MatMul's FLOPs per run (2·M·K·N) / the run's time: GFLOP/s, per precision class
+The ceiling is the rate at the median sample; its spread is how far its fastest sample lies above it
+(fastest rate / median rate - 1): a row may come that close to "above 1" by noise alone.
+
+A row's achieved rates divide the work its graph implies (harness.core.graph_cost: bytes read and FLOPs
+per token or per item) by its measured time; its fraction is achieved / that target's ceiling:
+  generate   bandwidth: bytes per decode token x tg tokens/s; compute: FLOPs per prompt token x pp tokens/s
+  inference  both from the bytes and FLOPs per item x items/s
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from harness.core.precision import MEANINGS
+
+CEILING_KINDS = ("bandwidth", "compute")
+UNITS = {"bandwidth": "GB/s", "compute": "GFLOP/s"}
+# bandwidth is measured once per target whatever a row's precision: bytes are bytes
+BANDWIDTH_CLASS = "bytes"
+
+
+def precision_class(precision: str | None) -> str | None:
+    """The compute ceiling a row's precision is held against: the type its weight MatMuls read (q4 and q4f16:
+    int4, MatMulNBits), the precision table's one definition (harness.core.precision.MEANINGS)."""
+    meaning = MEANINGS.get(precision or "")
+    return meaning[0] if meaning else None
+
+
+def precision_class_sql(column: str) -> str:
+    """precision_class as an SQL expression over a precision column (the store's fractions use it)."""
+    cases = " ".join(f"WHEN '{name}' THEN '{precision_class(name)}'" for name in MEANINGS)
+    return f"(CASE {column} {cases} ELSE NULL END)"
+
+
+def ceiling_figures(amount: float, samples_ms: Sequence[float]) -> tuple[float | None, float | None]:
+    """(rate at the median sample in units of 1e9 per second, spread); (None, None) without samples."""
+    if not samples_ms:
+        return None, None
+    median_ms = float(np.median(samples_ms))
+    return amount / (median_ms / 1000.0) / 1e9, median_ms / float(min(samples_ms)) - 1.0
+
