@@ -583,7 +583,8 @@ class Store:
         """Commit one measured ceiling with its samples, then the fractions of the run's rows on its target."""
         target = ceiling.target
         value, spread = ceiling_figures(ceiling.amount, ceiling.samples_ms)
-        on_target = "run_id = ? AND hardware = ? AND engine = ? AND provider IS NOT DISTINCT FROM ? AND device IS NOT DISTINCT FROM ?"
+        on_target = ("run_id = ? AND hardware = ? AND engine = ? AND provider IS NOT DISTINCT FROM ? "
+                     "AND device IS NOT DISTINCT FROM ?")  # fmt: skip
         with self._writing():
             self.connection.execute("BEGIN TRANSACTION")
             self.connection.execute(

@@ -47,10 +47,10 @@ def vocab_size(path: Path) -> int | None:
 
 
 def generate_fields(model: Path, case: Case, keeps_on_gpu: bool) -> dict[str, Any]:
-    """What a page job adds for generation: the token count, the logits width (the vocabulary its token ids
-    are checked against), a model folder's past heads and head size and, on WebGPU, present.* kept on the GPU
-    (only the logits, the first output, come back to the CPU)."""
-    fields: dict[str, Any] = {"mode": "generate", "new_tokens": case.new_tokens}
+    """What a page job adds for generation: the token count, the KV-cache depth filled first, the logits
+    width (the vocabulary its token ids are checked against), a model folder's past heads and head size and,
+    on WebGPU, present.* kept on the GPU (only the logits, the first output, come back to the CPU)."""
+    fields: dict[str, Any] = {"mode": "generate", "new_tokens": case.new_tokens, "depth": case.depth or 0}
     if (vocab := vocab_size(model)) is not None:  # what the page's token ids are checked against
         fields["vocab_size"] = vocab
     if (shape := past_shape(model)) is not None:  # a folder's config: the page uses it where the graph is symbolic
@@ -114,7 +114,7 @@ def generation_result(prepared: PreparedModel, target: Any, case: Case, answer: 
     details |= memory_growth(generation, details) | {"warmup_generations": 1, "token_reference": TOKEN_REFERENCE}
     if not generation["tokens_stable"]:
         details["tokens_unstable"] = "the timed generations did not all give the warm-up's tokens"
-    reference = prepared.load_generation((case.batch_size, case.seq_len), case.new_tokens or 1)
+    reference = prepared.load_generation((case.batch_size, case.seq_len), case.new_tokens or 1, case.depth or 0)
     status, error, parity_fields = _parity(generation, reference, extra.get("precision") or "fp32", details)
     return prepared.result(target, case, status, error, details=details, **parity_fields, **extra, **fields)
 

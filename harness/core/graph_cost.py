@@ -335,8 +335,11 @@ def _step_shapes(pasts: list[tuple[str, int, int, int]], batch: int, tokens: int
     return shapes | {name: [batch, heads, past, size] for name, heads, size, _ in pasts}
 
 
+Work = tuple[dict[str, float | None], dict[str, Any]]  # (a Result's WORK_FIELDS, facts for its details)
+
+
 def generation_work(path: Path, batch: int, prompt: int, depth: int, new_tokens: int,
-                    shape: tuple[int, int] | None = None) -> tuple[dict[str, float | None], dict[str, Any]]:  # fmt: skip
+                    shape: tuple[int, int] | None = None) -> Work:  # fmt: skip
     """(the Result's work fields, facts for details) of a generation on a graph with past key/values: per
     decode token the weights and the KV cache a step reads at the mean depth of the decode steps (prompt +
     depth + (N-2)/2 cached positions), and the step's FLOPs there; per prompt token the prefill's FLOPs."""
@@ -357,8 +360,7 @@ def generation_work(path: Path, batch: int, prompt: int, depth: int, new_tokens:
     return fields, facts
 
 
-def inference_work(path: Path, input_shapes: Mapping[str, Sequence[int]], batch: int) -> tuple[
-        dict[str, float | None], dict[str, Any]]:  # fmt: skip
+def inference_work(path: Path, input_shapes: Mapping[str, Sequence[int]], batch: int) -> Work:
     """(work fields, facts) of an inference case: per item the weights (read once per batch) and the graph's
     inputs and outputs, and its FLOPs."""
     weights = weight_bytes(path)
@@ -366,7 +368,9 @@ def inference_work(path: Path, input_shapes: Mapping[str, Sequence[int]], batch:
     infos = _tensor_infos(shape_inference.infer_shapes(_fixed(path, input_shapes)))
     graph = _proto(path).graph
     stored = {t.name for t in graph.initializer}  # an old graph lists its weights among its inputs too
-    io = [infos.get(v.name, TensorInfo(None, None)).nbytes for v in (*graph.input, *graph.output) if v.name not in stored]
+    io = [
+        infos.get(v.name, TensorInfo(None, None)).nbytes for v in (*graph.input, *graph.output) if v.name not in stored
+    ]
     known = None if any(n is None for n in io) else float(sum(n for n in io if n is not None))
     fields = {
         "bytes_per_item": None if known is None else (sum(weights.values()) + known) / batch,

@@ -46,4 +46,3 @@ def ceiling_figures(amount: float, samples_ms: Sequence[float]) -> tuple[float |
         return None, None
     median_ms = float(np.median(samples_ms))
     return amount / (median_ms / 1000.0) / 1e9, median_ms / float(min(samples_ms)) - 1.0
-

@@ -22,6 +22,7 @@ from harness.report.data import RunReport
 from harness.report.generation import generation_html
 from harness.report.operators import CSS as OPERATOR_CSS
 from harness.report.operators import breakdown_html, ratio_html
+from harness.report.roofline import roofline_html
 
 CSS = """
 :root { --ok:#1b7f3b; --bad:#b00020; --warn:#9a5b00; --muted:#666; --line:#d9dde3; }
@@ -333,7 +334,7 @@ def render_page(reports: list[RunReport], matrix: dict[str, Any], title: str) ->
         sections.append(
             f'<section class="run" id="{anchor}"><h2>Run {escape(run_id)}</h2>'
             f"<h3>System</h3>{_facts(report)}{_devices(report)}<h3>Results</h3>{_results(report)}"
-            f"{generation_html(report)}"
+            f"{generation_html(report)}{roofline_html(report, inline_svg)}"
             f"<h3>Plots</h3>{_plots(report, anchor)}{_time_breakdown(report)}</section>"
         )
     generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

@@ -20,13 +20,16 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from harness.core.records import Case, Ceiling, Target
 from harness.core.roofline import BANDWIDTH_CLASS, precision_class
 from harness.prepare.cache import cache_root
+
+if TYPE_CHECKING:  # graph_cost imports onnx: a worker counting a row pays for it, the planning parent does not
+    from harness.core.graph_cost import Work
 
 BANDWIDTH_ELEMENTS = 16 * 2**20  # 64 MiB of fp32: well past any CPU's last-level cache
 M, K, N = 512, 1024, 1024  # the MatMul: 1.07 GFLOP per run
@@ -46,7 +49,9 @@ class Calibration:
     build: Callable[[], Any]  # the onnx.ModelProto
 
 
-def _model(nodes: list[Any], inputs: list[Any], initializers: list[Any], name: str, domains: tuple[str, ...] = ()) -> Any:
+def _model(
+    nodes: list[Any], inputs: list[Any], initializers: list[Any], name: str, domains: tuple[str, ...] = ()
+) -> Any:
     from onnx import TensorProto, helper
 
     dims = [KEPT] if name == "bandwidth" else [1, KEPT]
@@ -107,8 +112,9 @@ def matmul_int4_graph() -> Any:
 
 # One entry per ceiling a target gets: a new one (fp16, int8) is one line here.
 CALIBRATIONS = (
-    Calibration("bandwidth", BANDWIDTH_CLASS, "bandwidth-expand-add-64mib", 3.0 * 4 * BANDWIDTH_ELEMENTS,
-                bandwidth_graph),
+    Calibration(
+        "bandwidth", BANDWIDTH_CLASS, "bandwidth-expand-add-64mib", 3.0 * 4 * BANDWIDTH_ELEMENTS, bandwidth_graph
+    ),
     Calibration("compute", "fp32", f"matmul-fp32-{M}x{K}x{N}", 2.0 * M * K * N, matmul_graph),
     Calibration("compute", "int4", f"matmulnbits-int4-{M}x{K}x{N}", 2.0 * M * K * N, matmul_int4_graph),
 )
@@ -175,11 +181,11 @@ def page_stop() -> dict[str, Any]:
             "profile_iterations": 0}  # fmt: skip
 
 
-def row_work(model: Path | None, case: Case, input_shapes: dict[str, list[int]]) -> tuple[dict[str, Any], dict[str, Any]]:
+def row_work(model: Path | None, case: Case, input_shapes: dict[str, list[int]]) -> Work:
     """(work fields, details) of a measured row from the file it ran (harness.core.graph_cost); a graph that
     cannot be counted leaves the fields NULL and says why, never a guess."""
     if model is None:
-        return {}, {"work_counted": "not counted: the engine ran no ONNX file"}
+        return {}, {"work_counted": "not counted: no ONNX file known to have run (an engine building its own model)"}
     from harness.core.graph_cost import generation_work, inference_work
     from harness.prepare.folders import past_shape
 

@@ -4,6 +4,7 @@
 // old past disposed; exactly job.new_tokens tokens (EOS ignored), argmax here. A step's clock stops when its
 // logits are on the CPU (the harness asks WebGPU to keep present.* on the GPU and return logits only).
 // TTFT is the prefill until the first logits; each decode step runs from one step's logits to the next's.
+// At a depth (job.depth), the KV cache is first filled to that many tokens, untimed; the clock starts after.
 
 import { loopStop } from './stop.mjs';
 
@@ -108,20 +109,49 @@ function disposeAll(feeds, names) {
 
 // One generation. hook(step) runs before each step's run (the test suite's fault hook, mid-generation).
 // keepLogits: the untimed warm-up keeps the prefill's logits; the timed generations never copy them.
+// The KV cache filled to job.depth tokens (llama-bench's -d), untimed: a prefill of each row's prompt repeated
+// (greedy.filler), whose presents are the prompt's past. Returns the prompt's feeds and its mask (filler + prompt).
+async function filled(ort, session, prompt, job, taken, branch) {
+  const [batch, promptLength] = prompt.ids.dims;
+  const depth = job.depth;
+  const ids = new BigInt64Array(batch * depth);
+  for (let row = 0; row < batch; row++) {
+    for (let i = 0; i < depth; i++) ids[row * depth + i] = prompt.ids.data[row * promptLength + (i % promptLength)];
+  }
+  const ones = new BigInt64Array(batch * depth).fill(1n);
+  const fill = { input_ids: new ort.Tensor('int64', ids, [batch, depth]),
+    attention_mask: new ort.Tensor('int64', ones, [batch, depth]), ...emptyPast(ort, session, batch, job.past_shape) };
+  if (taken.has('position_ids')) fill.position_ids = positions(ort, ones, batch, depth, depth);
+  if (taken.has('use_cache_branch')) fill.use_cache_branch = branch(false);
+  const [logitsName, ...presents] = session.outputNames;
+  const out = await session.run(fill);
+  out[logitsName].dispose();
+  const mask = new BigInt64Array(batch * (depth + promptLength));
+  for (let row = 0; row < batch; row++) {
+    mask.set(ones.subarray(row * depth, (row + 1) * depth), row * (depth + promptLength));
+    mask.set(prompt.mask.data.subarray(row * promptLength, (row + 1) * promptLength), row * (depth + promptLength) + depth);
+  }
+  const feeds = { input_ids: prompt.ids, attention_mask: new ort.Tensor('int64', mask, [batch, depth + promptLength]) };
+  presents.forEach((name) => (feeds[pastOf(name)] = out[name]));
+  if (taken.has('use_cache_branch')) feeds.use_cache_branch = branch(true);
+  return { feeds, mask };
+}
+
 async function generateOnce(ort, session, prompt, job, hook, keepLogits = false) {
   const [batch, promptLength] = prompt.ids.dims;
   const [logitsName, ...presents] = session.outputNames;
   const pasts = presents.map(pastOf);
   const taken = new Set(session.inputNames);
+  // optimum's merged decoder: its no-cache branch for the prefill, the cache branch for each decode step
+  const branch = (on) => new ort.Tensor('bool', Uint8Array.from([on ? 1 : 0]), [1]);
   let mask = prompt.mask.data;
-  let length = promptLength;
   let feeds = { input_ids: prompt.ids, attention_mask: prompt.mask, ...emptyPast(ort, session, batch, job.past_shape) };
+  if (job.depth > 0) ({ feeds, mask } = await filled(ort, session, prompt, job, taken, branch));
+  let length = mask.length / batch;
   if (taken.has('position_ids')) feeds.position_ids = positions(ort, mask, batch, length, promptLength);
   // a decode step's position ids, counted on from the prompt's real tokens rather than recounted each step
   let nextPositions = taken.has('position_ids') ? realTokens(mask, batch, length) : null;
-  // optimum's merged decoder: its no-cache branch for the prefill, the cache branch for each decode step
-  const branch = (on) => new ort.Tensor('bool', Uint8Array.from([on ? 1 : 0]), [1]);
-  if (taken.has('use_cache_branch')) feeds.use_cache_branch = branch(false);
+  if (taken.has('use_cache_branch') && !feeds.use_cache_branch) feeds.use_cache_branch = branch(false);
   const tokens = Array.from({ length: batch }, () => []);
   const steps = [];
   let ttft_ms = null;
