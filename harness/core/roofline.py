@@ -15,7 +15,8 @@ per token or per item) by its measured time; its fraction is achieved / that tar
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -46,3 +47,11 @@ def ceiling_figures(amount: float, samples_ms: Sequence[float]) -> tuple[float |
         return None, None
     median_ms = float(np.median(samples_ms))
     return amount / (median_ms / 1000.0) / 1e9, median_ms / float(min(samples_ms)) - 1.0
+
+
+def limit_fraction(row: Mapping[str, Any] | None) -> float | None:
+    """How close a stored row came to its target's ceiling: bandwidth for a generate row (its decode, the
+    memory-bound phase), compute for an inference row; None where either side was not measured."""
+    if row is None:
+        return None
+    return row.get("bandwidth_fraction") if row.get("mode") == "generate" else row.get("compute_fraction")

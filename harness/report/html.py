@@ -269,7 +269,9 @@ def matrix_html(matrix: dict[str, Any]) -> str:
         rating += f" · {entry['speedup']:.2f}×" if entry["speedup"] is not None else ""
         evidence = "\n".join(
             f"{e['model']} {e['case']} {e['provider']}: {e['class']}, p50 {_fmt(e['median_latency_ms'])} ms, "
-            f"result {e['result_id'][:12]} ({e['date']})" + (f" — {e['error']}" if e["error"] else "")
+            f"result {e['result_id'][:12]} ({e['date']})"
+            + (f" — {e['error']}" if e["error"] else "")
+            + (f", {e['limit_fraction']:.1%} of its ceiling" if e.get("limit_fraction") is not None else "")
             for e in entry["evidence"]
         )
         return (
