@@ -109,6 +109,7 @@ class OrtGenerator(OrtSession):
         super().__init__(session, provider, placement, path)
         self.generated: np.ndarray | None = None  # the last generate()'s token ids, for parity checks
         self.fills_cache = True  # generate() takes a KV-cache depth (--depths), filled before begin()
+        self.fills: dict[Any, Any] = {}  # the filled cache, kept for the next generation (greedy.greedy)
         self.base_facts["onnx_graph"] = "with past key/values (KV-cache decoder loop)"
 
     def prepare(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -119,7 +120,9 @@ class OrtGenerator(OrtSession):
         """Exactly new_tokens greedy tokens (no EOS stop, like torch's min = max) after a KV cache filled to
         `depth` (then begin() runs); stamp() runs as each token's logits are ready, since run() returns host arrays."""
         shape = past_shape(self.path) if self.path is not None else None  # a folder's config, where the graph says none
-        self.generated = greedy(self.session, prepared, new_tokens, stamp, shape=shape, depth=depth, begin=begin).tokens
+        self.generated = greedy(
+            self.session, prepared, new_tokens, stamp, shape=shape, depth=depth, begin=begin, fills=self.fills
+        ).tokens
         return self.generated.shape[1]
 
 
