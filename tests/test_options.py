@@ -16,25 +16,45 @@ import typer
 from conftest import CLI
 from typer.testing import CliRunner
 
-from harness.ab.run import AbRequest
-from harness.browser.run import WebRequest
+from harness.ab.run import AbRequest, validate_ab
+from harness.browser.run import LAUNCH, WebRequest, validate_web
+from harness.browser.serve import ServeRequest, validate_serve
+from harness.cli import app
 from harness.cli.common import request_values, with_options
+from harness.cli.predict import CASES
 from harness.cli.reference import commands
 from harness.cli.suite import OVERRIDES
-from harness.core.options import RequestError, check, declared, option, problem
+from harness.core.options import Opt, RequestError, check, declared, option, problem
 from harness.core.parity import TOLERANCES
 from harness.core.precision import MEANINGS
 from harness.core.records import PRECISIONS
 from harness.run.plan import BenchmarkRequest, RunOptions, validate
-from harness.suite.config import OPTION_KEYS, SuiteConfig
+from harness.suite.config import OPTION_KEYS, ConfigError, SuiteConfig, load_config
 
-# Every request field that more than one command takes: its one declaration.
+# Every request field that more than one command takes under its own name: its one declaration.
 SHARED = (
     declared(RunOptions)
     | {"engines": declared(BenchmarkRequest)["engines"]}
-    | {name: declared(WebRequest)[name] for name in ("threads", "gpu")}
+    | {name: declared(WebRequest)[name] for name in LAUNCH}
 )
 BENCHMARKS = ("native", "web", "run", "ab", "suite")
+# The requests each command's options are generated from (harness.cli), with the prefix of a browser option in
+# a command that has a native half too (`run --web-hardware` is WebRequest's --hardware).
+# a command that takes a few fields only (predict: the cases; its --precision is the one it predicts for)
+BUILT_FROM: dict[str, list[tuple[type, str | None, tuple[str, ...] | None]]] = {
+    "native": [(BenchmarkRequest, None, None)],
+    "web": [(WebRequest, None, None), (ServeRequest, None, None)],
+    "run": [(BenchmarkRequest, None, None), (WebRequest, "web", ("hardware",)), (WebRequest, None, LAUNCH)],
+    "ab": [(AbRequest, None, None)],
+    "predict": [(RunOptions, None, CASES)],
+}
+# What a benchmark command takes that no request declares: its own switches, and ab's verdict after the run.
+OWN = {
+    "native": {"resume"},
+    "web": {"serve", "resume"},
+    "run": {"resume"},
+    "ab": {"threshold", "fail_on_regression", "fmt", "out"},
+}
 
 
 def shown(command: Any, name: str) -> tuple[list[str], str, Any] | None:
@@ -62,6 +82,125 @@ def test_every_command_shows_a_shared_option_as_its_one_definition(name: str) ->
             assert help_text == opt.help, cmd
     defaults = {str(seen[2]) for cmd, seen in taking.items() if cmd != "suite"}
     assert len(defaults) <= 1, f"{opt.flag} defaults differ: {defaults}"
+
+
+def fields_of(command: str) -> dict[str, Opt]:
+    """The options a command is built from, by the parameter names with_options gives them."""
+    found: dict[str, Opt] = {}
+    for request, prefix, names in BUILT_FROM[command]:
+        for name, opt in declared(request).items():
+            if names is None or name in names:
+                found[f"{prefix}_{name}" if prefix else name] = opt.prefixed(prefix)
+    return found
+
+
+@pytest.mark.parametrize("command", sorted(BUILT_FROM))
+def test_no_option_is_typed_in_the_cli(command: str) -> None:
+    """Every option of a benchmark command is a declared field of a request it is built from, shown with that
+    field's flag and help; only the command's own switches (OWN) are typed in cli/. A choice option's help
+    names every choice (its table's)."""
+    fields = fields_of(command)
+    for param in commands()[command].params:
+        if param.name in fields:
+            opt = fields[param.name]
+            assert (param.opts[0], param.help) == (opt.flag, opt.help), (command, param.name)
+            assert all(choice in opt.help for choice in opt.choices or ()), (opt.flag, opt.help)
+        elif command in OWN:
+            assert param.name in OWN[command], f"{command} types {param.opts} itself: declare it on its request"
+
+
+def test_an_option_taken_under_another_flag_is_the_same_declaration() -> None:
+    """ab's --hardware is native's; run's and ab's --web-hardware are web's --hardware (prefixed); ab's and
+    web --serve's fields reuse the declaring request's option: flag, help, choices and bound alike."""
+    native, browser = declared(BenchmarkRequest)["hardware"], declared(WebRequest)["hardware"]
+    assert declared(AbRequest)["hardware"] is native
+    assert declared(AbRequest)["web_hardware"] == fields_of("run")["web_hardware"] == browser.prefixed("web")
+    assert browser.prefixed("web").flag == "--web-hardware" and browser.prefixed("web").choices == browser.choices
+    assert declared(ServeRequest)["hardware"] is browser
+    assert declared(AbRequest)["threads"] is declared(WebRequest)["threads"]
+    for command in ("run", "ab"):
+        shown_help = shown(commands()[command], "web_hardware")
+        assert shown_help is not None and shown_help[:2] == (["--web-hardware"], browser.help), command
+
+
+def _config(tmp_path: Path, line: str) -> Path:
+    path = tmp_path / "suite.toml"
+    path.write_text(f'{line}\n[model_families]\nembedding = ["bert-tiny"]\n')
+    return path
+
+
+# A bad value of a declared option, from the command line, the Python API and (where it is a key) the suite config:
+# each refused by the one check(), named as that entry point names it.
+REFUSED = [
+    (
+        ["web", "--model", "bert-tiny", "--browser", "firefox"],
+        lambda: validate_web(WebRequest(models=["bert-tiny"], browser="firefox")),
+        'browser = "firefox"',
+        "unknown browser 'firefox'; valid: chrome, chromium, edge",
+    ),
+    (
+        ["web", "--model", "bert-tiny", "--hardware", "webnn", "--webnn-device", "tpu"],
+        lambda: validate_web(WebRequest(models=["bert-tiny"], hardware=["webnn"], webnn_device="tpu")),
+        None,
+        "--webnn-device: unknown WebNN device 'tpu'; valid: cpu, gpu, npu",
+    ),
+    (
+        ["run", "--model", "bert-tiny", "--web-hardware", "webgl"],
+        lambda: validate_ab(AbRequest(a="bert-tiny", b="bert-tiny", web_hardware=["webgl"])),
+        'web_platforms = ["webgl"]',
+        "--web-hardware: unknown web hardware 'webgl'; valid: wasm, webgpu, webnn",
+    ),
+    (
+        ["web", "--serve", "--model", "bert-tiny", "--max-devices", "0"],
+        lambda: validate_serve(ServeRequest(models=["bert-tiny"], max_devices=0)),
+        None,
+        "--max-devices takes a whole number from 1 to 1,000 (got 0)",
+    ),
+    (
+        ["web", "--serve", "--model", "bert-tiny", "--port", "70000"],
+        lambda: validate_serve(ServeRequest(models=["bert-tiny"], port=70000)),
+        None,
+        "--port takes a whole number from 0 to 65,535 (got 70000)",
+    ),
+    (
+        ["ab", "--a", "bert-tiny", "--b", "bert-tiny", "--block-time", "-1"],
+        lambda: validate_ab(AbRequest(a="bert-tiny", b="bert-tiny", block_time_s=-1)),
+        None,
+        "--block-time takes a finite number of seconds >= 0 and <= 3600 (got -1)",
+    ),
+    (
+        ["ab", "--a", "bert-tiny", "--b", "bert-tiny", "--a-precision", "fp8"],
+        lambda: validate_ab(AbRequest(a="bert-tiny", b="bert-tiny", a_precision="fp8")),
+        None,
+        "--a-precision: unknown precision 'fp8'; valid: fp32",
+    ),
+    (
+        ["predict", "--model", "bert-tiny", "--batch-sizes", "0"],
+        None,
+        "batch_sizes = [0]",
+        "--batch-sizes takes whole numbers from 1 to 4,096 (got 0)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("args", "api", "config", "message"), REFUSED, ids=[r[0][-2] for r in REFUSED])
+def test_check_refuses_a_bad_value_from_every_entry_point(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], api: Any, config: str | None, message: str
+) -> None:
+    """The command line exits 2 with the message and writes nothing; the API raises RequestError with it; the
+    suite config's key is refused by the same option, named by its key."""
+    monkeypatch.chdir(tmp_path)
+    done = CliRunner().invoke(app, args)
+    assert done.exit_code == 2 and message in " ".join(done.output.split()), done.output
+    assert "Traceback" not in done.output and list(tmp_path.iterdir()) == []
+    if api is not None:
+        with pytest.raises(RequestError) as raised:
+            api()
+        assert message.split(":")[-1].split("(")[0].strip() in str(raised.value), raised.value
+    if config is not None:
+        key = config.split(" = ")[0]
+        with pytest.raises(ConfigError, match=f"key '{key}'"):
+            load_config(_config(tmp_path, config))
 
 
 def test_the_benchmark_commands_take_the_same_run_options() -> None:

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -27,14 +28,16 @@ import pytest
 from harness.cli.serve import ServeDisplay
 from harness.web import device_server
 from harness.web.device_server import Device, DeviceServer, Page, ServeError, ServeJob, answer_limit, serve_until
+from harness.web.page_job import GenerateJob, PageInput, PageJob, StopRule
 
 UA = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/141.0.0.0 Safari/537.36"
 OTHER_UA = "Mozilla/5.0 (Linux; Android 14; Pixel 8) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/141.0 Mobile"
 OUTPUT = np.arange(4, dtype=np.float32)
 MAX_ITERATIONS = 10
-# the page job's stop rule (harness.browser.run.page_job): 3 timed samples, at most MAX_ITERATIONS
-STOP = {"iterations": 3, "min_iterations": 3, "max_iterations": MAX_ITERATIONS, "max_time_ms": None}
-STOP |= {"profile_iterations": 0}
+# a page job (harness.browser.run.page_job) whose stop rule gives 3 timed samples, at most MAX_ITERATIONS
+STOP = StopRule(1, iterations=3, min_duration_ms=0, max_iterations=MAX_ITERATIONS, min_iterations=3, max_time_ms=None)
+PROMPT = [PageInput(n, f"job/m.{i}.bin", "int64", [1, 8]) for i, n in enumerate(("input_ids", "attention_mask"))]
+JOB = PageJob("job/m.onnx", PROMPT, "wasm", 1, STOP, "b1_s8")
 
 
 class Source:
@@ -49,7 +52,7 @@ class Source:
 
     def jobs(self, device: Device, _files: Any) -> list[ServeJob]:
         limit = answer_limit(OUTPUT.nbytes, MAX_ITERATIONS)
-        return [ServeJob(f"{device.id}|{n}", "wasm:threads=1", f"job {n}", STOP, limit) for n in range(2)]
+        return [ServeJob(f"{device.id}|{n}", "wasm:threads=1", f"job {n}", JOB, limit) for n in range(2)]
 
     def answered(self, device: Device, job: ServeJob, answer: dict[str, Any], _page: Page) -> dict[str, Any]:
         self.rows.append((device.id, job.key, answer))
@@ -248,11 +251,10 @@ def test_timings_the_page_clock_cannot_have_measured_are_422_and_the_job_stays_o
     assert [row[2]["samples_ms"] for row in served.source.rows] == [[1.0, 1.1, 1.2]]
 
 
-# A generate job as harness.browser.run.page_job builds it (generate_fields): 4 new tokens for a prompt of batch 1,
+# A generate job as harness.browser.run.page_job builds it (generate_job): 4 new tokens for a prompt of batch 1,
 # logits 16 wide. Its answer: per timed generation a TTFT and 3 decode steps inside the whole generation.
 NEW_TOKENS, VOCAB = 4, 16
-GENERATE_JOB = STOP | {"mode": "generate", "new_tokens": NEW_TOKENS, "vocab_size": VOCAB}
-GENERATE_JOB |= {"inputs": [{"name": n, "dtype": "int64", "dims": [1, 8]} for n in ("input_ids", "attention_mask")]}
+GENERATE_JOB = replace(JOB, generate=GenerateJob(NEW_TOKENS, VOCAB))
 
 
 class GenerateSource(Source):

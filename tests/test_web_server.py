@@ -8,11 +8,13 @@ import math
 import re
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from harness.web.answers import PageResultError, validate_page_result
+from harness.web.page_job import GenerateJob, PageInput, PageJob, StopRule
 from harness.web.server import PageServer
 
 
@@ -124,8 +126,9 @@ def test_without_isolation_no_coop_coep() -> None:
 
 # --- the page-answer validator ------------------------------------------------------------------------
 
-# A page job's stop rule (harness.browser.run.page_job): at least 3 samples, at most 10; --timeout 60 s.
-JOB = {"iterations": 3, "min_iterations": 3, "max_iterations": 10, "max_time_ms": None, "profile_iterations": 0}
+# A page job (harness.browser.run.page_job) whose stop rule gives at least 3 samples, at most 10; --timeout 60 s.
+STOP = StopRule(warmup=1, iterations=3, min_duration_ms=0, max_iterations=10, min_iterations=3, max_time_ms=None)
+JOB = PageJob("job/m.onnx", [PageInput("input_ids", "job/m.0.bin", "int64", [2, 8])], "wasm", 1, STOP, "b2_s8")
 TIMEOUT_S = 60.0
 
 
@@ -219,7 +222,7 @@ def test_durations_the_page_clock_can_measure_pass() -> None:
     assert step < 0.005
     fine = answer(samples_ms=[step, 1.0, 20_000.0], facts={"timer_resolution_ms": 0.005})
     assert validate_page_result(fine, JOB, TIMEOUT_S)["samples_ms"][0] == step
-    budget = JOB | {"iterations": 20, "min_iterations": 3, "max_time_ms": 1000.0}  # stopped by its budget at 3
+    budget = replace(JOB, stop=replace(STOP, iterations=20, max_time_ms=1000.0))  # stopped by its budget at 3
     assert len(validate_page_result(answer(), budget, TIMEOUT_S)["samples_ms"]) == 3
     error = {"status": "error", "error": "boom", "facts": {"runtime_init_ms": 0.0}}  # a runtime not started
     assert validate_page_result(error, JOB, TIMEOUT_S)["status"] == "error"
@@ -264,7 +267,7 @@ def test_well_formed_facts_and_unknown_keys_pass() -> None:
 
 # --- generate answers (issue 30, item 12): the launched page's answers pass the same checks ---------------
 
-GENERATE_JOB = JOB | {"mode": "generate", "new_tokens": 3, "inputs": [{"name": "input_ids", "dims": [2, 8]}]}
+GENERATE_JOB = replace(JOB, generate=GenerateJob(new_tokens=3))
 
 
 def generated(**changes: object) -> dict:
@@ -282,7 +285,7 @@ def test_a_launched_page_generation_is_checked_against_its_job() -> None:
     """validate_page_result is the one check of a generate answer, the launched browser's (web/driver.py) and
     a served device's alike. Without a vocabulary in the job (a graph whose logits width is symbolic) token
     ids are bounded by the width of the prefill logits, which must be [batch, 1, width]."""
-    job = GENERATE_JOB | {"vocab_size": 8}
+    job = replace(GENERATE_JOB, generate=GenerateJob(new_tokens=3, vocab_size=8))
     assert validate_page_result(generated(), job, TIMEOUT_S)["generation"]["tokens"][1] == [4, 5, 6]
     assert validate_page_result(generated(), GENERATE_JOB, TIMEOUT_S)["status"] == "ok"
     refused = [
@@ -300,11 +303,11 @@ def test_a_launched_page_generation_is_checked_against_its_job() -> None:
 
 
 def test_a_generate_job_carries_its_graphs_vocabulary(tmp_path: Path) -> None:
-    """generate_fields reads the logits width off the graph the page runs (weights not loaded)."""
+    """generate_job reads the logits width off the graph the page runs (weights not loaded)."""
     import onnx
     from onnx import TensorProto, helper
 
-    from harness.browser.generate import generate_fields
+    from harness.browser.generate import generate_job
     from harness.core.records import Case
 
     for width, name in ((50, "fixed.onnx"), ("vocab", "symbolic.onnx")):
@@ -313,5 +316,18 @@ def test_a_generate_job_carries_its_graphs_vocabulary(tmp_path: Path) -> None:
         node = helper.make_node("Cast", ["input_ids"], ["logits"], to=TensorProto.FLOAT)
         onnx.save(helper.make_model(helper.make_graph([node], "g", [ids], [logits])), tmp_path / name)
     case = Case(1, 8, "fp32", mode="generate", new_tokens=4)
-    assert generate_fields(tmp_path / "fixed.onnx", case, False)["vocab_size"] == 50
-    assert "vocab_size" not in generate_fields(tmp_path / "symbolic.onnx", case, False)
+    assert generate_job(tmp_path / "fixed.onnx", case, False).vocab_size == 50
+    assert generate_job(tmp_path / "symbolic.onnx", case, False).vocab_size is None
+
+
+def test_a_page_job_is_the_pages_json_in_one_place() -> None:
+    """PageJob.page_json is what runner.mjs reads: the stop rule's and the generation's fields flat, a mode,
+    a generation's unset facts left out (an inference job carries none)."""
+    plain = JOB.page_json()
+    assert plain["mode"] == "inference" and plain["iterations"] == 3 and plain["max_time_ms"] is None
+    assert plain["inputs"] == [{"name": "input_ids", "url": "job/m.0.bin", "dtype": "int64", "dims": [2, 8]}]
+    assert "new_tokens" not in plain and "stop" not in plain and "generate" not in plain
+    generating = replace(GENERATE_JOB, generate=GenerateJob(new_tokens=3, vocab_size=8)).page_json()
+    assert generating["mode"] == "generate" and generating["new_tokens"] == 3 and generating["vocab_size"] == 8
+    assert "past_shape" not in generating and "session_options" not in generating
+    assert JOB.stop.fewest_samples == 3 and replace(STOP, iterations=20, max_time_ms=1.0).fewest_samples == 3

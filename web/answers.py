@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from harness.web.page_job import PageJob
+
 RESULT_STATUSES = ("ok", "error", "unsupported")
 NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "int32": np.int32}
 NUMPY_DTYPES |= {"float64": np.float64, "int16": np.int16, "int8": np.int8, "uint64": np.uint64, "uint32": np.uint32}
@@ -85,14 +87,6 @@ class Clock:
                 "past which the job is stopped; not a measurement"
             )
         return value
-
-
-def fewest_samples(job: dict[str, Any]) -> int:
-    """The fewest timed samples runner.mjs's measure() returns for this job: its loop runs to
-    `iterations`, and a time budget (max_time_ms) stops it early, but never below min_iterations."""
-    if job["max_time_ms"] is None:
-        return job["iterations"]
-    return min(job["min_iterations"], job["iterations"])
 
 
 # The facts the page reports (web/page/runner.mjs), checked like the rest of its answer: reports and
@@ -182,9 +176,9 @@ def _check_outputs(outputs: Any) -> None:
 HARNESS_KEYS = ("browser_memory",)
 
 
-def validate_page_result(result: Any, job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+def validate_page_result(result: Any, job: PageJob, timeout_s: float) -> dict[str, Any]:
     """Check the page's answer to `job` (run under --timeout `timeout_s`): required keys, types (facts
-    included), every duration one the page's clock could have measured (harness.web.server.Clock), as
+    included), every duration one the page's clock could have measured (Clock), as
     many samples as the job's stop rule gives. A failure makes that job's row an `error` naming what was
     wrong (a served device's answer: a 422, nothing stored)."""
     if not isinstance(result, dict):
@@ -201,7 +195,7 @@ def validate_page_result(result: Any, job: dict[str, Any], timeout_s: float) -> 
     for key in HARNESS_KEYS:
         if key in result:
             raise PageResultError(f"result.{key} is measured by the harness, never sent by a page")
-    if "profile" in result and not job["profile_iterations"]:
+    if "profile" in result and not job.stop.profile_iterations:
         raise PageResultError("result.profile: this job asked for no profile")
     if status != "ok":
         if not _require(result, "error", (str,)).strip():
@@ -210,7 +204,7 @@ def validate_page_result(result: Any, job: dict[str, Any], timeout_s: float) -> 
     _check_samples(result, job, clock)
     for key in ("first_run_ms", "load_ms"):
         result[key] = clock.duration(_require(result, key, (int, float)), key)
-    if job.get("mode") == "generate":  # a generate job (web/page/generate.mjs) answers with tokens, not outputs
+    if job.generate is not None:  # a generate job (web/page/generate.mjs) answers with tokens, not outputs
         _check_generation(_require(result, "generation", (dict,)), result["samples_ms"], job, clock)
     elif "generation" in result:
         raise PageResultError("result.generation: this job is not a generate job (it answers with outputs)")
@@ -219,9 +213,9 @@ def validate_page_result(result: Any, job: dict[str, Any], timeout_s: float) -> 
     return result
 
 
-def _check_samples(result: dict[str, Any], job: dict[str, Any], clock: Clock) -> None:
+def _check_samples(result: dict[str, Any], job: PageJob, clock: Clock) -> None:
     samples = _require(result, "samples_ms", (list,))
-    fewest, most = fewest_samples(job), job["max_iterations"]
+    fewest, most = job.stop.fewest_samples, job.stop.max_iterations
     if not fewest <= len(samples) <= most:
         raise PageResultError(f"result has {len(samples)} samples; this job's stop rule gives {fewest}..{most}")
     result["samples_ms"] = [clock.duration(s, f"samples_ms[{i}]") for i, s in enumerate(samples)]
@@ -229,23 +223,16 @@ def _check_samples(result: dict[str, Any], job: dict[str, Any], clock: Clock) ->
     clock.at_most_limit(timed, "the first run and the timed samples together")
 
 
-def generate_shape(job: dict[str, Any]) -> tuple[int, int, int | None]:
-    """(batch rows, new tokens, vocabulary size or None) of a generate job, as the harness built it: the
-    answer is checked against these, never against what it says of itself. The vocabulary is the logits
-    width of the job's graph (harness.browser.generate.generate_fields), None where the graph leaves it
-    symbolic."""
-    prompt = next((i for i in job.get("inputs", []) if i.get("name") == "input_ids"), None)
-    batch = prompt["dims"][0] if prompt is not None else 1
-    return batch, job["new_tokens"], job.get("vocab_size")
-
-
-def _check_generation(generation: dict[str, Any], samples: list[float], job: dict[str, Any], clock: Clock) -> None:
+def _check_generation(generation: dict[str, Any], samples: list[float], job: PageJob, clock: Clock) -> None:
     """A generate answer: per timed generation its TTFT and decode steps, the warm-up's token ids (a list
     per batch row) and prefill logits (null where JSON could not carry a NaN/inf), memory facts. Counts
     come from the job: new_tokens - 1 decode steps per generation, new_tokens ids per row, each inside the
     vocabulary; a generation's TTFT and steps fit inside its whole (samples_ms)."""
     where = "result.generation"
-    batch, new_tokens, vocab = generate_shape(job)
+    assert job.generate is not None
+    # the vocabulary: the logits width of the job's graph (harness.browser.generate.generate_job), None where
+    # the graph leaves it symbolic
+    batch, new_tokens, vocab = job.batch, job.generate.new_tokens, job.generate.vocab_size
     _check_phases(generation, samples, new_tokens, clock)
     logits = _require(generation, "prefill_logits", (dict,), where)
     dims, values = _require(logits, "dims", (list,), where), _require(logits, "values", (list,), where)

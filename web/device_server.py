@@ -52,6 +52,7 @@ from aiohttp import web
 
 from harness.core.terminal import terminal_text
 from harness.web.answers import PageResultError, check_facts, decode_outputs, validate_page_result
+from harness.web.page_job import PageJob
 from harness.web.server import PageServer
 
 log = logging.getLogger(__name__)
@@ -143,7 +144,7 @@ class ServeJob:
     key: str  # the result key: unique per device and run
     setting: str  # the runtime it needs (EP, threads, device type): a page load runs one setting
     label: str  # shown on the page and in the terminal
-    page_job: dict[str, Any]  # runner.mjs's job
+    page_job: PageJob  # what the page runs
     max_body: int  # bytes an answer may take (answer_limit)
     id: str = field(default_factory=lambda: secrets.token_urlsafe(12))
     holder: str | None = None  # the page running it
@@ -478,7 +479,7 @@ class DeviceServer(PageServer):
         if job.holder is None:
             job.holder, job.taken = page_id, time.monotonic()
             self.on_event("leased", device, job)
-        return self._state(device, page_id, True) | {"job": job.public() | {"run": job.page_job}}
+        return self._state(device, page_id, True) | {"job": job.public() | {"run": job.page_job.page_json()}}
 
     def _heartbeat(self, _request: web.Request, data: dict[str, Any]) -> dict[str, Any]:
         page_id = _page_id(data)

@@ -32,10 +32,10 @@ from harness.web.answers import PageResultError, validate_page_result
 from harness.web.browser_memory import LoopMemory
 from harness.web.device_probe import probes_device, prove_device
 from harness.web.eps import WEB_HARDWARE
-from harness.web.flags import GpuProfile, VirtualDisplay, gpu_profile, launch_flags, needs_virtual_display
+from harness.web.flags import BROWSERS, GpuProfile, VirtualDisplay, gpu_profile, launch_flags, needs_virtual_display
+from harness.web.page_job import PageJob
 from harness.web.server import PageFiles, RoutedPages, SetupError
 
-BROWSERS = ("chrome", "chromium", "edge")
 CANDIDATES: dict[str, tuple[str, ...]] = {
     "chrome": ("google-chrome", "google-chrome-stable", "/opt/google/chrome/chrome"),
     "chromium": ("chromium", "chromium-browser", "/usr/bin/chromium"),
@@ -401,11 +401,11 @@ class BrowserSession:
                 return {"available": False, "error": f"adapter probe failed: {_first_line(exc)}"}
         return self._adapter
 
-    async def run_job(self, url: str, key: object, job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    async def run_job(self, url: str, key: object, job: PageJob, timeout_s: float) -> dict[str, Any]:
         """The page's validated answer (with `browser_memory`, the launched browser's peak during the timed
         loop), or a synthesized timeout/error answer (the browser is then restarted). A WebGPU page's device
         is proved first (harness.web.device_probe); one that made no progress answers for its setting."""
-        stall = self.device_stall(job["ep"], job.get("device_type"))
+        stall = self.device_stall(job.ep, job.device_type)
         if stall is not None:
             return stall
         problem = await self.ensure_started()
@@ -421,9 +421,10 @@ class BrowserSession:
             if stall is not None:
                 return stall
             stage = "running the job"
-            if job.get("fault") == "kill":  # test-only: SIGKILL the browser while the page is mid-job
+            if job.fault == "kill":  # test-only: SIGKILL the browser while the page is mid-job
                 killer = asyncio.get_running_loop().call_later(KILL_FAULT_DELAY_S, self.source.kill)
-            raw = await asyncio.wait_for(page.evaluate("job => window.accelharness.runJob(job)", job), timeout_s)
+            run = page.evaluate("job => window.accelharness.runJob(job)", job.page_json())
+            raw = await asyncio.wait_for(run, timeout_s)
         except TimeoutError:
             await self.restart()
             why = f"no answer within --timeout {timeout_s:g}s while {stage}; {self.source.restarting}"
@@ -451,18 +452,18 @@ class BrowserSession:
         stall = self._stalls.get((ep, device_type))
         return None if stall is None else copy.deepcopy(stall)
 
-    async def _prove(self, page: Any, job: dict[str, Any]) -> dict[str, Any] | None:
+    async def _prove(self, page: Any, job: PageJob) -> dict[str, Any] | None:
         """None once the page's device answered (or when the EP has none); else the stall's answer."""
-        if page is self._proven or not probes_device(job["ep"]):
+        if page is self._proven or not probes_device(job.ep):
             return None
-        stall = await prove_device(page, job["ep"], job.get("fault"))
+        stall = await prove_device(page, job.ep, job.fault)
         if stall is None:
             self._proven = page
             return None
-        self._stalls[(job["ep"], job.get("device_type"))] = stall.answer
+        self._stalls[(job.ep, job.device_type)] = stall.answer
         if stall.page_stuck:
             await self.restart()
-        return self.device_stall(job["ep"], job.get("device_type"))
+        return self.device_stall(job.ep, job.device_type)
 
     def facts(self) -> dict[str, Any]:
         return self.source.facts() | {

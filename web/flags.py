@@ -22,6 +22,7 @@ from pathlib import Path
 from harness.web.eps import EPS
 
 GPU_MODES = ("auto", "on", "off")
+BROWSERS = ("chrome", "chromium", "edge")  # what --browser launches (harness.web.driver.CANDIDATES: their binaries)
 
 COMMON_FLAGS = (
     "--no-sandbox",

@@ -36,10 +36,10 @@ from typing import IO, Any
 
 from harness.ab.rounds import CaseFailure, WorkerFailure, schedule
 from harness.ab.worker import VariantJob
-from harness.browser.run import PREPARE_TIMEOUT_FLOOR_S, WebPlan
-from harness.core.bounds import MAX_ITERATIONS, MAX_ROUNDS, MAX_THREADS
-from harness.core.options import declared, items, problem
-from harness.core.records import VARIANTS, Case, Result, Target
+from harness.browser.run import PREPARE_TIMEOUT_FLOOR_S, WebPlan, WebRequest
+from harness.core.bounds import MAX_ITERATIONS, MAX_ROUNDS
+from harness.core.options import check, declared, items, option, reuse
+from harness.core.records import PRECISIONS, VARIANTS, Case, Result, Target
 from harness.core.stats import MIN_PAIRED_ROUNDS
 from harness.native import capabilities
 from harness.native.base import Availability
@@ -47,13 +47,12 @@ from harness.prepare.prepared import PreparedModel, PrepareJob, unprepared_resul
 from harness.prepare.specs import ModelSpec, SpecError, select_specs, spec_from_path
 from harness.run.isolation import describe_exit, oom_kill_count
 from harness.run.plan import (
+    BenchmarkRequest,
     RequestError,
     RunOptions,
-    check_count,
     check_engines,
     check_measuring,
     check_paths,
-    check_seconds,
     check_shapes,
     choose_targets,
     engines_option,
@@ -65,25 +64,45 @@ PROBE_OK = "accelharness ab worker importable"
 EXIT_GRACE_S = 5.0  # how long a worker whose stdin closed may take to exit before it is killed
 
 
+VARIANT_HELP = "A spec name (`accelharness models`), an HF model directory or an .onnx file."
+PYTHON_HELP = "Another environment's python for variant {side} (with accelharness installed), e.g. another onnxruntime."
+BLOCK_TIME_LIMIT_S = 3600.0  # seconds per variant and round: a block longer than an hour is no round
+
+
 @dataclass
 class AbRequest(RunOptions):
-    a: str = ""  # variant A's model: a spec name, an HF model directory or an .onnx file
-    b: str = ""
-    hardware: list[str] | None = None  # native platforms; None: cpu, unless web_hardware is given
-    web_hardware: list[str] | None = None  # browser EPs (wasm, webgpu, webnn): both variants in one page
-    threads: list[int] = field(default_factory=lambda: [1])  # wasm threads, as `web --threads`
+    # variant A's model: a spec name, an HF model directory or an .onnx file
+    a: str = option("", flag="--a", help=f"Variant A (the baseline). {VARIANT_HELP}")
+    b: str = option("", flag="--b", help=f"Variant B (the change). {VARIANT_HELP}")
+    hardware: list[str] | None = reuse(BenchmarkRequest, "hardware", default=None)  # None: cpu, unless web_hardware
+    # browser EPs (wasm, webgpu, webnn): both variants in one page; None: no browser half
+    web_hardware: list[str] | None = reuse(WebRequest, "hardware", prefix="web", default=None)
+    threads: list[int] = reuse(WebRequest, "threads", factory=lambda: [1])  # wasm threads, as `web --threads`
     engines: list[str] | None = engines_option()  # None: the default engines
     # precision (RunOptions'): both variants', unless a_precision / b_precision say otherwise
-    a_precision: str | None = None
-    b_precision: str | None = None
-    a_python: Path | None = None  # the interpreter of variant A's environment (None: this one)
-    b_python: Path | None = None
+    a_precision: str | None = option(
+        None, flag="--a-precision", choices=PRECISIONS, noun="precision",
+        help=f"Variant A's precision instead of --precision: one of {', '.join(PRECISIONS)}.",
+    )  # fmt: skip
+    b_precision: str | None = option(
+        None, flag="--b-precision", choices=PRECISIONS, noun="precision",
+        help=f"Variant B's precision instead: one of {', '.join(PRECISIONS)}.",
+    )  # fmt: skip
+    # the interpreter of variant A's environment (None: this one)
+    a_python: Path | None = option(None, flag="--a-python", help=PYTHON_HELP.format(side="A"))
+    b_python: Path | None = option(None, flag="--b-python", help=PYTHON_HELP.format(side="B"))
     # Many short rounds rather than a few long ones: a burst of load on a shared machine spoils the
     # rounds it falls in, and the signed-rank test shrugs off a few spoiled rounds out of 20 (two
     # spoiled out of 10 already cost it p < 0.05).
-    rounds: int = 20
-    block: int = 3  # at least this many iterations per variant and round…
-    block_time_s: float = 0.05  # …and at least this long
+    rounds: int = option(
+        20, flag="--rounds", low=MIN_PAIRED_ROUNDS, high=MAX_ROUNDS,
+        help="Rounds per case: a block of A and one of B each.",
+    )  # fmt: skip
+    # at least this many iterations per variant and round…
+    block: int = option(3, flag="--block", low=1, high=MAX_ITERATIONS, help="Fewest iterations per variant and round.")
+    block_time_s: float = option(  # …and at least this long
+        0.05, flag="--block-time", seconds=(False, BLOCK_TIME_LIMIT_S), help="Fewest seconds per variant and round."
+    )
 
 
 @dataclass(frozen=True)
@@ -156,15 +175,12 @@ def validate_ab(request: AbRequest) -> AbPlan:
             f"--rounds must be >= {MIN_PAIRED_ROUNDS} (got {request.rounds}): with fewer paired rounds the "
             "signed-rank test can never show a change"
         )
-    check_count("--rounds", request.rounds, MAX_ROUNDS, low=MIN_PAIRED_ROUNDS)
-    check_count("--block", request.block, MAX_ITERATIONS)
+    check(request, declared(AbRequest), ("rounds", "block", "block_time_s", "threads", "web_hardware"))
     if request.rounds * request.block > MAX_ITERATIONS:  # a variant's iterations per case, as --max-iterations
         raise RequestError(
             f"--rounds × --block: at most {MAX_ITERATIONS:,} iterations per variant and case "
             f"(got {request.rounds} × {request.block})"
         )
-    check_count("--threads", request.threads, MAX_THREADS)
-    check_seconds("--block-time", request.block_time_s, positive=False, limit=3600)
     _check_precisions(request)
     engines = check_engines(request.engines, request.hardware)
     check_paths(request)
@@ -187,21 +203,20 @@ def validate_ab(request: AbRequest) -> AbPlan:
 
 
 def _check_precisions(request: AbRequest) -> None:
-    """--precision, --a-precision, --b-precision: one precision each, checked as every --precision is."""
-    precision = declared(RunOptions)["precision"]
-    for flag, value in (("--precision", request.precision), ("--a-precision", request.a_precision),
-                        ("--b-precision", request.b_precision)):  # fmt: skip
+    """--precision, --a-precision, --b-precision: one precision each, each checked by its option."""
+    options = declared(AbRequest)
+    for name in ("precision", "a_precision", "b_precision"):
+        opt, value = options[name], getattr(request, name)
         if value is not None and len(items(value)) != 1:
             raise RequestError(
-                f"{flag} {value}: a variant runs one precision; valid: {', '.join(precision.choices or ())}"
+                f"{opt.flag} {value}: a variant runs one precision; valid: {', '.join(opt.choices or ())}"
             )
-        if found := problem(flag, precision, value):
-            raise RequestError(found)
+        check(request, options, (name,))
 
 
 def _web_plan(request: AbRequest) -> WebPlan:
     """The browser half's EP settings and launch, checked as `web` checks them."""
-    from harness.browser.run import WebRequest, validate_web
+    from harness.browser.run import validate_web
 
     web = WebRequest(
         hardware=list(request.web_hardware or []), threads=request.threads, batch_sizes=request.batch_sizes,

@@ -19,6 +19,7 @@ from harness.browser.run import EpSetting, WebPlan, build_result, page_refusal, 
 from harness.core.records import VARIANTS, Case, Result
 from harness.prepare.prepared import PreparedModel
 from harness.run.recording import Emit
+from harness.web.page_job import StopRule
 
 
 @dataclass
@@ -31,12 +32,12 @@ class WebSide:
     cases: list[Case]
 
 
-def _stop(iterations: int, seconds: float, warmup: int) -> dict[str, Any]:
-    return {"warmup": warmup, "iterations": iterations, "min_duration_ms": seconds * 1000, "max_iterations": 100_000,
-            "min_iterations": 1, "max_time_ms": None, "profile_iterations": 0}  # fmt: skip
+def _stop(iterations: int, seconds: float, warmup: int) -> StopRule:
+    """A block's stop rule: `iterations` samples and `seconds`, no budget, no profile."""
+    return StopRule(warmup, iterations, seconds * 1000, max_iterations=100_000, min_iterations=1, max_time_ms=None)
 
 
-async def _ask(files: Any, session: Any, side: WebSide, setting: EpSetting, case: Case, stop: dict[str, Any],
+async def _ask(files: Any, session: Any, side: WebSide, setting: EpSetting, case: Case, stop: StopRule,
                timeout_s: float) -> dict[str, Any]:  # fmt: skip
     """One page job of a side; raise CaseFailure with the page's status and reason if it failed."""
     model, _, conversion = precision_model(side.prepared.onnx_path, case.precision)

@@ -1,4 +1,4 @@
-"""A generate case in the browser (web/page/generate.mjs): the page job's generation fields, and the row
+"""A generate case in the browser (web/page/generate.mjs): the page job's generation part, and the row
 built from the page's answer, with the figures of harness.core.generation and token-level parity against
 native ONNX Runtime's greedy tokens on the same graph (harness.prepare.greedy.reference_generation)."""
 
@@ -16,6 +16,7 @@ from harness.core.records import Case, Result
 from harness.prepare.folders import past_shape
 from harness.prepare.greedy import Greedy
 from harness.prepare.prepared import PreparedModel
+from harness.web.page_job import GenerateJob
 
 # the graph the reference tokens ran on: the fp32 export, or a model file or folder as given (a genai folder: int4)
 TOKEN_REFERENCE = "onnxruntime CPU greedy tokens on the graph with past key/values (the fp32 export, or the file given)"
@@ -42,25 +43,27 @@ def graph_outputs(path: Path) -> tuple[str, ...]:
 
 def vocab_size(path: Path) -> int | None:
     """The width of a generation graph's logits (its first output): the vocabulary a served page's token ids
-    are checked against (harness.web.server.generate_shape); None where the graph leaves it symbolic."""
+    are checked against (harness.web.answers); None where the graph leaves it symbolic."""
     return _outputs(path)[0][1]
 
 
-def generate_fields(model: Path, case: Case, keeps_on_gpu: bool) -> dict[str, Any]:
-    """What a page job adds for generation: the token count, the KV-cache depth filled first, the logits
+def generate_job(model: Path, case: Case, keeps_on_gpu: bool) -> GenerateJob:
+    """A page job's generation part: the token count, the KV-cache depth filled first (untimed), the logits
     width (the vocabulary its token ids are checked against), a model folder's past heads and head size and,
     on WebGPU, present.* kept on the GPU (only the logits, the first output, come back to the CPU)."""
-    fields: dict[str, Any] = {"mode": "generate", "new_tokens": case.new_tokens, "depth": case.depth or 0}
-    if (vocab := vocab_size(model)) is not None:  # what the page's token ids are checked against
-        fields["vocab_size"] = vocab
-    if (shape := past_shape(model)) is not None:  # a folder's config: the page uses it where the graph is symbolic
-        fields["past_shape"] = list(shape)
+    assert case.new_tokens is not None  # a generate case always has its count (harness.run.plan)
+    options = None
     if keeps_on_gpu:
         logits, *presents = graph_outputs(model)
-        fields["session_options"] = {
-            "preferredOutputLocation": {logits: "cpu"} | dict.fromkeys(presents, "gpu-buffer"),
-        }
-    return fields
+        options = {"preferredOutputLocation": {logits: "cpu"} | dict.fromkeys(presents, "gpu-buffer")}
+    shape = past_shape(model)  # a folder's config: the page uses it where the graph is symbolic
+    return GenerateJob(
+        new_tokens=case.new_tokens,
+        vocab_size=vocab_size(model),
+        past_shape=None if shape is None else list(shape),
+        session_options=options,
+        depth=case.depth or 0,
+    )
 
 
 def prompt_feeds(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import numpy as np
 import psutil
 
-from harness.browser.generate import generate_fields, generation_result, prompt_feeds
+from harness.browser.generate import generate_job, generation_result, prompt_feeds
 from harness.core.bounds import MAX_THREADS
 from harness.core.failures import UNSUPPORTED_OPERATOR
 from harness.core.labels import BROWSER_ENGINE
@@ -35,7 +35,19 @@ from harness.prepare.external import external_data_problem, external_locations, 
 from harness.prepare.prepared import PreparedModel, PrepareJob, unprepared_result
 from harness.prepare.specs import ModelSpec
 from harness.prepare.variants import model_for_precision
-from harness.run.ceilings import Calibration, calibration_feeds, calibration_path, page_stop, row_work, wanted
+from harness.run.ceilings import (
+    CEILING_ITERATIONS,
+    CEILING_MAX_ITERATIONS,
+    CEILING_MAX_TIME_S,
+    CEILING_MIN_DURATION_S,
+    CEILING_MIN_ITERATIONS,
+    CEILING_WARMUP,
+    Calibration,
+    calibration_feeds,
+    calibration_path,
+    row_work,
+    wanted,
+)
 from harness.run.control import (
     CONTROL_ITERATIONS,
     CONTROL_MAX_TIME_S,
@@ -60,7 +72,8 @@ from harness.run.profiling import page_profile, profiled_fields
 from harness.run.recording import Body, Emit, RunSummary, record_run
 from harness.run.worker import prepare_isolated
 from harness.web.eps import EPS, WEB_HARDWARE, WEBNN_DEVICES
-from harness.web.flags import GPU_MODES, GpuProfile
+from harness.web.flags import BROWSERS, GPU_MODES, GpuProfile
+from harness.web.page_job import ExternalData, GenerateJob, PageInput, PageJob, StopRule
 
 ENGINE = BROWSER_ENGINE
 WEB_MODES = ("inference", "generate")  # training needs a backward pass ORT-web's inference build lacks
@@ -73,28 +86,57 @@ GPU_HELP = (
 )
 
 
+ENDPOINT_HELP = (
+    "A remote browser: ws://… (Playwright browser server) or http://HOST:PORT (Chromium with "
+    "--remote-debugging-port). Everything reaches it through Playwright; no local port is opened."
+)
+
+
 @dataclass
 class WebRequest(RunOptions):
     hardware: list[str] = option(
         factory=lambda: list(WEB_HARDWARE), flag="--hardware", key="web_platforms", many=True, choices=WEB_HARDWARE,
         noun="web hardware", help=f"Comma-separated browser EPs: {','.join(WEB_HARDWARE)}.",
     )  # fmt: skip
-    browser: str = "chromium"  # chrome | chromium | edge (chrome and edge fall back to Chromium, recorded)
-    browser_path: Path | None = None
+    # chrome and edge fall back to Chromium, recorded
+    browser: str = option(
+        "chromium", flag="--browser", choices=BROWSERS, noun="browser",
+        help="chrome, chromium or edge (chrome/edge fall back to Chromium).",
+    )  # fmt: skip
+    browser_path: Path | None = option(None, flag="--browser-path", help="The browser executable to use instead.")
     threads: list[int] = option(
         factory=lambda: [1], flag="--threads", key="web_threads", many=True, low=1, high=MAX_THREADS,
         help="Comma-separated wasm thread counts (webgpu/webnn use the first).",
     )  # fmt: skip
-    webnn_device: str = "gpu"
+    webnn_device: str = option(
+        "gpu", flag="--webnn-device", choices=WEBNN_DEVICES, noun="WebNN device",
+        help=f"WebNN deviceType: {', '.join(WEBNN_DEVICES)}.",
+    )  # fmt: skip
     # the launch profile (harness.web.flags)
     gpu: str = option("auto", flag="--gpu", choices=GPU_MODES, help=GPU_HELP)
-    headed: bool = False  # a headful browser (on a virtual display when the host has none)
-    browser_args: list[str] = field(default_factory=list)  # raw flags appended to the launch
-    require_hardware_gpu: bool = False  # webgpu cases on a software adapter: `unsupported`, not run
-    browser_endpoint: str | None = None  # ws:// (Playwright server) or http:// (CDP): a remote browser
+    # a headful browser (on a virtual display when the host has none)
+    headed: bool = option(
+        False, flag="--headed", help="A headful browser (on Xvfb without a DISPLAY): where headless forces software."
+    )
+    browser_args: list[str] = option(
+        factory=list, flag="--browser-arg", repeat=True,
+        help="A raw browser flag appended to the launch (repeatable); recorded per row.",
+    )  # fmt: skip
+    require_hardware_gpu: bool = option(
+        False, flag="--require-hardware-gpu",
+        help="webgpu cases on a software adapter (SwiftShader, llvmpipe, WARP) are `unsupported`, not run.",
+    )  # fmt: skip
+    # ws:// (Playwright server) or http:// (CDP): a remote browser
+    browser_endpoint: str | None = option(None, flag="--browser-endpoint", help=ENDPOINT_HELP)
     # False drops COOP/COEP: the page is then not cross-origin isolated and ORT-web silently runs one
     # wasm thread. Only for showing that the harness detects it (details.threads_dropped).
     cross_origin_isolation: bool = True
+
+
+# How the browser is launched or reached: WebRequest's options that `web --serve` refuses (each device brings
+# its own browser) and `run` takes as `web` does.
+LAUNCH = ("browser", "browser_path", "threads", "webnn_device", "gpu", "headed", "browser_args",
+          "require_hardware_gpu", "browser_endpoint")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -225,15 +267,11 @@ def check_browser_request(request: Any) -> list[ModelSpec]:
 
 def validate_web(request: WebRequest) -> WebPlan:
     """Check every input (browser and ORT-web install included) before anything is written."""
-    from harness.web.driver import BROWSERS, BrowserNotFound, resolve_browser
+    from harness.web.driver import BrowserNotFound, resolve_browser
     from harness.web.flags import gpu_profile
     from harness.web.server import SetupError, dist_files
 
-    check(request, declared(WebRequest), ("threads",))
-    if request.webnn_device not in WEBNN_DEVICES:
-        raise RequestError(f"unknown WebNN device '{request.webnn_device}'; valid: {', '.join(WEBNN_DEVICES)}")
-    if request.browser not in BROWSERS:
-        raise RequestError(f"unknown browser '{request.browser}'; valid: {', '.join(BROWSERS)}")
+    check(request, declared(WebRequest), ("threads", "webnn_device", "browser"))
     specs = check_browser_request(request)
     _check_launch(request)
     try:
@@ -392,6 +430,19 @@ def precision_model(onnx_path: Path, precision: str) -> tuple[Path | None, str, 
     return model, ran, facts | {"model_bytes": model_bytes(model)}
 
 
+def stop_rule(request: WebRequest) -> StopRule:
+    """The request's stop rule, in the page's units (ms)."""
+    return StopRule(
+        warmup=request.warmup,
+        iterations=request.iterations,
+        min_duration_ms=request.min_duration_s * 1000,
+        max_iterations=request.max_iterations,
+        min_iterations=request.min_iterations,
+        max_time_ms=None if request.max_time_s is None else request.max_time_s * 1000,
+        profile_iterations=PROFILE_ITERATIONS if request.profile else 0,  # after the timed loop
+    )
+
+
 def page_job(
     files: Any,
     prepared: PreparedModel,
@@ -400,31 +451,23 @@ def page_job(
     request: WebRequest,
     fault: str | None = None,
     model: Path | None = None,
-) -> dict[str, Any]:
+) -> PageJob:
     """Hand the page the case's ONNX file (the export, or `model`: its precision's conversion) and input
     tensors (from the PreparedModel's npz), and describe the page job."""
     feeds, _ = prepared.load_case((case.batch_size, case.seq_len))
     model = model or case_model(prepared, case)[0]
     assert model is not None
     # the page keeps one session per model URL: each precision's file has its own name
-    stop = {
-        "warmup": request.warmup,
-        "iterations": request.iterations,
-        "min_duration_ms": request.min_duration_s * 1000,
-        "max_iterations": request.max_iterations,
-        "min_iterations": request.min_iterations,
-        "max_time_ms": None if request.max_time_s is None else request.max_time_s * 1000,
-        "profile_iterations": PROFILE_ITERATIONS if request.profile else 0,  # after the timed loop
-    }
     name = f"{_file_stem(prepared.spec.name)}-{case.precision}"
+    stop = stop_rule(request)
     if case.mode == "generate":  # its own file name: the page keeps one session per URL
-        job = web_job(files, f"{name}-past", model, prompt_feeds(feeds), setting, stop, case.key, fault)
-        return job | generate_fields(model, case, EPS[setting.ep].gpu_adapter)
+        generate = generate_job(model, case, EPS[setting.ep].gpu_adapter)
+        return web_job(files, f"{name}-past", model, prompt_feeds(feeds), setting, stop, case.key, fault, generate)
     return web_job(files, name, model, feeds, setting, stop, case.key, fault)
 
 
-def web_job(files: Any, name: str, model: Path, feeds: dict[str, np.ndarray], setting: EpSetting, stop: dict[str, Any],
-         case_key: str, fault: str | None = None) -> dict[str, Any]:  # fmt: skip
+def web_job(files: Any, name: str, model: Path, feeds: dict[str, np.ndarray], setting: EpSetting, stop: StopRule,
+            case_key: str, fault: str | None = None, generate: GenerateJob | None = None) -> PageJob:  # fmt: skip
     """A page job: the model file, its external data files and the input tensors served to the page, the
     EP setting and the stop rule. Each external file is an `externalData` entry whose path is its location
     as the .onnx names it and whose data is its URL, which ORT-web fetches itself (streamed above 1 GB)."""
@@ -432,20 +475,33 @@ def web_job(files: Any, name: str, model: Path, feeds: dict[str, np.ndarray], se
     external = {f"{name}.data{i}": location for i, location in enumerate(external_locations(model))}
     served = {f"{name}.onnx": model} | {k: model.parent / location for k, location in external.items()}
     urls = files.set_job_files(served | {k: v.tobytes() for k, v in arrays.items()})
-    return {
-        "model_url": urls[f"{name}.onnx"],
-        "external_data": [{"path": location, "url": urls[key]} for key, location in external.items()],
-        "inputs": [
-            {"name": input_name, "url": urls[key], "dtype": str(array.dtype), "dims": list(array.shape)}
-            for input_name, (key, array) in zip(feeds, arrays.items(), strict=True)
-        ],
-        "ep": setting.ep,
-        "device_type": setting.device_type,
-        "threads": setting.threads,
-        "case": case_key,  # the page names the case whose session load a later case reuses
-        "fault": fault,  # test-only
-        **stop,
-    }
+    inputs = [
+        PageInput(input_name, urls[key], str(array.dtype), list(array.shape))
+        for input_name, (key, array) in zip(feeds, arrays.items(), strict=True)
+    ]
+    return PageJob(
+        model_url=urls[f"{name}.onnx"],
+        inputs=inputs,
+        ep=setting.ep,
+        threads=setting.threads,
+        stop=stop,
+        case=case_key,
+        device_type=setting.device_type,
+        external_data=[ExternalData(location, urls[key]) for key, location in external.items()],
+        fault=fault,
+        generate=generate,
+    )
+
+
+# the drift control's stop rule (harness.run.control): the same in every page
+CONTROL_STOP = StopRule(
+    warmup=CONTROL_WARMUP,
+    iterations=CONTROL_ITERATIONS,
+    min_duration_ms=CONTROL_MIN_DURATION_S * 1000,
+    max_iterations=10_000,
+    min_iterations=3,
+    max_time_ms=CONTROL_MAX_TIME_S * 1000,
+)
 
 
 async def measure_control(files: Any, session: Any, setting: EpSetting, position: str, beside: str,
@@ -453,16 +509,24 @@ async def measure_control(files: Any, session: Any, setting: EpSetting, position
     """The drift control (harness.run.control) in the page, on the EP setting; an EP that cannot run it
     (WebNN here) records the page's reason."""
     control = Control(CONTROL_NAME, setting.target, position, beside)
-    stop = {"warmup": CONTROL_WARMUP, "iterations": CONTROL_ITERATIONS,
-            "min_duration_ms": CONTROL_MIN_DURATION_S * 1000, "max_iterations": 10_000, "min_iterations": 3,
-            "max_time_ms": CONTROL_MAX_TIME_S * 1000, "profile_iterations": 0}  # fmt: skip
-    job = web_job(files, CONTROL_NAME, control_model_path(), control_feeds(), setting, stop, CONTROL_NAME)
+    job = web_job(files, CONTROL_NAME, control_model_path(), control_feeds(), setting, CONTROL_STOP, CONTROL_NAME)
     answer = await session.run_job(files.page_url, (CONTROL_NAME, setting), job, timeout_s)
     if answer["status"] == "ok":
         control.samples_ms, control.load_avg_1m = answer["samples_ms"], os.getloadavg()[0]
     else:
         control.error = answer["error"]
     return control
+
+
+# a calibration's stop rule (harness.run.ceilings): the native one, in every page
+CEILING_STOP = StopRule(
+    warmup=CEILING_WARMUP,
+    iterations=CEILING_ITERATIONS,
+    min_duration_ms=CEILING_MIN_DURATION_S * 1000,
+    max_iterations=CEILING_MAX_ITERATIONS,
+    min_iterations=CEILING_MIN_ITERATIONS,
+    max_time_ms=CEILING_MAX_TIME_S * 1000,
+)
 
 
 async def measure_page_ceilings(files: Any, session: Any, setting: EpSetting, calibrations: list[Calibration],
@@ -473,7 +537,7 @@ async def measure_page_ceilings(files: Any, session: Any, setting: EpSetting, ca
     for calibration in calibrations:
         ceiling = Ceiling(setting.target, calibration.kind, calibration.precision, calibration.name, calibration.amount)
         job = web_job(files, calibration.name, calibration_path(calibration), calibration_feeds(calibration),
-                      setting, page_stop(), calibration.name)  # fmt: skip
+                      setting, CEILING_STOP, calibration.name)  # fmt: skip
         answer = await session.run_job(files.page_url, (calibration.name, setting), job, timeout_s)
         if answer["status"] == "ok":
             ceiling.samples_ms, ceiling.load_avg_1m = answer["samples_ms"], os.getloadavg()[0]
@@ -524,7 +588,7 @@ async def _run_case(
         "load_avg_1m": os.getloadavg()[0],
         "cpu_percent": psutil.cpu_percent(interval=None),
         "precision": precision,
-        "details": details | conversion | {"input_shapes": {i["name"]: i["dims"] for i in page["inputs"]}},
+        "details": details | conversion | {"input_shapes": page.input_shapes},
     }
     _, reference = prepared.load_case((case.batch_size, case.seq_len))
     return build_result(prepared, setting, case, answer, extra, reference, model)

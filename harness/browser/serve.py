@@ -18,13 +18,14 @@ from __future__ import annotations
 import ssl
 import statistics
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from harness.browser.run import (
     EpSetting,
     Prepared,
+    WebRequest,
     build_result,
     case_model,
     check_browser_request,
@@ -33,14 +34,16 @@ from harness.browser.run import (
     prepare_spec,
     web_cases,
 )
-from harness.core.bounds import MAX_DEVICES
+from harness.core.bounds import MAX_DEVICES, MAX_PORT
 from harness.core.labels import case_label
+from harness.core.options import check, declared, option, reuse
 from harness.core.records import Case, Result, result_key
 from harness.prepare.prepared import PreparedModel
 from harness.prepare.specs import ModelSpec
-from harness.run.plan import MAX_TIMEOUT_S, RequestError, RunOptions, check_seconds
+from harness.run.plan import MAX_TIMEOUT_S, RequestError, RunOptions
 from harness.run.recording import Body, Emit, RunSummary, record_run
 from harness.web.eps import EPS, WEB_HARDWARE
+from harness.web.page_job import PageJob
 
 COMMAND = "web --serve"  # the run's command in the store, and what --resume looks for
 INSECURE = (
@@ -57,14 +60,39 @@ class ServeIncomplete(RuntimeError):
 
 @dataclass
 class ServeRequest(RunOptions):
-    hardware: list[str] = field(default_factory=lambda: list(WEB_HARDWARE))
-    host: str = "127.0.0.1"  # loopback unless asked: anyone who reaches the port with the URL can post
-    port: int = 0  # 0: a free port
-    devices: int | None = None  # stop once this many devices finished every job (None: serve until Ctrl-C)
-    max_devices: int = DEFAULT_MAX_DEVICES  # a device beyond these is refused (429), as hellos past a rate are
-    serve_timeout_s: float | None = None  # stop serving after this long
-    certfile: Path | None = None  # HTTPS (a self-signed pair works): a LAN origin is then a secure context
-    keyfile: Path | None = None
+    """`web --serve`'s request: the run options, the browser EPs, and how the jobs are served (each of these
+    options is `--serve`'s only)."""
+
+    hardware: list[str] = reuse(WebRequest, "hardware", factory=lambda: list(WEB_HARDWARE))
+    # loopback unless asked: anyone who reaches the port with the URL can post
+    host: str = option(
+        "127.0.0.1", flag="--host",
+        help="--serve: the address to listen on; 0.0.0.0 or a LAN address reaches other devices.",
+    )  # fmt: skip
+    port: int = option(0, flag="--port", low=0, high=MAX_PORT, help="--serve: the port (0: a free one).")
+    # stop once this many devices finished every job (None: serve until Ctrl-C); at most max_devices (check_devices)
+    devices: int | None = option(
+        None, flag="--devices", low=1, high=MAX_DEVICES,
+        help="--serve: stop once this many devices finished every job (default: Ctrl-C).",
+    )  # fmt: skip
+    # a device beyond these is refused (429), as hellos past a rate are
+    max_devices: int = option(
+        DEFAULT_MAX_DEVICES, flag="--max-devices", low=1, high=MAX_DEVICES,
+        help=f"--serve: the most devices this run takes (1 to {MAX_DEVICES}); one beyond them is refused.",
+    )  # fmt: skip
+    serve_timeout_s: float | None = option(
+        None, flag="--serve-timeout", seconds=(True, MAX_TIMEOUT_S),
+        help="--serve: stop serving after this many seconds.",
+    )  # fmt: skip
+    # HTTPS (a self-signed pair works): a LAN origin is then a secure context
+    certfile: Path | None = option(
+        None, flag="--certfile", help="--serve: HTTPS certificate (PEM; self-signed works), with --keyfile."
+    )
+    keyfile: Path | None = option(None, flag="--keyfile", help="--serve: the certificate's private key (PEM).")
+
+
+# The options only `web --serve` takes (ServeRequest's own, less the EPs `web` takes as well).
+SERVING = tuple(name for name in declared(ServeRequest) if name not in declared(RunOptions) and name != "hardware")
 
 
 @dataclass
@@ -98,9 +126,8 @@ def validate_serve(request: ServeRequest) -> ServePlan:
     specs = check_browser_request(request)
     if request.profile:  # a device's answer has no room for a trace, and its page's file is not counted here
         raise RequestError("--profile: not with --serve (profile in a browser this harness launches or reaches)")
+    check(request, declared(ServeRequest), SERVING)
     check_devices(request.devices, request.max_devices)
-    if request.serve_timeout_s is not None:
-        check_seconds("--serve-timeout", request.serve_timeout_s, positive=True, limit=MAX_TIMEOUT_S)
     try:
         dist_files()
         check_bind(request.host, request.port)
@@ -111,8 +138,7 @@ def validate_serve(request: ServeRequest) -> ServePlan:
 
 
 def check_devices(devices: int | None, max_devices: int) -> None:
-    if not 1 <= max_devices <= MAX_DEVICES:
-        raise RequestError(f"--max-devices {max_devices}: must be 1 to {MAX_DEVICES}")
+    """--devices at most --max-devices (each is bounded by its option)."""
     if devices is not None and not 1 <= devices <= max_devices:
         raise RequestError(
             f"--devices {devices}: must be 1 to --max-devices ({max_devices}), the most devices this run takes "
@@ -186,7 +212,7 @@ class _Job:
     case: Case
     precision: str  # the precision that runs (fp32 may stand for an unconverted export)
     conversion: dict[str, Any]
-    page: dict[str, Any]
+    page: PageJob
 
 
 class ServedJobs:
@@ -227,7 +253,7 @@ class ServedJobs:
 
     def _job(
         self, device: Any, files: Any, model: Prepared, setting: EpSetting, case: Case
-    ) -> tuple[dict[str, Any], int] | None:
+    ) -> tuple[PageJob, int] | None:
         """(the page job, the largest answer it may post), or None after storing why it cannot run."""
         from harness.web.device_server import answer_limit
 
@@ -254,7 +280,7 @@ class ServedJobs:
     def answered(self, device: Any, job: Any, answer: dict[str, Any], page: Any) -> dict[str, Any]:
         found = self._jobs[job.key]
         details = device_details(device, page, job.lost) | found.conversion
-        details["input_shapes"] = {i["name"]: i["dims"] for i in found.page["inputs"]}
+        details["input_shapes"] = found.page.input_shapes
         _, reference = found.prepared.load_case((found.case.batch_size, found.case.seq_len))
         extra = {"precision": found.precision, "details": details}
         result = build_result(found.prepared, found.setting, found.case, answer, extra, reference)

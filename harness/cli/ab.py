@@ -8,41 +8,21 @@ from typing import Annotated, Any
 import typer
 
 from harness.ab.run import AbRequest
-from harness.browser.run import WebRequest
 from harness.cli.analysis import emit
-from harness.cli.common import errors, fail, given, int_list, request_values, split_list, with_options
+from harness.cli.common import errors, fail, given, request_values, with_options
 from harness.cli.progress import run_with_progress
 from harness.core.paths import unwritable_file
-from harness.web.eps import WEB_HARDWARE
 
-WEB_EPS = ",".join(WEB_HARDWARE)
-
-VariantOption = "A spec name (`accelharness models`), an HF model directory or an .onnx file."
-PythonHelp = "Another environment's python for variant {side} (with accelharness installed), e.g. another onnxruntime."
-# The run options ab takes: fields of its request (harness.run.plan.RunOptions), each written there once.
+# ab's request (harness.ab.run.AbRequest): its own fields and the run options it takes, each written once on
+# its field (--hardware is native's, --web-hardware web's --hardware, --threads web's).
+OWN = ("a", "b", "hardware", "web_hardware", "threads", "a_precision", "b_precision", "a_python", "b_python",
+       "rounds", "block", "block_time_s")  # fmt: skip
 OPTIONS = ("engines", "batch_sizes", "sequence_lengths", "precision", "warmup", "timeout_s", "db_path", "machine_label")
 
 
-@with_options(WebRequest, ("threads",))
-@with_options(AbRequest, OPTIONS)
+@with_options(AbRequest, OWN + OPTIONS)
 def ab(
     ctx: typer.Context,
-    a: Annotated[str, typer.Option("--a", help=f"Variant A (the baseline). {VariantOption}")],
-    b: Annotated[str, typer.Option("--b", help=f"Variant B (the change). {VariantOption}")],
-    hardware: Annotated[
-        str | None, typer.Option(help="Native platforms, comma-separated (default: cpu; none with --web-hardware).")
-    ] = None,
-    web_hardware: Annotated[
-        str | None, typer.Option(help=f"Browser EPs, comma-separated ({WEB_EPS}): both variants in one page.")
-    ] = None,
-    threads: str = "1",  # --threads, as `web`'s (WebRequest's field): with --web-hardware only
-    a_precision: Annotated[str | None, typer.Option(help="Variant A's precision instead of --precision.")] = None,
-    b_precision: Annotated[str | None, typer.Option(help="Variant B's precision instead.")] = None,
-    a_python: Annotated[Path | None, typer.Option(help=PythonHelp.format(side="A"))] = None,
-    b_python: Annotated[Path | None, typer.Option(help=PythonHelp.format(side="B"))] = None,
-    rounds: Annotated[int, typer.Option(help="Rounds per case: a block of A and one of B each.")] = AbRequest.rounds,
-    block: Annotated[int, typer.Option(help="Fewest iterations per variant and round.")] = AbRequest.block,
-    block_time: Annotated[float, typer.Option(help="Fewest seconds per variant and round.")] = AbRequest.block_time_s,
     threshold: Annotated[str, typer.Option(help="Smallest change that counts: 5% or 0.05.")] = "5%",
     fail_on_regression: Annotated[bool, typer.Option(help="Exit 1 if any case regressed.")] = False,
     fmt: Annotated[str, typer.Option("--format", help="md or json.")] = "md",
@@ -58,17 +38,12 @@ def ab(
 
     if fmt not in ("md", "json"):
         raise fail(f"unknown format '{fmt}'; valid: md, json")
-    if not web_hardware and given(ctx, "threads"):
+    if not options["web_hardware"] and given(ctx, "threads"):
         raise fail(
-            f"--threads {threads}: wasm thread counts of the browser half, which runs only with --web-hardware "
-            "(native engines choose their own threads); add --web-hardware wasm or drop --threads"
+            f"--threads {options['threads']}: wasm thread counts of the browser half, which runs only with "
+            "--web-hardware (native engines choose their own threads); add --web-hardware wasm or drop --threads"
         )
-    request = AbRequest(
-        a=a, b=b, hardware=split_list(hardware), web_hardware=split_list(web_hardware),
-        threads=int_list("--threads", threads), a_precision=a_precision, b_precision=b_precision,
-        a_python=a_python, b_python=b_python, rounds=rounds, block=block, block_time_s=block_time, output_dir=None,
-        **request_values(AbRequest, options),
-    )  # fmt: skip
+    request = AbRequest(**request_values(AbRequest, options), output_dir=None)
     try:
         limit = parse_threshold(threshold)
         plan = validate_ab(request)

@@ -11,65 +11,32 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from harness.browser.run import WebRequest
-from harness.browser.serve import DEFAULT_MAX_DEVICES
+from harness.browser.run import LAUNCH, WebRequest
+from harness.browser.serve import SERVING, ServeRequest
 from harness.cli.common import (
     ResumeOption,
     console,
     errors,
     fail,
     given,
-    int_list,
     request_values,
-    split_list,
     with_options,
 )
 from harness.cli.progress import print_summary, run_with_progress
 from harness.cli.stops import interrupted, stopped
-from harness.core.bounds import MAX_DEVICES
-from harness.core.options import declared
+from harness.core.options import check, declared
 from harness.run.native import run_native
 from harness.run.plan import BenchmarkRequest, RequestError, RunOptions, validate
 from harness.run.recording import resume_point
 from harness.store import StoreError, StoreWriteError
-from harness.web.eps import WEB_HARDWARE, WEBNN_DEVICES
 
-WEB_EPS = ",".join(WEB_HARDWARE)
 # The run options every benchmark command takes: each field of harness.run.plan.RunOptions (flag, help, bound
 # and choices written there once), in field order. A field added there is an option of native, web and run.
 SHARED = tuple(declared(RunOptions))
 NATIVE = ("hardware", "engines")  # BenchmarkRequest's own
-BROWSER = ("threads", "gpu")  # WebRequest's own, on `web` and `run`
-# How the browser is launched (or reached): the same options on `web` and `run`.
-HeadedOption = Annotated[
-    bool,
-    typer.Option("--headed", help="A headful browser (on Xvfb without a DISPLAY): where headless forces software."),
-]
-BrowserArgOption = Annotated[
-    list[str] | None,
-    typer.Option("--browser-arg", help="A raw browser flag appended to the launch (repeatable); recorded per row."),
-]
-RequireGpuOption = Annotated[
-    bool,
-    typer.Option(
-        "--require-hardware-gpu",
-        help="webgpu cases on a software adapter (SwiftShader, llvmpipe, WARP) are `unsupported`, not run.",
-    ),
-]
-EndpointOption = Annotated[
-    str | None,
-    typer.Option(
-        "--browser-endpoint",
-        help="A remote browser: ws://… (Playwright browser server) or http://HOST:PORT (Chromium with "
-        "--remote-debugging-port). Everything reaches it through Playwright; no local port is opened.",
-    ),
-]
-BrowserOption = Annotated[
-    str, typer.Option("--browser", help="chrome, chromium or edge (chrome/edge fall back to Chromium).")
-]
-BrowserPathOption = Annotated[
-    Path | None, typer.Option("--browser-path", help="The browser executable to use instead.")
-]
+# WebRequest's own: how the browser is launched or reached, on `web` and `run` alike (--hardware is the browser
+# EPs: `web --hardware`, `run --web-hardware`)
+BROWSER = LAUNCH
 
 
 def pick(options: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
@@ -97,16 +64,10 @@ def native(ctx: typer.Context, resume: ResumeOption = False, **options: Any) -> 
     run_with_progress(plan.total_results, lambda on_result: run_native(request, on_result, plan, run_id))
 
 
+@with_options(ServeRequest, SERVING)
 @with_options(WebRequest, ("hardware", *SHARED, *BROWSER))
 def web(
     ctx: typer.Context,
-    browser: BrowserOption = "chromium",
-    browser_path: BrowserPathOption = None,
-    webnn_device: Annotated[str, typer.Option(help=f"WebNN deviceType: {', '.join(WEBNN_DEVICES)}.")] = "gpu",
-    headed: HeadedOption = False,
-    browser_arg: BrowserArgOption = None,
-    require_hardware_gpu: RequireGpuOption = False,
-    browser_endpoint: EndpointOption = None,
     serve: Annotated[
         bool,
         typer.Option(
@@ -115,24 +76,6 @@ def web(
             "each device becomes a target of the run. See the manual's \"Your users' devices\" (docs/devices.md).",
         ),
     ] = False,
-    host: Annotated[
-        str, typer.Option(help="--serve: the address to listen on; 0.0.0.0 or a LAN address reaches other devices.")
-    ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="--serve: the port (0: a free one).")] = 0,
-    devices: Annotated[
-        int | None, typer.Option(help="--serve: stop once this many devices finished every job (default: Ctrl-C).")
-    ] = None,
-    max_devices: Annotated[
-        int,
-        typer.Option(
-            help=f"--serve: the most devices this run takes (1 to {MAX_DEVICES}); one beyond them is refused."
-        ),
-    ] = DEFAULT_MAX_DEVICES,
-    serve_timeout: Annotated[float | None, typer.Option(help="--serve: stop serving after this many seconds.")] = None,
-    certfile: Annotated[
-        Path | None, typer.Option(help="--serve: HTTPS certificate (PEM; self-signed works), with --keyfile.")
-    ] = None,
-    keyfile: Annotated[Path | None, typer.Option(help="--serve: the certificate's private key (PEM).")] = None,
     resume: ResumeOption = False,
     **options: Any,
 ) -> None:
@@ -141,46 +84,29 @@ def web(
     URL --serve prints."""
     from harness.browser.run import run_web, validate_web
 
-    hardware = split_list(options["hardware"]) or []
-    if "webnn" not in hardware and given(ctx, "webnn_device"):
-        raise fail(f"--webnn-device applies to webnn only (got --hardware {options['hardware']}); add webnn or drop it")
+    hardware = request_values(WebRequest, pick(options, ("hardware",)))["hardware"]
     shared = shared_values(ctx, options)
-    serving = given(ctx, "host", "port", "devices", "max_devices", "serve_timeout", "certfile", "keyfile")
+    serving = given(ctx, *SERVING)
     if not serve and serving:
         raise fail(f"{', '.join(serving)}: options of --serve; add --serve or drop them")
     if serve:
-        launch = given(ctx, *LAUNCH_OPTIONS)
+        launch = given(ctx, *LAUNCH)
         if launch:
             raise fail(
                 f"{', '.join(launch)}: these say how the harness launches or reaches a browser; with --serve each "
                 "device brings its own (wasm runs at 1 thread and at the device's core count, WebNN at every "
                 "device type)"
             )
-        from harness.browser.serve import ServeRequest
-
-        served = ServeRequest(hardware=hardware, host=host, port=port, devices=devices, max_devices=max_devices,
-                              serve_timeout_s=serve_timeout, certfile=certfile, keyfile=keyfile,
-                              **shared)  # fmt: skip
+        served = ServeRequest(hardware=hardware, **request_values(ServeRequest, pick(options, SERVING)), **shared)
         serve_devices(served, resume)
         return
-    request = WebRequest(
-        hardware=hardware,
-        webnn_device=webnn_device,
-        **browser_options(options, hardware, browser, browser_path, headed, browser_arg, require_hardware_gpu,
-                          browser_endpoint),
-        **shared,
-    )  # fmt: skip
+    request = WebRequest(hardware=hardware, **browser_values(ctx, options, hardware), **shared)
     try:
         plan = validate_web(request)
     except RequestError as exc:
         raise fail(str(exc)) from None
     run_id = resumed(request.db_path, "web", asdict(request), [plan]) if resume else None
     run_with_progress(plan.total_results, lambda on_result: run_web(request, on_result, plan, resume_run_id=run_id))
-
-
-# web's options that launch or reach a browser: with --serve, the devices bring their own
-LAUNCH_OPTIONS = ("browser", "browser_path", "threads", "webnn_device", "gpu", "headed", "browser_arg",
-                  "require_hardware_gpu", "browser_endpoint")  # fmt: skip
 
 
 def serve_devices(request: Any, resume: bool) -> None:
@@ -213,33 +139,19 @@ def serve_devices(request: Any, resume: bool) -> None:
 
 
 @with_options(WebRequest, BROWSER)
+@with_options(WebRequest, ("hardware",), prefix="web")
 @with_options(BenchmarkRequest, NATIVE + SHARED)
-def run(
-    ctx: typer.Context,
-    web_hardware: Annotated[str, typer.Option(help=f"Browser EPs: {WEB_EPS}.")] = WEB_EPS,
-    browser: BrowserOption = "chromium",
-    browser_path: BrowserPathOption = None,
-    headed: HeadedOption = False,
-    browser_arg: BrowserArgOption = None,
-    require_hardware_gpu: RequireGpuOption = False,
-    browser_endpoint: EndpointOption = None,
-    resume: ResumeOption = False,
-    **options: Any,
-) -> None:
+def run(ctx: typer.Context, resume: ResumeOption = False, **options: Any) -> None:
     """Native backends and the browser as one run: one report with both side by side."""
     from harness.browser.both import both_arguments, run_both
     from harness.browser.run import validate_web
 
     shared = shared_values(ctx, options)
     native_request = BenchmarkRequest(**request_values(BenchmarkRequest, pick(options, NATIVE)), **shared)
-    hardware = split_list(web_hardware) or []
-    web_request = WebRequest(
-        hardware=hardware,
-        **browser_options(options, hardware, browser, browser_path, headed, browser_arg, require_hardware_gpu,
-                          browser_endpoint),
-        **shared,
-    )  # fmt: skip
-    try:
+    hardware = request_values(WebRequest, pick(options, ("web_hardware",)), prefix="web")["hardware"]
+    web_request = WebRequest(hardware=hardware, **browser_values(ctx, options, hardware, "web"), **shared)
+    try:  # the browser EPs named by this command's flag, then each half as its own command checks it
+        check(web_request, {"hardware": declared(WebRequest)["hardware"].prefixed("web")})
         plans = (validate(native_request), validate_web(web_request))
     except RequestError as exc:
         raise fail(str(exc)) from None
@@ -249,35 +161,21 @@ def run(
     run_with_progress(total, lambda on_result: run_both(native_request, web_request, on_result, plans, run_id))
 
 
-def browser_options(
-    options: dict[str, Any],
-    web_hardware: list[str],
-    browser: str,
-    browser_path: Path | None,
-    headed: bool,
-    browser_arg: list[str] | None,
-    require_hardware_gpu: bool,
-    browser_endpoint: str | None,
+def browser_values(
+    ctx: typer.Context, options: dict[str, Any], web_hardware: list[str], prefix: str | None = None
 ) -> dict[str, Any]:
-    """How `web` and `run` launch (or reach) the browser, parsed."""
-    return {
-        "browser": browser,
-        "browser_path": browser_path,
-        "threads": thread_counts(options["threads"], web_hardware),
-        "gpu": options["gpu"],
-        "headed": headed,
-        "browser_args": browser_arg or [],
-        "require_hardware_gpu": require_hardware_gpu,
-        "browser_endpoint": browser_endpoint,
-    }
-
-
-def thread_counts(threads: str, web_hardware: list[str]) -> list[int]:
-    """--threads: each count is a wasm setting; webgpu and webnn run the first one only (their wasm fallback)."""
-    counts = int_list("--threads", threads)
-    if len(set(counts)) > 1 and "wasm" not in web_hardware:
-        raise fail(f"several --threads counts ({threads}) need wasm in the web hardware (webgpu/webnn run the first)")
-    return counts
+    """How `web` and `run` launch (or reach) the browser, parsed: an option that would do nothing with the
+    EPs chosen (their flag: `prefix`ed in `run`) is refused (--webnn-device without webnn; several --threads
+    counts without wasm)."""
+    values = request_values(WebRequest, pick(options, BROWSER))
+    if "webnn" not in web_hardware and given(ctx, "webnn_device"):
+        flag = declared(WebRequest)["hardware"].prefixed(prefix).flag
+        raise fail(f"--webnn-device applies to webnn only (got {flag} {','.join(web_hardware)}); add webnn or drop it")
+    threads = values["threads"]
+    if len(set(threads)) > 1 and "wasm" not in web_hardware:
+        raise fail(f"several --threads counts ({','.join(map(str, threads))}) need wasm in the web hardware "
+                   "(webgpu/webnn run the first)")  # fmt: skip
+    return values
 
 
 def resumed(db: Path, command: str, arguments: dict, plans: list, left: Callable[[], str] | None = None) -> str | None:

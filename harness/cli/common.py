@@ -91,42 +91,49 @@ MachineOption = Annotated[
 # --- commands built from the request dataclasses (harness.core.options) ---------------------------------
 
 
-def with_options(request: type, names: Iterable[str], *, overrides: bool = False) -> Callable[[Any], Any]:
+def with_options(
+    request: type, names: Iterable[str], *, overrides: bool = False, prefix: str | None = None
+) -> Callable[[Any], Any]:
     """Add the options `names` (fields of `request`) to a command's parameters, after its own: each field's
     flag, help and default, written once on the field. The command takes them as **options, parsed by
     request_values(), or as parameters of the same name (typed only here). `overrides`: each defaults to None,
-    "the config's" (suite)."""
+    "the config's" (suite). `prefix`: in a command with a native and a browser half, the browser's option
+    (Opt.prefixed: `run --web-hardware` is WebRequest's --hardware), its parameter named `{prefix}_{name}`."""
     names = tuple(names)
 
     def wrap(command: Any) -> Any:
         signature = inspect.signature(command, eval_str=True)  # typer reads a __signature__ as it is
+        added = [_parameter(request, name, overrides, prefix) for name in names]
+        taken = {p.name for p in added}
         own = [
             p
             for p in signature.parameters.values()
-            if p.kind is not inspect.Parameter.VAR_KEYWORD and p.name not in names
+            if p.kind is not inspect.Parameter.VAR_KEYWORD and p.name not in taken
         ]
-        added = [_parameter(request, name, overrides) for name in names]
         command.__signature__ = signature.replace(parameters=[*own, *added])
         return command
 
     return wrap
 
 
-def _parameter(request: type, name: str, overrides: bool) -> inspect.Parameter:
+def _parameter(request: type, name: str, overrides: bool, prefix: str | None) -> inspect.Parameter:
     found = {f.name: f for f in fields(request)}[name]
-    opt: Opt = found.metadata[OPTION]
+    opt: Opt = found.metadata[OPTION].prefixed(prefix)
     kind, default = _command_line_form(opt, typing.get_type_hints(request)[name], default_of(found))
     help_text = opt.help
     if overrides:
         kind, default = kind | None, None
         help_text += f" Default: the config's {opt.key or name}."
     annotation = Annotated[kind, typer.Option(opt.flag, help=help_text)]  # type: ignore[valid-type]
-    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+    parameter = f"{prefix}_{name}" if prefix else name
+    return inspect.Parameter(parameter, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
 
 def _command_line_form(opt: Opt, hint: Any, default: Any) -> tuple[Any, Any]:
-    """The command line's type and default of an option: a list is one comma-separated string, and an
-    option whose 0 means None (--max-time) a plain number."""
+    """The command line's type and default of an option: a list is one comma-separated string (or the flag
+    repeated, none given: None), and an option whose 0 means None (--max-time) a plain number."""
+    if opt.repeat:
+        return list[str] | None, None
     if opt.many:
         text = default if default is None or isinstance(default, str) else ",".join(str(v) for v in default)
         return (str | None if text is None else str), text
@@ -135,15 +142,19 @@ def _command_line_form(opt: Opt, hint: Any, default: Any) -> tuple[Any, Any]:
     return hint, default
 
 
-def request_values(request: type, options: dict[str, Any]) -> dict[str, Any]:
-    """The parsed values of the options with_options() added: lists split (counts as integers, a bad one
-    exit 2 naming the flag), an empty list its default, 0 None where it means none."""
+def request_values(request: type, options: dict[str, Any], prefix: str | None = None) -> dict[str, Any]:
+    """The parsed values of the options with_options() added (by field name; `prefix`: as it named them):
+    lists split (counts as integers, a bad one exit 2 naming the flag), an empty list its default, 0 None
+    where it means none."""
     found = {f.name: f for f in fields(request)}
     values = {}
-    for name, value in options.items():
-        opt: Opt = found[name].metadata[OPTION]
+    for parameter, value in options.items():
+        name = parameter.removeprefix(f"{prefix}_") if prefix else parameter
+        opt: Opt = found[name].metadata[OPTION].prefixed(prefix)
         default = default_of(found[name])
-        if value is None:  # an override left out, or an option whose default is None
+        if opt.repeat:
+            value = value or default
+        elif value is None:  # an override left out, or an option whose default is None
             pass
         elif opt.many and opt.low is not None:
             value = int_list(opt.flag, value, opt.low)

@@ -19,13 +19,14 @@ from harness.cli.common import (
     ModelPathOption,
     console,
     fail,
-    int_list,
+    request_values,
     say,
     shown,
     split_list,
+    with_options,
 )
-from harness.core.bounds import MAX_BATCH, MAX_SEQUENCE, out_of_range
-from harness.run.plan import MAX_TIMEOUT_S, RequestError, check_seconds
+from harness.core.options import check, declared
+from harness.run.plan import MAX_TIMEOUT_S, RequestError, RunOptions, check_seconds
 from harness.store import DEFAULT_DB, StoreError
 
 if TYPE_CHECKING:
@@ -38,15 +39,21 @@ METHODS = {
 }
 
 
+# The run options predict takes (harness.run.plan.RunOptions): the cases to predict, each written once on its field.
+CASES = ("batch_sizes", "sequence_lengths")
+PRECISION = declared(RunOptions)["precision"]  # its choices: the one precision table
+
+
+@with_options(RunOptions, CASES)
 def predict(
     model: Annotated[str | None, typer.Option(help="A model spec (`accelharness models`) or a measured model.")] = None,
     model_path: ModelPathOption = None,
     model_family: Annotated[str | None, typer.Option(help="The family of a --model-path model.")] = None,
     hardware: Annotated[str | None, typer.Option(help="Only these hardware platforms.")] = None,
     engines: Annotated[str | None, typer.Option(help="Only these engines.")] = None,
-    batch_sizes: Annotated[str, typer.Option(help="Comma-separated batch sizes.")] = "1",
-    sequence_lengths: Annotated[str, typer.Option(help="Comma-separated sequence lengths (text inputs).")] = "32",
-    precision: Annotated[str, typer.Option(help="The precision to predict for (fp32, fp16, bf16, int8).")] = "fp32",
+    precision: Annotated[
+        str, typer.Option(help=f"The precision to predict for: one of {', '.join(PRECISION.choices or ())}.")
+    ] = "fp32",
     evaluate: Annotated[
         bool, typer.Option("--evaluate", help="Print each method's leave-one-model-out latency MAPE per target.")
     ] = False,
@@ -64,6 +71,7 @@ def predict(
     machine: MachineOption = None,
     db: DbOption = DEFAULT_DB,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    **options: Any,
 ) -> None:
     """Predict latency (and, by the log-linear fit, throughput and memory) for untested combinations, even
     for a model never measured: each target by operators where it has profiles, else by the log-linear fit;
@@ -78,14 +86,13 @@ def predict(
             raise fail(str(exc)) from None
     if (model is None) == (model_path is None):
         raise fail("give one of --model (a spec or a measured model) or --model-path (an .onnx file or HF directory)")
-    batches, seqs = int_list("--batch-sizes", batch_sizes), int_list("--sequence-lengths", sequence_lengths)
-    for option, values, high in (("--batch-sizes", batches, MAX_BATCH), ("--sequence-lengths", seqs, MAX_SEQUENCE)):
-        if problem := out_of_range(option, values, 1, high):
-            raise fail(problem)
+    cases = RunOptions(**request_values(RunOptions, options), precision=precision)
     try:
+        check(cases, declared(RunOptions), (*CASES, "precision"))
         check_seconds("--timeout", timeout, positive=True, limit=MAX_TIMEOUT_S)
     except RequestError as exc:
         raise fail(str(exc)) from None
+    batches, seqs = cases.batch_sizes, cases.sequence_lengths
     if not db.exists():
         raise fail(f"no store at {db}: run benchmarks first (accelharness native ...)")
     error_bound = _error_bound(method, max_error)

@@ -13,8 +13,9 @@ from rich.table import Table
 
 from harness.cli.common import RUN_SELECTOR, console, fail, given, say, split_list, with_options
 from harness.cli.progress import run_with_progress
+from harness.core.options import declared, problem
 from harness.run.machine import check_machine_label
-from harness.run.plan import MAX_TIMEOUT_S, RequestError, RunOptions, check_seconds
+from harness.run.plan import RequestError, RunOptions
 from harness.store import StoreError
 
 DEFAULT_CONFIG_PATH = Path("accelharness-suite.toml")
@@ -136,6 +137,14 @@ def _print_cluster_check(plan: object, address: str) -> None:
 OVERRIDES = ("max_time_s", "db_path", "output_dir", "machine_label")
 
 
+def override_problem(name: str, value: object) -> str | None:
+    """An override checked by its config key's option (harness.suite.config.OPTION_KEYS), named by its flag."""
+    from harness.suite.config import OPTION_KEYS
+
+    opt = declared(RunOptions)[name]
+    return problem(opt.flag, OPTION_KEYS[opt.key or name][0], value)
+
+
 @with_options(RunOptions, OVERRIDES, overrides=True)
 def suite(
     ctx: typer.Context,
@@ -182,11 +191,9 @@ def suite(
     except ConfigError as exc:
         raise fail(str(exc)) from None
     loaded = dataclasses.replace(loaded, db=db_path or loaded.db, output_dir=output_dir or loaded.output_dir)
-    if max_time_s is not None:  # 0: no budget, as the config's max_time_s
-        try:
-            check_seconds("--max-time", max_time_s, positive=False, limit=MAX_TIMEOUT_S)
-        except RequestError as exc:
-            raise fail(str(exc)) from None
+    if max_time_s is not None:  # 0: no budget, as the config's max_time_s: checked as its key is
+        if found := override_problem("max_time_s", max_time_s):
+            raise fail(found)
         loaded = dataclasses.replace(loaded, max_time_s=max_time_s)
     if machine_label is not None:  # the option names this machine over the config's machine_label
         try:

@@ -17,6 +17,7 @@ MAX_DEPTH = MAX_SEQUENCE  # tokens of KV cache filled before a generation (--dep
 MAX_ITERATIONS = 1_000_000  # warmup, timed iterations (minimum, cap, floor), and an ab variant's iterations per case
 MAX_ROUNDS = 10_000  # ab rounds per case
 MAX_THREADS = 256  # wasm threads: more cores than any browser reports
+MAX_PORT = 65_535  # a TCP port (web --serve's --port; 0: a free one)
 MAX_DEVICES = 1000  # devices one `web --serve` run takes (--max-devices): each holds its jobs and pages in memory
 MAX_WINDOW = 1000  # history: previous points in the baseline
 MAX_VALUES = 64  # values in one comma-separated list (batch sizes, sequence lengths, thread counts)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import MISSING, Field, dataclass, field, fields
+from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from typing import Any
 
 from harness.core.bounds import out_of_range
@@ -45,11 +45,25 @@ class Opt:
     choices: tuple[str, ...] | None = None
     noun: str = "value"
     zero_is_none: bool = False  # the command line's 0 means None (--max-time 0: no budget)
+    repeat: bool = False  # a list given as the flag once per value (--browser-arg X --browser-arg Y)
+
+    def prefixed(self, prefix: str | None) -> Opt:
+        """The option in a command that has a native and a browser half, where the browser's name would
+        collide with the native one (`run`, `ab`: --web-hardware is WebRequest's --hardware)."""
+        return self if prefix is None else replace(self, flag=f"--{prefix}-{self.flag.removeprefix('--')}")
 
 
 def option(default: Any = MISSING, *, factory: Any = MISSING, **declared: Any) -> Any:
     """A dataclass field that is an option (`declared` are Opt's fields)."""
     return field(default=default, default_factory=factory, metadata={OPTION: Opt(**declared)})
+
+
+def reuse(request: Any, name: str, *, prefix: str | None = None, **default: Any) -> Any:
+    """A field of another request declared by `request`'s field `name`: the same option (flag, help, bound,
+    choices; its flag `prefixed`), with this request's own default (`default=` or `factory=`)."""
+    opt = declared(request)[name].prefixed(prefix)
+    return field(default=default.get("default", MISSING), default_factory=default.get("factory", MISSING),
+                 metadata={OPTION: opt})  # fmt: skip
 
 
 def declared(cls: Any) -> dict[str, Opt]:

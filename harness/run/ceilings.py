@@ -36,6 +36,7 @@ M, K, N = 512, 1024, 1024  # the MatMul: 1.07 GFLOP per run
 BLOCK = 32  # MatMulNBits' block size, as harness.prepare.variants quantizes q4
 KEPT = 16  # values each graph answers with
 CEILING_WARMUP, CEILING_ITERATIONS, CEILING_MIN_DURATION_S, CEILING_MIN_ITERATIONS = 1, 5, 0.1, 3
+CEILING_MAX_ITERATIONS = 50  # a fast target's 0.1 s of samples
 CEILING_MAX_TIME_S = 1.0  # per graph: a slow target (wasm, a software adapter) stops at its minimum iterations
 SEED = 20261126
 
@@ -158,7 +159,7 @@ def measure_ceilings(backend: Any, target: Target, calibrations: Iterable[Calibr
     from harness.run.measure import MeasureConfig, measure
     from harness.run.memory import PeakRss
 
-    config = MeasureConfig(CEILING_WARMUP, CEILING_ITERATIONS, CEILING_MIN_DURATION_S,
+    config = MeasureConfig(CEILING_WARMUP, CEILING_ITERATIONS, CEILING_MIN_DURATION_S, CEILING_MAX_ITERATIONS,
                            min_iterations=CEILING_MIN_ITERATIONS, max_time_s=CEILING_MAX_TIME_S)  # fmt: skip
     for calibration in calibrations:
         ceiling = Ceiling(target, calibration.kind, calibration.precision, calibration.name, calibration.amount)
@@ -171,14 +172,6 @@ def measure_ceilings(backend: Any, target: Target, calibrations: Iterable[Calibr
         except Exception as exc:  # a ceiling failing is recorded, and never stops the job
             ceiling.error = classify(exc)[1]
         yield ceiling
-
-
-def page_stop() -> dict[str, Any]:
-    """The page's stop rule for a calibration job: the native one, as web/page/runner.mjs reads it."""
-    return {"warmup": CEILING_WARMUP, "iterations": CEILING_ITERATIONS,
-            "min_duration_ms": CEILING_MIN_DURATION_S * 1000, "max_iterations": 1000,
-            "min_iterations": CEILING_MIN_ITERATIONS, "max_time_ms": CEILING_MAX_TIME_S * 1000,
-            "profile_iterations": 0}  # fmt: skip
 
 
 def row_work(model: Path | None, case: Case, input_shapes: dict[str, list[int]]) -> Work:

@@ -147,7 +147,8 @@ class BenchmarkRequest(RunOptions):
     # None: every available native platform
     hardware: list[str] | None = option(
         None, flag="--hardware", key="hardware_types", many=True, choices=NATIVE_PLATFORMS, noun="native hardware",
-        help=f"Native platforms: {','.join(NATIVE_PLATFORMS)} (default: every available).",
+        help=f"Comma-separated native platforms: {','.join(NATIVE_PLATFORMS)} (default: every available; "
+        "ab: cpu, none with --web-hardware).",
     )  # fmt: skip
     engines: list[str] | None = engines_option()
 

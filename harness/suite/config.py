@@ -123,7 +123,7 @@ OPTION_FIELDS: dict[type, tuple[str, ...]] = {
                  "min_iterations", "timeout_s", "precision", "profile", "modes", "new_tokens", "depths", "db_path",
                  "output_dir", "machine_label"),
     BenchmarkRequest: ("hardware", "engines"),
-    WebRequest: ("hardware", "threads", "gpu"),
+    WebRequest: ("hardware", "browser", "threads", "gpu"),
 }  # fmt: skip
 
 
@@ -147,7 +147,6 @@ KEY_TYPES: dict[str, type] = {  # the suite's own keys, then the run options'
     "name": str,
     "model_families": dict,
     "include_web_platforms": bool,
-    "browser": str,
     "parallel": bool,
     "generate_plots": bool,
     "update_compatibility_matrix": bool,
