@@ -242,7 +242,7 @@ MIGRATIONS: dict[int, list[str]] = {
         "ALTER TABLE results ADD COLUMN IF NOT EXISTS depth INTEGER",
         *(f"ALTER TABLE results ADD COLUMN IF NOT EXISTS {name} DOUBLE" for name in WORK_FIELDS),
         *(f"ALTER TABLE results ADD COLUMN IF NOT EXISTS {name} DOUBLE" for name in ROOFLINE_COLUMNS),
-        # each target's measured ceilings (harness.run.ceilings): value in GB/s or GFLOP/s at the median sample
+        # each target's measured ceilings (harness.run.ceilings): value in GB/s or GFLOP/s at the fastest sample
         """CREATE TABLE IF NOT EXISTS ceilings (
             run_id VARCHAR NOT NULL, hardware VARCHAR NOT NULL, engine VARCHAR NOT NULL, provider VARCHAR,
             device VARCHAR, kind VARCHAR NOT NULL, precision VARCHAR NOT NULL, workload VARCHAR NOT NULL,

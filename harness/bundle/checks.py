@@ -74,7 +74,7 @@ IDENTIFIERS = {
 }
 CEILING_CLASSES = (BANDWIDTH_CLASS, *sorted({c for p in MEANINGS if (c := precision_class(p))}))
 # a ceiling's figures as harness.core.roofline.ceiling_figures gives them, from its own amount and samples
-CEILING_VALUE = "amount / (list_median(samples_ms) / 1000.0) / 1e9"
+CEILING_VALUE = "amount / (list_min(samples_ms) / 1000.0) / 1e9"
 CEILING_SPREAD = "list_median(samples_ms) / list_min(samples_ms) - 1.0"
 
 

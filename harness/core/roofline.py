@@ -4,8 +4,9 @@ A ceiling is measured, not looked up (harness.run.ceilings natively, the same gr
 calibration graph of known work is timed through the row's own engine under the result's timing rules.
   bandwidth  bytes the graph moves per run (read + written) / the run's time: GB/s
   compute    a MatMul's FLOPs per run (2·M·K·N) / the run's time: GFLOP/s, per precision class
-The ceiling is the rate at the median sample; its spread is how far its fastest sample lies above it
-(fastest rate / median rate - 1): a row may come that close to "above 1" by noise alone.
+The ceiling is the rate of its fastest sample, as STREAM reports its best rate: the most the target was
+seen to sustain, which a machine shared with other work reaches only when left alone for a moment. Its
+spread is how far its median sample lies below that (fastest rate / median rate - 1).
 
 A row's achieved rates divide the work its graph implies (harness.core.graph_cost: bytes read and FLOPs
 per token or per item) by its measured time; its fraction is achieved / that target's ceiling:
@@ -42,11 +43,11 @@ def precision_class_sql(column: str) -> str:
 
 
 def ceiling_figures(amount: float, samples_ms: Sequence[float]) -> tuple[float | None, float | None]:
-    """(rate at the median sample in units of 1e9 per second, spread); (None, None) without samples."""
+    """(rate of the fastest sample in units of 1e9 per second, spread); (None, None) without samples."""
     if not samples_ms:
         return None, None
-    median_ms = float(np.median(samples_ms))
-    return amount / (median_ms / 1000.0) / 1e9, median_ms / float(min(samples_ms)) - 1.0
+    fastest_ms = float(min(samples_ms))
+    return amount / (fastest_ms / 1000.0) / 1e9, float(np.median(samples_ms)) / fastest_ms - 1.0
 
 
 def limit_fraction(row: Mapping[str, Any] | None) -> float | None:
