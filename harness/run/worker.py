@@ -79,8 +79,11 @@ def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: Pea
         model_file = getattr(session, "path", None) or job.prepared.onnx_path  # the file the session ran
         operators, profiled = profiled_fields(model_file, details["input_shapes"], measured.profile, error)
         details |= profiled
-    work, counted = row_work(_ran_file(job, session, case), case, details["input_shapes"])
+    model_file = _ran_file(job, session, case)
+    work, counted = row_work(model_file, case, details["input_shapes"])
     details |= counted
+    if model_file is not None and getattr(session, "path", None) is None and work:
+        details["work_counted_on"] = "the model's fp32 ONNX export: the engine ran the same module in fp32 itself"
     status, error, parity_fields = "ok", None, {}
     if not reference:  # a file no reference engine could run: measured, not parity-checked
         details["parity"] = f"not checked: no reference ({job.prepared.reference})"
@@ -117,11 +120,12 @@ def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: Pea
 
 
 def _ran_file(job: Job, session: Any, case: Case) -> Any:
-    """The ONNX file the session ran (its own path), or the export where the engine ran the model in fp32 from
-    it; None where no file says what ran (an engine building its own module at another precision)."""
+    """The ONNX file the session ran (its own path), else the model's fp32 export where the engine ran the model
+    in fp32 (from that export, or its own module of the same weights: the same reads and FLOPs per token);
+    None where no file says what ran (another precision, built by the engine itself)."""
     if (path := getattr(session, "path", None)) is not None:
         return path
-    if session.precision == "fp32" and capabilities(job.target.engine).needs_onnx:
+    if session.precision == "fp32":
         return job.prepared.onnx_past_path if case.mode == "generate" else job.prepared.onnx_path
     return None
 
