@@ -22,7 +22,8 @@ from harness.report.data import RunReport
 
 def write_json(report: RunReport, path: Path) -> None:
     results = [dict(r, details=json.loads(r["details"]) if r["details"] else {}) for r in report.results]
-    document = {"run": dict(report.run, host=report.host), "hardware": report.hardware, "results": results}
+    document = {"run": dict(report.run, host=report.host), "hardware": report.hardware, "results": results,
+                "ceilings": report.ceilings}  # fmt: skip
     path.write_text(json.dumps(document, indent=2, default=str))
 
 
@@ -118,6 +119,8 @@ MODE_SECTIONS = {
             ("TPOT p90 ms", "tpot_p90_ms", 3),
             ("e2e p50 ms", "latency_p50_ms", 3),
             ("tokens = native ORT", "tokens_matched", 0),
+            ("tg GB/s", "achieved_gbps", 3),  # bytes per decode token x tg tokens/s (docs/measurement.md)
+            ("of bandwidth ceiling", "bandwidth_fraction", 3),
         ],
     ),
     "training": (
@@ -140,7 +143,7 @@ def _mode_sections(results: list[dict[str, Any]]) -> list[str]:
             continue
         header = ["Model", "Target", "Case", *(name for name, _, _ in columns), "status"]
         cells = [
-            [r["model"], target_label(r), case_label(r), *(_fmt(r[f], d) for _, f, d in columns), r["status"]]
+            [r["model"], target_label(r), case_label(r), *(_fmt(r.get(f), d) for _, f, d in columns), r["status"]]
             for r in rows
         ]
         lines += [f"### {title}", "", *_table(header, cells), ""]
