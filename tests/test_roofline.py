@@ -108,6 +108,11 @@ def test_a_bundle_s_ceilings_travel_and_its_figures_are_recomputed(measured: dic
         "a ceiling's value": ("ceilings", "value", 1e6, "column value"),
         "a ceiling's spread": ("ceilings", "spread", 0.0001, "column spread"),
         "an unknown kind": ("ceilings", "kind", "latency", "column kind"),
+        "an unknown class": ("ceilings", "precision", "fp64", "column precision"),
+        "no work": ("ceilings", "amount", 0.0, "column amount"),
+        "more runs than samples": ("ceilings", "iterations", 99, "column samples_ms"),
+        "a negative depth": ("results", "depth", -1, "column depth"),
+        "negative bytes": ("results", "bytes_per_token", -1.0, "column bytes_per_token"),
     }
     for name, (table, column, value, needle) in planted.items():
 
