@@ -237,6 +237,16 @@ MIGRATIONS: dict[int, list[str]] = {
         *IDENTITY_BACKFILL,
     ],
     9: [
+        # issue 32: a native row's intra-op threads (--native-threads, or the engine's default read back) and
+        # whether its idle threads spin (NULL: the engine has no such setting); the browser's are in its provider
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS native_threads INTEGER",
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS spinning BOOLEAN",
+        # issue 32: a generate row's prompt ids, its decoded output text and the EOS policy that ran
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS prompt_ids JSON",
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS output_text VARCHAR",
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS stop_at_eos BOOLEAN",
+    ],
+    10: [
         # issue 34: decode at a KV-cache depth (part of the result key), the work a row's graph implies
         # (harness.core.graph_cost), its achieved rates and their fractions of its target's measured ceilings
         "ALTER TABLE results ADD COLUMN IF NOT EXISTS depth INTEGER",
@@ -253,7 +263,7 @@ MIGRATIONS: dict[int, list[str]] = {
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 # Tables a migration created: a read-only open of an older file shows them empty.
-ADDED_TABLES = {"operators": 4, "controls": 6, "store_info": 8, "imports": 8, "ceilings": 9}
+ADDED_TABLES = {"operators": 4, "controls": 6, "store_info": 8, "imports": 8, "ceilings": 10}
 
 TABLES = ("schema_version", "runs", "hardware", "results", "samples", "operators", "controls", "store_info", "imports",
           "ceilings")  # fmt: skip
@@ -561,6 +571,11 @@ class Store:
             **{name: getattr(result, name) for name in WORK_FIELDS},
             "generated_tokens": None if result.generated_tokens is None else json.dumps(result.generated_tokens),
             "tokens_matched": result.details.get("tokens_matched"),
+            "native_threads": result.details.get("native_threads"),
+            "spinning": result.details.get("spinning"),
+            "prompt_ids": None if result.prompt_ids is None else json.dumps(result.prompt_ids),
+            "output_text": result.output_text,
+            "stop_at_eos": result.stop_at_eos,
             "git_sha": git_sha,
             "details": json.dumps(result.details, default=str),
         }

@@ -58,13 +58,15 @@ class ExternalData:
 class GenerateJob:
     """A generate job's part (web/page/generate.mjs): new tokens per generation; the logits width the
     answer's token ids are checked against (None: the graph leaves it symbolic); a folder's past heads and
-    head size (where the graph is symbolic); ORT session options (WebGPU: present.* kept on the GPU); the
-    KV-cache depth the page fills, untimed, before the prompt (--depths)."""
+    head size (where the graph is symbolic); ORT session options (WebGPU: present.* kept on the GPU); the EOS
+    ids the generation stops at (--stop-at-eos; empty: EOS ignored, exactly new_tokens tokens); the KV-cache
+    depth the page fills, untimed, before the prompt (--depths)."""
 
     new_tokens: int
     vocab_size: int | None = None
     past_shape: list[int] | None = None
     session_options: dict[str, Any] | None = None
+    eos_ids: list[int] = field(default_factory=list)
     depth: int = 0
 
 

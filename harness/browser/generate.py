@@ -47,10 +47,11 @@ def vocab_size(path: Path) -> int | None:
     return _outputs(path)[0][1]
 
 
-def generate_job(model: Path, case: Case, keeps_on_gpu: bool) -> GenerateJob:
-    """A page job's generation part: the token count, the KV-cache depth filled first (untimed), the logits
-    width (the vocabulary its token ids are checked against), a model folder's past heads and head size and,
-    on WebGPU, present.* kept on the GPU (only the logits, the first output, come back to the CPU)."""
+def generate_job(model: Path, case: Case, keeps_on_gpu: bool, eos: tuple[int, ...] = ()) -> GenerateJob:
+    """A page job's generation part: the token count, the EOS ids it stops at (--stop-at-eos; none: it makes
+    exactly new_tokens), the KV-cache depth filled first (untimed), the logits width (the vocabulary its token
+    ids are checked against), a model folder's past heads and head size and, on WebGPU, present.* kept on the
+    GPU (only the logits, the first output, come back to the CPU)."""
     assert case.new_tokens is not None  # a generate case always has its count (harness.run.plan)
     options = None
     if keeps_on_gpu:
@@ -63,6 +64,7 @@ def generate_job(model: Path, case: Case, keeps_on_gpu: bool) -> GenerateJob:
         past_shape=None if shape is None else list(shape),
         session_options=options,
         depth=case.depth or 0,
+        eos_ids=list(eos),
     )
 
 
@@ -119,6 +121,8 @@ def generation_result(prepared: PreparedModel, target: Any, case: Case, answer: 
         details["tokens_unstable"] = "the timed generations did not all give the warm-up's tokens"
     reference = prepared.load_generation((case.batch_size, case.seq_len), case.new_tokens or 1, case.depth or 0)
     status, error, parity_fields = _parity(generation, reference, extra.get("precision") or "fp32", details)
+    feeds, _ = prepared.load_case((case.batch_size, case.seq_len))  # the prompt the page's job carried
+    fields |= prepared.text_fields(feeds["input_ids"], generation["tokens"], details)
     return prepared.result(target, case, status, error, details=details, **parity_fields, **extra, **fields)
 
 

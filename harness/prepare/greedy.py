@@ -3,7 +3,8 @@ loop (harness.native.onnxruntime_backend) and the reference tokens the browser's
 
 A graph qualifies when it takes input_ids, attention_mask and past_* inputs and returns logits then
 present_* outputs (harness.prepare.export_past's names, or Hugging Face Optimum's past_key_values.N.* /
-present.N.*); position_ids is fed only when the graph takes it. Exactly new_tokens tokens, EOS ignored.
+present.N.*); position_ids is fed only when the graph takes it. Exactly new_tokens tokens, EOS ignored, unless
+the run stops at EOS (--stop-at-eos).
 web/page/generate.mjs runs the same steps in the page.
 """
 
@@ -135,14 +136,15 @@ def fill_cache(session: Any, inputs: dict[str, np.ndarray], depth: int, shape: t
 
 
 def greedy(session: Any, inputs: dict[str, np.ndarray], new_tokens: int, stamp: Callable[[], None] = lambda: None,
-           keep: bool = False, shape: tuple[int, int] | None = None, depth: int = 0,
+           keep: bool = False, shape: tuple[int, int] | None = None, eos: tuple[int, ...] = (), depth: int = 0,
            begin: Callable[[], None] = lambda: None, fills: dict[Any, Any] | None = None) -> Greedy:  # fmt: skip
-    """Exactly new_tokens greedy tokens; stamp() runs as each step's logits are on the host (run()
-    returns host arrays). keep: also the reference's margins and prefill logits (outside any timing); shape:
-    the past's heads and head size where the graph leaves them symbolic; depth: the KV cache filled to that
-    many tokens first (fill_cache), after which begin() runs: what is timed starts there; fills: where a filled
-    cache is kept for the next generation of the same prompt and depth (ONNX Runtime never writes to its inputs,
-    so the filled past is read again, not filled again; the page does the same)."""
+    """Exactly new_tokens greedy tokens, or with `eos` (--stop-at-eos) up to new_tokens, ending once every row
+    has made one of those ids; stamp() runs as each step's logits are on the host (run() returns host arrays).
+    keep: also the reference's margins and prefill logits (outside any timing); shape: the past's heads and
+    head size where the graph leaves them symbolic; depth: the KV cache filled to that many tokens first
+    (fill_cache), after which begin() runs: what is timed starts there; fills: where a filled cache is kept for
+    the next generation of the same prompt and depth (ONNX Runtime never writes to its inputs, so the filled
+    past is read again, not filled again; the page does the same)."""
     output_names = [o.name for o in session.get_outputs()]
     pasts = [past_input(name) for name in output_names[1:]]
     mask = inputs["attention_mask"]
@@ -155,18 +157,23 @@ def greedy(session: Any, inputs: dict[str, np.ndarray], new_tokens: int, stamp: 
                 fills.clear()
                 fills[key] = filled
         feeds, mask = fills[key] if fills is not None else filled
+    begin()
     tokens, margins, prefill = [], [], None
+    ended = np.zeros(mask.shape[0], dtype=bool)
     for _ in range(new_tokens):
         logits, *presents = session.run(output_names, feeds)
         stamp()
         last = logits[:, -1]
         token = last.argmax(axis=-1, keepdims=True).astype(np.int64)
         tokens.append(token)
+        ended |= np.isin(token[:, 0], eos)
         if keep:
             # the last position: the page reports it alone, and a graph may return every position
             prefill = logits[:, -1:].astype(np.float32) if prefill is None else prefill
             top2 = np.sort(last.astype(np.float64), axis=-1)[:, -2:]
             margins.append(top2[:, 1] - top2[:, 0])
+        if eos and ended.all():
+            break
         mask = np.concatenate([mask, np.ones_like(token)], axis=1)
         step = {"input_ids": token, "attention_mask": mask, "position_ids": positions(mask, 1),
                 "use_cache_branch": np.array([True])}  # fmt: skip
@@ -175,12 +182,14 @@ def greedy(session: Any, inputs: dict[str, np.ndarray], new_tokens: int, stamp: 
     return Greedy(np.concatenate(tokens, axis=1), kept, prefill)
 
 
-def reference_generation(graph: Path, inputs: dict[str, np.ndarray], new_tokens: int, depth: int = 0) -> Greedy:
-    """Native ONNX Runtime's greedy tokens on the CPU for this graph and prompt (after a KV cache filled to
-    `depth`): what every browser generation of the same file is checked against."""
+def reference_generation(graph: Path, inputs: dict[str, np.ndarray], new_tokens: int,
+                         eos: tuple[int, ...] = (), depth: int = 0) -> Greedy:  # fmt: skip
+    """Native ONNX Runtime's greedy tokens on the CPU for this graph and prompt (stopping at `eos` where the
+    run asked; after a KV cache filled to `depth`): what every browser generation of the same file is checked
+    against."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
     session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
-    return greedy(session, inputs, new_tokens, keep=True, shape=past_shape(graph), depth=depth)
+    return greedy(session, inputs, new_tokens, keep=True, shape=past_shape(graph), eos=eos, depth=depth)

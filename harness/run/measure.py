@@ -175,12 +175,19 @@ def profile_after(session: Session, prepared: Any, iterations: int) -> tuple[Pro
 
 
 def measure_generation(
-    session: Any, feeds: dict[str, np.ndarray], config: MeasureConfig, new_tokens: int, rss: PeakRss, depth: int = 0
+    session: Any,
+    feeds: dict[str, np.ndarray],
+    config: MeasureConfig,
+    new_tokens: int,
+    rss: PeakRss,
+    eos: tuple[int, ...] = (),
+    depth: int = 0,
 ) -> Measurement:
-    """Each iteration generates exactly new_tokens tokens; session.generate calls stamp() as each
-    token's logits are ready (device-synchronised), giving TTFT and every decode step from the same run
-    (harness.core.generation defines the figures). The first generation's token ids are kept. At a depth,
-    the session fills its KV cache to that many tokens first and calls begin(): the clock starts there."""
+    """Each iteration generates exactly new_tokens tokens (with `eos`, the ids --stop-at-eos stops at: up to
+    new_tokens, ending when every row made one); session.generate calls stamp() as each token's logits are
+    ready (device-synchronised), giving TTFT and every decode step from the same run (harness.core.generation
+    defines the figures, over the steps made). The first generation's token ids are kept. At a depth, the
+    session fills its KV cache to that many tokens first and calls begin(): the clock starts there."""
     if depth and not getattr(session, "fills_cache", False):
         raise UnsupportedError(f"--depths {depth}: this engine's generation starts from an empty KV cache here "
                                "(ONNX Runtime's greedy loop and the page fill one)")  # fmt: skip
@@ -198,11 +205,12 @@ def measure_generation(
 
         stamp = lambda: stamps.append(time.perf_counter_ns())  # noqa: E731
         if getattr(session, "fills_cache", False):  # every depth, 0 too, timed from the same point
-            produced = session.generate(prepared, new_tokens, stamp, depth=depth, begin=begin)
+            produced = session.generate(prepared, new_tokens, stamp, eos, depth=depth, begin=begin)
         else:
-            produced = session.generate(prepared, new_tokens, stamp)
+            produced = session.generate(prepared, new_tokens, stamp, eos)
         total_ms = (time.perf_counter_ns() - started[0]) / 1e6
-        if produced != new_tokens or len(stamps) != new_tokens:
+        fixed = not eos or not 1 <= produced <= new_tokens  # only an EOS stop may end a generation early
+        if (fixed and produced != new_tokens) or len(stamps) != produced:
             raise RuntimeError(f"generate produced {produced} tokens ({len(stamps)} steps), asked {new_tokens}")
         if record:
             ttft.append((stamps[0] - started[0]) / 1e6)

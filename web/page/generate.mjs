@@ -1,7 +1,8 @@
 // Generation in the page: greedy decoding on the `-past` export, the steps harness/prepare/greedy.py runs
 // natively. Prefill: the prompt, a mask of ones, positions, and empty past tensors typed from the session's
 // input metadata; decode: one token per step, each step's presents fed back as the next step's past and the
-// old past disposed; exactly job.new_tokens tokens (EOS ignored), argmax here. A step's clock stops when its
+// old past disposed; exactly job.new_tokens tokens (EOS ignored) or, where the job carries eos_ids
+// (--stop-at-eos), up to them, ending once every row made one; argmax here. A step's clock stops when its
 // logits are on the CPU (the harness asks WebGPU to keep present.* on the GPU and return logits only).
 // TTFT is the prefill until the first logits; each decode step runs from one step's logits to the next's.
 // At a depth (job.depth), the KV cache is first filled to that many tokens, untimed; the clock starts after.
@@ -159,6 +160,8 @@ async function generateOnce(ort, session, prompt, job, hook, keepLogits = false,
   if (taken.has('use_cache_branch') && !fill) feeds.use_cache_branch = branch(ort, false);
   const tokens = Array.from({ length: batch }, () => []);
   const steps = [];
+  const eos = new Set(job.eos_ids || []); // empty: EOS ignored, exactly job.new_tokens tokens
+  const ended = new Array(batch).fill(false);
   let ttft_ms = null;
   let prefill_logits = null;
   const started = performance.now();
@@ -175,6 +178,12 @@ async function generateOnce(ort, session, prompt, job, hook, keepLogits = false,
     out[logitsName].dispose();
     if (!(fill && step === 0)) disposeAll(feeds, pasts); // the old past: a cache not freed here grows every step
     next.forEach((token, row) => tokens[row].push(token));
+    next.forEach((token, row) => (ended[row] ||= eos.has(token)));
+    if (eos.size && ended.every(Boolean)) {
+      presents.forEach((name) => out[name].dispose()); // no next step takes them
+      feeds = {};
+      break;
+    }
     mask = withOnes(mask, batch, length);
     length++;
     feeds = {
