@@ -5,7 +5,7 @@ Writes the checkpoint from its config (no hub), then one `accelharness run` on i
 and, per precision and depth, tg tokens/s, the bytes a decode token reads (weights by type + KV cache), the
 achieved GB/s and its fraction of that target's bandwidth ceiling (docs/measurement.md).
 
-    timeout 5400 .venv/bin/python bench/roofline.py [--threads 2] [--depths 0,512] [--out DIR]
+    timeout 5400 .venv/bin/python bench/roofline.py [--threads 2] [--depths 0,512] [--out DIR] [--smoke]
 """
 
 from __future__ import annotations
@@ -22,15 +22,18 @@ import duckdb
 SMOLLM2_135M = {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
                 "num_key_value_heads": 3, "vocab_size": 49152, "max_position_embeddings": 2048,
                 "tie_word_embeddings": True, "rope_theta": 100000.0, "rms_norm_eps": 1e-5}  # fmt: skip
+# --smoke: the same script end to end on a Llama of a few MB (the script's own check, in minutes)
+SMOKE = SMOLLM2_135M | {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                        "num_key_value_heads": 2, "vocab_size": 1000}  # fmt: skip
 
 
-def write_checkpoint(directory: Path) -> int:
-    """A LlamaForCausalLM of SmolLM2-135M's shape with random weights, as safetensors; its parameter count."""
+def write_checkpoint(directory: Path, config: dict) -> int:
+    """A LlamaForCausalLM of this shape with random weights, as safetensors; its parameter count."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**SMOLLM2_135M))
+    model = LlamaForCausalLM(LlamaConfig(**config))
     model.save_pretrained(directory)
     return sum(p.numel() for p in model.parameters())
 
@@ -40,9 +43,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--depths", default="0,512")
     parser.add_argument("--out", type=Path, default=Path("bench-roofline"))
+    parser.add_argument("--smoke", action="store_true", help="a Llama of a few MB instead: the script's own check")
     args = parser.parse_args()
-    checkpoint = args.out / "smollm2-135m-random"
-    parameters = write_checkpoint(checkpoint)
+    checkpoint = args.out / ("llama-smoke-random" if args.smoke else "smollm2-135m-random")
+    parameters = write_checkpoint(checkpoint, SMOKE if args.smoke else SMOLLM2_135M)
     db = args.out / "roofline.duckdb"
     command = [sys.executable, "-m", "harness.cli", "run", "--model-path", str(checkpoint), "--mode", "generate",
                "--hardware", "cpu", "--engines", "onnxruntime", "--web-hardware", "wasm", "--threads",
