@@ -123,8 +123,17 @@ class Seq2SeqGreedy:
     def encode(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         return self.encoder.run(None, {n: inputs[n] for n in _names(self.encoder)})[0]
 
+    def forced(self, inputs: dict[str, np.ndarray], tokens: np.ndarray) -> np.ndarray:
+        """Teacher forcing: each step's last-position logits [batch, N, vocab] (float32) when fed `tokens`
+        [batch, N] (another side's generation) instead of its own choices; the prefix up to a first difference
+        is greedy's own."""
+        kept: list[np.ndarray] = []
+        self.generate(inputs, tokens.shape[1], forced=tokens.astype(np.int64), logits=kept)
+        return np.concatenate(kept, axis=1)
+
     def generate(self, inputs: dict[str, np.ndarray], new_tokens: int, stamp: Callable[[], None] = lambda: None,
-                 encoded: Callable[[], None] = lambda: None, keep: bool = False) -> Greedy:  # fmt: skip
+                 encoded: Callable[[], None] = lambda: None, keep: bool = False, forced: np.ndarray | None = None,
+                 logits: list[np.ndarray] | None = None) -> Greedy:  # fmt: skip
         hidden = self.encode(inputs)
         encoded()
         batch = hidden.shape[0]
@@ -133,15 +142,19 @@ class Seq2SeqGreedy:
         session, feeds = self.decoder, self._first(token, common, batch)
         cross: dict[str, np.ndarray] = {}
         tokens, margins, prefill = [], [], None
-        for _ in range(new_tokens):
+        for step in range(new_tokens):
             names = [o.name for o in session.get_outputs()]
-            logits, *presents = session.run(names, feeds)
+            out, *presents = session.run(names, feeds)
             stamp()
-            last = logits[:, -1]
-            token = last.argmax(axis=-1, keepdims=True).astype(np.int64)
+            last = out[:, -1]
+            token = (
+                last.argmax(axis=-1, keepdims=True).astype(np.int64) if forced is None else forced[:, step : step + 1]
+            )
+            if logits is not None:
+                logits.append(np.asarray(out[:, -1:], dtype=np.float32))
             tokens.append(token)
             if keep:
-                prefill = logits[:, -1:].astype(np.float32) if prefill is None else prefill
+                prefill = out[:, -1:].astype(np.float32) if prefill is None else prefill
                 top2 = np.sort(last.astype(np.float64), axis=-1)[:, -2:]
                 margins.append(top2[:, 1] - top2[:, 0])
             cache = {_past(n): v for n, v in zip(names[1:], presents, strict=True)}
@@ -189,6 +202,11 @@ def cpu_session(path: Path) -> Any:
     options = ort.SessionOptions()
     options.log_severity_level = 3
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def forced_seq2seq(files: Seq2SeqFiles, inputs: dict[str, np.ndarray], tokens: np.ndarray) -> np.ndarray:
+    """Native ORT CPU's logits at each step on these graphs, teacher-forced on `tokens` (Seq2SeqGreedy.forced)."""
+    return load_seq2seq(files, cpu_session).forced(inputs, tokens)
 
 
 def reference_seq2seq(files: Seq2SeqFiles, inputs: dict[str, np.ndarray], new_tokens: int) -> Greedy:

@@ -7,7 +7,7 @@
 // TTFT runs from the encoder's start to the first step's logits on the CPU; each decode step from one step's
 // logits to the next's (under WebGPU the harness keeps present.* on the GPU, so only logits come back).
 
-import { argmax, disposeAll, lastRow, prefillLogits } from './generate.mjs';
+import { argmax, disposeAll, lastRow, prefillLogits, topK } from './generate.mjs';
 
 const PAST_ARRAYS = { float32: Float32Array, float16: Uint16Array };
 const FILLED = ['input_ids', 'attention_mask', 'input_features', 'encoder_attention_mask', 'encoder_hidden_states',
@@ -64,6 +64,8 @@ export function seq2seqOnce(ort, sessions, inputs, job) {
     const steps = [];
     let ttft_ms = null;
     let prefill_logits = null;
+    // the warm-up's top job.top_k logits of each step (ids and values), checked against native ORT's
+    const step_top = keepLogits ? { ids: tokens.map(() => []), values: tokens.map(() => []) } : null;
     let last = started;
     for (let step = 0; step < job.new_tokens; step++) {
       if (hook) await hook(step);
@@ -75,6 +77,13 @@ export function seq2seqOnce(ort, sessions, inputs, job) {
       const [logitsName, ...presents] = session.outputNames;
       const next = Array.from({ length: batch }, (_, row) => argmax(lastRow(out[logitsName], row)));
       if (step === 0 && keepLogits) prefill_logits = prefillLogits(out[logitsName], batch);
+      if (step_top) {
+        for (let row = 0; row < batch; row++) {
+          const [ids, values] = topK(lastRow(out[logitsName], row), job.top_k);
+          step_top.ids[row].push(ids);
+          step_top.values[row].push(values);
+        }
+      }
       out[logitsName].dispose();
       disposeAll(selfPast, Object.keys(selfPast)); // the old self-attention past: not freed, it grows every step
       selfPast = {};
@@ -93,6 +102,6 @@ export function seq2seqOnce(ort, sessions, inputs, job) {
     disposeAll(selfPast, Object.keys(selfPast));
     disposeAll(cross ?? {}, Object.keys(cross ?? {}));
     hidden.dispose();
-    return { total_ms: performance.now() - started, ttft_ms, steps, tokens, prefill_logits, encoder_ms };
+    return { total_ms: performance.now() - started, ttft_ms, steps, tokens, prefill_logits, step_top, encoder_ms };
   };
 }
