@@ -465,7 +465,7 @@ def _reference_generations(prepared: PreparedModel, new_tokens: int, depths: tup
         path = case_file.with_name(f"{case_file.stem}_gen{new_tokens}{stop}{deep}.npz")
         if not path.exists():
             feeds, _ = prepared.load_case(shape)
-            if layout is not None:  # an encoder-decoder: no depth (refused where planned), no EOS stop
+            if layout is not None:  # an encoder-decoder: no depth, no EOS stop (both refused where it runs)
                 made = reference_seq2seq(layout, feeds, new_tokens)
             else:
                 prompt = {name: feeds[name] for name in ("input_ids", "attention_mask")}

@@ -44,6 +44,9 @@ function emptyPasts(ort, session, batch) {
 // One generation over sessions {encoder, decoder, decoderPast}; the same answer as generate.mjs's generateOnce
 // plus encoder_ms. hook(step) runs before each decoder step (the test suite's fault hook).
 export function seq2seqOnce(ort, sessions, inputs, job) {
+  if (job.depth > 0 || job.eos_ids?.length) {
+    throw new Error('encoder-decoder generation makes exactly new_tokens tokens from an empty cache: no depth, no EOS stop');
+  }
   const { encoder, decoder, decoderPast } = sessions;
   const branch = (on) => new ort.Tensor('bool', Uint8Array.from([on ? 1 : 0]), [1]);
   return async (hook, keepLogits = false) => {
