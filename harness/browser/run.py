@@ -52,6 +52,7 @@ from harness.run.ceilings import (
     Calibration,
     calibration_feeds,
     calibration_path,
+    ceilings_asked,
     row_work,
     wanted,
 )
@@ -678,7 +679,8 @@ async def _run_ep(
                 if (setting, "start") in controls.get(index - 1, []):
                     emit(await measure_control(files, session, setting, "start", spec.name, timeout_s))
                 # the target's ceilings, measured once per run, before the first job that needs each of them
-                needed = wanted([case.precision], measured.setdefault(setting.target, set()))
+                asked = ceilings_asked(plan.request.no_ceilings)
+                needed = wanted([case.precision], measured.setdefault(setting.target, set()), asked)
                 for ceiling in await measure_page_ceilings(files, session, setting, needed, timeout_s):
                     emit(ceiling)
                 row = await _run_case(files, session, plan, prepared, setting, case, faults.get(setting.provider))
