@@ -24,7 +24,7 @@ from harness.prepare.specs import ModelSpec
 if TYPE_CHECKING:  # harness.prepare.export imports torch: workers that only run ORT/OpenVINO never need it
     from harness.prepare.export import ExportOutcome
     from harness.prepare.greedy import Greedy
-    from harness.prepare.workload import Weights
+    from harness.prepare.weights import Weights
 
 CaseShape = tuple[int, int | None]  # (batch, seq)
 MODEL_FACTS = "model.json"  # in a case directory: the module's facts a warm-cache prepare needs
@@ -151,13 +151,28 @@ def _build_cases(
     return failed
 
 
-def _prepare_spec_model(job: PrepareJob) -> PreparedModel:
+def _spec_case_dir(spec: ModelSpec) -> tuple[Weights, Path]:
+    """The spec's weights and its cache directory (its export's key), both torch-free."""
     from harness.prepare.export import export_key
-    from harness.prepare.workload import find_weights
+    from harness.prepare.weights import find_weights
 
-    weights, _ = find_weights(job.spec)
-    case_dir = _case_dir(export_key(job.spec, weights))
+    weights, _ = find_weights(spec)
+    return weights, _case_dir(export_key(spec, weights))
+
+
+def _prepare_spec_model(job: PrepareJob) -> PreparedModel:
+    weights, case_dir = _spec_case_dir(job.spec)
     return _prepare_from_cache(job, weights, case_dir) or _build_and_prepare(job, case_dir)
+
+
+def needs_torch(job: PrepareJob) -> bool:
+    """Whether preparing builds the torch module: a spec model whose export, facts and case files an
+    earlier run did not all leave in the cache. A warm-cache prepare reads files only, so its worker
+    need not fork from the torch fork server (whose start cost a cached ORT-only run ~2 s)."""
+    if job.spec.is_onnx_file:
+        return False
+    weights, case_dir = _spec_case_dir(job.spec)
+    return _prepare_from_cache(job, weights, case_dir) is None
 
 
 def _case_paths(job: PrepareJob, case_dir: Path, limit: int | None) -> tuple[dict[CaseShape, Path], dict]:

@@ -50,6 +50,10 @@ MAX_TIME_HELP = (
     "Seconds of warmup + timed iterations per case (0: no budget). Once spent, the loop stops after "
     "--min-iterations samples; the row records that the budget stopped it."
 )
+NO_REPORTS_HELP = (
+    "Write no reports after the run, only the compatibility matrix in --output-dir (`accelharness report` "
+    "writes them later, from the store)."
+)
 PROFILE_HELP = (
     "After each inference case's timed loop, a few profiled iterations: time per operator (node, op type, "
     "provider), stored with the result (`query --report ops`, the HTML report, `predict`)."
@@ -118,6 +122,8 @@ class RunOptions:
     )  # fmt: skip
     db_path: Path = option(DEFAULT_DB, flag="--db", key="db", help=DB_HELP)
     output_dir: Path | None = option(Path("accelharness-results"), flag="--output-dir", help=OUTPUT_DIR_HELP)
+    # --no-reports: a run read from the store only (a script's, a test's) skips drawing its plots (1.5 s a run)
+    no_reports: bool = option(False, flag="--no-reports", help=NO_REPORTS_HELP)
     profile: bool = option(False, flag="--profile", help=PROFILE_HELP)  # profiled iterations after the timed loop
     # names this machine in reports across machines (harness.run.machine)
     machine_label: str | None = option(None, flag="--machine-label", help=MACHINE_LABEL_HELP)
@@ -125,7 +131,7 @@ class RunOptions:
     @property
     def outputs(self) -> Outputs | None:
         """The after-run step's reports and matrix, in output_dir (None: write none)."""
-        return Outputs(Path(self.output_dir)) if self.output_dir is not None else None
+        return Outputs(Path(self.output_dir), reports=not self.no_reports) if self.output_dir is not None else None
 
 
 def engines_option() -> Any:

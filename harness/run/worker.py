@@ -26,7 +26,7 @@ from harness.core.parity import compare
 from harness.core.records import Case, Control, Result, Target, UnsupportedError
 from harness.native import capabilities
 from harness.prepare.graph_work import GraphWork, count_graph
-from harness.prepare.prepared import PreparedModel, PrepareJob, prepare_model
+from harness.prepare.prepared import PreparedModel, PrepareJob, needs_torch, prepare_model
 from harness.run.control import ControlProbe, control_positions
 from harness.run.isolation import Outcome, run_isolated, start_method
 from harness.run.measure import MeasureConfig, Measurement, measure, measure_generation, measure_training
@@ -241,5 +241,14 @@ def count_isolated(job: PrepareJob, timeout_s: float) -> GraphWork:
 def prepare_isolated(job: PrepareJob, timeout_s: float) -> tuple[PreparedModel | None, Outcome]:
     """Prepare in a child process (torch and the exporters may crash or hang): the model, or None and why."""
     found: list[PreparedModel] = []
-    outcome = run_isolated(prepare_model, job, timeout_s, found.append, uses_torch=not job.spec.is_onnx_file)
+    outcome = run_isolated(prepare_model, job, timeout_s, found.append, uses_torch=_prepare_needs_torch(job))
     return (found[0] if found else None), outcome
+
+
+def _prepare_needs_torch(job: PrepareJob) -> bool:
+    """Fork the prepare from the torch fork server only where it builds the module: a warm-cache
+    prepare reads files, and a run without torch then starts no fork server at all."""
+    try:
+        return needs_torch(job)
+    except Exception:  # an unreadable cache entry: the worker meets it, isolated, and says why
+        return True
