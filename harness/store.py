@@ -205,6 +205,12 @@ MIGRATIONS: dict[int, list[str]] = {
         )""",
         *IDENTITY_BACKFILL,
     ],
+    9: [
+        # issue 32: a native row's intra-op threads (--native-threads, or the engine's default read back) and
+        # whether its idle threads spin (NULL: the engine has no such setting); the browser's are in its provider
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS native_threads INTEGER",
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS spinning BOOLEAN",
+    ],
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 # Tables a migration created: a read-only open of an older file shows them empty.
@@ -510,6 +516,8 @@ class Store:
             "energy_j_per_item": result.energy_j_per_item,
             "generated_tokens": None if result.generated_tokens is None else json.dumps(result.generated_tokens),
             "tokens_matched": result.details.get("tokens_matched"),
+            "native_threads": result.details.get("native_threads"),
+            "spinning": result.details.get("spinning"),
             "git_sha": git_sha,
             "details": json.dumps(result.details, default=str),
         }

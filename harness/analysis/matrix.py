@@ -27,6 +27,7 @@ from harness.core import labels
 from harness.core.escaping import markdown_text as md
 from harness.core.labels import BASELINE_LABEL, baselines, case_key, case_label, details_of, flags, mode_of, speedup
 from harness.core.records import MODES
+from harness.core.threads import threads_part
 from harness.store import ALL_RUNS, MACHINE_COLUMNS, open_store
 
 MATRIX_JSON, MATRIX_MD = "compatibility_matrix.json", "compatibility_matrix.md"
@@ -78,6 +79,8 @@ def matrix_target(row: dict[str, Any]) -> str:
     """The row's column: the target, and the mode when it is not inference."""
     label = f"{row['hardware']}/{row['engine']}"
     label = f"{label}:{row['provider']}" if row["hardware"] == row["engine"] and row.get("provider") else label
+    if row.get("native_threads") is not None:  # --native-threads: each count a column, to pair with wasm's
+        label += threads_part(row.get("provider") or "")
     label = labels.on_device(label, row)  # each served device is a column of its own
     mode = mode_of(row)
     return label if mode == "inference" else f"{label} ({mode})"

@@ -14,7 +14,7 @@ import json
 import os
 import re
 import shutil
-import tempfile
+import signal
 import time
 import traceback
 from dataclasses import dataclass
@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from harness.prepare.cache import cache_root
+from harness.core.faults import injected_faults
+from harness.prepare.cache import exports_dir, staging_dir
 from harness.prepare.external import EXTERNAL_ABOVE_BYTES
 from harness.prepare.specs import ModelSpec
 from harness.prepare.weights import Weights
@@ -123,7 +124,7 @@ def export_onnx(spec: ModelSpec, module: Any, weights: Weights, feeds: dict[str,
 
 def export_dir(key: str) -> Path:
     """Where the export with cache key `key` lives (`<key>-past` holds the graph with past key/values)."""
-    return cache_root() / "onnx" / key
+    return exports_dir() / key
 
 
 def cached_export(target_dir: Path) -> ExportOutcome | None:
@@ -148,12 +149,22 @@ def export_cached(
     if (hit := cached_export(target_dir)) is not None:
         return hit
     args = tuple(torch.from_numpy(feeds[n]) for n in module.input_names)
-    target_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=target_dir.parent, prefix=".staging-"))
+    staging = staging_dir(target_dir.parent)  # a killed export's stale folder is removed first
     try:
+        _injected_export_fault()
         return _export_staged(staging, target_dir, module, args, feeds, shapes, axes)
     finally:  # renamed into place, failed or interrupted: no staging directory is left behind
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _injected_export_fault() -> None:
+    """Testing hook: an export killed (export-kill: SIGKILL, no cleanup runs) or hanging (export-hang) with
+    its staging folder written."""
+    faults = injected_faults()
+    if "export-kill" in faults:
+        os.kill(os.getpid(), signal.SIGKILL)
+    while "export-hang" in faults:
+        time.sleep(3600)
 
 
 def _parameter_bytes(module: Any) -> int:

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 from harness.core.escaping import csv_cell, markdown_text
 from harness.core.generation import DECODE_RATE, PREFILL_RATE
-from harness.core.labels import BASELINE_LABEL, case_label, flags, target_label
+from harness.core.labels import BASELINE_LABEL, case_label, flags, target_label, threads_text
 from harness.core.paths import inside, safe_name
 from harness.core.records import MEASURED
 from harness.report.data import RunReport
@@ -131,6 +131,12 @@ MODE_SECTIONS = {
 }
 
 
+def _target(row: dict[str, Any]) -> str:
+    """The target, with a native row's threads (the browser's are in its label)."""
+    threads = threads_text(row)
+    return f"{target_label(row)} ({threads})" if threads else target_label(row)
+
+
 def _mode_sections(results: list[dict[str, Any]]) -> list[str]:
     """One table per non-inference mode present in the results (MODE_SECTIONS)."""
     lines: list[str] = []
@@ -140,8 +146,7 @@ def _mode_sections(results: list[dict[str, Any]]) -> list[str]:
             continue
         header = ["Model", "Target", "Case", *(name for name, _, _ in columns), "status"]
         cells = [
-            [r["model"], target_label(r), case_label(r), *(_fmt(r[f], d) for _, f, d in columns), r["status"]]
-            for r in rows
+            [r["model"], _target(r), case_label(r), *(_fmt(r[f], d) for _, f, d in columns), r["status"]] for r in rows
         ]
         lines += [f"### {title}", "", *_table(header, cells), ""]
     return lines

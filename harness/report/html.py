@@ -16,7 +16,7 @@ from typing import Any
 
 from harness.analysis.machines import across, group_name, machine_name
 from harness.analysis.tables import Table, cell
-from harness.core.labels import MARK_STYLES, case_label, details_of, marks, mode_of, target_label
+from harness.core.labels import MARK_STYLES, case_label, details_of, marks, mode_of, target_label, threads_text
 from harness.core.records import STATUSES
 from harness.report.data import RunReport
 from harness.report.generation import generation_html
@@ -158,7 +158,7 @@ def _results(report: RunReport) -> str:
             kind = "failed" if r["status"] != "ok" else "flagged" if marks(r) else ""
             error = (r["error"] or "").strip()
             body.append(
-                f'<tr class="{kind}"><td>{escape(r["model"])}</td><td>{escape(target_label(r))}</td>'
+                f'<tr class="{kind}"><td>{escape(r["model"])}</td><td>{escape(target_label(r))}{_threads(r)}</td>'
                 f"<td>{escape(case_label(r))}</td><td>{escape(r['precision'])}</td>"
                 f"<td>{_badge(r['status'])}</td>"
                 f'<td class="num">{_fmt(r["latency_p50_ms"])}</td><td class="num">{_fmt(r["latency_p90_ms"])}</td>'
@@ -173,6 +173,12 @@ def _results(report: RunReport) -> str:
         table = f'<table class="results"><tr>{header}</tr>{"".join(body)}</table>'
         parts.append(f"<h4>{title}</h4>{scrolling(table)}")
     return "".join(parts) or '<p class="omitted">The run has no results.</p>'
+
+
+def _threads(row: dict[str, Any]) -> str:
+    """A native row's threads under its target (the browser's are in its label)."""
+    text = threads_text(row)
+    return f"<br><small>{escape(text)}</small>" if text else ""
 
 
 def _devices(report: RunReport) -> str:

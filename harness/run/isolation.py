@@ -290,7 +290,11 @@ def _kill_group(process: multiprocessing.process.BaseProcess) -> None:
 
 
 def _follow(
-    process: multiprocessing.process.BaseProcess, receiver: Any, timeout_s: float, on_item: Callable[[Any], None]
+    process: multiprocessing.process.BaseProcess,
+    receiver: Any,
+    timeout_s: float,
+    on_item: Callable[[Any], None],
+    limit: str = "--timeout",
 ) -> Outcome | None:
     """Pass the worker's items on until it is done, fails, hangs past the deadline or dies (None)."""
     deadline = time.monotonic() + timeout_s
@@ -299,7 +303,7 @@ def _follow(
             raise Stopped
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            return Outcome("timeout", f"no result within --timeout {timeout_s:g}s; worker killed")
+            return Outcome("timeout", f"no result within {limit} {timeout_s:g}s; worker killed")
         if not receiver.poll(min(remaining, 0.25)):
             if not process.is_alive() and not receiver.poll():
                 return None
@@ -327,12 +331,14 @@ def run_isolated(
     on_item: Callable[[Any], None],
     *,
     uses_torch: bool = False,
+    limit: str = "--timeout",
 ) -> Outcome:
     """Run fn(payload) in a child process; on_item gets each yielded item in the parent.
 
     The time limit is per item: the deadline moves on each time the child reports progress,
     so a long but progressing job is not killed while a hang or a stuck load is.
-    `uses_torch`: the job imports torch, so fork it from the server that has torch imported.
+    `uses_torch`: the job imports torch, so fork it from the server that has torch imported. `limit`: the
+    option timeout_s came from, as a timeout's message names it.
     Ctrl-C (KeyboardInterrupt) or a stop_when() event kills the worker's group and propagates.
     """
     if stopping():
@@ -350,7 +356,7 @@ def run_isolated(
         try:
             _start(process)
             sender.close()  # the worker holds the only writing end: its death is EOF here
-            outcome = _follow(process, receiver, timeout_s, on_item)
+            outcome = _follow(process, receiver, timeout_s, on_item, limit)
         finally:
             sender.close()
             if process.pid is not None:  # started

@@ -24,8 +24,8 @@ from harness.run.worker import Job, prepare_isolated, run_job
 
 def _prepare(plan: Plan, spec: ModelSpec) -> tuple[PreparedModel | None, str | None, str]:
     shapes = sorted({(c.batch_size, c.seq_len) for c in plan.cases(spec)}, key=str)
-    job = PrepareJob(spec, shapes, with_past=plan.exports_past(spec))
-    prepared, outcome = prepare_isolated(job, plan.request.timeout_s)
+    job = PrepareJob(spec, shapes, with_past=plan.exports_past(spec), plain=plan.exports_plain(spec))
+    prepared, outcome = prepare_isolated(job, plan.request.prepare_timeout_s)
     if prepared:
         return prepared, None, "ok"
     return None, outcome.message or "model preparation failed", outcome.status
@@ -36,12 +36,14 @@ def _not_runnable(
 ) -> tuple[str, str | None] | None:
     """(status, why) for a case that cannot run on a target, or None when it can: the target is not
     available, the case has no inputs (past the model's positions, or they failed to build), or the
-    engine needs the ONNX export that failed."""
+    engine needs the plain ONNX export that failed."""
     if not availability.ok:
         return "unsupported", availability.reason
     if outcome := prepared.unprepared(case):
         return outcome
-    if capabilities(target.engine).needs_onnx and prepared.onnx_path is None:
+    can = capabilities(target.engine)
+    on_past = case.mode == "generate" and can.generate_needs_past_export  # the worker says when it has none
+    if can.needs_onnx and not on_past and prepared.onnx_path is None:
         return "unsupported", prepared.onnx_error
     return None
 
