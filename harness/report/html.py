@@ -53,8 +53,8 @@ tr.failed td { background: #fff6f6; } tr.flagged td { background: #fffbea; }
 .mark-noisy, .mark-budget_stopped { color: #555; border-color: #aaa; background: #f3f3f3; }
 .table-scroll { overflow-x: auto; max-width: 100%; margin: 6px 0 14px; }
 .table-scroll > table { margin: 0; }
-table.results { width: 100%; } table.results td { overflow-wrap: anywhere; }
-table.results td.flags { min-width: 170px; overflow-wrap: normal; }
+table.results { width: 100%; } table.results td { overflow-wrap: break-word; }
+table.results td.flags { min-width: 170px; overflow-wrap: normal; } table.results td.name { white-space: nowrap; }
 table.ratios { display: block; overflow-x: auto; max-width: 100%; }
 tr.error-row td { color: var(--bad); font-size: 12px; padding-left: 24px; border-top: none; overflow-wrap: anywhere; }
 figure.plot { margin: 18px 0 26px; padding: 12px 14px; border: 1px solid var(--line); border-radius: 6px; }
@@ -158,8 +158,9 @@ def _results(report: RunReport) -> str:
             kind = "failed" if r["status"] != "ok" else "flagged" if marks(r) else ""
             error = (r["error"] or "").strip()
             body.append(
-                f'<tr class="{kind}"><td>{escape(r["model"])}</td><td>{escape(target_label(r))}{_threads(r)}</td>'
-                f"<td>{escape(case_label(r))}</td><td>{escape(r['precision'])}</td>"
+                f'<tr class="{kind}"><td class="name">{escape(r["model"])}</td>'
+                f"<td>{escape(target_label(r))}{_threads(r)}</td>"
+                f'<td class="name">{escape(case_label(r))}</td><td class="name">{escape(r["precision"])}</td>'
                 f"<td>{_badge(r['status'])}</td>"
                 f'<td class="num">{_fmt(r["latency_p50_ms"])}</td><td class="num">{_fmt(r["latency_p90_ms"])}</td>'
                 f'<td class="num">{_fmt(r["latency_p99_ms"])}</td><td class="num">{_fmt(r["throughput_per_s"], 1)}</td>'
