@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import numpy as np
 import psutil
 
-from harness.browser.generate import generate_job, generation_result, prompt_feeds
+from harness.browser.generate import generate_job, generation_result, prompt_feeds, served_graph
 from harness.core.failures import UNSUPPORTED_OPERATOR
 from harness.core.labels import BROWSER_ENGINE
 from harness.core.options import check, declared, option
@@ -316,7 +316,7 @@ def build_result(
     fields = {"samples_ms": answer["samples_ms"], "load_ms": answer["load_ms"], "first_run_ms": answer["first_run_ms"]}
     fields["memory_peak_mb"] = peak_mb
     if case.mode == "generate":  # an ok answer holds a generation exactly then (web/answers.py checked it)
-        return generation_result(prepared, setting.target, case, answer, fields, extra, details)
+        return generation_result(prepared, setting.target, case, answer, fields, extra, details, model)
     names = [out["name"] for out in answer["outputs"]]  # the page's session.outputNames, in order
     try:
         parity = compare(decode_outputs(answer["outputs"]), reference, extra.get("precision") or "fp32", names)
@@ -437,8 +437,9 @@ def page_job(
     name = f"{_file_stem(prepared.spec.name)}-{case.precision}"
     stop = stop_rule(request)
     if case.mode == "generate":  # its own file name: the page keeps one session per URL
-        generate = generate_job(model, case, EPS[setting.ep].gpu_adapter)
-        return web_job(files, f"{name}-past", model, prompt_feeds(feeds), setting, stop, case.key, fault, generate)
+        generate = generate_job(model, case, EPS[setting.ep].gpu_adapter, prepared.eos)
+        served = served_graph(model)  # the model itself, but for the faults hook's planted weight
+        return web_job(files, f"{name}-past", served, prompt_feeds(feeds), setting, stop, case.key, fault, generate)
     return web_job(files, name, model, feeds, setting, stop, case.key, fault)
 
 
@@ -551,7 +552,8 @@ def prepare_spec(plan: Any, spec: ModelSpec) -> Prepared:
     generates = any(c.mode == "generate" for c in cases)  # the graph with past, and native ORT's tokens
     tokens = plan.request.new_tokens if generates else 0
     plain = any(c.mode != "generate" for c in cases)  # the page generates from the graph with past alone
-    job = PrepareJob(spec, shapes, with_past=generates and spec.has_past_export, reference_tokens=tokens, plain=plain)
+    job = PrepareJob(spec, shapes, with_past=generates and spec.has_past_export, reference_tokens=tokens, plain=plain,
+                     stop_at_eos=plan.request.stop_at_eos)  # fmt: skip
     prepared, outcome = prepare_isolated(job, plan.request.prepare_timeout_s)
     if prepared:
         return spec, prepared, ""

@@ -7,11 +7,12 @@ reference: torch fp32 for spec models, ONNX Runtime CPU for plain .onnx files.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -50,6 +51,15 @@ class PreparedModel:
     output_names: tuple[str, ...] = ()  # the reference outputs' names, in order (parity messages name them)
     # generate in the browser: native ORT's greedy generation per (case, new tokens), the tokens checked against
     generation_files: dict[tuple[CaseShape, int], Path] = field(default_factory=dict)
+    eos: tuple[int, ...] = ()  # the ids generation stops at (--stop-at-eos and the model states some), else ()
+    eos_asked: bool = False  # --stop-at-eos
+
+    def text_fields(self, input_ids: np.ndarray, generated: list[list[int]] | None,
+                    details: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+        """A generate row's prompt ids, decoded output text and EOS policy (harness.prepare.prompts)."""
+        from harness.prepare.prompts import text_fields
+
+        return text_fields(self.spec, input_ids, generated, self.eos, self.eos_asked, details)
 
     def result(self, target: Target, case: Case, status: str, error: str | None = None, **fields: Any) -> Result:
         """A Result carrying this model's facts, native or browser; measured fields come in **fields."""
@@ -109,6 +119,7 @@ class PrepareJob:
     # The plain export: False where every case that loads an ONNX file generates from the export with past,
     # which then serves alone (a first run of a real model exported it twice, inside the job's timeout)
     plain: bool = True
+    stop_at_eos: bool = False  # --stop-at-eos: generations (and the reference's) stop at the model's EOS id
 
 
 @dataclass(frozen=True)
@@ -198,8 +209,21 @@ def _case_paths(job: PrepareJob, case_dir: Path, limit: int | None) -> tuple[dic
         if limit is not None and seq is not None and seq > limit:
             skipped[(batch, seq)] = f"sequence length {seq} exceeds the model's maximum of {limit} positions"
         else:
-            case_files[(batch, seq)] = case_dir / f"b{batch}_s{seq}.npz"
+            case_files[(batch, seq)] = case_dir / case_file_name(job.spec, batch, seq)
     return case_files, skipped
+
+
+# The rule drawn prompts follow (harness.prepare.prompts); a new rule gets a new tag, so no case file an
+# earlier rule drew is reused.
+DRAWN_PROMPTS = "drawn2"
+
+
+def case_file_name(spec: ModelSpec, batch: int, seq: int | None) -> str:
+    """A case's .npz name: its shape and its prompt (the given ids' digest, or the drawing rule)."""
+    if spec.prompt is None:
+        return f"b{batch}_s{seq}_{DRAWN_PROMPTS}.npz"
+    digest = hashlib.sha256(json.dumps(list(spec.prompt)).encode()).hexdigest()[:16]
+    return f"b{batch}_s{seq}_p{digest}.npz"
 
 
 def _prepare_from_cache(job: PrepareJob, weights: Weights, case_dir: Path) -> PreparedModel | None:
@@ -249,7 +273,9 @@ def _build_and_prepare(job: PrepareJob, case_dir: Path) -> Iterator[Phase | Prep
     outcome = ExportOutcome(None, None, False, None, NOT_EXPORTED, None)
     if job.plain:
         yield Phase(spec.name, "exporting ONNX")
-        outcome = export_onnx(spec, module, weights, make_inputs(spec, config, 2, example_seq))
+        # the export's example: a drawn prompt of its own length (a given prompt is one case's length)
+        example = make_inputs(replace(spec, prompt=None), config, 2, example_seq)
+        outcome = export_onnx(spec, module, weights, example)
     prepared = _prepared(job, weights, outcome, parameters, case_files, skipped)
     prepared.failed = failed
     if job.with_past:
@@ -301,8 +327,10 @@ def _prepare_onnx_file(job: PrepareJob) -> PreparedModel:
 
     from harness.prepare.external import content_key
     from harness.prepare.folders import file_precision, past_shape
+    from harness.prepare.graph_tables import index_tables
     from harness.prepare.greedy import prefill_feeds, takes_past
     from harness.prepare.inputs import make_signature_inputs, onnx_file_signature
+    from harness.prepare.prompts import tokenizer_folder, vocabulary
 
     spec = job.spec
     assert spec.local_path is not None
@@ -327,18 +355,30 @@ def _prepare_onnx_file(job: PrepareJob) -> PreparedModel:
         output_names=tuple(o.name for o in session.get_outputs()) if session is not None else (),
     )
     case_dir = _case_dir(digest)
-    prepared.case_files = {(batch, seq): case_dir / f"b{batch}_s{seq}.npz" for batch, seq in job.shapes}
+    prepared.case_files = {(b, s): case_dir / case_file_name(spec, b, s) for b, s in job.shapes}
+    tables = index_tables(spec.local_path)  # integer inputs stay inside the tables they index
+    rows = tables.get("input_ids") or _logits_width(session)
+    vocab = vocabulary(tokenizer_folder(spec.local_path), rows) if rows else None
     if session is not None and takes_past([i.name for i in session.get_inputs()], prepared.output_names):
         prepared.onnx_past_path = spec.local_path  # a graph with past key/values: it generates
 
     def build(batch: int, seq: int | None) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
-        feeds = make_signature_inputs(signature, spec.name, batch, seq)
+        feeds = make_signature_inputs(signature, spec.name, batch, seq, tables, vocab, spec.prompt)
         if prepared.onnx_past_path is not None:  # the prompt with an empty past (a prefill)
             feeds = prefill_feeds(session, feeds, past_shape(spec.local_path))
         return feeds, list(session.run(None, feeds)) if session is not None else []
 
     prepared.failed = _build_cases(prepared.case_files, build)
     return prepared
+
+
+def _logits_width(session: Any) -> int | None:
+    """The vocabulary a graph's first output spans where it fixes its last dimension (a graph whose input_ids
+    index no table the proto shows)."""
+    if session is None:
+        return None
+    last = (session.get_outputs()[0].shape or [None])[-1]
+    return last if isinstance(last, int) and last > 0 else None
 
 
 def _first_line(exc: BaseException) -> str:
@@ -364,6 +404,10 @@ def prepare_steps(job: PrepareJob) -> Iterator[Phase | PreparedModel]:
                 yield step
             else:
                 prepared = step
+    if job.stop_at_eos:  # its files were read once already, when the run was checked (harness.run.plan)
+        from harness.prepare.prompts import model_eos_ids
+
+        prepared.eos, prepared.eos_asked = model_eos_ids(job.spec), True
     if job.reference_tokens and prepared.onnx_past_path is not None:
         yield Phase(job.spec.name, "native ONNX Runtime's reference tokens")
         _reference_generations(prepared, job.reference_tokens)
@@ -382,11 +426,12 @@ def _reference_generations(prepared: PreparedModel, new_tokens: int) -> None:
 
     assert prepared.onnx_past_path is not None
     for shape, case_file in prepared.case_files.items():
-        path = case_file.with_name(f"{case_file.stem}_gen{new_tokens}.npz")
+        stop = "_eos" + "-".join(map(str, prepared.eos)) if prepared.eos else ""  # where the reference stopped
+        path = case_file.with_name(f"{case_file.stem}_gen{new_tokens}{stop}.npz")
         if not path.exists():
             feeds, _ = prepared.load_case(shape)
             prompt = {name: feeds[name] for name in ("input_ids", "attention_mask")}
-            made = reference_generation(prepared.onnx_past_path, prompt, new_tokens)
+            made = reference_generation(prepared.onnx_past_path, prompt, new_tokens, prepared.eos)
             arrays = {"tokens": made.tokens, "margins": made.margins, "prefill_logits": made.prefill_logits}
             write_atomically(path, lambda file, arrays=arrays: np.savez(file, **arrays))
         prepared.generation_files[(shape, new_tokens)] = path

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from harness.core.records import Target
@@ -28,8 +28,12 @@ from harness.native import ENGINES, capabilities, get_backend
 from harness.native.base import Availability
 from harness.web.eps import WEB_HARDWARE
 
-NATIVE_PLATFORMS = ("cpu", "cuda", "rocm", "mps", "openvino", "qnn", "directml")
-PLATFORMS = NATIVE_PLATFORMS + WEB_HARDWARE  # the browser platforms are the browser EP table's
+NATIVE_PLATFORMS = ("cpu", "cuda", "rocm", "mps", "openvino", "qnn", "directml", "webgpu")
+# What a run without --hardware runs: native WebGPU only when asked for, since on a machine without a
+# GPU it is SwiftShader on the host's cores (minutes of F rows in every default run)
+DEFAULT_NATIVE_PLATFORMS = tuple(p for p in NATIVE_PLATFORMS if p != "webgpu")
+# the browser platforms are the browser EP table's; webgpu is both (native WebGPU, and the page's)
+PLATFORMS = NATIVE_PLATFORMS + tuple(p for p in WEB_HARDWARE if p not in NATIVE_PLATFORMS)
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,8 @@ GPU_PLATFORMS = ("cuda", "rocm")  # the platforms whose devices torch names
 class MachineProbe:
     targets: Probes  # the engines probed, each with its targets
     gpu_names: list[str] | None  # the CUDA/ROCm devices torch sees; None: not asked (nothing needed torch)
+    # engine → the devices its own discovery reports (ORT's get_ep_devices, plugin EPs registered)
+    discovered: dict[str, list[dict]] = field(default_factory=dict)
 
 
 def _gpu_names() -> list[str]:
@@ -66,14 +72,17 @@ def _probe_needs_torch(engines: tuple[str, ...]) -> bool:
 
 
 def probe_machine(engines: tuple[str, ...]) -> Iterator[MachineProbe]:
-    """Worker entry point: every target of each engine with its probe, and the GPUs torch sees where
-    torch is probed or a CUDA/ROCm target is available (the device names a run's hardware class reads)."""
-    targets = {}
+    """Worker entry point: every target of each engine with its probe (and the devices the engine's own
+    discovery reports), and the GPUs torch sees where torch is probed or a CUDA/ROCm target is available (the
+    device names a run's hardware class reads)."""
+    targets, discovered = {}, {}
     for engine in engines:
         backend = get_backend(engine)
         targets[engine] = [(target, backend.probe(target)) for target in backend.targets()]
+        if hasattr(backend, "discovered_devices"):
+            discovered[engine] = backend.discovered_devices()
     gpu_available = any(t.hardware in GPU_PLATFORMS and a.ok for probes in targets.values() for t, a in probes)
-    yield MachineProbe(targets, _gpu_names() if gpu_available or _probe_needs_torch(engines) else None)
+    yield MachineProbe(targets, _gpu_names() if gpu_available or _probe_needs_torch(engines) else None, discovered)
 
 
 _probed: dict[str, list[tuple[Target, Availability]]] = {}  # engine → its probed targets, in this process
@@ -120,10 +129,11 @@ def native_targets(hardware: list[str], engines: list[str]) -> list[tuple[Target
 
 def _platform_status(platform: str, probes: list[tuple[Target, Availability]]) -> PlatformStatus:
     ready = [f"{t.engine}:{t.provider}" for t, a in probes if a.ok]
+    name = f"{platform} (native)" if platform in WEB_HARDWARE else platform  # not the page's platform
     if ready:
-        return PlatformStatus(platform, True, "runs on " + ", ".join(ready))
+        return PlatformStatus(name, True, "runs on " + ", ".join(ready))
     reasons = "; ".join(sorted({a.reason for _, a in probes}))
-    return PlatformStatus(platform, False, reasons or "no engine serves it")
+    return PlatformStatus(name, False, reasons or "no engine serves it")
 
 
 def probed_platforms(engines: tuple[str, ...], every: bool = False) -> list[PlatformStatus]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +30,9 @@ from harness.native import DEFAULT_ENGINES, ENGINES, capabilities
 from harness.native.base import Availability
 from harness.prepare.folders import own_precision
 from harness.prepare.greedy import generates_with_past
+from harness.prepare.prompts import PromptError, given_prompt, model_eos_ids
 from harness.prepare.specs import FAMILIES, ModelSpec, SpecError, check_families, select_specs, spec_from_path
-from harness.run.hardware import NATIVE_PLATFORMS, native_targets
+from harness.run.hardware import DEFAULT_NATIVE_PLATFORMS, NATIVE_PLATFORMS, native_targets
 from harness.run.machine import machine_label
 from harness.run.outputs import Outputs
 from harness.store import DEFAULT_DB
@@ -72,6 +73,16 @@ NATIVE_THREADS_HELP = (
     "--threads. Default: each engine's own choice, read back. Every row records the count and whether its "
     "threads spin (docs/measurement.md)."
 )
+PROMPT_HELP = (
+    "The prompt's text, tokenized with the model folder's tokenizer.json; its length is the sequence length "
+    "(--sequence-lengths is then not used). Default: ids drawn from the model's regular tokens."
+)
+CHAT_HELP = "With --prompt: the text as one user message of the folder's chat template, with its generation prompt."
+PROMPT_IDS_HELP = "The prompt as comma-separated token ids, each inside the model's vocabulary (instead of --prompt)."
+STOP_AT_EOS_HELP = (
+    "--mode generate: stop a sequence at the tokenizer's or config's EOS id (default: EOS ignored, exactly "
+    "--new-tokens tokens for fixed-length timing). Each row states which policy ran."
+)
 MACHINE_LABEL_HELP = (
     "Name this machine in reports across machines (default: ACCELHARNESS_MACHINE_LABEL); letters, "
     "digits, '.', '_', '-', at most 64."
@@ -103,11 +114,16 @@ class RunOptions:
     modes: list[str] = option(
         factory=lambda: ["inference"], flag="--mode", many=True, choices=MODES, noun="mode", help=MODE_HELP
     )
-    # generate mode: tokens generated per sequence (min = max)
+    # generate mode: tokens generated per sequence (min = max, unless --stop-at-eos)
     new_tokens: int = option(
         16, flag="--new-tokens", low=1, high=MAX_NEW_TOKENS,
-        help="--mode generate only: tokens per sequence (exactly; EOS ignored).",
+        help="--mode generate only: tokens per sequence (exactly, EOS ignored, unless --stop-at-eos).",
     )  # fmt: skip
+    # the prompt every case of a model starts from (harness.prepare.prompts.given_prompt checks them together)
+    prompt: str | None = option(None, flag="--prompt", help=PROMPT_HELP)
+    chat: bool = option(False, flag="--chat", help=CHAT_HELP)
+    prompt_ids: list[int] | None = option(None, flag="--prompt-ids", many=True, help=PROMPT_IDS_HELP)
+    stop_at_eos: bool = option(False, flag="--stop-at-eos", help=STOP_AT_EOS_HELP)
     warmup: int = option(
         5, flag="--warmup", key="warmup_iterations", low=0, high=MAX_ITERATIONS,
         help="Untimed runs after the first run.",
@@ -165,7 +181,7 @@ class BenchmarkRequest(RunOptions):
     # None: every available native platform
     hardware: list[str] | None = option(
         None, flag="--hardware", key="hardware_types", many=True, choices=NATIVE_PLATFORMS, noun="native hardware",
-        help=f"Comma-separated native platforms: {','.join(NATIVE_PLATFORMS)} (default: every available; "
+        help=f"Comma-separated native platforms: {','.join(NATIVE_PLATFORMS)} (default: every available but webgpu; "
         "ab: cpu, none with --web-hardware).",
     )  # fmt: skip
     engines: list[str] | None = engines_option()
@@ -296,8 +312,8 @@ def check_context(
 ) -> None:
     """The longest prompt plus its new tokens within each generative model's context; `names` are the
     prompt lengths' and the new tokens' option (or config key) names the message gives."""
-    longest = max(prompts)
     for spec in specs:
+        longest = len(spec.prompt) if spec.prompt is not None else max(prompts)
         if spec.is_generative and spec.context_length and longest + tokens > spec.context_length:
             raise RequestError(
                 f"{spec.name} takes {spec.context_length} positions: a prompt of {longest} ({names[0]}) "
@@ -317,7 +333,7 @@ def choose_targets(hardware: list[str] | None, engines: list[str]) -> list[tuple
     """The available targets of each platform; a platform asked for by name that nothing here
     serves keeps its unavailable targets, so the run records them as `unsupported` with the reason."""
     chosen = []
-    for platform in hardware or NATIVE_PLATFORMS:
+    for platform in hardware or DEFAULT_NATIVE_PLATFORMS:
         probed = native_targets([platform], engines)
         available = [(t, a) for t, a in probed if a.ok]
         chosen += available if available or not hardware else probed
@@ -343,7 +359,21 @@ def check_selection(request: RunOptions) -> list[ModelSpec]:
         raise RequestError(str(exc)) from exc
     if not specs:
         raise RequestError("the model selection is empty: check --model / --model-families")
-    return specs
+    return [with_prompt(request, spec) for spec in specs]
+
+
+def with_prompt(request: RunOptions, spec: ModelSpec) -> ModelSpec:
+    """The spec carrying the prompt the run gives it (--prompt, --chat, --prompt-ids), tokenized and checked
+    for this model; unchanged when the run gives none."""
+    try:
+        prompt = given_prompt(spec, request.prompt, request.chat, request.prompt_ids)
+        if request.stop_at_eos:
+            model_eos_ids(spec)  # the folder's configs read now: one that cannot be is refused before the run
+    except PromptError as exc:
+        raise RequestError(f"{spec.name}: {exc}") from exc
+    if prompt is not None and not spec.inputs.uses_sequence:  # it would be given and never read
+        raise RequestError(f"{spec.name} takes no token ids ({spec.inputs.kind} inputs); drop the prompt")
+    return spec if prompt is None else replace(spec, prompt=prompt)
 
 
 def _check_model_path_alone(request: RunOptions) -> None:

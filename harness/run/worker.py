@@ -45,11 +45,12 @@ class Job:
     measure: MeasureConfig
 
 
-def _run_mode(job: Job, session: Any, case: Case, feeds: dict[str, np.ndarray], rss: PeakRss) -> Measurement:
+def _run_mode(job: Job, session: Any, case: Case, feeds: dict[str, np.ndarray], rss: PeakRss,
+              eos: tuple[int, ...] = ()) -> Measurement:  # fmt: skip
     if case.mode == "inference":
         return measure(session, feeds, job.measure, rss)
     if case.mode == "generate" and hasattr(session, "generate"):
-        return measure_generation(session, feeds, job.measure, case.new_tokens or 1, rss)
+        return measure_generation(session, feeds, job.measure, case.new_tokens or 1, rss, eos)
     if case.mode == "training" and hasattr(session, "train_step"):
         return measure_training(session, feeds, job.measure, rss)
     engine, can = job.target.engine, capabilities(job.target.engine)
@@ -62,7 +63,8 @@ def _run_mode(job: Job, session: Any, case: Case, feeds: dict[str, np.ndarray], 
 
 def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: PeakRss) -> Result:
     feeds, reference = job.prepared.load_case((case.batch_size, case.seq_len))
-    measured = _run_mode(job, session, case, feeds, rss)
+    eos = job.prepared.eos if case.mode == "generate" else ()  # the ids --stop-at-eos stops at, or ()
+    measured = _run_mode(job, session, case, feeds, rss, eos)
     items = (1 + measured.budget["warmup_run"] + len(measured.samples_ms)) * case.batch_size
     load = dict(load_facts)  # load_ms and memory_load_mb as fields, whose load they are in details
     details = dict(session.facts) | {
@@ -74,6 +76,8 @@ def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: Pea
         **measured.budget,  # max_time_s, warmup_run, budget_stopped
     }
     details |= load.pop("details")
+    if case.mode == "generate":
+        text = job.prepared.text_fields(feeds["input_ids"], measured.generated_tokens, details)
     operators = []
     if job.measure.profile_iterations > 0:
         error = measured.profile_error or (None if case.mode == "inference" else "profiles cover inference only")
@@ -111,6 +115,7 @@ def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: Pea
         operators=operators,
         **parity_fields,
         **load,
+        **(text if case.mode == "generate" else {}),
     )
 
 
