@@ -237,15 +237,11 @@ def _check_launch(request: WebRequest) -> None:
             f"--browser-endpoint '{request.browser_endpoint}': need ws://HOST:PORT/… (a Playwright browser server) "
             "or http://HOST:PORT (a Chromium started with --remote-debugging-port)"
         )
-    launch_only = {
-        "--gpu": request.gpu != "auto",
-        "--headed": request.headed,
-        "--browser-arg": bool(request.browser_args),
-        "--browser-path": request.browser_path is not None,
-        "--browser": request.browser != "chromium",
-    }
-    if any(launch_only.values()):
-        named = ", ".join(name for name, given in launch_only.items() if given)
+    options, defaults = declared(WebRequest), WebRequest()
+    launch_only = [options[name].flag for name in ("gpu", "headed", "browser_args", "browser_path", "browser")
+                   if getattr(request, name) != getattr(defaults, name)]  # fmt: skip
+    if launch_only:
+        named = ", ".join(launch_only)
         raise RequestError(
             f"{named}: these set how the harness launches a browser; a remote browser (--browser-endpoint) "
             "runs with the flags it was started with"
