@@ -1,7 +1,7 @@
 """onnxruntime-genai: the runtime on-device LLM deployments use, generating on an onnxruntime-genai model folder
 (genai_config.json + its decoder) with its own KV-cache handling and search. Greedy, exactly new_tokens tokens
-(min_length = max_length, so an EOS does not end it early), as every other engine's generation. The [genai]
-extra; without it the engine probes unavailable."""
+(min_length = max_length, so an EOS does not end it early, unless --stop-at-eos), as every other engine's
+generation. The [genai] extra; without it the engine probes unavailable."""
 
 from __future__ import annotations
 
@@ -50,19 +50,24 @@ class GenaiGenerator(HostMemory):
     def to_numpy(self, outputs: Any) -> list[np.ndarray]:
         return []
 
-    def generate(self, prepared: np.ndarray, new_tokens: int, stamp: Callable[[], None]) -> int:
-        """Exactly new_tokens greedy tokens; stamp() runs as each token is chosen (the logits are on the host:
+    def generate(self, prepared: np.ndarray, new_tokens: int, stamp: Callable[[], None],
+                 eos: tuple[int, ...] = ()) -> int:  # fmt: skip
+        """Exactly new_tokens greedy tokens, or with `eos` (--stop-at-eos) up to them, ending where genai's
+        search ends at its config's EOS id; stamp() runs as each token is chosen (the logits are on the host:
         generate_next_token returns once its search picked the token)."""
         import onnxruntime_genai as og
 
         batch, prompt = prepared.shape
         params = og.GeneratorParams(self.model)
         length = prompt + new_tokens
-        params.set_search_options(max_length=length, min_length=length, do_sample=False, batch_size=batch)
+        params.set_search_options(max_length=length, min_length=prompt + 1 if eos else length, do_sample=False,
+                                  batch_size=batch)  # fmt: skip
         generator = og.Generator(self.model, params)
         generator.append_tokens(prepared)
         tokens = []
         for _ in range(new_tokens):
+            if eos and generator.is_done():
+                break
             generator.generate_next_token()
             stamp()
             tokens.append(np.asarray(generator.get_next_tokens(), dtype=np.int64).reshape(batch, 1))

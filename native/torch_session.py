@@ -120,9 +120,11 @@ class TorchSession(HostMemory):
         elif self.device.type == "mps":
             torch.mps.synchronize()
 
-    def generate(self, prepared: tuple[torch.Tensor, ...], new_tokens: int, stamp: Callable[[], None]) -> int:
+    def generate(self, prepared: tuple[torch.Tensor, ...], new_tokens: int, stamp: Callable[[], None],
+                 eos: tuple[int, ...] = ()) -> int:  # fmt: skip
         """Greedy generation of exactly new_tokens tokens; stamp() runs as each token's logits are
-        ready. min = max new tokens, so random weights cannot stop early at an EOS token."""
+        ready. min = max new tokens, so random weights cannot stop early at an EOS token; with `eos`
+        (--stop-at-eos) up to new_tokens, generate() stopping at those ids."""
         model = self.module.model
         if not hasattr(model, "generate") or not model.can_generate():
             raise UnsupportedError(f"{type(model).__name__} is not a generative model")
@@ -133,7 +135,8 @@ class TorchSession(HostMemory):
             output = model.generate(
                 **inputs,
                 max_new_tokens=new_tokens,
-                min_new_tokens=new_tokens,
+                min_new_tokens=1 if eos else new_tokens,
+                **({"eos_token_id": list(eos)} if eos else {}),
                 do_sample=False,
                 use_cache=True,
                 logits_processor=LogitsProcessorList([_Timestamp(stamp, self.synchronize)]),

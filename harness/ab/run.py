@@ -170,6 +170,8 @@ def validate_ab(request: AbRequest) -> AbPlan:
     check_measuring(request)
     if request.modes != ["inference"]:
         raise RequestError(f"ab compares inference only (got modes {', '.join(request.modes)})")
+    if request.prompt is not None or request.prompt_ids is not None or request.chat or request.stop_at_eos:
+        raise RequestError("ab draws each case's inputs: it takes no prompt (prompt, prompt_ids, chat) or stop_at_eos")
     if request.rounds < MIN_PAIRED_ROUNDS:
         raise RequestError(
             f"--rounds must be >= {MIN_PAIRED_ROUNDS} (got {request.rounds}): with fewer paired rounds the "

@@ -27,7 +27,7 @@ from harness.core.faults import injected_faults
 from harness.prepare.cache import exports_dir, staging_dir
 from harness.prepare.external import EXTERNAL_ABOVE_BYTES
 from harness.prepare.specs import ModelSpec
-from harness.prepare.workload import Weights
+from harness.prepare.weights import Weights
 
 OPSET = 18
 
@@ -45,7 +45,7 @@ class ExportOutcome:
 # The modules whose code decides what an export and its cached inputs contain. Their source is part
 # of the cache key, so changing how the harness exports (or makes inputs) never reuses a file an
 # older harness wrote: a cache that outlived a bug fix once served TorchScript exports as current.
-EXPORT_CODE = ("export.py", "export_past.py", "workload.py", "inputs.py")
+EXPORT_CODE = ("export.py", "export_past.py", "workload.py", "weights.py", "inputs.py")
 
 
 def _export_code_digest() -> str:
@@ -56,19 +56,16 @@ def _export_code_digest() -> str:
 
 
 def export_key(spec: ModelSpec, weights: Weights) -> str:
-    import onnx
-    import torch
-    import transformers
-
+    # The exporter stack's installed versions (the strings their __version__ reads), not their imports:
+    # torch, transformers and onnx took 2 s to import, and a run whose export is cached needs none of them
+    # (harness.prepare.prepared.needs_torch asks this key from a process that never imports torch).
     material = json.dumps(
         {
             "spec": spec.fingerprint(),
             "weights": weights.fingerprint,
-            "torch": str(torch.__version__),  # a plain str: a TorchVersion would import torch where it is read
-            "transformers": transformers.__version__,
-            "onnx": onnx.__version__,
-            # its installed version, not its import: importing onnxscript took as long as torch's (the exporter
-            # imports it where an export runs), and a cached export never needs it
+            "torch": metadata.version("torch"),
+            "transformers": metadata.version("transformers"),
+            "onnx": metadata.version("onnx"),
             "onnxscript": metadata.version("onnxscript"),
             "opset": OPSET,
             "harness_export_code": _export_code_digest(),

@@ -39,14 +39,15 @@ from typing import Any, NoReturn
 from harness.core.failures import classify
 
 LOG_TAIL_LINES = 12
-# What the fork server imports once: a spawned worker spent ~2.5 s of every job importing these.
-# Not onnxscript: only an export that is not cached needs it (torch.onnx imports it there), and it cost
-# as much again as torch (and 40% of the server's start) in every run, cached or not. transformers stays:
-# the torch engine (in a default run) and every export build their module with it.
+# What the fork server imports once: a spawned worker spent ~2.5 s of every job importing these. The
+# server starts only for a job that imports torch: a torch-engine worker, or a prepare that exports
+# (harness.prepare.prepared.needs_torch; a warm-cache prepare spawns). Not onnxscript: only an export
+# needs it (torch.onnx imports it there), and it cost as much again as torch in every run, cached or not;
+# not onnx either: a torch-engine worker never imports it, an export imports it where it writes the file.
+# transformers stays: the torch engine and every export build their module with it.
 TORCH_PRELOAD = [
     "torch",
     "transformers",
-    "onnx",
     "harness.prepare.prepared",
     "harness.run.worker",
     "harness.native.torch_session",

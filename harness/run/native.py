@@ -8,14 +8,15 @@ print(summary.run_id, summary.counts)
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from harness.core.profiles import PROFILE_ITERATIONS
-from harness.core.records import Case, Result, Target
+from harness.core.records import Case, Control, Result, Target
 from harness.native import capabilities
 from harness.native.base import Availability
 from harness.prepare.prepared import PreparedModel, PrepareJob, unprepared_result
 from harness.prepare.specs import ModelSpec
+from harness.run.ceilings import wanted
 from harness.run.measure import MeasureConfig
 from harness.run.plan import BenchmarkRequest, Plan, validate
 from harness.run.recording import Body, Emit, RunSummary, record_run
@@ -24,7 +25,8 @@ from harness.run.worker import Job, prepare_isolated, run_job
 
 def _prepare(plan: Plan, spec: ModelSpec) -> tuple[PreparedModel | None, str | None, str]:
     shapes = sorted({(c.batch_size, c.seq_len) for c in plan.cases(spec)}, key=str)
-    job = PrepareJob(spec, shapes, with_past=plan.exports_past(spec), plain=plan.exports_plain(spec))
+    job = PrepareJob(spec, shapes, with_past=plan.exports_past(spec), plain=plan.exports_plain(spec),
+                     stop_at_eos=plan.request.stop_at_eos)  # fmt: skip
     prepared, outcome = prepare_isolated(job, plan.request.prepare_timeout_s)
     if prepared:
         return prepared, None, "ok"
@@ -48,7 +50,7 @@ def _not_runnable(
     return None
 
 
-def _run_model(plan: Plan, spec: ModelSpec, emit: Emit) -> None:
+def _run_model(plan: Plan, spec: ModelSpec, emit: Emit, measured: dict[Target, set[tuple[str, str]]]) -> None:
     if not any(plan.remaining(spec, target) for target, _ in plan.targets):
         return  # a resumed run holds every result of this model: do not even export it
     prepared, error, status = _prepare(plan, spec)
@@ -80,15 +82,54 @@ def _run_model(plan: Plan, spec: ModelSpec, emit: Emit) -> None:
                 else:
                     runnable.append(case)
             if runnable:
-                run_job(Job(prepared, target, runnable, measure), plan.request.timeout_s, emit)
+                checked = (
+                    emit
+                    if not capabilities(target.engine).generate_needs_past_export
+                    else (lambda result, prepared=prepared: emit(checked_generation(prepared, result)))
+                )
+                # the target's ceilings, measured once per run, before the first job that needs each of them
+                calibrations = tuple(wanted((c.precision for c in runnable), measured.setdefault(target, set())))
+                run_job(Job(prepared, target, runnable, measure, calibrations), plan.request.timeout_s, checked)
+
+
+def checked_generation(prepared: PreparedModel, result: Result | Control) -> Result | Control:
+    """A native generate row on an ONNX graph, checked on the same graph (the file its precision gives):
+    native ORT CPU teacher-forced on its tokens (a near tie where they differ, or `mismatch`), and its
+    quality beside the fp32 graph at another precision (harness.prepare.quality). Other rows pass through."""
+    if not isinstance(result, Result) or result.case.mode != "generate" or result.status != "ok":
+        return result  # a drift control's measurement, or a row with nothing to check
+    if not result.generated_tokens:
+        return result
+    from harness.prepare.quality import check_generation
+    from harness.prepare.variants import model_for_precision
+
+    source = prepared.onnx_past_path
+    assert source is not None  # a generate row of an engine that runs the graph with past ran it
+    if result.target.hardware != "cpu":  # other kernels than the reference's: no tolerance was measured for them
+        why = f"not checked: native ORT CPU is the reference, and no tolerance is measured for {result.target.hardware}"
+        return replace(result, details=result.details | {"token_parity": why})
+    try:
+        graph = model_for_precision(source, result.precision)[0]
+        prompt = {k: v for k, v in prepared.load_case((result.case.batch_size, result.case.seq_len))[0].items()
+                  if k in ("input_ids", "attention_mask")}  # fmt: skip
+        agree, facts, _ = check_generation(
+            graph, source, prompt, result.generated_tokens, result.precision, "native", depth=result.case.depth or 0
+        )
+    except Exception as exc:  # the check's own failure is the row's error, never the run's
+        return replace(result, status="error", error=f"token check failed: {type(exc).__name__}: {exc}"[:500])
+    details = result.details | facts
+    if agree:
+        return replace(result, details=details)
+    return replace(result, status="mismatch", error=facts["token_parity"], details=details)
 
 
 def execute_native(plan: Plan) -> Body:
     """The native part of a run, as a body for harness.run.recording.record_run."""
 
     def body(emit: Emit) -> None:
+        measured: dict[Target, set[tuple[str, str]]] = {}  # each target's ceilings measured in this run
         for spec in plan.specs:
-            _run_model(plan, spec, emit)
+            _run_model(plan, spec, emit, measured)
 
     return body
 
