@@ -237,10 +237,6 @@ MIGRATIONS: dict[int, list[str]] = {
         *IDENTITY_BACKFILL,
     ],
     9: [
-        # issue 32: a native row's intra-op threads (--native-threads, or the engine's default read back) and
-        # whether its idle threads spin (NULL: the engine has no such setting); the browser's are in its provider
-        "ALTER TABLE results ADD COLUMN IF NOT EXISTS native_threads INTEGER",
-        "ALTER TABLE results ADD COLUMN IF NOT EXISTS spinning BOOLEAN",
         # issue 32: a generate row's prompt ids, its decoded output text and the EOS policy that ran
         "ALTER TABLE results ADD COLUMN IF NOT EXISTS prompt_ids JSON",
         "ALTER TABLE results ADD COLUMN IF NOT EXISTS output_text VARCHAR",
@@ -265,6 +261,12 @@ MIGRATIONS: dict[int, list[str]] = {
             amount DOUBLE NOT NULL, measured_at TIMESTAMP NOT NULL, iterations INTEGER NOT NULL, value DOUBLE,
             spread DOUBLE, samples_ms DOUBLE[], software_adapter BOOLEAN NOT NULL, load_avg_1m DOUBLE, error VARCHAR
         )""",
+    ],
+    11: [
+        # issue 32: a native row's intra-op threads (--native-threads, or the engine's default read back) and
+        # whether its idle threads spin (NULL: the engine has no such setting); the browser's are in its provider
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS native_threads INTEGER",
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS spinning BOOLEAN",
     ],
 }
 SCHEMA_VERSION = max(MIGRATIONS)
