@@ -237,6 +237,10 @@ MIGRATIONS: dict[int, list[str]] = {
         *IDENTITY_BACKFILL,
     ],
     9: [
+        # issue 32: a native row's intra-op threads (--native-threads, or the engine's default read back) and
+        # whether its idle threads spin (NULL: the engine has no such setting); the browser's are in its provider
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS native_threads INTEGER",
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS spinning BOOLEAN",
         # issue 32: a generate row's prompt ids, its decoded output text and the EOS policy that ran
         "ALTER TABLE results ADD COLUMN IF NOT EXISTS prompt_ids JSON",
         "ALTER TABLE results ADD COLUMN IF NOT EXISTS output_text VARCHAR",
@@ -263,10 +267,10 @@ MIGRATIONS: dict[int, list[str]] = {
         )""",
     ],
     11: [
-        # issue 32: a native row's intra-op threads (--native-threads, or the engine's default read back) and
-        # whether its idle threads spin (NULL: the engine has no such setting); the browser's are in its provider
-        "ALTER TABLE results ADD COLUMN IF NOT EXISTS native_threads INTEGER",
-        "ALTER TABLE results ADD COLUMN IF NOT EXISTS spinning BOOLEAN",
+        # issue 35: encoder–decoder generation (T5, Whisper): the encoder's run (median ms, inside TTFT) and, for
+        # speech, the real-time factor (audio seconds over the median generation's seconds); NULL elsewhere
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS encoder_ms DOUBLE",
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS real_time_factor DOUBLE",
     ],
 }
 SCHEMA_VERSION = max(MIGRATIONS)
