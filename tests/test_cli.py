@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 from collections.abc import Callable
@@ -135,7 +136,10 @@ NOT_ONNX = "is not a valid ONNX model (onnx.checker: "
         ([*SUITE_CHECK, "@runs-nothing.toml"], "hardware_types = [] and include_web_platforms = false: the config run"),
         ([*WEB, "--serve", "--profile"], "--profile: not with --serve"),
         ([*WEB, "--serve", "--max-devices", "0"], "--max-devices takes a whole number from 1 to 1,000 (got 0)"),
-        ([*WEB, "--serve", "--max-devices", "100000"], "--max-devices takes a whole number from 1 to 1,000 (got 100000)"),
+        (
+            [*WEB, "--serve", "--max-devices", "100000"],
+            "--max-devices takes a whole number from 1 to 1,000 (got 100000)",
+        ),
         ([*WEB, "--serve", "--devices", "40"], "--devices 40: must be 1 to --max-devices (32)"),
         ([*WEB, "--max-devices", "5"], "--max-devices: options of --serve; add --serve or drop them"),
         # A store written by a newer accelharness.
@@ -170,6 +174,11 @@ def test_hardware_lists_every_seed_platform() -> None:
     for platform in ("cpu", "cuda", "rocm", "mps", "openvino", "qnn", "webnn", "webgpu", "wasm"):
         assert f"│ {platform} " in done.stdout
     assert "CPU:" in done.stdout and "memory" in done.stdout
+    # native WebGPU beside the page's, and what ORT's own discovery offers (plugin EPs registered)
+    assert "│ webgpu (native) " in done.stdout and "onnxruntime.get_ep_devices" in done.stdout
+    assert "│ CPUExecutionProvider " in done.stdout
+    if importlib.util.find_spec("onnxruntime_ep_webgpu") is not None:
+        assert "│ WebGpuExecutionProvider " in done.stdout
 
 
 def test_any_onnx_file_runs_with_inputs_from_its_signature(tmp_path: Path) -> None:

@@ -50,6 +50,7 @@ def modes_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
         *QUICK,
         "--db",
         str(db),
+        "--no-reports",
         "--output-dir",
         str(directory / "out"),
     )

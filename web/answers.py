@@ -225,10 +225,10 @@ def _check_samples(result: dict[str, Any], job: PageJob, clock: Clock) -> None:
 
 def _check_generation(generation: dict[str, Any], samples: list[float], job: PageJob, clock: Clock) -> None:
     """A generate answer: per timed generation its TTFT and decode steps, the warm-up's token ids (a list
-    per batch row) and prefill logits (null where JSON could not carry a NaN/inf), memory facts. Counts
-    come from the job: new_tokens - 1 decode steps per generation, new_tokens ids per row, each inside the
-    vocabulary (fewer only where the job stops at EOS and the tokens show that stop); a generation's TTFT and
-    steps fit inside its whole (samples_ms)."""
+    per batch row), prefill logits (null where JSON could not carry a NaN/inf) and top-k logits per step,
+    memory facts. Counts come from the job: new_tokens - 1 decode steps per generation, new_tokens ids per
+    row, each inside the vocabulary (fewer only where the job stops at EOS and the tokens show that stop); a
+    generation's TTFT and steps fit inside its whole (samples_ms)."""
     where = "result.generation"
     assert job.generate is not None
     # the vocabulary: the logits width of the job's graph (harness.browser.generate.generate_job), None where
@@ -248,7 +248,10 @@ def _check_generation(generation: dict[str, Any], samples: list[float], job: Pag
         )
     if not all(v is None or _is_number(v) for v in values):
         raise PageResultError(f"{where}.prefill_logits.values must be numbers (null for a non-finite one)")
-    _check_tokens(_require(generation, "tokens", (list,), where), batch, new_tokens, width, eos)
+    tokens = _require(generation, "tokens", (list,), where)
+    _check_tokens(tokens, batch, new_tokens, width, eos)
+    made = len(tokens[0]) if tokens else new_tokens  # fewer than new_tokens only where the job stops at EOS
+    _check_step_top(_require(generation, "step_top", (dict,), where), batch, made, job.generate.top_k, width)
     for key in ("memory_before", "memory_after"):
         if not _OBJECT[1](generation.get(key)):
             raise PageResultError(f"{where}.{key} must be {_OBJECT[0]}")
@@ -320,6 +323,24 @@ def _eos_length(tokens: list[list[Any]], new_tokens: int, eos: set[int]) -> int:
         return new_tokens
     ends = [next((i + 1 for i, t in enumerate(row[:new_tokens]) if t in eos), None) for row in tokens]
     return min(new_tokens, max(ends)) if ends and None not in ends else new_tokens  # type: ignore[type-var]
+
+
+def _check_step_top(top: dict[str, Any], batch: int, new_tokens: int, k: int, vocab: int | None) -> None:
+    """The warm-up's top-k at each step: ids and logits, [batch][new_tokens][k] each as the job asked (k =
+    job.generate.top_k, set by the harness), ids inside the vocabulary, logits numbers or null (non-finite)."""
+    where = "result.generation.step_top"
+    ids, values = _require(top, "ids", (list,), where), _require(top, "values", (list,), where)
+    for name, rows in (("ids", ids), ("values", values)):
+        if len(rows) != batch or not all(
+            isinstance(row, list) and len(row) == new_tokens and all(isinstance(s, list) and len(s) == k for s in row)
+            for row in rows
+        ):
+            raise PageResultError(f"{where}.{name} must hold [{batch}][{new_tokens}][{k}] values (batch, steps, k)")
+    top = vocab if vocab is not None else 0
+    if not all(_COUNT[1](i) and i < top for row in ids for step in row for i in step):
+        raise PageResultError(f"{where}.ids must be token ids 0..{top - 1} (the vocabulary)")
+    if not all(v is None or _is_number(v) for row in values for step in row for v in step):
+        raise PageResultError(f"{where}.values must be numbers (null for a non-finite one)")
 
 
 def decode_outputs(outputs: list[dict[str, Any]]) -> list[np.ndarray]:

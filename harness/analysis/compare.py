@@ -33,13 +33,14 @@ on a loaded shared machine.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from scipy import stats
 
+from harness.analysis.browser_cost import BrowserCost, Unpaired, browser_costs, cost_table
 from harness.analysis.drift import case_spread, control_drift, drift_verdict, spread_note
 from harness.analysis.machines import machine_name
 from harness.analysis.tables import AnalysisError, Table, render_table
@@ -112,6 +113,8 @@ class Comparison:
     rows: list[ComparisonRow] = field(default_factory=list)
     paired: bool = False  # an `ab` run: A and B measured interleaved, compared round by round (analysis.paired)
     controls: dict[str, dict[str, float | None]] = field(default_factory=dict)  # per target: drift.control_drift
+    # per run: page ÷ native on the same kernels (harness.analysis.browser_cost), the pairs and the refused
+    browser_cost: dict[str, dict[str, list[dict[str, Any]]]] = field(default_factory=dict)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -265,14 +268,21 @@ def compare_runs(
             raise AnalysisError(str(exc)) from None
         runs = {rid: {k: store.run_info(rid)[k] for k in RUN_FACTS} for rid in (run_a, run_b)}
         check_machines(runs[run_a], runs[run_b], across_machines)
-        rows_a, rows_b = _by_key(store.results(run_a)), _by_key(store.results(run_b))
+        results = {rid: store.results(rid) for rid in (run_a, run_b)}
+        rows_a, rows_b = _by_key(results[run_a]), _by_key(results[run_b])
         keys = sorted(rows_a.keys() | rows_b.keys(), key=lambda k: tuple((v is None, str(v)) for v in k))
         rows = [_row(store, rows_a.get(k), rows_b.get(k), (threshold, quantile)) for k in keys]
         controls = control_drift(store, run_a, run_b)
         later = max(runs[run_a]["started_at"], runs[run_b]["started_at"])
         for row in rows:
             _explain(store, row, controls, later, (run_a, run_b), threshold)
-    return Comparison(str(db_path), run_a, run_b, threshold, quantile, runs, rows, controls=controls)
+    cost = {rid: _browser_cost(rows) for rid, rows in results.items()}
+    return Comparison(str(db_path), run_a, run_b, threshold, quantile, runs, rows, controls=controls, browser_cost=cost)
+
+
+def _browser_cost(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    paired, unpaired = browser_costs(rows)
+    return {"pairs": [asdict(c) for c in paired], "unpaired": [asdict(u) for u in unpaired]}
 
 
 RUN_FACTS = ("started_at", "status", "git_sha", "hostname", "command", "machine_label", "machine_id", "hardware_class")
@@ -382,7 +392,18 @@ def render(comparison: Comparison, fmt: str) -> str:
         import json
 
         return json.dumps(comparison.to_dict(), indent=2, default=str)
-    return render_table(comparison_table(comparison), fmt)
+    text = render_table(comparison_table(comparison), fmt)
+    if fmt != "md":
+        return text
+    for name, run_id in (("A", comparison.run_a), ("B", comparison.run_b)):
+        if name == "B" and run_id == comparison.run_a:
+            continue  # one run against itself: its pairs once
+        found = comparison.browser_cost.get(run_id, {})
+        table = cost_table([BrowserCost(**c) for c in found.get("pairs", [])],
+                           [Unpaired(**u) for u in found.get("unpaired", [])])  # fmt: skip
+        if table is not None:
+            text += "\n" + render_table(replace(table, title=f"{table.title} in run {name} ({run_id})"), "md")
+    return text
 
 
 def check_plot_path(path: Path) -> None:

@@ -22,11 +22,14 @@ from pathlib import Path
 from statistics import geometric_mean
 from typing import Any
 
+from harness.analysis.browser_cost import BrowserCost, Unpaired, browser_costs, cost_table
 from harness.analysis.machines import machine_name
+from harness.analysis.tables import render_table
 from harness.core import labels
 from harness.core.escaping import markdown_text as md
 from harness.core.labels import BASELINE_LABEL, baselines, case_key, case_label, details_of, flags, mode_of, speedup
 from harness.core.records import MODES
+from harness.core.threads import threads_part
 from harness.store import ALL_RUNS, MACHINE_COLUMNS, open_store
 
 MATRIX_JSON, MATRIX_MD = "compatibility_matrix.json", "compatibility_matrix.md"
@@ -78,6 +81,8 @@ def matrix_target(row: dict[str, Any]) -> str:
     """The row's column: the target, and the mode when it is not inference."""
     label = f"{row['hardware']}/{row['engine']}"
     label = f"{label}:{row['provider']}" if row["hardware"] == row["engine"] and row.get("provider") else label
+    if row.get("native_threads") is not None:  # --native-threads: each count a column, to pair with wasm's
+        label += threads_part(row.get("provider") or "")
     label = labels.on_device(label, row)  # each served device is a column of its own
     mode = mode_of(row)
     return label if mode == "inference" else f"{label} ({mode})"
@@ -146,7 +151,19 @@ def _evidence(row: dict[str, Any], status: str, ratio: float | None) -> dict[str
         "speedup": ratio,
         "flags": flags(row),
         "error": error[0][:300] if error else None,
+        # a generation's speed and, at a precision other than fp32, its quality beside the fp32 model
+        "decode_tokens_per_s": row.get("decode_tokens_per_s"),
+        "agreement_top1": row.get("agreement_top1"),
+        "kl_mean": row.get("kl_mean"),
     }
+
+
+def _generation_text(item: dict[str, Any]) -> str:
+    """', tg N tokens/s, top-1 agreement A, KL K' for a generate row (what was measured of it), else ''."""
+    parts = [f"{name} {item[key]:{spec}}" for name, key, spec in (
+        ("tg tokens/s", "decode_tokens_per_s", ".1f"), ("top-1 agreement vs fp32", "agreement_top1", ".3f"),
+        ("KL vs fp32", "kl_mean", ".4f")) if item.get(key) is not None]  # fmt: skip
+    return "".join(f", {part}" for part in parts)
 
 
 def _cell(rows: list[dict[str, Any]], base: dict, is_baseline: bool) -> Cell:
@@ -194,7 +211,13 @@ def build_matrix(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "models": {
             model: {"family": family, "cells": cells(groups)} for (family, model), groups in sorted(by_model.items())
         },
+        "browser_cost": browser_cost(rows),  # page ÷ native on the same kernels, one machine's latest rows
     }
+
+
+def browser_cost(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    paired, unpaired = browser_costs(rows)
+    return {"pairs": [asdict(c) for c in paired], "unpaired": [asdict(u) for u in unpaired]}
 
 
 def cell_text(cell: dict[str, Any]) -> str:
@@ -236,6 +259,10 @@ def matrix_markdown(matrix: dict[str, Any]) -> str:
         return "\n".join([*lines, "No results in the store yet.", ""])
     lines += table("By Model Family", matrix["families"], "family")
     lines += table("By Model", matrix["models"], "model")
+    found = matrix.get("browser_cost") or {}
+    cost = cost_table([BrowserCost(**c) for c in found.get("pairs", [])],
+                      [Unpaired(**u) for u in found.get("unpaired", [])])  # fmt: skip
+    lines += [render_table(cost, "md")] if cost is not None else []
     lines += ["## Classes", "", *(f"- {SYMBOLS[c]} **{c}**: {text}" for c, text in CLASSES.items()), ""]
     lines += ["## Evidence", ""]
     for model, entry in matrix["models"].items():
@@ -244,7 +271,8 @@ def matrix_markdown(matrix: dict[str, Any]) -> str:
                 latency = f"{item['median_latency_ms']:.3f} ms" if item["median_latency_ms"] is not None else "—"
                 note = md("; ".join([*item["flags"], *([item["error"]] if item["error"] else [])]))
                 lines.append(
-                    f"- {md(model)} · {md(target)} · {md(item['case'])}: **{item['class']}**, median {latency}, "
+                    f"- {md(model)} · {md(target)} · {md(item['case'])}: **{item['class']}**, median {latency}"
+                    f"{_generation_text(item)}, "
                     f"result {md(item['result_id'])} (run {md(item['run_id'])}, {item['date']})"
                     + (f" — {note}" if note else "")
                 )

@@ -25,10 +25,11 @@ from harness.prepare.specs import ModelSpec
 if TYPE_CHECKING:  # harness.prepare.export imports torch: workers that only run ORT/OpenVINO never need it
     from harness.prepare.export import ExportOutcome
     from harness.prepare.greedy import Greedy
-    from harness.prepare.workload import Weights
+    from harness.prepare.weights import Weights
 
 CaseShape = tuple[int, int | None]  # (batch, seq)
 MODEL_FACTS = "model.json"  # in a case directory: the module's facts a warm-cache prepare needs
+NOT_EXPORTED = "not exported: every case that loads an ONNX file generates from the export with past key/values"
 
 
 @dataclass
@@ -115,7 +116,18 @@ class PrepareJob:
     with_past: bool = False
     # > 0: also native ORT's greedy generation of this many tokens per case (browser token parity)
     reference_tokens: int = 0
+    # The plain export: False where every case that loads an ONNX file generates from the export with past,
+    # which then serves alone (a first run of a real model exported it twice, inside the job's timeout)
+    plain: bool = True
     stop_at_eos: bool = False  # --stop-at-eos: generations (and the reference's) stop at the model's EOS id
+
+
+@dataclass(frozen=True)
+class Phase:
+    """What a preparing child is doing now, sent to the parent before each long step (the CLI shows it)."""
+
+    model: str
+    step: str  # e.g. "exporting ONNX with past key/values"
 
 
 def unprepared_result(
@@ -162,13 +174,32 @@ def _build_cases(
     return failed
 
 
-def _prepare_spec_model(job: PrepareJob) -> PreparedModel:
+def _spec_case_dir(spec: ModelSpec) -> tuple[Weights, Path]:
+    """The spec's weights and its cache directory (its export's key), both torch-free."""
     from harness.prepare.export import export_key
-    from harness.prepare.workload import find_weights
+    from harness.prepare.weights import find_weights
 
-    weights, _ = find_weights(job.spec)
-    case_dir = _case_dir(export_key(job.spec, weights))
-    return _prepare_from_cache(job, weights, case_dir) or _build_and_prepare(job, case_dir)
+    weights, _ = find_weights(spec)
+    return weights, _case_dir(export_key(spec, weights))
+
+
+def _prepare_spec_model(job: PrepareJob) -> Iterator[Phase | PreparedModel]:
+    weights, case_dir = _spec_case_dir(job.spec)
+    cached = _prepare_from_cache(job, weights, case_dir)
+    if cached is not None:
+        yield cached
+    else:
+        yield from _build_and_prepare(job, case_dir)
+
+
+def needs_torch(job: PrepareJob) -> bool:
+    """Whether preparing builds the torch module: a spec model whose export, facts and case files an
+    earlier run did not all leave in the cache. A warm-cache prepare reads files only, so its worker
+    need not fork from the torch fork server (whose start cost a cached ORT-only run ~2 s)."""
+    if job.spec.is_onnx_file:
+        return False
+    weights, case_dir = _spec_case_dir(job.spec)
+    return _prepare_from_cache(job, weights, case_dir) is None
 
 
 def _case_paths(job: PrepareJob, case_dir: Path, limit: int | None) -> tuple[dict[CaseShape, Path], dict]:
@@ -198,10 +229,12 @@ def case_file_name(spec: ModelSpec, batch: int, seq: int | None) -> str:
 def _prepare_from_cache(job: PrepareJob, weights: Weights, case_dir: Path) -> PreparedModel | None:
     """Everything from the cache when an earlier run left all of it: no module is built (seconds of
     random initialisation for a base model). None when anything is missing."""
-    from harness.prepare.export import cached_export, export_dir
+    from harness.prepare.export import ExportOutcome, cached_export, export_dir
 
     facts_path = case_dir / MODEL_FACTS
-    onnx = cached_export(export_dir(case_dir.name))
+    onnx = cached_export(export_dir(case_dir.name))  # an earlier run's plain export serves even when not needed
+    if onnx is None and not job.plain:
+        onnx = ExportOutcome(None, None, False, None, NOT_EXPORTED, None)
     past = cached_export(export_dir(f"{case_dir.name}-past")) if job.with_past else None
     if not facts_path.exists() or onnx is None or (job.with_past and past is None):
         return None
@@ -215,13 +248,14 @@ def _prepare_from_cache(job: PrepareJob, weights: Weights, case_dir: Path) -> Pr
     return prepared
 
 
-def _build_and_prepare(job: PrepareJob, case_dir: Path) -> PreparedModel:
+def _build_and_prepare(job: PrepareJob, case_dir: Path) -> Iterator[Phase | PreparedModel]:
     import torch
 
-    from harness.prepare.export import export_onnx
+    from harness.prepare.export import ExportOutcome, export_onnx
     from harness.prepare.workload import build_module, make_inputs, max_sequence_length
 
     spec = job.spec
+    yield Phase(spec.name, "building the model and its reference outputs")
     module, weights = build_module(spec)
     config = module.model.config
     parameters = sum(p.numel() for p in module.parameters())
@@ -236,20 +270,24 @@ def _build_and_prepare(job: PrepareJob, case_dir: Path) -> PreparedModel:
 
     failed = _build_cases(case_files, build)  # references first: exporting traces the module and may change it
     example_seq = 16 if spec.inputs.uses_sequence else None
-    # the export's example: a drawn prompt of its own length (a given prompt's length is one case's, not the graph's)
-    example = make_inputs(replace(spec, prompt=None), config, 2, example_seq)
-    outcome = export_onnx(spec, module, weights, example)
+    outcome = ExportOutcome(None, None, False, None, NOT_EXPORTED, None)
+    if job.plain:
+        yield Phase(spec.name, "exporting ONNX")
+        # the export's example: a drawn prompt of its own length (a given prompt is one case's length)
+        example = make_inputs(replace(spec, prompt=None), config, 2, example_seq)
+        outcome = export_onnx(spec, module, weights, example)
     prepared = _prepared(job, weights, outcome, parameters, case_files, skipped)
     prepared.failed = failed
     if job.with_past:
         from harness.prepare.export_past import export_with_past
 
+        yield Phase(spec.name, "exporting ONNX with past key/values")
         past = export_with_past(spec, module.model, weights)
         prepared.onnx_past_path, prepared.onnx_past_error = past.path, past.error
         prepared.export["past"] = _export_facts(past)
     facts = {"parameters": parameters, "max_sequence_length": limit}
     write_atomically(case_dir / MODEL_FACTS, lambda file: file.write(json.dumps(facts).encode()))  # for the next run
-    return prepared
+    yield prepared
 
 
 def _prepared(
@@ -355,16 +393,30 @@ def _case_dir(key: str) -> Path:
     return directory
 
 
-def prepare_model(job: PrepareJob) -> Iterator[PreparedModel]:
-    """Worker entry point (a generator, as harness.run.isolation expects)."""
-    prepared = _prepare_onnx_file(job) if job.spec.is_onnx_file else _prepare_spec_model(job)
+def prepare_steps(job: PrepareJob) -> Iterator[Phase | PreparedModel]:
+    """Worker entry point (a generator, as harness.run.isolation expects): a Phase before each long step,
+    then the PreparedModel."""
+    if job.spec.is_onnx_file:
+        prepared = _prepare_onnx_file(job)
+    else:
+        for step in _prepare_spec_model(job):
+            if isinstance(step, Phase):
+                yield step
+            else:
+                prepared = step
     if job.stop_at_eos:  # its files were read once already, when the run was checked (harness.run.plan)
         from harness.prepare.prompts import model_eos_ids
 
         prepared.eos, prepared.eos_asked = model_eos_ids(job.spec), True
     if job.reference_tokens and prepared.onnx_past_path is not None:
+        yield Phase(job.spec.name, "native ONNX Runtime's reference tokens")
         _reference_generations(prepared, job.reference_tokens)
     yield prepared
+
+
+def prepare_model(job: PrepareJob) -> Iterator[PreparedModel]:
+    """prepare_steps without its phases: the PreparedModel alone."""
+    yield from (step for step in prepare_steps(job) if isinstance(step, PreparedModel))
 
 
 def _reference_generations(prepared: PreparedModel, new_tokens: int) -> None:

@@ -1,6 +1,7 @@
 """The HTML report's generation section: per model, every target's TTFT and its prefill (pp) and decode (tg)
-rates side by side, native and browser, token parity with native ONNX Runtime, the EOS policy, prompt and
-output text (model output: escaped), and the step-time curve
+rates side by side, native and browser, quality beside the fp32 graph (top-1 agreement, mean KL), token parity
+with native ONNX Runtime and the graph it was checked on, the EOS policy, prompt and output text (model output:
+escaped), and the step-time curve
 (the median time of each decode step over the generated positions) as inline SVG."""
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ LOG_RATIO = 30.0  # a log scale once the slowest step is this many times the fas
 NO_CURVE = "No decode steps to draw (one token, or no measured row)."
 COLUMNS = (("TTFT p50 ms", "ttft_ms", 3), (PREFILL_RATE, "prefill_tokens_per_s", 1),
            (DECODE_RATE, "decode_tokens_per_s", 1), ("TPOT p50 ms", "tpot_ms", 3), ("TPOT p90 ms", "tpot_p90_ms", 3),
-           ("e2e p50 ms", "latency_p50_ms", 3))  # fmt: skip
+           ("e2e p50 ms", "latency_p50_ms", 3), ("top-1 agreement vs fp32", "agreement_top1", 3),
+           ("KL vs fp32", "kl_mean", 4))  # fmt: skip
 
 
 def _fmt(value: float | None, digits: int) -> str:
@@ -69,13 +71,13 @@ TEXT_COLUMNS = (("EOS", eos_text), ("prompt", prompt_text), ("output text", outp
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
-    headers = ("target", "case", "status", *(c[0] for c in COLUMNS), "tokens = native ORT",
+    headers = ("target", "case", "status", *(c[0] for c in COLUMNS), "tokens = native ORT", "tokens checked on",
                *(c[0] for c in TEXT_COLUMNS))  # fmt: skip
     head = "".join(f"<th>{escape(h)}</th>" for h in headers)
     body = "".join(
         f"<tr><td>{escape(target_label(r))}</td><td>{escape(case_label(r))}</td><td>{escape(r['status'])}</td>"
         + "".join(f'<td class="num">{_fmt(r.get(field), digits)}</td>' for _, field, digits in COLUMNS)
-        + f'<td class="num">{_parity(r)}</td>'
+        + f'<td class="num">{_parity(r)}</td><td>{escape(r.get("token_reference") or "—")}</td>'
         + "".join(f'<td class="gen-text">{escape(terminal_text(shown(r)))}</td>' for _, shown in TEXT_COLUMNS)
         + "</tr>"
         for r in rows

@@ -14,9 +14,10 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from harness.analysis.browser_cost import browser_cost_table
 from harness.analysis.machines import across, group_name, machine_name
 from harness.analysis.tables import Table, cell
-from harness.core.labels import MARK_STYLES, case_label, details_of, marks, mode_of, target_label
+from harness.core.labels import MARK_STYLES, case_label, details_of, marks, mode_of, target_label, threads_text
 from harness.core.records import STATUSES
 from harness.report.data import RunReport
 from harness.report.generation import generation_html
@@ -149,7 +150,7 @@ def _results(report: RunReport) -> str:
             kind = "failed" if r["status"] != "ok" else "flagged" if marks(r) else ""
             error = (r["error"] or "").strip()
             body.append(
-                f'<tr class="{kind}"><td>{escape(r["model"])}</td><td>{escape(target_label(r))}</td>'
+                f'<tr class="{kind}"><td>{escape(r["model"])}</td><td>{escape(target_label(r))}{_threads(r)}</td>'
                 f"<td>{escape(case_label(r))}</td><td>{escape(r['precision'])}</td>"
                 f"<td>{_badge(r['status'])}</td>"
                 f'<td class="num">{_fmt(r["latency_p50_ms"])}</td><td class="num">{_fmt(r["latency_p90_ms"])}</td>'
@@ -163,6 +164,12 @@ def _results(report: RunReport) -> str:
         title = escape(family.replace("_", " ").title())
         parts.append(f'<h4>{title}</h4><table class="results"><tr>{header}</tr>{"".join(body)}</table>')
     return "".join(parts) or '<p class="omitted">The run has no results.</p>'
+
+
+def _threads(row: dict[str, Any]) -> str:
+    """A native row's threads under its target (the browser's are in its label)."""
+    text = threads_text(row)
+    return f"<br><small>{escape(text)}</small>" if text else ""
 
 
 def _devices(report: RunReport) -> str:
@@ -319,6 +326,12 @@ def _table_html(table: Table) -> str:
     return f'<h2>{escape(table.title)}</h2>{notes}<table class="results"><tr>{head}</tr>{body}</table>'
 
 
+def _browser_cost(report: RunReport) -> str:
+    """Page ÷ native for the cases the run measured on the same kernels both ways (harness.analysis.browser_cost)."""
+    table = browser_cost_table(report.results)
+    return "" if table is None else f'<section class="browser-cost">{_table_html(table)}</section>'
+
+
 def _across_cell(value: Any) -> str:
     if isinstance(value, float):
         return f'<td class="num">{value:.3f}</td>'
@@ -334,7 +347,7 @@ def render_page(reports: list[RunReport], matrix: dict[str, Any], title: str) ->
         sections.append(
             f'<section class="run" id="{anchor}"><h2>Run {escape(run_id)}</h2>'
             f"<h3>System</h3>{_facts(report)}{_devices(report)}<h3>Results</h3>{_results(report)}"
-            f"{generation_html(report)}"
+            f"{generation_html(report)}{_browser_cost(report)}"
             f"<h3>Plots</h3>{_plots(report, anchor)}{_time_breakdown(report)}</section>"
         )
     generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

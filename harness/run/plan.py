@@ -25,13 +25,14 @@ from harness.core.options import (
 from harness.core.paths import unwritable_directory, unwritable_file
 from harness.core.precision import INT4_PRECISIONS
 from harness.core.records import MODES, PRECISIONS, Case, Target, result_key
+from harness.core.threads import threaded_target, threads_option
 from harness.native import DEFAULT_ENGINES, ENGINES, capabilities
 from harness.native.base import Availability
 from harness.prepare.folders import own_precision
 from harness.prepare.greedy import generates_with_past
 from harness.prepare.prompts import PromptError, given_prompt, model_eos_ids
 from harness.prepare.specs import FAMILIES, ModelSpec, SpecError, check_families, select_specs, spec_from_path
-from harness.run.hardware import NATIVE_PLATFORMS, native_targets
+from harness.run.hardware import DEFAULT_NATIVE_PLATFORMS, NATIVE_PLATFORMS, native_targets
 from harness.run.machine import machine_label
 from harness.run.outputs import Outputs
 from harness.store import DEFAULT_DB
@@ -51,9 +52,26 @@ MAX_TIME_HELP = (
     "Seconds of warmup + timed iterations per case (0: no budget). Once spent, the loop stops after "
     "--min-iterations samples; the row records that the budget stopped it."
 )
+NO_REPORTS_HELP = (
+    "Write no reports after the run, only the compatibility matrix in --output-dir (`accelharness report` "
+    "writes them later, from the store)."
+)
 PROFILE_HELP = (
     "After each inference case's timed loop, a few profiled iterations: time per operator (node, op type, "
     "provider), stored with the result (`query --report ops`, the HTML report, `predict`)."
+)
+# A model's preparation is its own phase, bounded apart from --timeout: a cold export of a 135M-parameter
+# Llama took 43 s + 35 s on a quiet 2-core machine and 191 s + 233 s under load (issue 32).
+DEFAULT_PREPARE_TIMEOUT_S = 3600.0
+PREPARE_TIMEOUT_HELP = (
+    "Seconds a model's preparation may take (its ONNX exports on a cold cache, inputs, reference outputs), "
+    "a phase of its own before any job: --timeout does not bound it."
+)
+NATIVE_THREADS_HELP = (
+    "Comma-separated intra-op thread counts of the native engines (ONNX Runtime, onnxruntime-genai, OpenVINO, "
+    "torch): one target per count (cpu/onnxruntime:CPUExecutionProvider:threads=2), to pair with the page's "
+    "--threads. Default: each engine's own choice, read back. Every row records the count and whether its "
+    "threads spin (docs/measurement.md)."
 )
 PROMPT_HELP = (
     "The prompt's text, tokenized with the model folder's tokenizer.json; its length is the sequence length "
@@ -132,8 +150,14 @@ class RunOptions:
         300.0, flag="--timeout", key="timeout", seconds=(True, MAX_TIMEOUT_S),
         help="Seconds a worker or page may go without finishing a case.",
     )  # fmt: skip
+    prepare_timeout_s: float = option(
+        DEFAULT_PREPARE_TIMEOUT_S, flag="--prepare-timeout", key="prepare_timeout", seconds=(True, MAX_TIMEOUT_S),
+        help=PREPARE_TIMEOUT_HELP,
+    )  # fmt: skip
     db_path: Path = option(DEFAULT_DB, flag="--db", key="db", help=DB_HELP)
     output_dir: Path | None = option(Path("accelharness-results"), flag="--output-dir", help=OUTPUT_DIR_HELP)
+    # --no-reports: a run read from the store only (a script's, a test's) skips drawing its plots (1.5 s a run)
+    no_reports: bool = option(False, flag="--no-reports", help=NO_REPORTS_HELP)
     profile: bool = option(False, flag="--profile", help=PROFILE_HELP)  # profiled iterations after the timed loop
     # names this machine in reports across machines (harness.run.machine)
     machine_label: str | None = option(None, flag="--machine-label", help=MACHINE_LABEL_HELP)
@@ -141,7 +165,7 @@ class RunOptions:
     @property
     def outputs(self) -> Outputs | None:
         """The after-run step's reports and matrix, in output_dir (None: write none)."""
-        return Outputs(Path(self.output_dir)) if self.output_dir is not None else None
+        return Outputs(Path(self.output_dir), reports=not self.no_reports) if self.output_dir is not None else None
 
 
 def engines_option() -> Any:
@@ -157,10 +181,12 @@ class BenchmarkRequest(RunOptions):
     # None: every available native platform
     hardware: list[str] | None = option(
         None, flag="--hardware", key="hardware_types", many=True, choices=NATIVE_PLATFORMS, noun="native hardware",
-        help=f"Comma-separated native platforms: {','.join(NATIVE_PLATFORMS)} (default: every available; "
+        help=f"Comma-separated native platforms: {','.join(NATIVE_PLATFORMS)} (default: every available but webgpu; "
         "ab: cpu, none with --web-hardware).",
     )  # fmt: skip
     engines: list[str] | None = engines_option()
+    # None: each engine's own default, read back from the engine and recorded on every row
+    native_threads: list[int] | None = threads_option(None, flag="--native-threads", help=NATIVE_THREADS_HELP)
 
 
 @dataclass
@@ -187,6 +213,16 @@ class Plan:
             if capabilities(target.engine).generate_needs_past_export and availability.ok
             for case in self.cases(spec, target)
         )
+
+    def exports_plain(self, spec: ModelSpec) -> bool:
+        """Whether preparing the spec needs its plain export: an available target loads the ONNX file for a
+        case that does not generate from the export with past (which alone serves generation)."""
+        for target, availability in self.targets:
+            can = capabilities(target.engine)
+            cases = self.cases(spec, target) if availability.ok and can.needs_onnx else []
+            if any(c.mode != "generate" or not can.generate_needs_past_export for c in cases):
+                return True
+        return False
 
     def remaining(self, spec: ModelSpec, target: Target) -> list[Case]:
         """The cases still to run on a target: all of them, less what a resumed run already holds."""
@@ -239,6 +275,7 @@ def validate(request: BenchmarkRequest) -> Plan:
     """Check every input before anything is written; raise RequestError naming the valid values."""
     check_shapes(request)
     check_measuring(request)
+    check(request, declared(BenchmarkRequest), ("native_threads",))
     engines = check_engines(request.engines, request.hardware)
     specs = check_selection(request)
     check_generation(request, specs, request.modes)
@@ -246,7 +283,17 @@ def validate(request: BenchmarkRequest) -> Plan:
     targets = choose_targets(request.hardware, engines)
     if not targets:
         raise RequestError(f"no target serves hardware {request.hardware} with engines {engines}")
-    return Plan(specs, targets, request)
+    return Plan(specs, per_thread_count(targets, request.native_threads), request)
+
+
+def per_thread_count(
+    targets: list[tuple[Target, Availability]], counts: list[int] | None
+) -> list[tuple[Target, Availability]]:
+    """One target per --native-threads count (its provider says the count, as the page's wasm provider
+    does); None: the targets as they are, each engine choosing its own count."""
+    if counts is None:
+        return targets
+    return [(threaded_target(t, n), a) for t, a in targets for n in dict.fromkeys(items(counts))]
 
 
 def check_generation(request: RunOptions, specs: list[ModelSpec], modes: list[str]) -> None:
@@ -286,7 +333,7 @@ def choose_targets(hardware: list[str] | None, engines: list[str]) -> list[tuple
     """The available targets of each platform; a platform asked for by name that nothing here
     serves keeps its unavailable targets, so the run records them as `unsupported` with the reason."""
     chosen = []
-    for platform in hardware or NATIVE_PLATFORMS:
+    for platform in hardware or DEFAULT_NATIVE_PLATFORMS:
         probed = native_targets([platform], engines)
         available = [(t, a) for t, a in probed if a.ok]
         chosen += available if available or not hardware else probed
