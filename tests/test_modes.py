@@ -286,11 +286,12 @@ def test_markdown_keeps_generation_and_training_in_their_own_tables() -> None:
     base = dict(model="gpt2-tiny", hardware="cpu", engine="torch", provider="cpu", batch_size=1, seq_len=32)
     base |= dict(requested_precision="fp32", precision="fp32", new_tokens=8, status="ok", memory_peak_mb=500.0)
     generate = base | dict(mode="generate", ttft_ms=1.2345, prefill_tokens_per_s=25920.8, decode_tokens_per_s=2000.0)
-    generate |= dict(tpot_ms=0.5, tpot_p90_ms=0.6, latency_p50_ms=5.0, tokens_matched=None)
+    generate |= dict(tpot_ms=0.5, tpot_p90_ms=0.6, latency_p50_ms=5.0, tokens_matched=None, agreement_top1=None)
+    generate |= dict(kl_mean=None, token_reference=None)
     training = base | dict(mode="training", latency_p50_ms=3.0, throughput_per_s=10.0)
     lines = _mode_sections([generate, training, base | {"mode": "inference"}])
-    generated = "| gpt2-tiny | cpu/torch | b1 s32 gen8 | 1.234 | 25920.8 | 2000.0 | 0.500 | 0.600 | 5.000 | — | ok |"
-    generated += " — | — | — |"
+    generated = "| gpt2-tiny | cpu/torch | b1 s32 gen8 | 1.234 | 25920.8 | 2000.0 | 0.500 | 0.600 | 5.000 | — | — | — |"
+    generated += " — | ok | — | — | — |"  # tokens, agreement, KL, reference; status; EOS, prompt, text
     assert generated in lines  # EOS policy, prompt and text: not stored (a row from before migration 9)
     assert "| gpt2-tiny | cpu/torch | b1 s32 training | 3.000 | 10.0 | 500 | ok |" in lines
     assert [line for line in lines if line.startswith("###")] == [

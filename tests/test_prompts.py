@@ -111,7 +111,8 @@ def test_the_generation_tables_state_the_policy_and_escape_the_model_s_text() ->
     row = dict(model="m", hardware="cpu", engine="onnxruntime", provider="CPUExecutionProvider", batch_size=1,
                seq_len=3, requested_precision="fp32", precision="fp32", new_tokens=4, status="ok", mode="generate",
                prompt_ids="[[5, 6, 7]]", stop_at_eos=False, tokens_matched=None, ttft_ms=1.0, prefill_tokens_per_s=3.0,
-               decode_tokens_per_s=3.0, tpot_ms=1.0, tpot_p90_ms=1.0, latency_p50_ms=4.0)  # fmt: skip
+               decode_tokens_per_s=3.0, tpot_ms=1.0, tpot_p90_ms=1.0, latency_p50_ms=4.0, agreement_top1=None,
+               kl_mean=None, token_reference=None)  # fmt: skip
     hostile = "<script>alert(1)</script> | =cmd" + "x" * SHOWN_CHARS
     html = _table([row | {"output_text": hostile}])
     assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
