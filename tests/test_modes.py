@@ -81,16 +81,19 @@ def check_generation_row(db: Path, r: dict, batch: int, tokens: int) -> None:
     assert r["prefill_tokens_per_s"] == pytest.approx(batch * r["seq_len"] * 1000 / r["ttft_ms"])
 
 
-def test_onnx_generation_is_planned_for_decoder_only_models_on_onnxruntime_only() -> None:
+def test_onnx_generation_is_planned_for_models_with_a_cache_export_on_onnxruntime_only() -> None:
     plan = validate(BenchmarkRequest(models=["gpt2-tiny", "t5-tiny"], hardware=["cpu"], modes=["generate"]))
     specs = {spec.name: spec for spec in plan.specs}
     planned = {
         (name, target.engine) for name, spec in specs.items() for target, _ in plan.targets if plan.cases(spec, target)
     }
-    # T5 (encoder-decoder) has no export with past: it generates on torch only
-    assert planned == {("gpt2-tiny", "torch"), ("gpt2-tiny", "onnxruntime"), ("t5-tiny", "torch")}
+    # T5 (encoder-decoder) generates on ONNX Runtime from its encoder + decoders export (issue 35)
+    assert planned == {("gpt2-tiny", "torch"), ("gpt2-tiny", "onnxruntime"), ("t5-tiny", "torch"),
+                       ("t5-tiny", "onnxruntime")}  # fmt: skip
     assert not plan.cases(specs["gpt2-tiny"], Target("cpu", "openvino", "CPU"))  # no decoder loop there
-    assert plan.exports_past(specs["gpt2-tiny"]) and not plan.exports_past(specs["t5-tiny"])
+    assert plan.exports_past(specs["gpt2-tiny"]) and plan.exports_past(specs["t5-tiny"])
+    plan = validate(BenchmarkRequest(models=["bert-tiny"], hardware=["cpu"], modes=["generate"]))
+    assert not plan.exports_past(plan.specs[0])  # no LM head: nothing generates
 
 
 def test_onnxruntime_generate_rows_report_ttft_tpot_and_tokens_per_second(tmp_path: Path) -> None:
@@ -286,13 +289,12 @@ def test_markdown_keeps_generation_and_training_in_their_own_tables() -> None:
     base = dict(model="gpt2-tiny", hardware="cpu", engine="torch", provider="cpu", batch_size=1, seq_len=32)
     base |= dict(requested_precision="fp32", precision="fp32", new_tokens=8, status="ok", memory_peak_mb=500.0)
     generate = base | dict(mode="generate", ttft_ms=1.2345, prefill_tokens_per_s=25920.8, decode_tokens_per_s=2000.0)
-    generate |= dict(tpot_ms=0.5, tpot_p90_ms=0.6, latency_p50_ms=5.0, tokens_matched=None, agreement_top1=None)
-    generate |= dict(kl_mean=None, token_reference=None)
+    generate |= dict(tpot_ms=0.5, tpot_p90_ms=0.6, latency_p50_ms=5.0, tokens_matched=None)
     training = base | dict(mode="training", latency_p50_ms=3.0, throughput_per_s=10.0)
     lines = _mode_sections([generate, training, base | {"mode": "inference"}])
-    generated = "| gpt2-tiny | cpu/torch | b1 s32 gen8 | 1.234 | 25920.8 | 2000.0 | 0.500 | 0.600 | 5.000 | — | — | — |"
-    generated += " — | ok | — | — | — |"  # tokens, agreement, KL, reference; status; EOS, prompt, text
-    assert generated in lines  # EOS policy, prompt and text: not stored (a row from before migration 9)
+    generated = "| gpt2-tiny | cpu/torch | b1 s32 gen8 | 1.234 | 25920.8 | 2000.0 | 0.500 | 0.600 | 5.000 | — |"
+    generated += " — | — | ok | — | — | — |"
+    assert generated in lines  # GB/s and its fraction, EOS policy, prompt and text: not stored (an older row)
     assert "| gpt2-tiny | cpu/torch | b1 s32 training | 3.000 | 10.0 | 500 | ok |" in lines
     assert [line for line in lines if line.startswith("###")] == [
         "### Generation (time to first token, then prefill (pp) and decode (tg) rates, never mixed)",

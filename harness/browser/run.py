@@ -15,7 +15,7 @@ import os
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -23,18 +23,38 @@ from urllib.parse import urlsplit
 import numpy as np
 import psutil
 
-from harness.browser.generate import generate_job, generation_result, prompt_feeds, served_graph
+from harness.browser.generate import (
+    generate_job,
+    generation_result,
+    layout_files,
+    prompt_feeds,
+    seq2seq_layout,
+    served_graph,
+)
 from harness.core.failures import UNSUPPORTED_OPERATOR
 from harness.core.labels import BROWSER_ENGINE
 from harness.core.options import check, declared, option
 from harness.core.parity import compare
 from harness.core.profiles import PROFILE_ITERATIONS
-from harness.core.records import Case, Control, Result, Target, UnsupportedError, result_key
+from harness.core.records import Case, Ceiling, Control, Result, Target, UnsupportedError, result_key
 from harness.core.threads import threads_option, with_threads
 from harness.prepare.external import external_data_problem, external_locations, model_bytes
 from harness.prepare.prepared import PreparedModel, PrepareJob, unprepared_result
 from harness.prepare.specs import ModelSpec
 from harness.prepare.variants import model_for_precision
+from harness.run.ceilings import (
+    CEILING_ITERATIONS,
+    CEILING_MAX_ITERATIONS,
+    CEILING_MAX_TIME_S,
+    CEILING_MIN_DURATION_S,
+    CEILING_MIN_ITERATIONS,
+    CEILING_WARMUP,
+    Calibration,
+    calibration_feeds,
+    calibration_path,
+    row_work,
+    wanted,
+)
 from harness.run.control import (
     CONTROL_ITERATIONS,
     CONTROL_MAX_TIME_S,
@@ -319,6 +339,9 @@ def build_result(
         return prepared.result(setting.target, case, _status(answer), answer["error"], details=details, **extra)
     fields = {"samples_ms": answer["samples_ms"], "load_ms": answer["load_ms"], "first_run_ms": answer["first_run_ms"]}
     fields["memory_peak_mb"] = peak_mb
+    work, counted = row_work(model, case, details.get("input_shapes", {}))
+    fields |= work
+    details |= counted
     if case.mode == "generate":  # an ok answer holds a generation exactly then (web/answers.py checked it)
         return generation_result(prepared, setting.target, case, answer, fields, extra, details, model)
     names = [out["name"] for out in answer["outputs"]]  # the page's session.outputNames, in order
@@ -441,21 +464,32 @@ def page_job(
     name = f"{_file_stem(prepared.spec.name)}-{case.precision}"
     stop = stop_rule(request)
     if case.mode == "generate":  # its own file name: the page keeps one session per URL
-        generate = generate_job(model, case, EPS[setting.ep].gpu_adapter, prepared.eos)
+        layout = seq2seq_layout(prepared.onnx_past_path, case.precision)
+        also = {} if layout is None else layout_files(f"{name}-past", layout[0])
+        gpu = EPS[setting.ep].gpu_adapter
+        # its URLs once the job's files are served
+        generate = partial(generate_job, model, case, gpu, layout, eos=prepared.eos)
         served = served_graph(model)  # the model itself, but for the faults hook's planted weight
-        return web_job(files, f"{name}-past", served, prompt_feeds(feeds), setting, stop, case.key, fault, generate)
+        return web_job(files, f"{name}-past", served, prompt_feeds(feeds, layout is not None), setting, stop,
+                       case.key, fault, generate, also)  # fmt: skip
     return web_job(files, name, model, feeds, setting, stop, case.key, fault)
 
 
 def web_job(files: Any, name: str, model: Path, feeds: dict[str, np.ndarray], setting: EpSetting, stop: StopRule,
-            case_key: str, fault: str | None = None, generate: GenerateJob | None = None) -> PageJob:  # fmt: skip
+            case_key: str, fault: str | None = None,
+            generate: GenerateJob | Callable[[dict[str, str]], GenerateJob] | None = None,
+            also: dict[str, Path] | None = None) -> PageJob:  # fmt: skip
     """A page job: the model file, its external data files and the input tensors served to the page, the
     EP setting and the stop rule. Each external file is an `externalData` entry whose path is its location
-    as the .onnx names it and whose data is its URL, which ORT-web fetches itself (streamed above 1 GB)."""
+    as the .onnx names it and whose data is its URL, which ORT-web fetches itself (streamed above 1 GB).
+    `also`: an encoder–decoder's other graphs, served beside the model; a `generate` given as a function is
+    called with their URLs."""
     arrays = {f"{name}.{i}.bin": np.ascontiguousarray(v) for i, v in enumerate(feeds.values())}
     external = {f"{name}.data{i}": location for i, location in enumerate(external_locations(model))}
     served = {f"{name}.onnx": model} | {k: model.parent / location for k, location in external.items()}
-    urls = files.set_job_files(served | {k: v.tobytes() for k, v in arrays.items()})
+    urls = files.set_job_files(served | (also or {}) | {k: v.tobytes() for k, v in arrays.items()})
+    if callable(generate):  # an encoder-decoder's part names its other graphs' URLs
+        generate = generate({key: urls[key] for key in also or {}})
     inputs = [
         PageInput(input_name, urls[key], str(array.dtype), list(array.shape))
         for input_name, (key, array) in zip(feeds, arrays.items(), strict=True)
@@ -497,6 +531,37 @@ async def measure_control(files: Any, session: Any, setting: EpSetting, position
     else:
         control.error = answer["error"]
     return control
+
+
+# a calibration's stop rule (harness.run.ceilings): the native one, in every page
+CEILING_STOP = StopRule(
+    warmup=CEILING_WARMUP,
+    iterations=CEILING_ITERATIONS,
+    min_duration_ms=CEILING_MIN_DURATION_S * 1000,
+    max_iterations=CEILING_MAX_ITERATIONS,
+    min_iterations=CEILING_MIN_ITERATIONS,
+    max_time_ms=CEILING_MAX_TIME_S * 1000,
+)
+
+
+async def measure_page_ceilings(files: Any, session: Any, setting: EpSetting, calibrations: list[Calibration],
+                                timeout_s: float) -> list[Ceiling]:  # fmt: skip
+    """The target's ceilings (harness.run.ceilings) in the page, on the EP setting: each calibration graph a
+    page job timed by the page's own loop; a software adapter's ceiling is flagged as its results are."""
+    found = []
+    for calibration in calibrations:
+        ceiling = Ceiling(setting.target, calibration.kind, calibration.precision, calibration.name, calibration.amount)
+        job = web_job(files, calibration.name, calibration_path(calibration), calibration_feeds(calibration),
+                      setting, CEILING_STOP, calibration.name)  # fmt: skip
+        answer = await session.run_job(files.page_url, (calibration.name, setting), job, timeout_s)
+        if answer["status"] == "ok":
+            ceiling.samples_ms, ceiling.load_avg_1m = answer["samples_ms"], os.getloadavg()[0]
+            facts = _page_details(answer.get("facts", {}), setting, {})
+            ceiling.software_adapter = bool(facts.get("fallback_adapter"))
+        else:
+            ceiling.error = answer["error"]
+        found.append(ceiling)
+    return found
 
 
 async def page_refusal(session: Any, setting: EpSetting, case: Case, request: WebRequest) -> tuple[str | None, dict]:
@@ -555,9 +620,10 @@ def prepare_spec(plan: Any, spec: ModelSpec) -> Prepared:
     shapes = sorted({(c.batch_size, c.seq_len) for c in cases}, key=str)
     generates = any(c.mode == "generate" for c in cases)  # the graph with past, and native ORT's tokens
     tokens = plan.request.new_tokens if generates else 0
+    depths = tuple(sorted({c.depth or 0 for c in cases if c.mode == "generate"})) or (0,)
     plain = any(c.mode != "generate" for c in cases)  # the page generates from the graph with past alone
     job = PrepareJob(spec, shapes, with_past=generates and spec.has_past_export, reference_tokens=tokens, plain=plain,
-                     stop_at_eos=plan.request.stop_at_eos)  # fmt: skip
+                     stop_at_eos=plan.request.stop_at_eos, reference_depths=depths)  # fmt: skip
     prepared, outcome = prepare_isolated(job, plan.request.prepare_timeout_s)
     if prepared:
         return spec, prepared, ""
@@ -599,6 +665,7 @@ async def _run_ep(
 
     session = None  # launched (or connected) on first use, with this EP's flags only
     jobs = list(_ep_cases(plan, models, ep))
+    measured: dict[Target, set[tuple[str, str]]] = {}  # each target's ceilings measured in this run
     controls = _control_points(jobs)
     timeout_s = plan.request.timeout_s
     try:
@@ -610,6 +677,10 @@ async def _run_ep(
                     session = BrowserSession(playwright, plan.browser_source(ep), files)
                 if (setting, "start") in controls.get(index - 1, []):
                     emit(await measure_control(files, session, setting, "start", spec.name, timeout_s))
+                # the target's ceilings, measured once per run, before the first job that needs each of them
+                needed = wanted([case.precision], measured.setdefault(setting.target, set()))
+                for ceiling in await measure_page_ceilings(files, session, setting, needed, timeout_s):
+                    emit(ceiling)
                 row = await _run_case(files, session, plan, prepared, setting, case, faults.get(setting.provider))
             emit(row)
             for each, position in controls.get(index, []):

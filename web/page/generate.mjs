@@ -5,6 +5,7 @@
 // (--stop-at-eos), up to them, ending once every row made one; argmax here. A step's clock stops when its
 // logits are on the CPU (the harness asks WebGPU to keep present.* on the GPU and return logits only).
 // TTFT is the prefill until the first logits; each decode step runs from one step's logits to the next's.
+// At a depth (job.depth), the KV cache is first filled to that many tokens, untimed; the clock starts after.
 
 import { loopStop } from './stop.mjs';
 
@@ -80,7 +81,7 @@ function halfToFloat(h) {
 }
 
 // The last position's logits of one row: a view into the output, no copy (the decode step's clock runs).
-function lastRow(logits, row) {
+export function lastRow(logits, row) {
   const [, positionsKept, vocab] = logits.dims;
   const start = (row * positionsKept + positionsKept - 1) * vocab;
   return logits.data.subarray(start, start + vocab);
@@ -90,7 +91,7 @@ function lastRow(logits, row) {
 // it has one (onnxruntime-common picks): only raw halves are decoded (a copy); numbers are read in place.
 const asNumbers = (values) => (values instanceof Uint16Array ? Float32Array.from(values, halfToFloat) : values);
 
-function argmax(values) {
+export function argmax(values) {
   const numbers = asNumbers(values);
   let best = 0;
   for (let i = 1; i < numbers.length; i++) if (numbers[i] > numbers[best]) best = i;
@@ -98,7 +99,7 @@ function argmax(values) {
 }
 
 // The prefill's last-position logits of every row as numbers, for the parity check (the warm-up's only).
-function prefillLogits(logits, batch) {
+export function prefillLogits(logits, batch) {
   const rows = Array.from({ length: batch }, (_, row) => Array.from(asNumbers(lastRow(logits, row))));
   return { dims: [batch, 1, rows[0].length], values: rows.flat() };
 }
@@ -106,7 +107,7 @@ function prefillLogits(logits, batch) {
 // The k largest logits of one row's last position, best first, as [ids, values] (null for a non-finite value):
 // what the harness checks this step against native ONNX Runtime's (harness.core.generation.token_check).
 // A pass over the vocabulary keeping k, for the warm-up only.
-function topK(values, k) {
+export function topK(values, k) {
   const numbers = asNumbers(values);
   const rank = (i) => (Number.isNaN(numbers[i]) ? Infinity : numbers[i]); // a NaN is kept: the check must see it
   const ids = [];
@@ -120,27 +121,61 @@ function topK(values, k) {
   return [ids, ids.map((i) => (Number.isFinite(numbers[i]) ? numbers[i] : null))];
 }
 
-function disposeAll(feeds, names) {
+export function disposeAll(feeds, names) {
   for (const name of names) feeds[name]?.dispose();
 }
 
 // One generation. hook(step) runs before each step's run (the test suite's fault hook, mid-generation).
 // keepLogits: the untimed warm-up keeps the prefill's logits and each step's top job.top_k (ids and logits);
 // the timed generations never copy them.
-async function generateOnce(ort, session, prompt, job, hook, keepLogits = false) {
+// optimum's merged decoder: its no-cache branch for the prefill, the cache branch for each decode step
+const branch = (ort, on) => new ort.Tensor('bool', Uint8Array.from([on ? 1 : 0]), [1]);
+
+// The KV cache filled to job.depth tokens (llama-bench's -d), untimed and once per job: a prefill of each row's
+// prompt repeated (greedy.filler), whose presents are the prompt's past in every generation (a session never
+// writes to its inputs, so it is read again, as native ORT's loop does). Returns the prompt's feeds and mask.
+async function filled(ort, session, prompt, job) {
+  const taken = new Set(session.inputNames);
+  const [batch, promptLength] = prompt.ids.dims;
+  const depth = job.depth;
+  const ids = new BigInt64Array(batch * depth);
+  for (let row = 0; row < batch; row++) {
+    for (let i = 0; i < depth; i++) ids[row * depth + i] = prompt.ids.data[row * promptLength + (i % promptLength)];
+  }
+  const ones = new BigInt64Array(batch * depth).fill(1n);
+  const fill = { input_ids: new ort.Tensor('int64', ids, [batch, depth]),
+    attention_mask: new ort.Tensor('int64', ones, [batch, depth]), ...emptyPast(ort, session, batch, job.past_shape) };
+  if (taken.has('position_ids')) fill.position_ids = positions(ort, ones, batch, depth, depth);
+  if (taken.has('use_cache_branch')) fill.use_cache_branch = branch(ort, false);
+  const [logitsName, ...presents] = session.outputNames;
+  const out = await session.run(fill);
+  out[logitsName].dispose();
+  const mask = new BigInt64Array(batch * (depth + promptLength));
+  for (let row = 0; row < batch; row++) {
+    mask.set(ones.subarray(row * depth, (row + 1) * depth), row * (depth + promptLength));
+    mask.set(prompt.mask.data.subarray(row * promptLength, (row + 1) * promptLength), row * (depth + promptLength) + depth);
+  }
+  const feeds = { input_ids: prompt.ids, attention_mask: new ort.Tensor('int64', mask, [batch, depth + promptLength]) };
+  presents.forEach((name) => (feeds[pastOf(name)] = out[name]));
+  if (taken.has('use_cache_branch')) feeds.use_cache_branch = branch(ort, true);
+  return { feeds, mask, dispose: () => presents.forEach((name) => out[name].dispose()) };
+}
+
+// fill: the cache filled to job.depth (filled()), shared by the job's generations: its past is not disposed here.
+async function generateOnce(ort, session, prompt, job, hook, keepLogits = false, fill = null) {
   const [batch, promptLength] = prompt.ids.dims;
   const [logitsName, ...presents] = session.outputNames;
   const pasts = presents.map(pastOf);
   const taken = new Set(session.inputNames);
-  let mask = prompt.mask.data;
-  let length = promptLength;
-  let feeds = { input_ids: prompt.ids, attention_mask: prompt.mask, ...emptyPast(ort, session, batch, job.past_shape) };
+  let mask = fill ? fill.mask : prompt.mask.data;
+  let feeds = fill
+    ? { ...fill.feeds }
+    : { input_ids: prompt.ids, attention_mask: prompt.mask, ...emptyPast(ort, session, batch, job.past_shape) };
+  let length = mask.length / batch;
   if (taken.has('position_ids')) feeds.position_ids = positions(ort, mask, batch, length, promptLength);
   // a decode step's position ids, counted on from the prompt's real tokens rather than recounted each step
   let nextPositions = taken.has('position_ids') ? realTokens(mask, batch, length) : null;
-  // optimum's merged decoder: its no-cache branch for the prefill, the cache branch for each decode step
-  const branch = (on) => new ort.Tensor('bool', Uint8Array.from([on ? 1 : 0]), [1]);
-  if (taken.has('use_cache_branch')) feeds.use_cache_branch = branch(false);
+  if (taken.has('use_cache_branch') && !fill) feeds.use_cache_branch = branch(ort, false);
   const tokens = Array.from({ length: batch }, () => []);
   const steps = [];
   const eos = new Set(job.eos_ids || []); // empty: EOS ignored, exactly job.new_tokens tokens
@@ -167,7 +202,7 @@ async function generateOnce(ort, session, prompt, job, hook, keepLogits = false)
       }
     }
     out[logitsName].dispose();
-    disposeAll(feeds, pasts); // the old past: a cache not freed here grows every step
+    if (!(fill && step === 0)) disposeAll(feeds, pasts); // the old past: a cache not freed here grows every step
     next.forEach((token, row) => tokens[row].push(token));
     next.forEach((token, row) => (ended[row] ||= eos.has(token)));
     if (eos.size && ended.every(Boolean)) {
@@ -185,7 +220,7 @@ async function generateOnce(ort, session, prompt, job, hook, keepLogits = false)
       feeds.position_ids = new ort.Tensor('int64', nextPositions, [batch, 1]);
       nextPositions = nextPositions.map((position) => position + 1n);
     }
-    if (taken.has('use_cache_branch')) feeds.use_cache_branch = branch(true);
+    if (taken.has('use_cache_branch')) feeds.use_cache_branch = branch(ort, true);
     presents.forEach((name, i) => (feeds[pasts[i]] = out[name]));
   }
   disposeAll(feeds, pasts);
@@ -200,16 +235,20 @@ function sameTokens(a, b) {
 // under the usual stop rule (stop.mjs, as runner.mjs's measure): the count and the duration met, capped by
 // max_iterations, stopped by the budget but never below min_iterations. hooks: {fault(step), memory(),
 // loopMark(mark)} from runner.mjs. The page's memory is measured after the warm-up and after the repeats.
-export async function measureGeneration(ort, session, inputs, job, hooks) {
+// once(hook, keepLogits): one generation; an encoder-decoder's (seq2seq.mjs) also says its encoder_ms.
+export async function measureGeneration(ort, session, inputs, job, hooks, once = null) {
   const prompt = { ids: inputs.input_ids, mask: inputs.attention_mask };
-  if (!prompt.ids || !prompt.mask) throw new Error('a generate job needs input_ids and attention_mask');
-  let t0 = performance.now();
+  if (!once && (!prompt.ids || !prompt.mask)) throw new Error('a generate job needs input_ids and attention_mask');
+  const fill = !once && job.depth > 0 ? await filled(ort, session, prompt, job) : null; // untimed, before the budget
+  const generate = once ?? ((hook, keepLogits) => generateOnce(ort, session, prompt, job, hook, keepLogits, fill));
+  const t0 = performance.now();
   const deadline = job.max_time_ms == null ? Infinity : t0 + job.max_time_ms;
-  const first = await generateOnce(ort, session, prompt, job, null, true);
+  const first = await generate(null, true);
   const memory_before = await hooks.memory();
   const samples = [];
   const ttft = [];
   const steps = [];
+  const encoder = [];
   let tokens_stable = true;
   await hooks.loopMark('start');
   const stop = loopStop(job, deadline);
@@ -222,13 +261,15 @@ export async function measureGeneration(ort, session, inputs, job, hooks) {
       break;
     }
     const hook = n === 0 ? (step) => (step === 1 ? hooks.fault() : null) : null;
-    const one = await generateOnce(ort, session, prompt, job, hook);
+    const one = await generate(hook, false);
     samples.push(one.total_ms);
+    if (one.encoder_ms != null) encoder.push(one.encoder_ms);
     ttft.push(one.ttft_ms);
     steps.push(one.steps);
     tokens_stable &&= sameTokens(one.tokens, first.tokens);
   }
   await hooks.loopMark('end');
+  fill?.dispose();
   const memory_after = await hooks.memory();
   return {
     first_run_ms: first.total_ms,
@@ -243,6 +284,7 @@ export async function measureGeneration(ort, session, inputs, job, hooks) {
       memory_before,
       memory_after,
       warmup_generations: 1,
+      ...(job.seq2seq && { encoder_samples_ms: encoder }),
     },
     budget: { max_time_s: job.max_time_ms == null ? null : job.max_time_ms / 1000, warmup_run: 1, budget_stopped: loop_stopped },
   };
