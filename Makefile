@@ -26,7 +26,7 @@ TEST_WORKERS ?= 2
 # What the demo needs: the base install (native + browser), onnxruntime-web, Chromium.
 setup: $(STAMP) $(WEB_STAMP) browser
 
-# The optional engines' extras ([jax], [ray], [genai]); `make test` installs them, the demo does not need them.
+# The optional engines' extras ([jax], [ray], [genai], [webgpu]); `make test` installs them, the demo does not need them.
 setup-extras: $(EXTRAS)
 
 # Debian's Chromium runs the browser half (never `playwright install`: it downloads, and fails offline);
@@ -53,7 +53,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 $(EXTRAS): $(STAMP)
-	$(PIP_INSTALL) -c constraints.txt -e '.[dev,jax,ray,genai]'
+	$(PIP_INSTALL) -c constraints.txt -e '.[dev,jax,ray,genai,webgpu]'
 	touch $(EXTRAS)
 
 # The real MiniLM and two tiny models: three models is what `predict` needs to learn from and to

@@ -3,6 +3,10 @@
 ORT silently places nodes that an EP cannot run on the CPU EP. For non-CPU EPs the node
 placement is read from a one-off profiled run and recorded, so a fallback is visible. What the
 MatMuls computed in is read from the graph ORT optimized for the EP (harness.core.precision).
+
+Plugin EPs (the WebGPU EP of `onnxruntime-ep-webgpu`: harness.native.webgpu_ep) are registered with ORT
+in the worker and put on a session through ORT's device discovery (add_provider_for_devices); every
+session of such a target (timed, profiled, placement, optimized graph) is made that way.
 """
 
 from __future__ import annotations
@@ -23,7 +27,17 @@ import onnxruntime as ort
 from harness.core.precision import compute_facts
 from harness.core.profiles import Profile, ort_trace_ops, timed_runs
 from harness.core.records import Target
-from harness.native.base import Availability, Capabilities, Clock, HostMemory, LoadRequest, UnsupportedError
+from harness.native import webgpu_ep
+from harness.native.base import (
+    Availability,
+    Capabilities,
+    Clock,
+    HostMemory,
+    LoadRequest,
+    UnsupportedError,
+    physical_cores,
+    thread_facts,
+)
 from harness.prepare.folders import past_shape
 from harness.prepare.graph_precision import matmul_compute
 from harness.prepare.greedy import greedy, prefill_feeds
@@ -39,7 +53,21 @@ PROVIDERS = [
     ("qnn", "QNNExecutionProvider"),
     ("mps", "CoreMLExecutionProvider"),
     ("directml", "DmlExecutionProvider"),
+    ("webgpu", webgpu_ep.EP_NAME),
 ]
+# provider → the module that registers it as a plugin EP and puts it on a session's options
+PLUGINS = {webgpu_ep.EP_NAME: webgpu_ep}
+# provider → the ORT device name its I/O binding keeps a generation's KV cache on
+DEVICE_KV_CACHE = {webgpu_ep.EP_NAME: "webgpu"}
+
+
+def new_session(path: Path | bytes, provider: str, options: ort.SessionOptions | None = None) -> ort.InferenceSession:
+    """A session on one EP: a plugin EP through add_provider_for_devices, any other by its name."""
+    options = options or ort.SessionOptions()
+    if provider in PLUGINS:
+        PLUGINS[provider].add_to(options)
+        return ort.InferenceSession(path if isinstance(path, bytes) else str(path), options)
+    return ort.InferenceSession(path if isinstance(path, bytes) else str(path), options, providers=[provider])
 
 
 class OrtSession(HostMemory):
@@ -49,6 +77,7 @@ class OrtSession(HostMemory):
         self.session = session
         self.provider = provider
         self.path = path  # the model file, for a profiled twin of this session
+        self.threads: int | None = None  # --native-threads, for a profiled twin of this session
         self.input_names = [i.name for i in session.get_inputs()]
         self.precision = "fp32"
         self.clock = Clock()  # run() copies outputs to host numpy, so it returns after the device
@@ -90,7 +119,7 @@ class OrtSession(HostMemory):
         so the timed session never has it. Its first run (buffer allocation) is run and left out."""
         if self.path is None:
             raise RuntimeError("this session has no model file to profile")
-        with profiled_session(self.path, self.provider) as session:
+        with profiled_session(self.path, self.provider, self.threads) as session:
             session.run(None, prepared)
             wall_ms = timed_runs(lambda: session.run(None, prepared), iterations)
             events = json.loads(Path(session.end_profiling()).read_text())
@@ -108,20 +137,53 @@ class OrtGenerator(OrtSession):
     ) -> None:
         super().__init__(session, provider, placement, path)
         self.generated: np.ndarray | None = None  # the last generate()'s token ids, for parity checks
+        self.fills_cache = True  # generate() takes a KV-cache depth (--depths), filled before begin()
+        self.fills: dict[Any, Any] = {}  # the filled cache, kept for the next generation (greedy.greedy)
         self.base_facts["onnx_graph"] = "with past key/values (KV-cache decoder loop)"
+        if provider in DEVICE_KV_CACHE:
+            self.base_facts["kv_cache"] = f"on the {DEVICE_KV_CACHE[provider]} device (I/O binding, device OrtValues)"
 
     def prepare(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {name: feeds[name] for name in ("input_ids", "attention_mask")}
 
-    def generate(self, prepared: dict[str, np.ndarray], new_tokens: int, stamp: Callable[[], None]) -> int:
-        """Exactly new_tokens greedy tokens (no EOS stop, like torch's min = max); stamp() runs as
-        each token's logits are ready, since run() returns host arrays."""
+    def generate(self, prepared: dict[str, np.ndarray], new_tokens: int, stamp: Callable[[], None],
+                 eos: tuple[int, ...] = (), depth: int = 0,
+                 begin: Callable[[], None] = lambda: None) -> int:  # fmt: skip
+        """Exactly new_tokens greedy tokens (no EOS stop, like torch's min = max), or up to them stopping at
+        `eos`, after a KV cache filled to `depth` (then begin() runs); stamp() runs as each token's logits are
+        ready, since run() returns host arrays."""
         shape = past_shape(self.path) if self.path is not None else None  # a folder's config, where the graph says none
-        self.generated = greedy(self.session, prepared, new_tokens, stamp, shape=shape).tokens
+        device = DEVICE_KV_CACHE.get(self.provider)  # the KV cache stays on the device where the EP has one
+        self.generated = greedy(self.session, prepared, new_tokens, stamp, shape=shape, eos=eos, depth=depth,
+                                begin=begin, fills=self.fills, device=device).tokens  # fmt: skip
         return self.generated.shape[1]
 
 
 COMPUTE_SOURCE = "onnxruntime SessionOptions.optimized_model_filepath: the activation type of each MatMul node"
+SPINNING_ENTRY = "session.intra_op.allow_spinning"  # ORT's default "1": idle pool threads busy-wait for work
+
+
+def session_options(threads: int | None) -> tuple[ort.SessionOptions, dict[str, Any]]:
+    """Session options running `threads` intra-op threads (None: ORT's default, intra_op_num_threads 0 = one
+    per physical core), spinning by spins(), and the facts a row records of both."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads or 0
+    count = threads or physical_cores()
+    spinning, spinning_source = spins(count)
+    options.add_session_config_entry(SPINNING_ENTRY, "1" if spinning else "0")
+    source = (f"--native-threads: SessionOptions.intra_op_num_threads {threads}" if threads else
+              "ONNX Runtime's default: intra_op_num_threads 0 = one thread per physical core (psutil)")  # fmt: skip
+    return options, thread_facts(count, source, spinning, spinning_source)
+
+
+def spins(threads: int) -> tuple[bool, str]:
+    """Whether the intra-op pool spins: not when it has a thread for every physical core, where a spinning
+    idle thread takes the core another process (or the decode loop's own main thread) needs; below that,
+    ORT's default (on). Measured in docs/measurement.md ("Native threads")."""
+    cores = physical_cores()
+    if threads >= cores:
+        return False, f"{SPINNING_ENTRY}=0: {threads} threads for {cores} physical cores (docs/measurement.md)"
+    return True, f"{SPINNING_ENTRY}=1 (ORT's default): {threads} threads for {cores} physical cores"
 
 
 def optimized_compute(onnx_path: Path, provider: str) -> dict[str, int]:
@@ -134,18 +196,19 @@ def optimized_compute(onnx_path: Path, provider: str) -> dict[str, int]:
         options.optimized_model_filepath = os.path.join(directory, "optimized.onnx")
         options.add_session_config_entry("session.optimized_model_external_initializers_file_name", "weights.bin")
         options.log_severity_level = 3  # its warning that the file is for this machine only is meant for deployers
-        ort.InferenceSession(str(onnx_path), options, providers=[provider])
+        new_session(onnx_path, provider, options)
         return matmul_compute(onnx.load(options.optimized_model_filepath, load_external_data=False))
 
 
 @contextlib.contextmanager
-def profiled_session(onnx_path: Path, provider: str) -> Iterator[ort.InferenceSession]:
-    """A session on the file with ORT's profiler on, writing its trace in a directory removed after."""
-    options = ort.SessionOptions()
+def profiled_session(onnx_path: Path, provider: str, threads: int | None = None) -> Iterator[ort.InferenceSession]:
+    """A session on the file with ORT's profiler on (and the timed session's threads), writing its trace in
+    a directory removed after."""
+    options, _ = session_options(threads)
     options.enable_profiling = True
     with tempfile.TemporaryDirectory() as directory:
         options.profile_file_prefix = os.path.join(directory, "profile")
-        yield ort.InferenceSession(str(onnx_path), options, providers=[provider])
+        yield new_session(onnx_path, provider, options)
 
 
 def node_placement(onnx_path: Path, provider: str, feeds_example: dict[str, np.ndarray] | None) -> dict[str, int]:
@@ -164,13 +227,24 @@ class OnnxRuntimeBackend:
     capabilities = Capabilities(modes=("inference", "generate"), generate_needs_past_export=True)
 
     def device(self, target: Target) -> str | None:
-        """The OpenVINO EP runs on the CPU by default: host work, like the CPU EP."""
-        return None if target.hardware == "cpu" or target.provider == "OpenVINOExecutionProvider" else target.hardware
+        """The OpenVINO EP runs on the CPU by default: host work, like the CPU EP. The WebGPU EP too, as
+        host work: on a machine without a GPU its adapter is SwiftShader on the host's cores, and the parent
+        cannot tell which adapter it gets (one after another with the CPU targets is never wrong)."""
+        host = ("OpenVINOExecutionProvider", webgpu_ep.EP_NAME)
+        return None if target.hardware == "cpu" or target.provider in host else target.hardware
 
     def targets(self) -> list[Target]:
         return [Target(hw, "onnxruntime", provider) for hw, provider in PROVIDERS]
 
+    def discovered_devices(self) -> list[dict[str, Any]]:
+        """What ORT's own device discovery offers once the installed plugin EPs are registered."""
+        from harness.native.ort_devices import ep_devices
+
+        return ep_devices()
+
     def probe(self, target: Target) -> Availability:
+        if target.provider in PLUGINS:
+            return PLUGINS[target.provider].probe()
         available = ort.get_available_providers()
         if target.provider in available:
             return Availability(True, f"onnxruntime {ort.__version__} provides {target.provider}")
@@ -186,8 +260,11 @@ class OnnxRuntimeBackend:
         if source is None:
             raise UnsupportedError("no ONNX file for this model (see the export error)")
         path, precision, conversion = model_for_precision(source, request.precision)
+        options, threads = session_options(request.threads)
+        # a device that makes no progress fails here, once, quickly; so does a precision it has no kernels for
+        shaders = PLUGINS[target.provider].proved(precision) if target.provider in PLUGINS else {}
         try:
-            session = ort.InferenceSession(str(path), providers=[target.provider])
+            session = new_session(path, target.provider, options)
         except Exception as exc:  # a converted file ORT rejects (e.g. duplicate node names): no such model here
             if not conversion:
                 raise
@@ -200,7 +277,10 @@ class OnnxRuntimeBackend:
             placement = node_placement(path, target.provider, example)
         ort_session = (OrtGenerator if generating else OrtSession)(session, target.provider, placement, path)
         ort_session.precision = precision
-        ort_session.base_facts |= conversion
+        ort_session.base_facts |= conversion | threads
+        ort_session.threads = request.threads
+        if target.provider in PLUGINS:
+            ort_session.base_facts |= PLUGINS[target.provider].facts() | shaders
         return ort_session
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 from collections.abc import Callable
@@ -173,6 +174,11 @@ def test_hardware_lists_every_seed_platform() -> None:
     for platform in ("cpu", "cuda", "rocm", "mps", "openvino", "qnn", "webnn", "webgpu", "wasm"):
         assert f"│ {platform} " in done.stdout
     assert "CPU:" in done.stdout and "memory" in done.stdout
+    # native WebGPU beside the page's, and what ORT's own discovery offers (plugin EPs registered)
+    assert "│ webgpu (native) " in done.stdout and "onnxruntime.get_ep_devices" in done.stdout
+    assert "│ CPUExecutionProvider " in done.stdout
+    if importlib.util.find_spec("onnxruntime_ep_webgpu") is not None:
+        assert "│ WebGpuExecutionProvider " in done.stdout
 
 
 def test_any_onnx_file_runs_with_inputs_from_its_signature(tmp_path: Path) -> None:

@@ -31,8 +31,8 @@ from harness.web import ort_dist
 
 ROOT = Path(__file__).resolve().parents[1]
 MAPPED = ("native", "models", "web")  # top-level folders installed as harness.<name> (setup.py)
-# Top-level modules of the optional extras ([jax], [ray], [genai], [cuda]): absent from the base install.
-EXTRA_MODULES = {"jax", "flax", "ray", "onnxruntime_genai", "pynvml"}
+# Top-level modules of the optional extras ([jax], [ray], [genai], [cuda], [webgpu]): absent from the base install.
+EXTRA_MODULES = {"jax", "flax", "ray", "onnxruntime_genai", "pynvml", "onnxruntime_ep_webgpu"}
 pytestmark = pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="needs Chromium at /usr/bin/chromium")
 
 

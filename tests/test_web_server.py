@@ -310,6 +310,30 @@ def test_a_launched_page_generation_is_checked_against_its_job() -> None:
         validate_page_result(wide, job, TIMEOUT_S)
 
 
+def test_a_generation_shorter_than_its_job_is_taken_only_from_a_job_that_stops_at_eos() -> None:
+    """Issue 32 item 5: fewer decode steps and tokens than new_tokens pass only where the job carries EOS ids
+    (--stop-at-eos) and every row's tokens show the stop at the step they end; a page that stops early on a
+    job that ignores EOS is refused."""
+    short = {"step_samples_ms": [[0.25]] * 3, "tokens": [[1, 7], [7, 5]],  # both rows made EOS 7 by step 2
+             "step_top": {"ids": [[[1, 0]] * 2] * 2, "values": [[[0.5, None]] * 2] * 2}}  # fmt: skip
+    with pytest.raises(
+        PageResultError, match=re.escape("takes 2 (the first token is the TTFT's; the job ignores EOS)")
+    ):
+        validate_page_result(
+            generated(**short), replace(JOB, generate=GenerateJob(3, vocab_size=8, top_k=2)), TIMEOUT_S
+        )
+    stops = replace(JOB, generate=GenerateJob(new_tokens=3, vocab_size=8, eos_ids=[7], top_k=2))
+    assert validate_page_result(generated(**short), stops, TIMEOUT_S)["generation"]["tokens"] == [[1, 7], [7, 5]]
+    assert validate_page_result(generated(), stops, TIMEOUT_S)["status"] == "ok"  # no EOS made: all 3 tokens
+    refused = [
+        ({"tokens": [[1, 2], [7, 5]]}, "of 3 token ids each"),  # row 0 made no EOS: the page stopped early
+        ({"step_samples_ms": [[0.25]] * 3, "tokens": [[7, 1, 2], [7, 5, 6]]}, "of 1 token ids each"),  # ran past it
+    ]
+    for changes, message in refused:
+        with pytest.raises(PageResultError, match=re.escape(message)):
+            validate_page_result(generated(**changes), stops, TIMEOUT_S)
+
+
 def test_a_generate_job_carries_its_graphs_vocabulary(tmp_path: Path) -> None:
     """generate_job reads the logits width off the graph the page runs (weights not loaded)."""
     import onnx

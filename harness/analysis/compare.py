@@ -33,26 +33,30 @@ on a loaded shared machine.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from scipy import stats
 
+from harness.analysis.browser_cost import BrowserCost, Unpaired, browser_costs, cost_table
 from harness.analysis.drift import case_spread, control_drift, drift_verdict, spread_note
 from harness.analysis.machines import machine_name
 from harness.analysis.tables import AnalysisError, Table, render_table
 from harness.core.labels import TARGET_FIELDS, case_label, mode_of, target_label
 from harness.core.records import MEASURED
+from harness.core.roofline import limit_fraction
 from harness.store import Store, StoreError, open_store
 
-KEY = ("model", *TARGET_FIELDS, "batch_size", "seq_len", "precision", "mode", "new_tokens")
+KEY = ("model", *TARGET_FIELDS, "batch_size", "seq_len", "precision", "mode", "new_tokens", "depth")
 
 
 def case_fields(row: dict[str, Any]) -> dict[str, Any]:
-    """What identifies a case across runs: KEY's values (generate rows differ by their new tokens too)."""
-    return {k: row.get(k) for k in KEY} | {"mode": mode_of(row)}
+    """What identifies a case across runs: KEY's values (generate rows differ by their new tokens and KV-cache
+    depth too; a row stored before depths existed started at depth 0)."""
+    depth = row.get("depth") if row.get("depth") is not None or mode_of(row) != "generate" else 0
+    return {k: row.get(k) for k in KEY} | {"mode": mode_of(row), "depth": depth}
 
 
 def case_key(row: dict[str, Any]) -> tuple:
@@ -80,6 +84,7 @@ class ComparisonRow:
     precision: str
     mode: str
     new_tokens: int | None
+    depth: int | None  # generate: the KV-cache depth the decode started at
     target: str
     case: str
     status_a: str | None
@@ -99,6 +104,10 @@ class ComparisonRow:
     control_ratio: float | None = None  # the drift control's B/A on this target (analysis.drift)
     spread: float | None = None  # this case's run-to-run spread in earlier runs (slowest/fastest median)
     spread_runs: int = 0  # how many earlier runs that spread is over
+    # how close each side came to its target's measured ceiling (harness.core.roofline): bandwidth for a
+    # generate row's decode, compute for an inference row; None where either was not measured
+    limit_a: float | None = None
+    limit_b: float | None = None
 
 
 @dataclass
@@ -112,6 +121,8 @@ class Comparison:
     rows: list[ComparisonRow] = field(default_factory=list)
     paired: bool = False  # an `ab` run: A and B measured interleaved, compared round by round (analysis.paired)
     controls: dict[str, dict[str, float | None]] = field(default_factory=dict)  # per target: drift.control_drift
+    # per run: page ÷ native on the same kernels (harness.analysis.browser_cost), the pairs and the refused
+    browser_cost: dict[str, dict[str, list[dict[str, Any]]]] = field(default_factory=dict)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -226,6 +237,8 @@ def _row(
         verdict="",
         noisy_a=ra["noisy"] if ra else None,
         noisy_b=rb["noisy"] if rb else None,
+        limit_a=limit_fraction(ra),
+        limit_b=limit_fraction(rb),
     )
     measured_a, measured_b = row.status_a in MEASURED, row.status_b in MEASURED
     if ra is None or rb is None:
@@ -265,14 +278,21 @@ def compare_runs(
             raise AnalysisError(str(exc)) from None
         runs = {rid: {k: store.run_info(rid)[k] for k in RUN_FACTS} for rid in (run_a, run_b)}
         check_machines(runs[run_a], runs[run_b], across_machines)
-        rows_a, rows_b = _by_key(store.results(run_a)), _by_key(store.results(run_b))
+        results = {rid: store.results(rid) for rid in (run_a, run_b)}
+        rows_a, rows_b = _by_key(results[run_a]), _by_key(results[run_b])
         keys = sorted(rows_a.keys() | rows_b.keys(), key=lambda k: tuple((v is None, str(v)) for v in k))
         rows = [_row(store, rows_a.get(k), rows_b.get(k), (threshold, quantile)) for k in keys]
         controls = control_drift(store, run_a, run_b)
         later = max(runs[run_a]["started_at"], runs[run_b]["started_at"])
         for row in rows:
             _explain(store, row, controls, later, (run_a, run_b), threshold)
-    return Comparison(str(db_path), run_a, run_b, threshold, quantile, runs, rows, controls=controls)
+    cost = {rid: _browser_cost(rows) for rid, rows in results.items()}
+    return Comparison(str(db_path), run_a, run_b, threshold, quantile, runs, rows, controls=controls, browser_cost=cost)
+
+
+def _browser_cost(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    paired, unpaired = browser_costs(rows)
+    return {"pairs": [asdict(c) for c in paired], "unpaired": [asdict(u) for u in unpaired]}
 
 
 RUN_FACTS = ("started_at", "status", "git_sha", "hostname", "command", "machine_label", "machine_id", "hardware_class")
@@ -323,7 +343,7 @@ def _explain(store: Store, row: ComparisonRow, controls: dict, before: Any, runs
 # --- output --------------------------------------------------------------------------------------
 TABLE_COLUMNS = [
     "model", "target", "case", "status", "a_ms", "b_ms", "ratio", "ci_low", "ci_high", "p_value",
-    "control_ratio", "spread", "verdict", "note",
+    "control_ratio", "spread", "limit_a", "limit_b", "verdict", "note",
 ]  # fmt: skip
 
 
@@ -351,6 +371,9 @@ def comparison_table(comparison: Comparison) -> Table:
             f"Mann-Whitney p; threshold ±{comparison.threshold:.1%}",
         ]
     notes += machines_note(comparison) + _control_notes(comparison)
+    if any(r.limit_a is not None or r.limit_b is not None for r in comparison.rows):
+        notes.append("limit_a, limit_b: the fraction of its target's ceiling measured in that run (decode: "
+                     "bandwidth; inference: compute; docs/measurement.md)")  # fmt: skip
     notes.append(f"verdicts: {counts}")
     return Table(title, TABLE_COLUMNS, rows, notes)
 
@@ -382,7 +405,18 @@ def render(comparison: Comparison, fmt: str) -> str:
         import json
 
         return json.dumps(comparison.to_dict(), indent=2, default=str)
-    return render_table(comparison_table(comparison), fmt)
+    text = render_table(comparison_table(comparison), fmt)
+    if fmt != "md":
+        return text
+    for name, run_id in (("A", comparison.run_a), ("B", comparison.run_b)):
+        if name == "B" and run_id == comparison.run_a:
+            continue  # one run against itself: its pairs once
+        found = comparison.browser_cost.get(run_id, {})
+        table = cost_table([BrowserCost(**c) for c in found.get("pairs", [])],
+                           [Unpaired(**u) for u in found.get("unpaired", [])])  # fmt: skip
+        if table is not None:
+            text += "\n" + render_table(replace(table, title=f"{table.title} in run {name} ({run_id})"), "md")
+    return text
 
 
 def check_plot_path(path: Path) -> None:

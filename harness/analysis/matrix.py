@@ -22,11 +22,15 @@ from pathlib import Path
 from statistics import geometric_mean
 from typing import Any
 
+from harness.analysis.browser_cost import BrowserCost, Unpaired, browser_costs, cost_table
 from harness.analysis.machines import machine_name
+from harness.analysis.tables import render_table
 from harness.core import labels
 from harness.core.escaping import markdown_text as md
 from harness.core.labels import BASELINE_LABEL, baselines, case_key, case_label, details_of, flags, mode_of, speedup
 from harness.core.records import MODES
+from harness.core.roofline import limit_fraction
+from harness.core.threads import threads_part
 from harness.store import ALL_RUNS, MACHINE_COLUMNS, open_store
 
 MATRIX_JSON, MATRIX_MD = "compatibility_matrix.json", "compatibility_matrix.md"
@@ -78,6 +82,8 @@ def matrix_target(row: dict[str, Any]) -> str:
     """The row's column: the target, and the mode when it is not inference."""
     label = f"{row['hardware']}/{row['engine']}"
     label = f"{label}:{row['provider']}" if row["hardware"] == row["engine"] and row.get("provider") else label
+    if row.get("native_threads") is not None:  # --native-threads: each count a column, to pair with wasm's
+        label += threads_part(row.get("provider") or "")
     label = labels.on_device(label, row)  # each served device is a column of its own
     mode = mode_of(row)
     return label if mode == "inference" else f"{label} ({mode})"
@@ -118,6 +124,8 @@ class Cell:
     cases: int
     counts: dict[str, int]  # class -> number of cases
     evidence: list[dict[str, Any]] = field(default_factory=list)
+    # the closest its cases came to the target's measured ceiling (decode: bandwidth; inference: compute)
+    limit: float | None = None
 
     @property
     def text(self) -> str:
@@ -144,6 +152,7 @@ def _evidence(row: dict[str, Any], status: str, ratio: float | None) -> dict[str
         "class": status,
         "median_latency_ms": row["latency_p50_ms"],
         "speedup": ratio,
+        "limit_fraction": limit_fraction(row),
         "flags": flags(row),
         "error": error[0][:300] if error else None,
         # a generation's speed and, at a precision other than fp32, its quality beside the fp32 model
@@ -168,7 +177,9 @@ def _cell(rows: list[dict[str, Any]], base: dict, is_baseline: bool) -> Cell:
     value = None if is_baseline or not measured else geometric_mean(measured)
     rating = BASELINE_RATING if is_baseline and "compatible" in classes else rate(value)
     evidence = [_evidence(r, c, None if is_baseline else s) for r, c, s in zip(rows, classes, ratios, strict=True)]
-    return Cell(max(classes, key=SEVERITY.index), rating, value, len(rows), dict(Counter(classes)), evidence)
+    limits = [f for r in rows if (f := limit_fraction(r)) is not None]
+    return Cell(max(classes, key=SEVERITY.index), rating, value, len(rows), dict(Counter(classes)), evidence,
+                max(limits, default=None))  # fmt: skip
 
 
 def latest_results(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -206,7 +217,13 @@ def build_matrix(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "models": {
             model: {"family": family, "cells": cells(groups)} for (family, model), groups in sorted(by_model.items())
         },
+        "browser_cost": browser_cost(rows),  # page ÷ native on the same kernels, one machine's latest rows
     }
+
+
+def browser_cost(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    paired, unpaired = browser_costs(rows)
+    return {"pairs": [asdict(c) for c in paired], "unpaired": [asdict(u) for u in unpaired]}
 
 
 def cell_text(cell: dict[str, Any]) -> str:
@@ -248,6 +265,10 @@ def matrix_markdown(matrix: dict[str, Any]) -> str:
         return "\n".join([*lines, "No results in the store yet.", ""])
     lines += table("By Model Family", matrix["families"], "family")
     lines += table("By Model", matrix["models"], "model")
+    found = matrix.get("browser_cost") or {}
+    cost = cost_table([BrowserCost(**c) for c in found.get("pairs", [])],
+                      [Unpaired(**u) for u in found.get("unpaired", [])])  # fmt: skip
+    lines += [render_table(cost, "md")] if cost is not None else []
     lines += ["## Classes", "", *(f"- {SYMBOLS[c]} **{c}**: {text}" for c, text in CLASSES.items()), ""]
     lines += ["## Evidence", ""]
     for model, entry in matrix["models"].items():

@@ -13,8 +13,9 @@ from harness.store import DEFAULT_DB, StoreError, init_store
 
 
 def hardware_command() -> None:
-    """List every platform with available yes/no and the reason, plus CPU, memory and GPUs."""
-    from harness.run.hardware import detect_platforms, hardware_rows
+    """List every platform with available yes/no and the reason, plus CPU, memory and GPUs, and the
+    devices the engines' own discovery reports (ONNX Runtime's EP devices, plugin EPs registered)."""
+    from harness.run.hardware import detect_platforms, hardware_rows, machine_probe
     from harness.run.provenance import host_facts
 
     host = host_facts()
@@ -30,6 +31,23 @@ def hardware_command() -> None:
     for status in detect_platforms():
         table.add_row(status.platform, "yes" if status.available else "no", shown(status.reason))
     console.print(table)
+    for engine, devices in machine_probe().discovered.items():
+        console.print(discovered_table(engine, devices))
+
+
+def discovered_table(engine: str, devices: list[dict]) -> Table:
+    """An engine's discovered devices: EP, device type, vendor, ids, metadata (text from a driver: shown())."""
+    table = Table(title=f"{engine}: devices its own discovery reports (onnxruntime.get_ep_devices)")
+    for name in ("EP", "type", "vendor", "vendor id", "device id", "metadata"):
+        table.add_column(name, overflow="fold")
+    for d in devices:
+        if "not_registered" in d:
+            table.add_row(shown(d["ep"]), "—", "—", "—", "—", shown(d["not_registered"]))
+            continue
+        metadata = "; ".join(f"{k}={v}" for k, v in {**d["ep_metadata"], **d["device_metadata"]}.items())
+        row = (d["ep"], d["type"], d["vendor"], f"0x{d['vendor_id']:04x}", str(d["device_id"]), metadata)
+        table.add_row(*(shown(v) for v in row))
+    return table
 
 
 ENGINE_STATUS_SQL = """

@@ -7,7 +7,8 @@ One generation of N tokens from a prompt of P tokens (batch B) is timed as:
 and gives two rates that never mix the phases (llama-bench's spelling in tables):
   pp  prefill tokens/s = B x P / TTFT
   tg  decode tokens/s  = B x (N-1) / the sum of the decode steps
-A rate over the whole generation would fold a slow prefill into a per-token figure.
+A rate over the whole generation would fold a slow prefill into a per-token figure. A generation stopped at EOS
+(--stop-at-eos) has fewer steps: the rates count the steps it made, never the tokens asked.
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from harness.core.threads import threads_part
+
 BASELINE = ("cpu", "torch")  # (hardware, engine): speedups are relative to torch eager on the CPU
 BASELINE_LABEL = "/".join(BASELINE)
 # Engines whose provider is the device the hardware already names: their labels leave it out.
@@ -34,7 +36,9 @@ def on_device(label: str, row: Mapping[str, Any]) -> str:
 def target_label(row: Mapping[str, Any]) -> str:
     """Column name for a target, e.g. cpu/onnxruntime:CPUExecutionProvider (and `@ device` for a served one)."""
     label = f"{row['hardware']}/{row['engine']}"
-    return on_device(label if row["engine"] in DEVICE_PROVIDER_ENGINES else f"{label}:{row['provider']}", row)
+    if row["engine"] in DEVICE_PROVIDER_ENGINES:  # the device is the hardware's; a thread count is kept
+        return on_device(label + threads_part(row.get("provider") or ""), row)
+    return on_device(f"{label}:{row['provider']}", row)
 
 
 def short_target(row: Mapping[str, Any]) -> str:
@@ -43,19 +47,35 @@ def short_target(row: Mapping[str, Any]) -> str:
     label = row["hardware"] if row["engine"] == row["hardware"] else f"{row['hardware']}/{engine}"
     provider = (row.get("provider") or "").replace("ExecutionProvider", "")
     if row["engine"] in DEVICE_PROVIDER_ENGINES or not provider or provider == row["hardware"]:
-        return on_device(label, row)
+        return on_device(label + threads_part(provider), row)
     return on_device(f"{label}:{provider.removeprefix(row['hardware'] + ':')}", row)
+
+
+def threads_text(row: Mapping[str, Any]) -> str:
+    """A native row's intra-op threads as reports show them, "2 threads, not spinning" ('' where the row says
+    none: a browser row, whose count is its provider's, or a row stored before the columns existed)."""
+    count = row.get("native_threads")
+    if count is None:
+        return ""
+    spin = {True: ", spinning", False: ", not spinning"}.get(row.get("spinning"), "")
+    return f"{count} thread{'s' * (count != 1)}{spin}"
 
 
 def is_baseline(row: Mapping[str, Any]) -> bool:
     return (row["hardware"], row["engine"]) == BASELINE
 
 
+def generation_label(new_tokens: int | None, depth: int | None) -> str:
+    """A generate row's decode phase in llama-bench's terms: tg16 @ d512 (at that KV-cache depth); a row
+    stored before depths existed (depth NULL) keeps its old name, gen16."""
+    return f"gen{new_tokens}" if depth is None else f"tg{new_tokens} @ d{depth}"
+
+
 def case_label(row: Mapping[str, Any]) -> str:
     label = f"b{row['batch_size']}" + (f" s{row['seq_len']}" if row["seq_len"] else "")
     mode = row.get("mode") or "inference"
     if mode == "generate":
-        return f"{label} gen{row['new_tokens']}"
+        return f"{label} {generation_label(row['new_tokens'], row.get('depth'))}"
     return label if mode == "inference" else f"{label} {mode}"
 
 
@@ -114,7 +134,7 @@ def case_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
     """What a baseline is matched on: the same model, the same inputs and the same mode, on the same
     machine (rows read with their run's machine_id: a speedup never divides one machine by another)."""
     return (row["model"], row["batch_size"], row["seq_len"] or 0, mode_of(row), row.get("new_tokens"),
-            row.get("machine_id"))  # fmt: skip
+            row.get("depth") or 0, row.get("machine_id"))  # fmt: skip
 
 
 def baselines(rows: list[dict[str, Any]]) -> dict[tuple[Any, ...], dict[str, Any]]:

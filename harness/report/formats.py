@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 from collections import defaultdict
+from dataclasses import asdict
 from pathlib import Path
 from statistics import geometric_mean
 from typing import TYPE_CHECKING, Any
@@ -12,17 +13,23 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from harness.report.plots import Plot
 
+from harness.analysis.browser_cost import browser_cost_table, browser_costs
+from harness.analysis.tables import render_table
 from harness.core.escaping import csv_cell, markdown_text
 from harness.core.generation import DECODE_RATE, PREFILL_RATE
-from harness.core.labels import BASELINE_LABEL, case_label, flags, target_label
+from harness.core.labels import BASELINE_LABEL, case_label, flags, target_label, threads_text
 from harness.core.paths import inside, safe_name
 from harness.core.records import MEASURED
 from harness.report.data import RunReport
+from harness.report.generation import TEXT_COLUMNS
 
 
 def write_json(report: RunReport, path: Path) -> None:
     results = [dict(r, details=json.loads(r["details"]) if r["details"] else {}) for r in report.results]
-    document = {"run": dict(report.run, host=report.host), "hardware": report.hardware, "results": results}
+    paired, unpaired = browser_costs(report.results)
+    cost = {"pairs": [asdict(c) for c in paired], "unpaired": [asdict(u) for u in unpaired]}
+    document = {"run": dict(report.run, host=report.host), "hardware": report.hardware, "results": results,
+                "browser_cost": cost, "ceilings": report.ceilings}  # fmt: skip
     path.write_text(json.dumps(document, indent=2, default=str))
 
 
@@ -122,6 +129,8 @@ MODE_SECTIONS = {
             ("top-1 agreement vs fp32", "agreement_top1", 3),
             ("KL vs fp32", "kl_mean", 4),
             ("tokens checked on", "token_reference", None),
+            ("tg GB/s", "achieved_gbps", 3),  # bytes per decode token x tg tokens/s (docs/measurement.md)
+            ("of bandwidth ceiling", "bandwidth_fraction", 3),
         ],
     ),
     "training": (
@@ -135,6 +144,12 @@ MODE_SECTIONS = {
 }
 
 
+def _target(row: dict[str, Any]) -> str:
+    """The target, with a native row's threads (the browser's are in its label)."""
+    threads = threads_text(row)
+    return f"{target_label(row)} ({threads})" if threads else target_label(row)
+
+
 def _mode_sections(results: list[dict[str, Any]]) -> list[str]:
     """One table per non-inference mode present in the results (MODE_SECTIONS)."""
     lines: list[str] = []
@@ -142,11 +157,13 @@ def _mode_sections(results: list[dict[str, Any]]) -> list[str]:
         rows = [r for r in results if r.get("mode") == mode]
         if not rows:
             continue
-        header = ["Model", "Target", "Case", *(name for name, _, _ in columns), "status"]
+        texts = TEXT_COLUMNS if mode == "generate" else ()  # the EOS policy, prompt and output text
+        header = ["Model", "Target", "Case", *(name for name, _, _ in columns), "status", *(n for n, _ in texts)]
         cells = [
-            [r["model"], target_label(r), case_label(r), *(_fmt(r[f], d) for _, f, d in columns), r["status"]]
+            [r["model"], _target(r), case_label(r), *(_fmt(r.get(f), d) for _, f, d in columns), r["status"],
+             *(shown(r) for _, shown in texts)]
             for r in rows
-        ]
+        ]  # fmt: skip
         lines += [f"### {title}", "", *_table(header, cells), ""]
     return lines
 
@@ -179,6 +196,8 @@ def write_markdown(report: RunReport, path: Path) -> None:
     for family, rows in sorted(families.items()):
         lines += _family_section(family, rows)
     lines += _mode_sections(report.results)
+    if (cost := browser_cost_table(report.results)) is not None:  # page ÷ native on the same kernels
+        lines += [render_table(cost, "md")]
     weights = sorted({f"{r['model']}: {r['weights']}" for r in report.results})
     lines += ["## Weights", "", *(f"- {markdown_text(w)}" for w in weights), ""]
     problems = _problems(report)

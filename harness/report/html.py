@@ -14,14 +14,16 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from harness.analysis.browser_cost import browser_cost_table
 from harness.analysis.machines import across, group_name, machine_name
 from harness.analysis.tables import Table, cell
-from harness.core.labels import MARK_STYLES, case_label, details_of, marks, mode_of, target_label
+from harness.core.labels import MARK_STYLES, case_label, details_of, marks, mode_of, target_label, threads_text
 from harness.core.records import STATUSES
 from harness.report.data import RunReport
 from harness.report.generation import generation_html
 from harness.report.operators import CSS as OPERATOR_CSS
 from harness.report.operators import breakdown_html, ratio_html
+from harness.report.roofline import roofline_html
 
 CSS = """
 :root { --ok:#1b7f3b; --bad:#b00020; --warn:#9a5b00; --muted:#666; --line:#d9dde3; }
@@ -36,6 +38,7 @@ table { border-collapse: collapse; margin: 6px 0 14px; font-size: 13px; }
 th, td { border: 1px solid var(--line); padding: 4px 8px; text-align: left; vertical-align: top; }
 th { background: #eef1f5; position: sticky; top: 0; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+td.gen-text { overflow-wrap: anywhere; min-width: 12em; max-width: 28em; }
 tr.failed td { background: #fff6f6; } tr.flagged td { background: #fffbea; }
 .facts { display: grid; grid-template-columns: repeat(auto-fit, minmax(360px, 1fr)); gap: 6px 28px; }
 .facts table { width: 100%; } .facts th { width: 34%; position: static; }
@@ -148,7 +151,7 @@ def _results(report: RunReport) -> str:
             kind = "failed" if r["status"] != "ok" else "flagged" if marks(r) else ""
             error = (r["error"] or "").strip()
             body.append(
-                f'<tr class="{kind}"><td>{escape(r["model"])}</td><td>{escape(target_label(r))}</td>'
+                f'<tr class="{kind}"><td>{escape(r["model"])}</td><td>{escape(target_label(r))}{_threads(r)}</td>'
                 f"<td>{escape(case_label(r))}</td><td>{escape(r['precision'])}</td>"
                 f"<td>{_badge(r['status'])}</td>"
                 f'<td class="num">{_fmt(r["latency_p50_ms"])}</td><td class="num">{_fmt(r["latency_p90_ms"])}</td>'
@@ -162,6 +165,12 @@ def _results(report: RunReport) -> str:
         title = escape(family.replace("_", " ").title())
         parts.append(f'<h4>{title}</h4><table class="results"><tr>{header}</tr>{"".join(body)}</table>')
     return "".join(parts) or '<p class="omitted">The run has no results.</p>'
+
+
+def _threads(row: dict[str, Any]) -> str:
+    """A native row's threads under its target (the browser's are in its label)."""
+    text = threads_text(row)
+    return f"<br><small>{escape(text)}</small>" if text else ""
 
 
 def _devices(report: RunReport) -> str:
@@ -268,7 +277,9 @@ def matrix_html(matrix: dict[str, Any]) -> str:
         rating += f" · {entry['speedup']:.2f}×" if entry["speedup"] is not None else ""
         evidence = "\n".join(
             f"{e['model']} {e['case']} {e['provider']}: {e['class']}, p50 {_fmt(e['median_latency_ms'])} ms, "
-            f"result {e['result_id'][:12]} ({e['date']})" + (f" — {e['error']}" if e["error"] else "")
+            f"result {e['result_id'][:12]} ({e['date']})"
+            + (f" — {e['error']}" if e["error"] else "")
+            + (f", {e['limit_fraction']:.1%} of its ceiling" if e.get("limit_fraction") is not None else "")
             for e in entry["evidence"]
         )
         return (
@@ -318,6 +329,12 @@ def _table_html(table: Table) -> str:
     return f'<h2>{escape(table.title)}</h2>{notes}<table class="results"><tr>{head}</tr>{body}</table>'
 
 
+def _browser_cost(report: RunReport) -> str:
+    """Page ÷ native for the cases the run measured on the same kernels both ways (harness.analysis.browser_cost)."""
+    table = browser_cost_table(report.results)
+    return "" if table is None else f'<section class="browser-cost">{_table_html(table)}</section>'
+
+
 def _across_cell(value: Any) -> str:
     if isinstance(value, float):
         return f'<td class="num">{value:.3f}</td>'
@@ -333,7 +350,7 @@ def render_page(reports: list[RunReport], matrix: dict[str, Any], title: str) ->
         sections.append(
             f'<section class="run" id="{anchor}"><h2>Run {escape(run_id)}</h2>'
             f"<h3>System</h3>{_facts(report)}{_devices(report)}<h3>Results</h3>{_results(report)}"
-            f"{generation_html(report)}"
+            f"{generation_html(report)}{_browser_cost(report)}{roofline_html(report, inline_svg)}"
             f"<h3>Plots</h3>{_plots(report, anchor)}{_time_breakdown(report)}</section>"
         )
     generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

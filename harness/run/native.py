@@ -16,6 +16,7 @@ from harness.native import capabilities
 from harness.native.base import Availability
 from harness.prepare.prepared import PreparedModel, PrepareJob, unprepared_result
 from harness.prepare.specs import ModelSpec
+from harness.run.ceilings import wanted
 from harness.run.measure import MeasureConfig
 from harness.run.plan import BenchmarkRequest, Plan, validate
 from harness.run.recording import Body, Emit, RunSummary, record_run
@@ -24,8 +25,9 @@ from harness.run.worker import Job, prepare_isolated, run_job
 
 def _prepare(plan: Plan, spec: ModelSpec) -> tuple[PreparedModel | None, str | None, str]:
     shapes = sorted({(c.batch_size, c.seq_len) for c in plan.cases(spec)}, key=str)
-    job = PrepareJob(spec, shapes, with_past=plan.exports_past(spec))
-    prepared, outcome = prepare_isolated(job, plan.request.timeout_s)
+    job = PrepareJob(spec, shapes, with_past=plan.exports_past(spec), plain=plan.exports_plain(spec),
+                     stop_at_eos=plan.request.stop_at_eos)  # fmt: skip
+    prepared, outcome = prepare_isolated(job, plan.request.prepare_timeout_s)
     if prepared:
         return prepared, None, "ok"
     return None, outcome.message or "model preparation failed", outcome.status
@@ -36,17 +38,19 @@ def _not_runnable(
 ) -> tuple[str, str | None] | None:
     """(status, why) for a case that cannot run on a target, or None when it can: the target is not
     available, the case has no inputs (past the model's positions, or they failed to build), or the
-    engine needs the ONNX export that failed."""
+    engine needs the plain ONNX export that failed."""
     if not availability.ok:
         return "unsupported", availability.reason
     if outcome := prepared.unprepared(case):
         return outcome
-    if capabilities(target.engine).needs_onnx and prepared.onnx_path is None:
+    can = capabilities(target.engine)
+    on_past = case.mode == "generate" and can.generate_needs_past_export  # the worker says when it has none
+    if can.needs_onnx and not on_past and prepared.onnx_path is None:
         return "unsupported", prepared.onnx_error
     return None
 
 
-def _run_model(plan: Plan, spec: ModelSpec, emit: Emit) -> None:
+def _run_model(plan: Plan, spec: ModelSpec, emit: Emit, measured: dict[Target, set[tuple[str, str]]]) -> None:
     if not any(plan.remaining(spec, target) for target, _ in plan.targets):
         return  # a resumed run holds every result of this model: do not even export it
     prepared, error, status = _prepare(plan, spec)
@@ -83,7 +87,9 @@ def _run_model(plan: Plan, spec: ModelSpec, emit: Emit) -> None:
                     if not capabilities(target.engine).generate_needs_past_export
                     else (lambda result, prepared=prepared: emit(checked_generation(prepared, result)))
                 )
-                run_job(Job(prepared, target, runnable, measure), plan.request.timeout_s, checked)
+                # the target's ceilings, measured once per run, before the first job that needs each of them
+                calibrations = tuple(wanted((c.precision for c in runnable), measured.setdefault(target, set())))
+                run_job(Job(prepared, target, runnable, measure, calibrations), plan.request.timeout_s, checked)
 
 
 def checked_generation(prepared: PreparedModel, result: Result | Control) -> Result | Control:
@@ -106,7 +112,9 @@ def checked_generation(prepared: PreparedModel, result: Result | Control) -> Res
         graph = model_for_precision(source, result.precision)[0]
         prompt = {k: v for k, v in prepared.load_case((result.case.batch_size, result.case.seq_len))[0].items()
                   if k in ("input_ids", "attention_mask")}  # fmt: skip
-        agree, facts, _ = check_generation(graph, source, prompt, result.generated_tokens, result.precision, "native")
+        agree, facts, _ = check_generation(
+            graph, source, prompt, result.generated_tokens, result.precision, "native", depth=result.case.depth or 0
+        )
     except Exception as exc:  # the check's own failure is the row's error, never the run's
         return replace(result, status="error", error=f"token check failed: {type(exc).__name__}: {exc}"[:500])
     details = result.details | facts
@@ -119,8 +127,9 @@ def execute_native(plan: Plan) -> Body:
     """The native part of a run, as a body for harness.run.recording.record_run."""
 
     def body(emit: Emit) -> None:
+        measured: dict[Target, set[tuple[str, str]]] = {}  # each target's ceilings measured in this run
         for spec in plan.specs:
-            _run_model(plan, spec, emit)
+            _run_model(plan, spec, emit, measured)
 
     return body
 

@@ -7,6 +7,7 @@ the child never reported with the outcome that stopped it (timeout, crash signal
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import resource
@@ -23,10 +24,13 @@ import numpy as np
 from harness.core.failures import classify
 from harness.core.faults import injected_faults
 from harness.core.parity import compare
-from harness.core.records import Case, Control, Result, Target, UnsupportedError
+from harness.core.records import Case, Ceiling, Control, Result, Target, UnsupportedError
+from harness.core.threads import split_threads
 from harness.native import capabilities
+from harness.prepare.cache import remove_stale_staging
 from harness.prepare.graph_work import GraphWork, count_graph
-from harness.prepare.prepared import PreparedModel, PrepareJob, prepare_model
+from harness.prepare.prepared import Phase, PreparedModel, PrepareJob, needs_torch, prepare_steps
+from harness.run.ceilings import Calibration, measure_ceilings, row_work
 from harness.run.control import ControlProbe, control_positions
 from harness.run.isolation import Outcome, run_isolated, start_method
 from harness.run.measure import MeasureConfig, Measurement, measure, measure_generation, measure_training
@@ -40,13 +44,15 @@ class Job:
     target: Target
     cases: list[Case]
     measure: MeasureConfig
+    calibrations: tuple[Calibration, ...] = ()  # the target's ceilings this job measures first (run.ceilings)
 
 
-def _run_mode(job: Job, session: Any, case: Case, feeds: dict[str, np.ndarray], rss: PeakRss) -> Measurement:
+def _run_mode(job: Job, session: Any, case: Case, feeds: dict[str, np.ndarray], rss: PeakRss,
+              eos: tuple[int, ...] = ()) -> Measurement:  # fmt: skip
     if case.mode == "inference":
         return measure(session, feeds, job.measure, rss)
     if case.mode == "generate" and hasattr(session, "generate"):
-        return measure_generation(session, feeds, job.measure, case.new_tokens or 1, rss)
+        return measure_generation(session, feeds, job.measure, case.new_tokens or 1, rss, eos, case.depth or 0)
     if case.mode == "training" and hasattr(session, "train_step"):
         return measure_training(session, feeds, job.measure, rss)
     engine, can = job.target.engine, capabilities(job.target.engine)
@@ -59,7 +65,8 @@ def _run_mode(job: Job, session: Any, case: Case, feeds: dict[str, np.ndarray], 
 
 def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: PeakRss) -> Result:
     feeds, reference = job.prepared.load_case((case.batch_size, case.seq_len))
-    measured = _run_mode(job, session, case, feeds, rss)
+    eos = job.prepared.eos if case.mode == "generate" else ()  # the ids --stop-at-eos stops at, or ()
+    measured = _run_mode(job, session, case, feeds, rss, eos)
     items = (1 + measured.budget["warmup_run"] + len(measured.samples_ms)) * case.batch_size
     load = dict(load_facts)  # load_ms and memory_load_mb as fields, whose load they are in details
     details = dict(session.facts) | {
@@ -71,12 +78,19 @@ def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: Pea
         **measured.budget,  # max_time_s, warmup_run, budget_stopped
     }
     details |= load.pop("details")
+    if case.mode == "generate":
+        text = job.prepared.text_fields(feeds["input_ids"], measured.generated_tokens, details)
     operators = []
     if job.measure.profile_iterations > 0:
         error = measured.profile_error or (None if case.mode == "inference" else "profiles cover inference only")
         model_file = getattr(session, "path", None) or job.prepared.onnx_path  # the file the session ran
         operators, profiled = profiled_fields(model_file, details["input_shapes"], measured.profile, error)
         details |= profiled
+    model_file = _ran_file(job, session, case)
+    work, counted = row_work(model_file, case, details["input_shapes"])
+    details |= counted
+    if model_file is not None and getattr(session, "path", None) is None and work:
+        details["work_counted_on"] = "the model's fp32 ONNX export: the engine ran the same module in fp32 itself"
     status, error, parity_fields = "ok", None, {}
     if not reference:  # a file no reference engine could run: measured, not parity-checked
         details["parity"] = f"not checked: no reference ({job.prepared.reference})"
@@ -108,7 +122,20 @@ def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: Pea
         operators=operators,
         **parity_fields,
         **load,
+        **(text if case.mode == "generate" else {}),
+        **work,
     )
+
+
+def _ran_file(job: Job, session: Any, case: Case) -> Any:
+    """The ONNX file the session ran (its own path), else the model's fp32 export where the engine ran the model
+    in fp32 (from that export, or its own module of the same weights: the same reads and FLOPs per token);
+    None where no file says what ran (another precision, built by the engine itself)."""
+    if (path := getattr(session, "path", None)) is not None:
+        return path
+    if session.precision == "fp32":
+        return job.prepared.onnx_past_path if case.mode == "generate" else job.prepared.onnx_path
+    return None
 
 
 GRANDCHILD_MARK = "accelharness-fault-grandchild"  # in the grandchild fault's command line, for tests to find it
@@ -159,6 +186,7 @@ def benchmark_job(job: Job) -> Iterator[Result | Control]:
     probe = ControlProbe(backend, job.target, job.prepared.spec.name)
     positions = control_positions(len(job.cases))
     yield probe.measure(positions[-1])
+    yield from measure_ceilings(backend, job.target, job.calibrations)
     for index, result in enumerate(_case_results(job, backend)):
         yield result
         if index in positions:
@@ -176,11 +204,14 @@ def _case_results(job: Job, backend: Any) -> Iterator[Result]:
         first = cases[0]
         example, _ = job.prepared.load_case((first.batch_size, first.seq_len))
         past = job.prepared.onnx_past_path if mode == "generate" else None  # ONNX generation's graph
-        request = LoadRequest(job.prepared.spec, job.prepared.onnx_path, precision, example, onnx_past_path=past)
+        target, threads = split_threads(job.target)  # the engine sees its own provider and the count apart
+        request = LoadRequest(
+            job.prepared.spec, job.prepared.onnx_path, precision, example, onnx_past_path=past, threads=threads
+        )
         before_mb = rss_mb()
         started = time.perf_counter()
         try:
-            session = backend.load(request, job.target)
+            session = backend.load(request, target)
         except Exception as exc:  # a load failure is that backend's outcome for every case
             status, message = classify(exc)
             for case in cases:
@@ -210,7 +241,7 @@ def run_job(job: Job, timeout_s: float, emit: Callable[[Result | Control], None]
     uses_torch = capabilities(job.target.engine).worker_needs_torch
 
     def on_result(result: Result | Control) -> None:
-        if isinstance(result, Control):
+        if isinstance(result, Control | Ceiling):
             emit(result)
             return
         reported.add(result.case.key)
@@ -238,8 +269,44 @@ def count_isolated(job: PrepareJob, timeout_s: float) -> GraphWork:
     return found[0]
 
 
+# Who is shown a preparation's phases (the CLI's progress line): a list, as suites prepare from several threads.
+_phase_listeners: list[Callable[[Phase], None]] = []
+
+
+@contextlib.contextmanager
+def phases_shown(listener: Callable[[Phase], None]) -> Iterator[None]:
+    """Within the block, every preparing child's Phase (exporting, reference tokens, …) reaches `listener`."""
+    _phase_listeners.append(listener)
+    try:
+        yield
+    finally:
+        _phase_listeners.remove(listener)
+
+
 def prepare_isolated(job: PrepareJob, timeout_s: float) -> tuple[PreparedModel | None, Outcome]:
-    """Prepare in a child process (torch and the exporters may crash or hang): the model, or None and why."""
+    """Prepare in a child process (torch and the exporters may crash or hang): the model, or None and why.
+    Its own phase, bounded by --prepare-timeout per step (each Phase the child reports moves the deadline)."""
     found: list[PreparedModel] = []
-    outcome = run_isolated(prepare_model, job, timeout_s, found.append, uses_torch=not job.spec.is_onnx_file)
+
+    def on_item(item: Phase | PreparedModel) -> None:
+        if isinstance(item, Phase):
+            for listener in list(_phase_listeners):
+                listener(item)
+        else:
+            found.append(item)
+
+    uses_torch = _prepare_needs_torch(job)
+    try:
+        outcome = run_isolated(prepare_steps, job, timeout_s, on_item, uses_torch=uses_torch, limit="--prepare-timeout")
+    finally:  # a killed, crashed or interrupted export never ran its cleanup: its worker is gone now
+        remove_stale_staging()
     return (found[0] if found else None), outcome
+
+
+def _prepare_needs_torch(job: PrepareJob) -> bool:
+    """Fork the prepare from the torch fork server only where it builds the module: a warm-cache
+    prepare reads files, and a run without torch then starts no fork server at all."""
+    try:
+        return needs_torch(job)
+    except Exception:  # an unreadable cache entry: the worker meets it, isolated, and says why
+        return True

@@ -26,7 +26,7 @@ from rich.table import Table
 
 from harness.browser.run import WebPlan, execute_web
 from harness.core.failures import classify
-from harness.core.records import Case, Control, Result, Target, result_key
+from harness.core.records import Case, Ceiling, Control, Result, Target, result_key
 from harness.prepare.prepared import unprepared_result
 from harness.prepare.specs import ModelSpec
 from harness.run.native import execute_native
@@ -104,11 +104,13 @@ class NativeJob:
 
     def body(self) -> Body:
         """Runs on the node: the target is probed again there (the driver's probe said nothing about it)."""
+        from harness.core.threads import split_threads
         from harness.native.base import Availability
         from harness.run.hardware import native_targets
 
         probed = dict(native_targets([self.target.hardware], [self.target.engine]))
-        availability = probed.get(self.target, Availability(False, f"{self.target.engine} does not serve it here"))
+        engine_target, _ = split_threads(self.target)  # probed as the engine knows it, run at its thread count
+        availability = probed.get(engine_target, Availability(False, f"{self.target.engine} does not serve it here"))
         return execute_native(dataclasses.replace(self.plan, targets=[(self.target, availability)]))
 
 
@@ -211,7 +213,7 @@ def run_job_streaming(job: Job) -> Iterator[Result | Control]:
     while (item := items.get()) is not None:
         if isinstance(item, BaseException):
             raise item
-        if isinstance(item, Control):  # the drift control: no case of the job
+        if isinstance(item, Control | Ceiling):  # the drift control or a ceiling: no case of the job
             yield item
             continue
         item.details["ray_node"] = node
@@ -307,7 +309,7 @@ def _take_next(ray: Any, generator: Any, tracked: _Tracked, emit: Emit) -> bool:
     except ray.exceptions.RayError as exc:
         tracked.finish(emit, f"the Ray task for {label} failed: {failure_text(exc)}")
         return False
-    if isinstance(result, Control) and isinstance(result.target, Target):  # the job's drift control
+    if isinstance(result, Control | Ceiling) and isinstance(result.target, Target):  # its drift control, a ceiling
         emit(result)
         return True
     if (unknown := tracked.unknown(result)) is not None:
