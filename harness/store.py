@@ -205,6 +205,22 @@ MIGRATIONS: dict[int, list[str]] = {
         )""",
         *IDENTITY_BACKFILL,
     ],
+    9: [
+        # issue 32: a native row's intra-op threads (--native-threads, or the engine's default read back) and
+        # whether its idle threads spin (NULL: the engine has no such setting); the browser's are in its provider
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS native_threads INTEGER",
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS spinning BOOLEAN",
+        # issue 32: a generate row's prompt ids, its decoded output text and the EOS policy that ran
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS prompt_ids JSON",
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS output_text VARCHAR",
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS stop_at_eos BOOLEAN",
+        # issue 32: a generation's tokens checked on the same graph names its reference (engine and file), and
+        # a row at another precision than fp32 its quality beside the fp32 graph on the same sequence
+        # (harness.prepare.quality): top-1 agreement and the mean KL(P_fp32 || P_row), in nats.
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS token_reference VARCHAR",
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS agreement_top1 DOUBLE",
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS kl_mean DOUBLE",
+    ],
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 # Tables a migration created: a read-only open of an older file shows them empty.
@@ -510,6 +526,14 @@ class Store:
             "energy_j_per_item": result.energy_j_per_item,
             "generated_tokens": None if result.generated_tokens is None else json.dumps(result.generated_tokens),
             "tokens_matched": result.details.get("tokens_matched"),
+            "native_threads": result.details.get("native_threads"),
+            "spinning": result.details.get("spinning"),
+            "prompt_ids": None if result.prompt_ids is None else json.dumps(result.prompt_ids),
+            "output_text": result.output_text,
+            "stop_at_eos": result.stop_at_eos,
+            "token_reference": result.details.get("token_reference"),
+            "agreement_top1": result.details.get("agreement_top1"),
+            "kl_mean": result.details.get("kl_mean"),
             "git_sha": git_sha,
             "details": json.dumps(result.details, default=str),
         }

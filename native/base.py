@@ -51,6 +51,7 @@ class LoadRequest:
     precision: str  # requested
     example_feeds: dict[str, np.ndarray] | None = None  # one case's inputs, for placement checks
     onnx_past_path: Path | None = None  # the export with past key/values: load it to generate
+    threads: int | None = None  # intra-op threads (--native-threads); None: the engine's default, read back
 
 
 class Clock:
@@ -121,3 +122,18 @@ class HostMemory:
 
     def device_memory_peak_mb(self) -> float | None:
         return None
+
+
+def physical_cores() -> int:
+    """The host's physical cores (psutil), what ONNX Runtime's default intra-op pool sizes itself to."""
+    import psutil
+
+    return psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
+
+
+def thread_facts(threads: int | None, source: str, spinning: bool | None, spinning_source: str) -> dict[str, Any]:
+    """What every native row says of its threads: the intra-op count that ran (read back from the engine
+    where it can be, else the engine's documented default, and `source` says which) and whether idle
+    workers spin (None: the engine has no such setting, `spinning_source` says why)."""
+    return {"native_threads": threads, "native_threads_source": source,
+            "spinning": spinning, "spinning_source": spinning_source}  # fmt: skip

@@ -29,7 +29,15 @@ from typing import Any
 import numpy as np
 
 from harness.core.records import Target, UnsupportedError
-from harness.native.base import Availability, Capabilities, Clock, DeviceByHardware, HostMemory, LoadRequest
+from harness.native.base import (
+    Availability,
+    Capabilities,
+    Clock,
+    DeviceByHardware,
+    HostMemory,
+    LoadRequest,
+    thread_facts,
+)
 
 INSTALL_HINT = "pip install 'accelharness[jax]'"
 # harness hardware name → JAX platform name (the target's provider)
@@ -187,6 +195,8 @@ class JaxBackend(DeviceByHardware):
         from harness.prepare.workload import build_module, input_names
 
         spec = request.spec
+        if request.threads is not None:  # XLA:CPU sizes its pool at start-up, for the whole process
+            raise UnsupportedError("jax takes no --native-threads: XLA:CPU sizes its own thread pool per process")
         if spec.is_onnx_file:
             raise UnsupportedError("jax does not run ONNX files: the model was given as an .onnx file")
         if spec.architecture not in jax_models.ARCHITECTURES:
@@ -215,7 +225,7 @@ class JaxBackend(DeviceByHardware):
             "weights_ported_from": f"torch {spec.architecture} ({weights.kind}, {weights.source})",
             # BatchNorm's step counters carry no weights; anything else left behind is listed
             "unported_torch_weights": [k for k in unused if not k.endswith("num_batches_tracked")],
-        }
+        } | thread_facts(None, "not read: XLA:CPU sizes its own pool and says no count", None, "not read")
         return session
 
 

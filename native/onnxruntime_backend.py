@@ -28,7 +28,16 @@ from harness.core.precision import compute_facts
 from harness.core.profiles import Profile, ort_trace_ops, timed_runs
 from harness.core.records import Target
 from harness.native import webgpu_ep
-from harness.native.base import Availability, Capabilities, Clock, HostMemory, LoadRequest, UnsupportedError
+from harness.native.base import (
+    Availability,
+    Capabilities,
+    Clock,
+    HostMemory,
+    LoadRequest,
+    UnsupportedError,
+    physical_cores,
+    thread_facts,
+)
 from harness.prepare.folders import past_shape
 from harness.prepare.graph_precision import matmul_compute
 from harness.prepare.greedy import greedy, prefill_feeds
@@ -68,6 +77,7 @@ class OrtSession(HostMemory):
         self.session = session
         self.provider = provider
         self.path = path  # the model file, for a profiled twin of this session
+        self.threads: int | None = None  # --native-threads, for a profiled twin of this session
         self.input_names = [i.name for i in session.get_inputs()]
         self.precision = "fp32"
         self.clock = Clock()  # run() copies outputs to host numpy, so it returns after the device
@@ -109,7 +119,7 @@ class OrtSession(HostMemory):
         so the timed session never has it. Its first run (buffer allocation) is run and left out."""
         if self.path is None:
             raise RuntimeError("this session has no model file to profile")
-        with profiled_session(self.path, self.provider) as session:
+        with profiled_session(self.path, self.provider, self.threads) as session:
             session.run(None, prepared)
             wall_ms = timed_runs(lambda: session.run(None, prepared), iterations)
             events = json.loads(Path(session.end_profiling()).read_text())
@@ -134,16 +144,41 @@ class OrtGenerator(OrtSession):
     def prepare(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {name: feeds[name] for name in ("input_ids", "attention_mask")}
 
-    def generate(self, prepared: dict[str, np.ndarray], new_tokens: int, stamp: Callable[[], None]) -> int:
-        """Exactly new_tokens greedy tokens (no EOS stop, like torch's min = max); stamp() runs as
-        each token's logits are ready, since run() returns host arrays."""
+    def generate(self, prepared: dict[str, np.ndarray], new_tokens: int, stamp: Callable[[], None],
+                 eos: tuple[int, ...] = ()) -> int:  # fmt: skip
+        """Exactly new_tokens greedy tokens (no EOS stop, like torch's min = max), or up to them stopping at
+        `eos`; stamp() runs as each token's logits are ready, since run() returns host arrays."""
         shape = past_shape(self.path) if self.path is not None else None  # a folder's config, where the graph says none
         device = DEVICE_KV_CACHE.get(self.provider)  # the KV cache stays on the device where the EP has one
-        self.generated = greedy(self.session, prepared, new_tokens, stamp, shape=shape, device=device).tokens
+        self.generated = greedy(self.session, prepared, new_tokens, stamp, shape=shape, eos=eos, device=device).tokens
         return self.generated.shape[1]
 
 
 COMPUTE_SOURCE = "onnxruntime SessionOptions.optimized_model_filepath: the activation type of each MatMul node"
+SPINNING_ENTRY = "session.intra_op.allow_spinning"  # ORT's default "1": idle pool threads busy-wait for work
+
+
+def session_options(threads: int | None) -> tuple[ort.SessionOptions, dict[str, Any]]:
+    """Session options running `threads` intra-op threads (None: ORT's default, intra_op_num_threads 0 = one
+    per physical core), spinning by spins(), and the facts a row records of both."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads or 0
+    count = threads or physical_cores()
+    spinning, spinning_source = spins(count)
+    options.add_session_config_entry(SPINNING_ENTRY, "1" if spinning else "0")
+    source = (f"--native-threads: SessionOptions.intra_op_num_threads {threads}" if threads else
+              "ONNX Runtime's default: intra_op_num_threads 0 = one thread per physical core (psutil)")  # fmt: skip
+    return options, thread_facts(count, source, spinning, spinning_source)
+
+
+def spins(threads: int) -> tuple[bool, str]:
+    """Whether the intra-op pool spins: not when it has a thread for every physical core, where a spinning
+    idle thread takes the core another process (or the decode loop's own main thread) needs; below that,
+    ORT's default (on). Measured in docs/measurement.md ("Native threads")."""
+    cores = physical_cores()
+    if threads >= cores:
+        return False, f"{SPINNING_ENTRY}=0: {threads} threads for {cores} physical cores (docs/measurement.md)"
+    return True, f"{SPINNING_ENTRY}=1 (ORT's default): {threads} threads for {cores} physical cores"
 
 
 def optimized_compute(onnx_path: Path, provider: str) -> dict[str, int]:
@@ -161,9 +196,10 @@ def optimized_compute(onnx_path: Path, provider: str) -> dict[str, int]:
 
 
 @contextlib.contextmanager
-def profiled_session(onnx_path: Path, provider: str) -> Iterator[ort.InferenceSession]:
-    """A session on the file with ORT's profiler on, writing its trace in a directory removed after."""
-    options = ort.SessionOptions()
+def profiled_session(onnx_path: Path, provider: str, threads: int | None = None) -> Iterator[ort.InferenceSession]:
+    """A session on the file with ORT's profiler on (and the timed session's threads), writing its trace in
+    a directory removed after."""
+    options, _ = session_options(threads)
     options.enable_profiling = True
     with tempfile.TemporaryDirectory() as directory:
         options.profile_file_prefix = os.path.join(directory, "profile")
@@ -221,8 +257,9 @@ class OnnxRuntimeBackend:
         path, precision, conversion = model_for_precision(source, request.precision)
         # a device that makes no progress fails here, once, quickly; so does a precision it has no kernels for
         shaders = PLUGINS[target.provider].proved(precision) if target.provider in PLUGINS else {}
+        options, threads = session_options(request.threads)
         try:
-            session = new_session(path, target.provider)
+            session = new_session(path, target.provider, options)
         except Exception as exc:  # a converted file ORT rejects (e.g. duplicate node names): no such model here
             if not conversion:
                 raise
@@ -235,7 +272,8 @@ class OnnxRuntimeBackend:
             placement = node_placement(path, target.provider, example)
         ort_session = (OrtGenerator if generating else OrtSession)(session, target.provider, placement, path)
         ort_session.precision = precision
-        ort_session.base_facts |= conversion
+        ort_session.base_facts |= conversion | threads
+        ort_session.threads = request.threads
         if target.provider in PLUGINS:
             ort_session.base_facts |= PLUGINS[target.provider].facts() | shaders
         return ort_session

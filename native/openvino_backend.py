@@ -24,7 +24,15 @@ except ImportError as missing:  # a machine with only some engines (a GPU image 
 from harness.core.precision import INT4_PRECISIONS, MEANINGS, compute_facts
 from harness.core.profiles import OpTime, Profile
 from harness.core.records import Target
-from harness.native.base import Availability, Capabilities, Clock, HostMemory, LoadRequest, UnsupportedError
+from harness.native.base import (
+    Availability,
+    Capabilities,
+    Clock,
+    HostMemory,
+    LoadRequest,
+    UnsupportedError,
+    thread_facts,
+)
 from harness.prepare.variants import model_for_precision
 
 DEVICES = ("CPU", "GPU", "NPU")
@@ -175,6 +183,11 @@ class OpenVinoBackend:
         hint = HINTS.get(request.precision)
         config = {"INFERENCE_PRECISION_HINT": hint} if hint else {}
         path, device = Path(request.onnx_path), target.provider
+        if request.threads is not None:
+            if device != "CPU":
+                raise UnsupportedError(f"openvino: INFERENCE_NUM_THREADS is a CPU device property; {device} "
+                                       "takes no thread count (drop --native-threads for it)")  # fmt: skip
+            config["INFERENCE_NUM_THREADS"] = request.threads
         conversion: dict[str, Any] = {}
         if request.precision in INT4_PRECISIONS:  # the same MatMulNBits file ONNX Runtime runs
             path, _, conversion = model_for_precision(path, request.precision)
@@ -183,8 +196,18 @@ class OpenVinoBackend:
             return core.compile_model(str(path), device, config | extra)
 
         session = OpenVinoSession(compile_with({}), core, device, request.precision, compile_with)
-        session.facts |= conversion
+        session.facts |= conversion | openvino_threads(session.compiled, device, request.threads)
         return session
+
+
+def openvino_threads(compiled: ov.CompiledModel, device: str, threads: int | None) -> dict[str, Any]:
+    """The CPU plugin's INFERENCE_NUM_THREADS, read back from the compiled model (another device: none)."""
+    spinning = "not an OpenVINO setting the harness makes: its CPU plugin's threads wait as it decides"
+    if device != "CPU":
+        return thread_facts(None, f"{device}: computes on its device (no INFERENCE_NUM_THREADS)", None, spinning)
+    count = int(compiled.get_property("INFERENCE_NUM_THREADS"))
+    asked = f"--native-threads {threads}" if threads else "OpenVINO's default"
+    return thread_facts(count, f"{asked}: compiled model's INFERENCE_NUM_THREADS, read back", None, spinning)
 
 
 BACKEND = OpenVinoBackend()

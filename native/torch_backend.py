@@ -68,10 +68,10 @@ class TorchBackend(DeviceByHardware):
 
         return load_session(request, target)
 
-    def load_control(self, weights: list[np.ndarray], target: Target) -> TorchSession:
+    def load_control(self, weights: list[np.ndarray], target: Target, threads: int | None = None) -> TorchSession:
         from harness.native.torch_session import load_control_session
 
-        return load_control_session(weights, target)
+        return load_control_session(weights, target, threads)
 
 
 BACKEND = TorchBackend()

@@ -7,6 +7,7 @@ before the clock stops; CPU runs are synchronous already.
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +19,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from harness.core.profiles import OpTime, Profile, timed_runs
 from harness.core.records import Target, UnsupportedError
-from harness.native.base import Clock, HostMemory, LoadRequest
+from harness.native.base import Clock, HostMemory, LoadRequest, thread_facts
 from harness.prepare.workload import build_module, input_names
 
 # Parameter and floating-input dtype per requested precision. int8 is dynamic quantization:
@@ -119,9 +120,11 @@ class TorchSession(HostMemory):
         elif self.device.type == "mps":
             torch.mps.synchronize()
 
-    def generate(self, prepared: tuple[torch.Tensor, ...], new_tokens: int, stamp: Callable[[], None]) -> int:
+    def generate(self, prepared: tuple[torch.Tensor, ...], new_tokens: int, stamp: Callable[[], None],
+                 eos: tuple[int, ...] = ()) -> int:  # fmt: skip
         """Greedy generation of exactly new_tokens tokens; stamp() runs as each token's logits are
-        ready. min = max new tokens, so random weights cannot stop early at an EOS token."""
+        ready. min = max new tokens, so random weights cannot stop early at an EOS token; with `eos`
+        (--stop-at-eos) up to new_tokens, generate() stopping at those ids."""
         model = self.module.model
         if not hasattr(model, "generate") or not model.can_generate():
             raise UnsupportedError(f"{type(model).__name__} is not a generative model")
@@ -132,7 +135,8 @@ class TorchSession(HostMemory):
             output = model.generate(
                 **inputs,
                 max_new_tokens=new_tokens,
-                min_new_tokens=new_tokens,
+                min_new_tokens=1 if eos else new_tokens,
+                **({"eos_token_id": list(eos)} if eos else {}),
                 do_sample=False,
                 use_cache=True,
                 logits_processor=LogitsProcessorList([_Timestamp(stamp, self.synchronize)]),
@@ -182,6 +186,7 @@ def _device_name(device: torch.device) -> str:
 def load_session(request: LoadRequest, target: Target) -> TorchSession:
     """The model built in torch at the request's precision (one of DTYPES) on the target's device."""
     device = torch.device(target.provider)
+    threads = use_threads(request.threads)
     if request.precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise UnsupportedError(f"torch: {torch.cuda.get_device_name(device)} does not support bf16")
     module, _ = build_module(request.spec)
@@ -191,16 +196,30 @@ def load_session(request: LoadRequest, target: Target) -> TorchSession:
     else:
         module = module.to(device=device, dtype=DTYPES[request.precision])
     session = TorchSession(module, input_names(request.spec), target.hardware, target.provider, request.precision)
-    session.facts |= facts
+    session.facts |= facts | threads
     if request.precision in ("fp16", "bf16", "int8") and request.example_feeds is not None:
         check_runs(session, request.example_feeds, request.precision)
     return session
 
 
-def load_control_session(weights: list[np.ndarray], target: Target) -> TorchSession:
+def load_control_session(weights: list[np.ndarray], target: Target, threads: int | None = None) -> TorchSession:
     """The drift control on this target: the same chain of matmuls, in fp32."""
+    facts = use_threads(threads)
     module = MatMulChain(weights).to(torch.device(target.provider))
-    return TorchSession(module, ["x"], target.hardware, target.provider, "fp32")
+    session = TorchSession(module, ["x"], target.hardware, target.provider, "fp32")
+    session.facts |= facts
+    return session
+
+
+def use_threads(threads: int | None) -> dict[str, Any]:
+    """torch.set_num_threads in this worker (its intra-op pool is the process's), read back."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    asked = f"--native-threads {threads}: torch.set_num_threads" if threads else "torch's default"
+    policy = os.environ.get("OMP_WAIT_POLICY", "").upper()  # OpenMP's idle threads: ACTIVE spins, PASSIVE sleeps
+    spinning = {"ACTIVE": True, "PASSIVE": False}.get(policy)
+    said = f"OMP_WAIT_POLICY={policy}" if spinning is not None else "not set: OpenMP's own wait policy"
+    return thread_facts(torch.get_num_threads(), f"{asked}, read back by torch.get_num_threads()", spinning, said)
 
 
 class MatMulChain(torch.nn.Module):

@@ -46,7 +46,7 @@ def genuine(tmp_path_factory: pytest.TempPathFactory) -> Genuine:
     directory = tmp_path_factory.mktemp("genuine")
     source, bundle, home = directory / "source.duckdb", directory / "genuine.bundle", directory / "home.duckdb"
     case = ["--model", "bert-tiny", "--engines", "onnxruntime", "--batch-sizes", "1", "--sequence-lengths", "8"]
-    done = run_cli("native", *case, *QUICK, "--db", str(source), "--output-dir", str(directory / "out"))
+    done = run_cli("native", *case, *QUICK, "--db", str(source), "--no-reports", "--output-dir", str(directory / "out"))
     assert done.returncode == 0, done.stderr
     assert run_cli("export", "--bundle", str(bundle), "--db", str(source)).returncode == 0
     assert run_cli("import", str(bundle), "--db", str(home)).returncode == 0

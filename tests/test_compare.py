@@ -82,13 +82,16 @@ def merge(sources: list[Path], into: Path) -> list[str]:
     return run_ids
 
 
+STORE_ONLY = ["--no-reports", "--output-dir"]  # the tests read the store: no reports drawn
+
+
 def measure_together(models: list[Path], directory: Path, into: Path) -> list[str]:
     """Benchmark each model in its own CLI process, all at once on ONE_CPU, then merge the stores into `into`."""
     directory.mkdir(parents=True, exist_ok=True)
     dbs = [directory / f"part{i}.duckdb" for i in range(len(models))]
     processes = [
         subprocess.Popen(
-            [*CLI, "native", "--model-path", str(m), *MEASURE, "--db", str(db), "--output-dir", str(directory / "o")],
+            [*CLI, "native", "--model-path", str(m), *MEASURE, "--db", str(db), *STORE_ONLY, str(directory / "o")],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,

@@ -48,7 +48,7 @@ def test_worker_faults_are_recorded_and_other_jobs_complete(tmp_path: Path) -> N
     db = tmp_path / "f.duckdb"
     args = ["native", "--model", "bert-tiny,vit-tiny", "--engines", "torch,onnxruntime,openvino"]
     args += ["--hardware", "cpu,openvino", "--batch-sizes", "1,2", "--sequence-lengths", "16", *QUICK]
-    args += ["--timeout", "20", "--db", str(db), "--output-dir", str(tmp_path)]
+    args += ["--timeout", "20", "--db", str(db), "--no-reports", "--output-dir", str(tmp_path)]
     inject = ",".join(f"{kind}:{model}:{engine}" for (model, engine), (kind, _, _) in FAULTS.items())
     running = CliProcess(*args, env={"ACCELHARNESS_INJECT_FAULT": inject})
     grandchild = _descendant_with(running, GRANDCHILD_MARK)
@@ -159,7 +159,8 @@ def test_native_ctrl_c_then_resume_continues_the_same_run(tmp_path: Path) -> Non
     """`accelharness native --resume` (no suite): the same options continue the interrupted run."""
     db = tmp_path / "n.duckdb"
     args = ["native", "--model", "bert-tiny,vit-tiny", "--engines", "torch,onnxruntime", "--hardware", "cpu"]
-    args += [*QUICK, "--batch-sizes", "1", "--sequence-lengths", "16", "--db", str(db), "--output-dir", str(tmp_path)]
+    args += [*QUICK, "--batch-sizes", "1", "--sequence-lengths", "16", "--db", str(db), "--no-reports"]
+    args += ["--output-dir", str(tmp_path)]
     running = CliProcess(*args, env=HANG_VIT_ON_TORCH)
     running.wait_for("[2/4] stored")
     time.sleep(2)
@@ -171,7 +172,7 @@ def test_native_ctrl_c_then_resume_continues_the_same_run(tmp_path: Path) -> Non
     # other options (one model, one engine, batch 2: the smallest run that differs) start a new run
     other = ["native", "--model", "bert-tiny", "--engines", "onnxruntime", "--hardware", "cpu", *QUICK]
     other += ["--batch-sizes", "2", "--sequence-lengths", "16"]
-    different = run_cli(*other, "--db", str(db), "--output-dir", str(tmp_path), "--resume")
+    different = run_cli(*other, "--db", str(db), "--no-reports", "--output-dir", str(tmp_path), "--resume")
     assert different.returncode == 0 and "starting a new run" in different.stdout, different.stderr
     resumed = run_cli(*args, "--resume")
     assert resumed.returncode == 0 and "2 results still to run" in resumed.stdout, resumed.stderr
@@ -187,7 +188,8 @@ def _stop_native_then_resume(tmp_path: Path, stop: signal.Signals, background_jo
     worker hangs), then run the command it prints to continue: the rest, once each, in the same run."""
     db = tmp_path / "s.duckdb"
     args = ["native", "--model", "bert-tiny,vit-tiny", "--engines", "torch,onnxruntime", "--hardware", "cpu"]
-    args += [*QUICK, "--batch-sizes", "1", "--sequence-lengths", "16", "--db", str(db), "--output-dir", str(tmp_path)]
+    args += [*QUICK, "--batch-sizes", "1", "--sequence-lengths", "16", "--db", str(db), "--no-reports"]
+    args += ["--output-dir", str(tmp_path)]
     running = CliProcess(*args, env=HANG_VIT_ON_TORCH, background_job=background_job)
     running.wait_for("[2/4] stored")
     time.sleep(2)  # the vit-tiny torch worker is hanging now
@@ -314,6 +316,7 @@ def test_unsupported_operator_is_recorded_per_engine(tmp_path: Path) -> None:
         *QUICK,
         "--db",
         str(db),
+        "--no-reports",
         "--output-dir",
         str(tmp_path / "out"),
     )
@@ -345,7 +348,7 @@ def test_nan_outputs_are_a_mismatch_naming_the_output(tmp_path: Path) -> None:
     `mismatch`, the output named and its non-finite values counted, no max_abs_diff invented."""
     model = overflowing_layernorm(tmp_path / "overflow.onnx")
     db = tmp_path / "n.duckdb"
-    where = ["--db", str(db), "--output-dir", str(tmp_path / "out")]
+    where = ["--db", str(db), "--no-reports", "--output-dir", str(tmp_path / "out")]
     done = run_cli(
         "native", "--model-path", str(model), "--engines", "onnxruntime", "--hardware", "cpu",
         "--precision", "fp32,fp16", "--batch-sizes", "2", *QUICK, *where,
@@ -360,6 +363,8 @@ def test_nan_outputs_are_a_mismatch_naming_the_output(tmp_path: Path) -> None:
     details = json.loads(fp16["details"])
     assert details["non_finite_outputs"] == [{"output": "y", "size": 16, "nan": 16, "inf": 0, "against_non_finite": 0}]
     assert fp16["iterations"] >= 5  # the latencies were measured; the row says they belong to a wrong answer
+    # --no-reports: the run's output directory holds the matrix, and no report or plot
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [f"compatibility_matrix.{x}" for x in ("json", "md")]
 
 
 @pytest.fixture
@@ -415,7 +420,7 @@ def test_disk_full_under_the_db_stops_the_run_in_one_line_and_keeps_its_rows(tmp
         db = mount / "d.duckdb"
         args = ["native", "--model", "bert-tiny,vit-tiny", "--engines", "torch,onnxruntime", "--hardware", "cpu"]
         args += [*QUICK, "--batch-sizes", "1", "--sequence-lengths", "16"]
-        args += ["--db", str(db), "--output-dir", str(tmp_path / "out")]
+        args += ["--db", str(db), "--no-reports", "--output-dir", str(tmp_path / "out")]
         running = CliProcess(*args)
         running.wait_for("[1/4] stored")
         _fill(mount)
@@ -516,7 +521,7 @@ def test_what_a_worker_started_dies_with_the_killed_cli(tmp_path: Path) -> None:
     engine started (the `grandchild` fault) too. (At a timeout: test_worker_faults_are_recorded_….)"""
     prepared, _ = prepare_isolated(PrepareJob(load_specs()["bert-tiny"], [(1, 32)]), 600)
     assert prepared is not None  # in the export cache now: the worker reaches the fault at once
-    where = ["--db", str(tmp_path / "g.duckdb"), "--output-dir", str(tmp_path / "out")]
+    where = ["--db", str(tmp_path / "g.duckdb"), "--no-reports", "--output-dir", str(tmp_path / "out")]
     args = ["native", "--model", "bert-tiny", "--engines", "onnxruntime", *QUICK, "--timeout", "20", *where]
     running = CliProcess(*args, env={"ACCELHARNESS_INJECT_FAULT": "grandchild:bert-tiny:onnxruntime"})
     grandchild = _descendant_with(running, GRANDCHILD_MARK)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from harness.core.generation import generation_figures, step_curve, token_parity
+from harness.core.generation import StepTop, generation_figures, step_curve, token_check
 
 
 def test_prefill_and_decode_rates_are_separate_phases() -> None:
@@ -26,15 +27,62 @@ def test_step_curve_is_the_median_per_position() -> None:
     assert step_curve([[1.0, 4.0], [3.0, 2.0], [2.0, 3.0]]) == [2.0, 3.0]
 
 
-def test_token_parity_notes_a_near_tie_and_flags_a_real_divergence() -> None:
-    reference = [[1, 2, 3], [4, 5, 6]]
-    margins = [[1.0, 1.0, 1.0], [1.0, 0.0001, 1.0]]
-    agree, facts = token_parity([[1, 2, 3], [4, 5, 6]], reference, margins, 0.001)
-    assert agree and facts["tokens_matched"] == 3
-    agree, facts = token_parity([[1, 2, 3], [4, 9, 6]], reference, margins, 0.001)
-    assert agree and facts["tokens_matched"] == 1 and facts["token_parity"].startswith("noted: a near tie")
-    agree, facts = token_parity([[1, 7, 3], [4, 5, 6]], reference, margins, 0.001)
-    assert not agree and facts["divergence_row"] == 0 and facts["token_parity"].startswith("mismatch")
+def _forced(rows: list[list[list[float]]]) -> np.ndarray:
+    """Native logits [batch, steps, vocab] as a teacher-forced run would give them."""
+    return np.asarray(rows, dtype=np.float32)
+
+
+# two rows, three steps, a vocabulary of 4: native's argmax is [[0, 1, 2], [3, 1, 0]]; row 1 step 1 is a near
+# tie at fp32 (1 against 0.9999 for token 2: below twice the tolerance, 2 x (1e-4 + 1e-4 x 1)), row 0 step 1
+# is not (1 against 0.2 for token 3)
+FORCED = _forced([[[1, 0, 0, 0], [0, 1, 0, 0.2], [0, 0, 1, 0]], [[0, 0, 0, 1], [0, 1, 0.9999, 0], [1, 0, 0, 0]]])
+
+
+def _top(forced: np.ndarray, k: int = 2) -> StepTop:
+    ids = np.argsort(-forced, axis=-1, kind="stable")[..., :k]
+    return StepTop(ids, np.take_along_axis(forced, ids, axis=-1).astype(np.float64))
+
+
+def test_the_token_check_passes_equal_tokens_and_a_near_tie_and_fails_a_real_divergence() -> None:
+    agree, facts = token_check([[0, 1, 2], [3, 1, 0]], FORCED, "fp32", "browser", _top(FORCED))
+    assert agree and facts["tokens_matched"] == 3 and facts["step_logit_max_diff"] == 0.0
+    agree, facts = token_check([[0, 1, 2], [3, 2, 0]], FORCED, "fp32", "browser")  # a near tie: within the gap
+    assert agree and facts["tokens_matched"] == 1 and facts["token_parity"].startswith("ok: row 1 leaves")
+    agree, facts = token_check([[0, 3, 2], [3, 1, 0]], FORCED, "fp32", "browser")
+    assert not agree and facts["divergence_row"] == 0 and facts["reference_gap"] == pytest.approx(0.8)
+    assert "row 0 step 1: token 3 where native ORT's is 1" in facts["token_parity"]
+
+
+def test_the_token_check_fails_logits_beyond_the_tolerance_even_when_the_tokens_agree() -> None:
+    shifted = _top(FORCED)
+    shifted.values[0, 2, 0] += 0.01  # one step's winning logit off by 0.01: a kernel bug, same tokens
+    agree, facts = token_check([[0, 1, 2], [3, 1, 0]], FORCED, "fp32", "browser", shifted)
+    assert not agree and "row 0 step 2: a top-2 logit differs from native ORT's by 0.01" in facts["token_parity"]
+    nan = _top(FORCED)
+    nan.values[1, 0, 1] = np.nan  # a non-finite logit never passes
+    agree, facts = token_check([[0, 1, 2], [3, 1, 0]], FORCED, "fp32", "browser", nan)
+    assert not agree and facts["step_logit_max_diff"] is None
+    missing = _top(FORCED, k=1)
+    missing.ids[0, 0, 0], missing.values[0, 0, 0] = 1, 0.0  # native's winner absent from the page's top-k
+    agree, facts = token_check([[0, 1, 2], [3, 1, 0]], FORCED, "fp32", "browser", missing)
+    assert not agree and "top-1 token 0 (logit 1) is missing" in facts["token_parity"]
+
+
+def test_the_token_check_refuses_a_shape_other_than_natives() -> None:
+    agree, facts = token_check([[0, 1]], FORCED, "fp32", "browser")
+    assert not agree and facts["token_parity"].startswith("mismatch: tokens [1, 2]")
+
+
+def test_quality_is_agreement_and_kl_from_the_fp32_distributions() -> None:
+    from harness.prepare.quality import quality
+
+    fp32 = np.log(np.asarray([[[0.7, 0.2, 0.1], [0.1, 0.6, 0.3]]]))
+    same = quality(fp32, fp32)
+    assert same.agreement_top1 == 1.0 and same.kl_mean == pytest.approx(0.0, abs=1e-12) and same.positions == 2
+    other = np.log(np.asarray([[[0.7, 0.2, 0.1], [0.1, 0.3, 0.6]]]))
+    found = quality(fp32, other + 5.0)  # a shift of every logit changes no distribution
+    kl = 0.6 * np.log(0.6 / 0.3) + 0.3 * np.log(0.3 / 0.6)  # KL(P_fp32 || P_q) at the second position
+    assert found.agreement_top1 == 0.5 and found.kl_mean == pytest.approx(kl / 2)
 
 
 def test_memory_that_grows_over_the_repeats_is_flagged() -> None:

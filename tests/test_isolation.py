@@ -233,13 +233,29 @@ def test_readme_api_example_runs_as_written(tmp_path: Path, way: str) -> None:
 
 def test_the_calling_process_never_imports_torch(tmp_path: Path) -> None:
     """A run with torch among its engines probes the machine in a worker and reads torch's results as
-    plain data: torch (1 s) and transformers (0.5 s) stay out of the caller's process, every run."""
+    plain data: torch (1 s) and transformers (0.5 s) stay out of the caller's process, every run. A run
+    without torch, its export cached, starts no torch fork server at all (its probe and its prepare spawn
+    plain workers). A run stores the platforms its engines serve only: torch-only, no openvino row."""
     script = (
-        "import sys\nfrom pathlib import Path\nfrom harness import BenchmarkRequest, run_native\n"
-        "summary = run_native(BenchmarkRequest(models=['bert-tiny'], engines=['torch', 'onnxruntime'], "
-        "iterations=3, warmup=0, min_duration_s=0, db_path=Path('t.duckdb'), output_dir=None))\n"
-        "print(summary.counts, sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+        "import sys, multiprocessing.forkserver as fs\nfrom pathlib import Path\n"
+        "from harness import BenchmarkRequest, run_native\nfrom harness.store import open_store\n"
+        "def run(engines, db):\n"
+        "    summary = run_native(BenchmarkRequest(models=['bert-tiny'], engines=engines, iterations=3, warmup=0, "
+        "min_duration_s=0, db_path=Path(db), output_dir=None))\n"
+        "    with open_store(Path(db), read_only=True) as store:\n"
+        "        platforms = sorted(r['platform'] for r in store.hardware_rows(summary.run_id))\n"
+        "    print(summary.counts, platforms, fs._forkserver._forkserver_pid is not None)\n"
+        "run(['torch'], 'torch.duckdb')\n"  # also exports bert-tiny if no earlier test has
+        "fs._forkserver._stop()\n"
+        "run(['onnxruntime'], 'ort.duckdb')\nrun(['torch', 'onnxruntime'], 't.duckdb')\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
     )
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
-    assert "{'ok': 2} []" in done.stdout, done.stdout + done.stderr
+    torch_only, ort_only, both, imported = done.stdout.strip().splitlines()[-4:]
+    assert torch_only == "{'ok': 1} ['cpu', 'cuda', 'mps', 'rocm'] True", done.stdout
+    assert ort_only.startswith("{'ok': 1} ['cpu', 'cuda', 'directml', 'mps', 'openvino'") and ort_only.endswith(
+        "] False"
+    ), done.stdout
+    assert both.startswith("{'ok': 2} ") and both.endswith(" True"), done.stdout
+    assert imported == "[]", done.stdout + done.stderr

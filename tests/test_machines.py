@@ -112,7 +112,7 @@ def two_labels(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for label in ("lab", "laptop"):
         db = directory / f"{label}.duckdb"
         done = run_cli("native", "--model-path", str(model), *MEASURE, "--iterations", "5", "--warmup", "1",
-                       "--min-duration", "0", "--machine-label", label, "--db", str(db),
+                       "--min-duration", "0", "--machine-label", label, "--db", str(db), "--no-reports",
                        "--output-dir", str(directory / "out"))  # fmt: skip
         assert done.returncode == 0, done.stderr
         bundles.append(directory / f"{label}.bundle")

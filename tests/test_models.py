@@ -40,7 +40,16 @@ KEY_CLASSES = [
 def run_models(tmp_path: Path, models: list[str], *args: str) -> list[dict]:
     db = tmp_path / "models.duckdb"
     done = run_cli(
-        "native", "--model", ",".join(models), *QUICK, *args, "--db", str(db), "--output-dir", str(tmp_path / "out")
+        "native",
+        "--model",
+        ",".join(models),
+        *QUICK,
+        *args,
+        "--db",
+        str(db),
+        "--no-reports",
+        "--output-dir",
+        str(tmp_path / "out"),
     )
     assert done.returncode == 0, done.stderr
     return rows(db)

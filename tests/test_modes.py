@@ -50,6 +50,7 @@ def modes_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
         *QUICK,
         "--db",
         str(db),
+        "--no-reports",
         "--output-dir",
         str(directory / "out"),
     )
@@ -127,6 +128,32 @@ def with_past(request: pytest.FixtureRequest) -> tuple[PreparedModel, OrtGenerat
     generator = get_backend("onnxruntime").load(load, ORT_CPU)
     assert isinstance(generator, OrtGenerator)
     return prepared, generator
+
+
+def test_a_generation_stopped_at_eos_measures_decode_over_the_tokens_it_made(
+    with_past: tuple[PreparedModel, OrtGenerator],
+) -> None:
+    """--stop-at-eos (issue 32 item 5): with EOS ids each row makes by its third token, native ORT's timed loop
+    ends once both rows made one; the steps and the decode rate count the tokens made, not --new-tokens."""
+    from harness.core.generation import generation_figures
+    from harness.run.measure import MeasureConfig, measure_generation
+    from harness.run.memory import PeakRss
+
+    prepared, generator = with_past
+    feeds, _ = prepared.load_case((2, 8))
+    generator.generate(generator.prepare(feeds), 6, lambda: None)
+    full = generator.generated.tolist()
+    eos = (full[0][2], full[1][2])
+    made = max(next(i + 1 for i, t in enumerate(row) if t in eos) for row in full)
+    assert made <= 3
+    config = MeasureConfig(warmup=0, iterations=2, min_duration_s=0, min_iterations=2)
+    measured = measure_generation(generator, feeds, config, 6, PeakRss(), eos)
+    assert measured.generated_tokens == [row[:made] for row in full]
+    assert all(len(steps) == made - 1 for steps in measured.step_samples_ms)
+    figures = generation_figures(2, 8, measured.ttft_samples_ms, measured.step_samples_ms)
+    if made > 1:
+        decode_ms = sum(sum(steps) for steps in measured.step_samples_ms)
+        assert figures["decode_tokens_per_s"] == pytest.approx(2 * 2 * (made - 1) * 1000 / decode_ms)
 
 
 def test_onnx_greedy_tokens_equal_torch_greedy_tokens(with_past: tuple[PreparedModel, OrtGenerator]) -> None:
@@ -263,7 +290,8 @@ def test_markdown_keeps_generation_and_training_in_their_own_tables() -> None:
     training = base | dict(mode="training", latency_p50_ms=3.0, throughput_per_s=10.0)
     lines = _mode_sections([generate, training, base | {"mode": "inference"}])
     generated = "| gpt2-tiny | cpu/torch | b1 s32 gen8 | 1.234 | 25920.8 | 2000.0 | 0.500 | 0.600 | 5.000 | — | ok |"
-    assert generated in lines
+    generated += " — | — | — |"
+    assert generated in lines  # EOS policy, prompt and text: not stored (a row from before migration 9)
     assert "| gpt2-tiny | cpu/torch | b1 s32 training | 3.000 | 10.0 | 500 | ok |" in lines
     assert [line for line in lines if line.startswith("###")] == [
         "### Generation (time to first token, then prefill (pp) and decode (tg) rates, never mixed)",

@@ -354,3 +354,67 @@ def test_a_spec_models_case_whose_inputs_cannot_be_allocated_fails_alone(monkeyp
     assert prepared.unprepared(Case(1, 11, "fp32")) is None
     row = prepared.result(Target("cpu", "torch", "cpu"), Case(3, 11, "fp32"), status, why)
     assert row.status == "oom" and row.weights == "random"  # the model's facts, not an unprepared model's
+
+
+def test_every_native_row_records_its_engines_default_threads_read_back(bert_run) -> None:
+    """No --native-threads: each engine's own count, read back (or ORT's documented default), with its source."""
+    from harness.native.base import physical_cores
+
+    db, _, _ = bert_run
+    for r in rows(db):
+        details = json.loads(r["details"])
+        assert r["native_threads"] is not None and r["native_threads"] >= 1, r["engine"]
+        assert details["native_threads_source"] and details["spinning_source"], r["engine"]
+        if r["engine"] == "onnxruntime":  # ORT says no count: its default is one thread per physical core
+            assert (
+                r["native_threads"] == physical_cores() and "ONNX Runtime's default" in details["native_threads_source"]
+            )
+            assert r["spinning"] is (physical_cores() > r["native_threads"])  # False: a thread per core spins not
+        else:
+            assert "read back" in details["native_threads_source"]
+
+
+def test_native_threads_make_a_target_per_count_stored_and_labelled(bert_run, tmp_path: Path) -> None:
+    """--native-threads 1,2: a target per count, as the page's --threads; the count and the spinning on
+    every row, in its label, the report's results and the matrix's columns."""
+    from harness.native.onnxruntime_backend import spins
+
+    db = tmp_path / "threads.duckdb"
+    done = run_cli(
+        "native", "--model", "bert-tiny", "--engines", "onnxruntime", "--native-threads", "1,2",
+        "--batch-sizes", "1", "--sequence-lengths", "16", "--iterations", "2", "--warmup", "0", "--min-duration", "0",
+        "--db", str(db), "--output-dir", str(tmp_path),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    found = {r["provider"]: r for r in rows(db)}
+    assert set(found) == {f"CPUExecutionProvider:threads={n}" for n in (1, 2)}
+    for provider, r in found.items():
+        count = int(provider.rsplit("=", 1)[1])
+        assert r["status"] == "ok" and r["native_threads"] == count, (provider, r["error"])
+        assert r["spinning"] is spins(count)[0]
+        assert json.loads(r["details"])["native_threads_source"].startswith(
+            f"--native-threads: SessionOptions.intra_op_num_threads {count}"
+        )
+    html = next(tmp_path.glob("*.html")).read_text()
+    assert "cpu/onnxruntime:CPUExecutionProvider:threads=2" in html and "2 threads" in html
+    matrix = (tmp_path / "compatibility_matrix.md").read_text()
+    assert "cpu/onnxruntime:threads=1" in matrix and "cpu/onnxruntime:threads=2" in matrix
+
+
+def test_spinning_is_off_when_the_pool_has_a_thread_per_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.native import onnxruntime_backend
+
+    monkeypatch.setattr(onnxruntime_backend, "physical_cores", lambda: 4)
+    assert onnxruntime_backend.spins(3)[0] is True and onnxruntime_backend.spins(4)[0] is False
+    options, facts = onnxruntime_backend.session_options(None)  # ORT's default: 4 threads, so not spinning
+    assert options.intra_op_num_threads == 0 and (facts["native_threads"], facts["spinning"]) == (4, False)
+    assert options.get_session_config_entry(onnxruntime_backend.SPINNING_ENTRY) == "0"
+
+
+def test_a_device_engines_label_keeps_its_thread_count() -> None:
+    """torch's label leaves its device out (the hardware names it), not the count: 1 and 2 threads stay apart."""
+    from harness.core.labels import short_target, target_label
+
+    row = {"hardware": "cpu", "engine": "torch", "provider": "cpu:threads=2"}
+    assert target_label(row) == "cpu/torch:threads=2" and short_target(row) == "cpu/torch:threads=2"
+    assert target_label(row | {"provider": "cpu"}) == "cpu/torch"

@@ -267,6 +267,7 @@ def test_the_suite_configs_keys_are_aliases_of_the_fields() -> None:
         "warmup_iterations": "--warmup",
         "benchmark_iterations": "--iterations",
         "timeout": "--timeout",
+        "prepare_timeout": "--prepare-timeout",
         "db": "--db",
         "hardware_types": "--hardware",
         "web_platforms": "--hardware",
@@ -289,6 +290,8 @@ def test_the_suite_configs_keys_are_aliases_of_the_fields() -> None:
         (BenchmarkRequest(precision="fp8"), "--precision: unknown precision 'fp8'; valid: fp32, fp16, bf16"),
         (BenchmarkRequest(modes=["chat"]), "--mode: unknown mode 'chat'; valid: inference, generate, training"),
         (BenchmarkRequest(timeout_s=float("inf")), "--timeout takes a finite number of seconds > 0 and <= 604800"),
+        (BenchmarkRequest(native_threads=[1, 0]), "--native-threads takes whole numbers from 1 to 256 (got 0)"),
+        (BenchmarkRequest(prepare_timeout_s=0), "--prepare-timeout takes a finite number of seconds > 0"),
     ],
 )
 def test_the_python_api_is_checked_by_the_same_check(request_: BenchmarkRequest, message: str) -> None:

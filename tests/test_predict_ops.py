@@ -26,7 +26,7 @@ def profiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
     done = run_cli(
         "native", "--model", ",".join(PROFILED), "--engines", "onnxruntime", "--hardware", "cpu",
         "--batch-sizes", "1,2", "--sequence-lengths", "8,16", *QUICK, "--profile",
-        "--db", str(db), "--output-dir", str(directory / "out"),
+        "--db", str(db), "--no-reports", "--output-dir", str(directory / "out"),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     return db

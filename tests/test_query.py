@@ -28,7 +28,9 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
     model, db = directory / "tanh.onnx", directory / "q.duckdb"
     _tiny_onnx(model)
     for _ in range(2):
-        done = run_cli("native", "--model-path", str(model), *RUN, "--db", str(db), "--output-dir", str(directory))
+        done = run_cli(
+            "native", "--model-path", str(model), *RUN, "--db", str(db), "--no-reports", "--output-dir", str(directory)
+        )
         assert done.returncode == 0, done.stderr
     run_ids = [r["run_id"] for r in rows(db, "SELECT run_id FROM runs ORDER BY started_at")]
     return db, run_ids

@@ -254,7 +254,7 @@ def test_timings_the_page_clock_cannot_have_measured_are_422_and_the_job_stays_o
 # A generate job as harness.browser.run.page_job builds it (generate_job): 4 new tokens for a prompt of batch 1,
 # logits 16 wide. Its answer: per timed generation a TTFT and 3 decode steps inside the whole generation.
 NEW_TOKENS, VOCAB = 4, 16
-GENERATE_JOB = replace(JOB, generate=GenerateJob(NEW_TOKENS, VOCAB))
+GENERATE_JOB = replace(JOB, generate=GenerateJob(NEW_TOKENS, VOCAB, top_k=2))
 
 
 class GenerateSource(Source):
@@ -271,6 +271,7 @@ def generate_answer(**changes: Any) -> dict[str, Any]:
         "step_samples_ms": [[0.2, 0.2, 0.2]] * 3,
         "tokens": [[3, 1, 4, 15]],
         "prefill_logits": {"dims": [1, 1, VOCAB], "values": [0.5] * VOCAB},
+        "step_top": {"ids": [[[3, 0]] * 4], "values": [[[0.5, 0.25]] * 4]},  # the page's top-2 at each step
         "memory_before": None,
         "memory_after": None,
         "tokens_stable": True,
@@ -304,6 +305,18 @@ def test_impossible_served_generations_are_422_and_the_job_stays_open() -> None:
             (
                 generate_answer(prefill_logits={"dims": [1, 1, 2 * VOCAB], "values": [0.5] * 2 * VOCAB}),
                 "prefill_logits.dims are [1, 1, 32]; this job's are [1, 1, the vocabulary (16)]",
+            ),
+            (
+                generate_answer(step_top={"ids": [[[3, 0]] * 4], "values": [[[0.5]] * 4]}),
+                "step_top.values must hold [1][4][2]",
+            ),
+            (
+                generate_answer(step_top={"ids": [[[3, VOCAB]] * 4], "values": [[[0.5, 0.25]] * 4]}),
+                "step_top.ids must be token ids 0..15",
+            ),
+            (
+                generate_answer(step_top={"ids": [[[3, 0]] * 4], "values": [[["x", 0.25]] * 4]}),
+                "step_top.values must be numbers",
             ),
             (answer(), "result lacks 'generation'"),  # an inference answer to a generate job
         ]

@@ -345,7 +345,17 @@ def test_remote_browser_over_cdp_gets_everything_through_routing(
     cli = str(Path(sys.executable).parent / "accelharness")
     command = [cli, "web", "--browser-endpoint", endpoint, "--hardware", "wasm", "--threads", "2"]
     process = subprocess.Popen(
-        [*command, "--model", "bert-tiny", *QUICK_CLI, "--db", str(db), "--output-dir", str(tmp_path / "out")],
+        [
+            *command,
+            "--model",
+            "bert-tiny",
+            *QUICK_CLI,
+            "--db",
+            str(db),
+            "--no-reports",
+            "--output-dir",
+            str(tmp_path / "out"),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -267,7 +267,7 @@ def test_well_formed_facts_and_unknown_keys_pass() -> None:
 
 # --- generate answers (issue 30, item 12): the launched page's answers pass the same checks ---------------
 
-GENERATE_JOB = replace(JOB, generate=GenerateJob(new_tokens=3))
+GENERATE_JOB = replace(JOB, generate=GenerateJob(new_tokens=3, top_k=2))
 
 
 def generated(**changes: object) -> dict:
@@ -276,6 +276,7 @@ def generated(**changes: object) -> dict:
         "step_samples_ms": [[0.25, 0.25]] * 3,
         "tokens": [[1, 2, 3], [4, 5, 6]],
         "prefill_logits": {"dims": [2, 1, 8], "values": [0.0] * 16},
+        "step_top": {"ids": [[[1, 0]] * 3] * 2, "values": [[[0.5, None]] * 3] * 2},  # null: a non-finite logit
         "tokens_stable": True,
     }
     return {k: v for k, v in answer().items() if k != "outputs"} | {"generation": generation | changes}
@@ -285,7 +286,7 @@ def test_a_launched_page_generation_is_checked_against_its_job() -> None:
     """validate_page_result is the one check of a generate answer, the launched browser's (web/driver.py) and
     a served device's alike. Without a vocabulary in the job (a graph whose logits width is symbolic) token
     ids are bounded by the width of the prefill logits, which must be [batch, 1, width]."""
-    job = replace(GENERATE_JOB, generate=GenerateJob(new_tokens=3, vocab_size=8))
+    job = replace(GENERATE_JOB, generate=GenerateJob(new_tokens=3, vocab_size=8, top_k=2))
     assert validate_page_result(generated(), job, TIMEOUT_S)["generation"]["tokens"][1] == [4, 5, 6]
     assert validate_page_result(generated(), GENERATE_JOB, TIMEOUT_S)["status"] == "ok"
     refused = [
@@ -293,6 +294,13 @@ def test_a_launched_page_generation_is_checked_against_its_job() -> None:
         ({"ttft_samples_ms": [1.5] * 3}, "ttft_samples_ms[0] is 1.5 ms, longer than the whole generation"),
         ({"tokens": [[1, 2, 8], [4, 5, 6]]}, "tokens[0][2] is 8; token ids are integers 0..7"),
         ({"tokens": [[1, 2, 3]]}, "must hold 2 rows (the job's batch) of 3 token ids each"),
+        ({"step_top": {"ids": [[[1, 0]] * 3], "values": [[[0.5, 0.5]] * 3] * 2}}, "step_top.ids must hold [2][3][2]"),
+        ({"step_top": {"ids": [[[1, 8]] * 3] * 2, "values": [[[0.5, 0.5]] * 3] * 2}}, "step_top.ids must be token ids"),
+        (
+            {"step_top": {"ids": [[[1, 0]] * 3] * 2, "values": [[[0.5, True]] * 3] * 2}},
+            "step_top.values must be numbers",
+        ),
+        ({"step_top": None}, "result.generation.step_top"),
     ]
     for changes, message in refused:
         with pytest.raises(PageResultError, match=re.escape(message)):
@@ -300,6 +308,30 @@ def test_a_launched_page_generation_is_checked_against_its_job() -> None:
     wide = generated(prefill_logits={"dims": [2, 1, 1000], "values": [0.0] * 2000}, tokens=[[999] * 3] * 2)
     with pytest.raises(PageResultError, match=re.escape("prefill_logits.dims are [2, 1, 1000]; this job's are")):
         validate_page_result(wide, job, TIMEOUT_S)
+
+
+def test_a_generation_shorter_than_its_job_is_taken_only_from_a_job_that_stops_at_eos() -> None:
+    """Issue 32 item 5: fewer decode steps and tokens than new_tokens pass only where the job carries EOS ids
+    (--stop-at-eos) and every row's tokens show the stop at the step they end; a page that stops early on a
+    job that ignores EOS is refused."""
+    short = {"step_samples_ms": [[0.25]] * 3, "tokens": [[1, 7], [7, 5]],  # both rows made EOS 7 by step 2
+             "step_top": {"ids": [[[1, 0]] * 2] * 2, "values": [[[0.5, None]] * 2] * 2}}  # fmt: skip
+    with pytest.raises(
+        PageResultError, match=re.escape("takes 2 (the first token is the TTFT's; the job ignores EOS)")
+    ):
+        validate_page_result(
+            generated(**short), replace(JOB, generate=GenerateJob(3, vocab_size=8, top_k=2)), TIMEOUT_S
+        )
+    stops = replace(JOB, generate=GenerateJob(new_tokens=3, vocab_size=8, eos_ids=[7], top_k=2))
+    assert validate_page_result(generated(**short), stops, TIMEOUT_S)["generation"]["tokens"] == [[1, 7], [7, 5]]
+    assert validate_page_result(generated(), stops, TIMEOUT_S)["status"] == "ok"  # no EOS made: all 3 tokens
+    refused = [
+        ({"tokens": [[1, 2], [7, 5]]}, "of 3 token ids each"),  # row 0 made no EOS: the page stopped early
+        ({"step_samples_ms": [[0.25]] * 3, "tokens": [[7, 1, 2], [7, 5, 6]]}, "of 1 token ids each"),  # ran past it
+    ]
+    for changes, message in refused:
+        with pytest.raises(PageResultError, match=re.escape(message)):
+            validate_page_result(generated(**changes), stops, TIMEOUT_S)
 
 
 def test_a_generate_job_carries_its_graphs_vocabulary(tmp_path: Path) -> None:

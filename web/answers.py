@@ -225,15 +225,17 @@ def _check_samples(result: dict[str, Any], job: PageJob, clock: Clock) -> None:
 
 def _check_generation(generation: dict[str, Any], samples: list[float], job: PageJob, clock: Clock) -> None:
     """A generate answer: per timed generation its TTFT and decode steps, the warm-up's token ids (a list
-    per batch row) and prefill logits (null where JSON could not carry a NaN/inf), memory facts. Counts
-    come from the job: new_tokens - 1 decode steps per generation, new_tokens ids per row, each inside the
-    vocabulary; a generation's TTFT and steps fit inside its whole (samples_ms)."""
+    per batch row), prefill logits (null where JSON could not carry a NaN/inf) and top-k logits per step,
+    memory facts. Counts come from the job: new_tokens - 1 decode steps per generation, new_tokens ids per
+    row, each inside the vocabulary (fewer only where the job stops at EOS and the tokens show that stop); a
+    generation's TTFT and steps fit inside its whole (samples_ms)."""
     where = "result.generation"
     assert job.generate is not None
     # the vocabulary: the logits width of the job's graph (harness.browser.generate.generate_job), None where
     # the graph leaves it symbolic
     batch, new_tokens, vocab = job.batch, job.generate.new_tokens, job.generate.vocab_size
-    _check_phases(generation, samples, new_tokens, clock)
+    eos = set(job.generate.eos_ids)  # the harness's: --stop-at-eos, else none
+    _check_phases(generation, samples, new_tokens, clock, bool(eos))
     logits = _require(generation, "prefill_logits", (dict,), where)
     dims, values = _require(logits, "dims", (list,), where), _require(logits, "values", (list,), where)
     if not all(_COUNT[1](d) for d in dims) or len(values) != math.prod(dims):
@@ -246,7 +248,10 @@ def _check_generation(generation: dict[str, Any], samples: list[float], job: Pag
         )
     if not all(v is None or _is_number(v) for v in values):
         raise PageResultError(f"{where}.prefill_logits.values must be numbers (null for a non-finite one)")
-    _check_tokens(_require(generation, "tokens", (list,), where), batch, new_tokens, width)
+    tokens = _require(generation, "tokens", (list,), where)
+    _check_tokens(tokens, batch, new_tokens, width, eos)
+    made = len(tokens[0]) if tokens else new_tokens  # fewer than new_tokens only where the job stops at EOS
+    _check_step_top(_require(generation, "step_top", (dict,), where), batch, made, job.generate.top_k, width)
     for key in ("memory_before", "memory_after"):
         if not _OBJECT[1](generation.get(key)):
             raise PageResultError(f"{where}.{key} must be {_OBJECT[0]}")
@@ -254,10 +259,12 @@ def _check_generation(generation: dict[str, Any], samples: list[float], job: Pag
         raise PageResultError(f"{where}.tokens_stable must be a boolean")
 
 
-def _check_phases(generation: dict[str, Any], samples: list[float], new_tokens: int, clock: Clock) -> None:
+def _check_phases(generation: dict[str, Any], samples: list[float], new_tokens: int, clock: Clock,
+                  stops_at_eos: bool = False) -> None:  # fmt: skip
     """Each timed generation's TTFT and decode steps: durations the page's clock can measure, as many steps
-    as the job's tokens give, and together no longer than the whole generation (its sample: the page's
-    clock runs from the same start past the last step), within one step of the clock for rounding."""
+    as the job's tokens give (at most that many where the job stops at EOS), and together no longer than the
+    whole generation (its sample: the page's clock runs from the same start past the last step), within one
+    step of the clock for rounding."""
     where = "result.generation"
     ttft = _require(generation, "ttft_samples_ms", (list,), where)
     steps = _require(generation, "step_samples_ms", (list,), where)
@@ -266,10 +273,12 @@ def _check_phases(generation: dict[str, Any], samples: list[float], new_tokens: 
             f"{where} needs a TTFT and a list of decode steps for each of the {len(samples)} generations"
         )
     for i, each in enumerate(steps):
-        if len(each) != new_tokens - 1:
+        if len(each) != new_tokens - 1 and not (stops_at_eos and len(each) < new_tokens - 1):
+            policy = "up to " if stops_at_eos else ""
             raise PageResultError(
                 f"{where}.step_samples_ms[{i}] holds {len(each)} decode steps; a generation of this job's "
-                f"{new_tokens} new tokens takes {new_tokens - 1} (the first token is the TTFT's)"
+                f"{new_tokens} new tokens takes {policy}{new_tokens - 1} (the first token is the TTFT's"
+                f"{'' if stops_at_eos else '; the job ignores EOS'})"
             )
     generation["ttft_samples_ms"] = [clock.duration(t, f"ttft_samples_ms[{i}]") for i, t in enumerate(ttft)]
     generation["step_samples_ms"] = [
@@ -289,11 +298,15 @@ def _check_phases(generation: dict[str, Any], samples: list[float], new_tokens: 
             )
 
 
-def _check_tokens(tokens: list[Any], batch: int, new_tokens: int, vocab: int | None) -> None:
-    """The warm-up's token ids: a row per batch row, new_tokens each, integers inside the vocabulary."""
+def _check_tokens(tokens: list[Any], batch: int, new_tokens: int, vocab: int | None, eos: set[int]) -> None:
+    """The warm-up's token ids: a row per batch row, integers inside the vocabulary, new_tokens each, or where
+    the job stops at EOS (`eos`) as many as end at the first step where every row has made an EOS id."""
     where = "result.generation.tokens"
-    if len(tokens) != batch or not all(isinstance(row, list) and len(row) == new_tokens for row in tokens):
-        raise PageResultError(f"{where} must hold {batch} rows (the job's batch) of {new_tokens} token ids each")
+    rows = all(isinstance(row, list) for row in tokens)
+    expected = _eos_length(tokens, new_tokens, eos) if rows else new_tokens
+    if len(tokens) != batch or not rows or not all(len(row) == expected for row in tokens):
+        why = "" if expected == new_tokens else f" (the rows have all made an EOS id {sorted(eos)} by then)"
+        raise PageResultError(f"{where} must hold {batch} rows (the job's batch) of {expected} token ids each{why}")
     top = vocab if vocab is not None else 0
     for row, ids in enumerate(tokens):
         for column, token in enumerate(ids):
@@ -301,6 +314,33 @@ def _check_tokens(tokens: list[Any], batch: int, new_tokens: int, vocab: int | N
                 raise PageResultError(
                     f"{where}[{row}][{column}] is {token!r:.40}; token ids are integers 0..{top - 1} (the vocabulary)"
                 )
+
+
+def _eos_length(tokens: list[list[Any]], new_tokens: int, eos: set[int]) -> int:
+    """How many tokens each row holds: new_tokens, or with `eos` the step where the last row made its first
+    EOS id, if that comes before."""
+    if not eos:
+        return new_tokens
+    ends = [next((i + 1 for i, t in enumerate(row[:new_tokens]) if t in eos), None) for row in tokens]
+    return min(new_tokens, max(ends)) if ends and None not in ends else new_tokens  # type: ignore[type-var]
+
+
+def _check_step_top(top: dict[str, Any], batch: int, new_tokens: int, k: int, vocab: int | None) -> None:
+    """The warm-up's top-k at each step: ids and logits, [batch][new_tokens][k] each as the job asked (k =
+    job.generate.top_k, set by the harness), ids inside the vocabulary, logits numbers or null (non-finite)."""
+    where = "result.generation.step_top"
+    ids, values = _require(top, "ids", (list,), where), _require(top, "values", (list,), where)
+    for name, rows in (("ids", ids), ("values", values)):
+        if len(rows) != batch or not all(
+            isinstance(row, list) and len(row) == new_tokens and all(isinstance(s, list) and len(s) == k for s in row)
+            for row in rows
+        ):
+            raise PageResultError(f"{where}.{name} must hold [{batch}][{new_tokens}][{k}] values (batch, steps, k)")
+    top = vocab if vocab is not None else 0
+    if not all(_COUNT[1](i) and i < top for row in ids for step in row for i in step):
+        raise PageResultError(f"{where}.ids must be token ids 0..{top - 1} (the vocabulary)")
+    if not all(v is None or _is_number(v) for row in values for step in row for v in step):
+        raise PageResultError(f"{where}.values must be numbers (null for a non-finite one)")
 
 
 def decode_outputs(outputs: list[dict[str, Any]]) -> list[np.ndarray]:

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from harness.core.generation import STEP_TOP_K
+
 
 @dataclass(frozen=True)
 class StopRule:
@@ -58,12 +60,16 @@ class ExternalData:
 class GenerateJob:
     """A generate job's part (web/page/generate.mjs): new tokens per generation; the logits width the
     answer's token ids are checked against (None: the graph leaves it symbolic); a folder's past heads and
-    head size (where the graph is symbolic); ORT session options (WebGPU: present.* kept on the GPU)."""
+    head size (where the graph is symbolic); ORT session options (WebGPU: present.* kept on the GPU); the EOS
+    ids the generation stops at (--stop-at-eos; empty: EOS ignored, exactly new_tokens tokens); how many of each
+    step's largest logits the warm-up returns (checked against native ORT's on the same graph)."""
 
     new_tokens: int
     vocab_size: int | None = None
     past_shape: list[int] | None = None
     session_options: dict[str, Any] | None = None
+    eos_ids: list[int] = field(default_factory=list)
+    top_k: int = STEP_TOP_K
 
 
 @dataclass(frozen=True)

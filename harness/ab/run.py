@@ -36,7 +36,7 @@ from typing import IO, Any
 
 from harness.ab.rounds import CaseFailure, WorkerFailure, schedule
 from harness.ab.worker import VariantJob
-from harness.browser.run import PREPARE_TIMEOUT_FLOOR_S, WebPlan, WebRequest
+from harness.browser.run import WebPlan, WebRequest
 from harness.core.bounds import MAX_ITERATIONS, MAX_ROUNDS
 from harness.core.options import check, declared, items, option, reuse
 from harness.core.records import PRECISIONS, VARIANTS, Case, Result, Target
@@ -170,6 +170,8 @@ def validate_ab(request: AbRequest) -> AbPlan:
     check_measuring(request)
     if request.modes != ["inference"]:
         raise RequestError(f"ab compares inference only (got modes {', '.join(request.modes)})")
+    if request.prompt is not None or request.prompt_ids is not None or request.chat or request.stop_at_eos:
+        raise RequestError("ab draws each case's inputs: it takes no prompt (prompt, prompt_ids, chat) or stop_at_eos")
     if request.rounds < MIN_PAIRED_ROUNDS:
         raise RequestError(
             f"--rounds must be >= {MIN_PAIRED_ROUNDS} (got {request.rounds}): with fewer paired rounds the "
@@ -435,9 +437,8 @@ class Prepared:
 
 def _prepare(variant: Variant, plan: AbPlan) -> Prepared:
     shapes = sorted({(c.batch_size, c.seq_len) for c in plan.cases(variant)}, key=str)
-    # --timeout bounds a command to a worker; a cold export may take longer (as in `web`)
-    timeout_s = max(plan.request.timeout_s, PREPARE_TIMEOUT_FLOOR_S)
-    model, outcome = prepare_isolated(PrepareJob(variant.spec, shapes), timeout_s)
+    # its own phase, bounded by --prepare-timeout (a cold export may take far longer than a case)
+    model, outcome = prepare_isolated(PrepareJob(variant.spec, shapes), plan.request.prepare_timeout_s)
     if model is not None:
         return Prepared(variant, model)
     status = "error" if outcome.status == "finished" else outcome.status

@@ -29,6 +29,7 @@ from harness.core import labels
 from harness.core.escaping import markdown_text as md
 from harness.core.labels import BASELINE_LABEL, baselines, case_key, case_label, details_of, flags, mode_of, speedup
 from harness.core.records import MODES
+from harness.core.threads import threads_part
 from harness.store import ALL_RUNS, MACHINE_COLUMNS, open_store
 
 MATRIX_JSON, MATRIX_MD = "compatibility_matrix.json", "compatibility_matrix.md"
@@ -80,6 +81,8 @@ def matrix_target(row: dict[str, Any]) -> str:
     """The row's column: the target, and the mode when it is not inference."""
     label = f"{row['hardware']}/{row['engine']}"
     label = f"{label}:{row['provider']}" if row["hardware"] == row["engine"] and row.get("provider") else label
+    if row.get("native_threads") is not None:  # --native-threads: each count a column, to pair with wasm's
+        label += threads_part(row.get("provider") or "")
     label = labels.on_device(label, row)  # each served device is a column of its own
     mode = mode_of(row)
     return label if mode == "inference" else f"{label} ({mode})"
@@ -148,7 +151,19 @@ def _evidence(row: dict[str, Any], status: str, ratio: float | None) -> dict[str
         "speedup": ratio,
         "flags": flags(row),
         "error": error[0][:300] if error else None,
+        # a generation's speed and, at a precision other than fp32, its quality beside the fp32 model
+        "decode_tokens_per_s": row.get("decode_tokens_per_s"),
+        "agreement_top1": row.get("agreement_top1"),
+        "kl_mean": row.get("kl_mean"),
     }
+
+
+def _generation_text(item: dict[str, Any]) -> str:
+    """', tg N tokens/s, top-1 agreement A, KL K' for a generate row (what was measured of it), else ''."""
+    parts = [f"{name} {item[key]:{spec}}" for name, key, spec in (
+        ("tg tokens/s", "decode_tokens_per_s", ".1f"), ("top-1 agreement vs fp32", "agreement_top1", ".3f"),
+        ("KL vs fp32", "kl_mean", ".4f")) if item.get(key) is not None]  # fmt: skip
+    return "".join(f", {part}" for part in parts)
 
 
 def _cell(rows: list[dict[str, Any]], base: dict, is_baseline: bool) -> Cell:
@@ -256,7 +271,8 @@ def matrix_markdown(matrix: dict[str, Any]) -> str:
                 latency = f"{item['median_latency_ms']:.3f} ms" if item["median_latency_ms"] is not None else "—"
                 note = md("; ".join([*item["flags"], *([item["error"]] if item["error"] else [])]))
                 lines.append(
-                    f"- {md(model)} · {md(target)} · {md(item['case'])}: **{item['class']}**, median {latency}, "
+                    f"- {md(model)} · {md(target)} · {md(item['case'])}: **{item['class']}**, median {latency}"
+                    f"{_generation_text(item)}, "
                     f"result {md(item['result_id'])} (run {md(item['run_id'])}, {item['date']})"
                     + (f" — {note}" if note else "")
                 )

@@ -232,6 +232,44 @@ def recommend(
     return Recommendation(subject, batch_size, mode, ranked[0] if ranked else None, ranked[1:], excluded, weights)
 
 
+@dataclass
+class GenerationChoice:
+    """generate targets of one model ranked by decode rate, above a quality floor where one is asked."""
+
+    subject: str
+    batch_size: int
+    min_agreement: float | None
+    ranked: list[dict[str, Any]]  # ok rows, fastest decode first: target, precision, rates, agreement, KL
+    excluded: list[str]  # rows below the agreement floor, or whose agreement was not measured
+
+
+def agreement(row: dict[str, Any]) -> float | None:
+    """A generate row's top-1 agreement with the fp32 model: 1 for an fp32 row (it is that model), the
+    measured figure at another precision, None where it was not measured."""
+    return 1.0 if row["precision"] == "fp32" else row.get("agreement_top1")
+
+
+def fastest_generation(db_path: Path, model: str, batch_size: int = 1,
+                       min_agreement: float | None = None) -> GenerationChoice:  # fmt: skip
+    """The model's generate targets (target x precision, their latest ok rows at the batch size) by decode
+    tokens/s; with min_agreement (0..1), only those whose top-1 agreement with the fp32 model reaches it."""
+    if min_agreement is not None and not 0.0 <= min_agreement <= 1.0:
+        raise ValueError(f"--min-agreement takes a share from 0 to 1 (got {min_agreement:g})")
+    rows = [r for r in _latest_rows(db_path, [model], "generate") if r["status"] == "ok"
+            and r["batch_size"] == batch_size and r["decode_tokens_per_s"] is not None]  # fmt: skip
+    kept, excluded = [], []
+    for row in rows:
+        share, label = agreement(row), f"{target_label(row)} {row['precision']}"
+        if min_agreement is not None and share is None:
+            excluded.append(f"{label}: its agreement with the fp32 model was not measured")
+        elif min_agreement is not None and share < min_agreement:  # type: ignore[operator]
+            excluded.append(f"{label}: top-1 agreement {share:.3f} below {min_agreement:g}")
+        else:
+            kept.append(row | {"target": target_label(row), "agreement": share})
+    kept.sort(key=lambda r: r["decode_tokens_per_s"], reverse=True)
+    return GenerationChoice(model, batch_size, min_agreement, kept, excluded)
+
+
 def one_line(db_path: Path, model: str, batch_size: int = 1, mode: str = "inference") -> str:
     """One sentence a user can act on, from the store's latest ok rows of `model` at `batch_size` on this
     machine: its fastest target by p50, and the browser's fastest at the same sequence and precision."""

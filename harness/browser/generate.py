@@ -1,6 +1,7 @@
 """A generate case in the browser (web/page/generate.mjs): the page job's generation part, and the row
-built from the page's answer, with the figures of harness.core.generation and token-level parity against
-native ONNX Runtime's greedy tokens on the same graph (harness.prepare.greedy.reference_generation)."""
+built from the page's answer, with the figures of harness.core.generation, its tokens and step logits checked
+against native ONNX Runtime teacher-forced on the same graph file and its quality beside the fp32 graph
+(harness.prepare.quality.check_generation)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,19 @@ from typing import Any
 
 import numpy as np
 
-from harness.core.generation import MEMORY_GROWTH_BOUND_MB, mean_steps, token_parity
+from harness.core.faults import injected_faults
+from harness.core.generation import MEMORY_GROWTH_BOUND_MB, STEP_TOP_K, StepTop, mean_steps
 from harness.core.parity import compare
 from harness.core.records import Case, Result
 from harness.prepare.folders import past_shape
-from harness.prepare.greedy import Greedy
 from harness.prepare.prepared import PreparedModel
+from harness.prepare.quality import check_generation
 from harness.web.page_job import GenerateJob
 
-# the graph the reference tokens ran on: the fp32 export, or a model file or folder as given (a genai folder: int4)
-TOKEN_REFERENCE = "onnxruntime CPU greedy tokens on the graph with past key/values (the fp32 export, or the file given)"
+# The faults hook's planted kernel bug (tests): the page is served a copy of its graph with one weight matrix
+# scaled by this factor, while the row is checked against the file it names.
+SCALED_WEIGHT_FAULT = "page-weight-scale"
+SCALED_WEIGHT_FACTOR = 1.05
 
 
 @cache
@@ -47,21 +51,25 @@ def vocab_size(path: Path) -> int | None:
     return _outputs(path)[0][1]
 
 
-def generate_job(model: Path, case: Case, keeps_on_gpu: bool) -> GenerateJob:
-    """A page job's generation part: the token count, the logits width (the vocabulary its token ids are
-    checked against), a model folder's past heads and head size and, on WebGPU, present.* kept on the GPU
-    (only the logits, the first output, come back to the CPU)."""
+def generate_job(model: Path, case: Case, keeps_on_gpu: bool, eos: tuple[int, ...] = ()) -> GenerateJob:
+    """A page job's generation part: the token count, the EOS ids it stops at (--stop-at-eos; none: it makes
+    exactly new_tokens), the logits width (the vocabulary its token ids are checked against), a model folder's
+    past heads and head size and, on WebGPU, present.* kept on the GPU (only the logits, the first output, come
+    back to the CPU)."""
     assert case.new_tokens is not None  # a generate case always has its count (harness.run.plan)
     options = None
     if keeps_on_gpu:
         logits, *presents = graph_outputs(model)
         options = {"preferredOutputLocation": {logits: "cpu"} | dict.fromkeys(presents, "gpu-buffer")}
     shape = past_shape(model)  # a folder's config: the page uses it where the graph is symbolic
+    vocab = vocab_size(model)
     return GenerateJob(
         new_tokens=case.new_tokens,
-        vocab_size=vocab_size(model),
+        vocab_size=vocab,
         past_shape=None if shape is None else list(shape),
         session_options=options,
+        eos_ids=list(eos),
+        top_k=STEP_TOP_K if vocab is None else min(STEP_TOP_K, vocab),  # each step's logits the page returns
     )
 
 
@@ -96,15 +104,39 @@ def memory_growth(generation: dict[str, Any], details: dict[str, Any]) -> dict[s
     return facts
 
 
+def served_graph(model: Path) -> Path:
+    """The file the page is served for `model`: itself, or under the faults hook's SCALED_WEIGHT_FAULT a copy
+    with its largest weight matrix scaled by SCALED_WEIGHT_FACTOR (a planted kernel bug the check must catch)."""
+    if SCALED_WEIGHT_FAULT not in injected_faults():
+        return model
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(model))
+    weight = max((t for t in graph.graph.initializer if len(t.dims) == 2), key=lambda t: t.dims[0] * t.dims[1])
+    weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) * SCALED_WEIGHT_FACTOR, weight.name))
+    scaled = model.with_name(f"{model.stem}-scaled{model.suffix}")
+    onnx.save(graph, str(scaled))
+    return scaled
+
+
 def _prefill_logits(generation: dict[str, Any]) -> np.ndarray:
     logits = generation["prefill_logits"]
     values = [np.nan if v is None else v for v in logits["values"]]  # JSON carries a NaN as null
     return np.asarray(values, dtype=np.float32).reshape(logits["dims"])
 
 
+def _step_top(generation: dict[str, Any]) -> StepTop:
+    top = generation["step_top"]
+    values = [[[np.nan if v is None else v for v in step] for step in row] for row in top["values"]]
+    return StepTop(np.asarray(top["ids"], dtype=np.int64), np.asarray(values, dtype=np.float64))
+
+
 def generation_result(prepared: PreparedModel, target: Any, case: Case, answer: dict[str, Any],
-                      fields: dict[str, Any], extra: dict[str, Any], details: dict[str, Any]) -> Result:  # fmt: skip
-    """The row of a page's generate answer: figures from its samples, token and prefill-logit parity."""
+                      fields: dict[str, Any], extra: dict[str, Any], details: dict[str, Any],
+                      model: Path | None = None) -> Result:  # fmt: skip
+    """The row of a page's generate answer: figures from its samples; the prefill logits, each step's top-k
+    and the tokens checked against native ORT on `model`, the file the page ran; quality beside fp32."""
     generation = answer["generation"]
     steps = generation["step_samples_ms"]
     fields |= {
@@ -113,28 +145,29 @@ def generation_result(prepared: PreparedModel, target: Any, case: Case, answer: 
         "tpot_samples_ms": mean_steps(steps),
         "generated_tokens": generation["tokens"],
     }
-    details |= memory_growth(generation, details) | {"warmup_generations": 1, "token_reference": TOKEN_REFERENCE}
+    details |= memory_growth(generation, details) | {"warmup_generations": 1}
     if not generation["tokens_stable"]:
         details["tokens_unstable"] = "the timed generations did not all give the warm-up's tokens"
-    reference = prepared.load_generation((case.batch_size, case.seq_len), case.new_tokens or 1)
-    status, error, parity_fields = _parity(generation, reference, extra.get("precision") or "fp32", details)
+    feeds, _ = prepared.load_case((case.batch_size, case.seq_len))  # the prompt the page's job carried
+    fields |= prepared.text_fields(feeds["input_ids"], generation["tokens"], details)
+    if model is None or prepared.onnx_past_path is None:
+        details["token_parity"] = "not checked: the page's graph is not at hand"
+        return prepared.result(target, case, "ok", None, details=details, **extra, **fields)
+    status, error, parity_fields = _parity(generation, model, prepared.onnx_past_path, prompt_feeds(feeds),
+                                           extra.get("precision") or "fp32", details)  # fmt: skip
     return prepared.result(target, case, status, error, details=details, **parity_fields, **extra, **fields)
 
 
-def _parity(generation: dict[str, Any], reference: Greedy | None, precision: str,
+def _parity(generation: dict[str, Any], model: Path, source: Path, prompt: dict[str, np.ndarray], precision: str,
             details: dict[str, Any]) -> tuple[str, str | None, dict[str, Any]]:  # fmt: skip
-    """(status, error, fields): the prefill logits within the precision's tolerance, then the tokens;
-    at a divergence the reference's top-1/top-2 margin against the same tolerance decides."""
-    if reference is None or reference.prefill_logits is None or reference.margins is None:
-        details["token_parity"] = "not checked: no reference generation for this case"
-        return "ok", None, {}
+    """(status, error, fields): the prefill logits within the precision's tolerance of native ORT's on the same
+    file, then every step's top-k and the tokens (harness.core.generation.token_check)."""
     try:
-        logits = compare([_prefill_logits(generation)], [reference.prefill_logits], precision, ["prefill logits"])
+        agree, facts, native = check_generation(model, source, prompt, generation["tokens"], precision, "browser",
+                                                _step_top(generation))  # fmt: skip
+        logits = compare([_prefill_logits(generation)], [native[:, :1]], precision, ["prefill logits"])
     except ValueError as exc:
         return "error", f"parity check failed: {exc}", {}
-    details |= logits.details
-    agree, facts = token_parity(generation["tokens"], reference.tokens.tolist(), reference.margins.tolist(),
-                                logits.tolerance)  # fmt: skip
-    details |= facts
+    details |= logits.details | facts
     problems = [text for text in (logits.error, None if agree else facts["token_parity"]) if text]
     return ("ok" if not problems else "mismatch"), "; ".join(problems) or None, logits.fields

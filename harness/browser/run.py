@@ -23,14 +23,14 @@ from urllib.parse import urlsplit
 import numpy as np
 import psutil
 
-from harness.browser.generate import generate_job, generation_result, prompt_feeds
-from harness.core.bounds import MAX_THREADS
+from harness.browser.generate import generate_job, generation_result, prompt_feeds, served_graph
 from harness.core.failures import UNSUPPORTED_OPERATOR
 from harness.core.labels import BROWSER_ENGINE
 from harness.core.options import check, declared, option
 from harness.core.parity import compare
 from harness.core.profiles import PROFILE_ITERATIONS
 from harness.core.records import Case, Control, Result, Target, UnsupportedError, result_key
+from harness.core.threads import threads_option, with_threads
 from harness.prepare.external import external_data_problem, external_locations, model_bytes
 from harness.prepare.prepared import PreparedModel, PrepareJob, unprepared_result
 from harness.prepare.specs import ModelSpec
@@ -64,9 +64,8 @@ from harness.web.page_job import ExternalData, GenerateJob, PageInput, PageJob, 
 
 ENGINE = BROWSER_ENGINE
 WEB_MODES = ("inference", "generate")  # training needs a backward pass ORT-web's inference build lacks
-# --timeout bounds a page job; a cold export in the prepare child can legitimately take longer.
-PREPARE_TIMEOUT_FLOOR_S = 120.0
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
+THREADS_HELP = "Comma-separated wasm thread counts (webgpu/webnn use the first)."
 GPU_HELP = (
     "Browser GPU profile: on (real WebGPU: Vulkan/ANGLE on Linux, D3D12/Metal elsewhere, no --disable-gpu), "
     "off (software rendering), auto (on where the host shows a GPU). Recorded per row."
@@ -91,10 +90,7 @@ class WebRequest(RunOptions):
         help="chrome, chromium or edge (chrome/edge fall back to Chromium).",
     )  # fmt: skip
     browser_path: Path | None = option(None, flag="--browser-path", help="The browser executable to use instead.")
-    threads: list[int] = option(
-        factory=lambda: [1], flag="--threads", key="web_threads", many=True, low=1, high=MAX_THREADS,
-        help="Comma-separated wasm thread counts (webgpu/webnn use the first).",
-    )  # fmt: skip
+    threads: list[int] = threads_option([1], flag="--threads", key="web_threads", help=THREADS_HELP)
     webnn_device: str = option(
         "gpu", flag="--webnn-device", choices=WEBNN_DEVICES, noun="WebNN device",
         help=f"WebNN deviceType: {', '.join(WEBNN_DEVICES)}.",
@@ -137,7 +133,7 @@ class EpSetting:
     def provider(self) -> str:
         # Threads are part of the wasm provider so 1 and 2 threads are distinct report columns.
         if EPS[self.ep].runs_threads:
-            return f"{self.ep}:threads={self.threads}"
+            return with_threads(self.ep, self.threads)
         return f"{self.ep}:{self.device_type}" if self.device_type else self.ep
 
     @property
@@ -324,7 +320,7 @@ def build_result(
     fields = {"samples_ms": answer["samples_ms"], "load_ms": answer["load_ms"], "first_run_ms": answer["first_run_ms"]}
     fields["memory_peak_mb"] = peak_mb
     if case.mode == "generate":  # an ok answer holds a generation exactly then (web/answers.py checked it)
-        return generation_result(prepared, setting.target, case, answer, fields, extra, details)
+        return generation_result(prepared, setting.target, case, answer, fields, extra, details, model)
     names = [out["name"] for out in answer["outputs"]]  # the page's session.outputNames, in order
     try:
         parity = compare(decode_outputs(answer["outputs"]), reference, extra.get("precision") or "fp32", names)
@@ -445,8 +441,9 @@ def page_job(
     name = f"{_file_stem(prepared.spec.name)}-{case.precision}"
     stop = stop_rule(request)
     if case.mode == "generate":  # its own file name: the page keeps one session per URL
-        generate = generate_job(model, case, EPS[setting.ep].gpu_adapter)
-        return web_job(files, f"{name}-past", model, prompt_feeds(feeds), setting, stop, case.key, fault, generate)
+        generate = generate_job(model, case, EPS[setting.ep].gpu_adapter, prepared.eos)
+        served = served_graph(model)  # the model itself, but for the faults hook's planted weight
+        return web_job(files, f"{name}-past", served, prompt_feeds(feeds), setting, stop, case.key, fault, generate)
     return web_job(files, name, model, feeds, setting, stop, case.key, fault)
 
 
@@ -556,11 +553,12 @@ def prepare_spec(plan: Any, spec: ModelSpec) -> Prepared:
     """The same prepare_model child as native: same cached ONNX file, same npz inputs and reference."""
     cases = plan.cases(spec)
     shapes = sorted({(c.batch_size, c.seq_len) for c in cases}, key=str)
-    timeout_s = max(plan.request.timeout_s, PREPARE_TIMEOUT_FLOOR_S)
     generates = any(c.mode == "generate" for c in cases)  # the graph with past, and native ORT's tokens
     tokens = plan.request.new_tokens if generates else 0
-    job = PrepareJob(spec, shapes, with_past=generates and spec.has_past_export, reference_tokens=tokens)
-    prepared, outcome = prepare_isolated(job, timeout_s)
+    plain = any(c.mode != "generate" for c in cases)  # the page generates from the graph with past alone
+    job = PrepareJob(spec, shapes, with_past=generates and spec.has_past_export, reference_tokens=tokens, plain=plain,
+                     stop_at_eos=plan.request.stop_at_eos)  # fmt: skip
+    prepared, outcome = prepare_isolated(job, plan.request.prepare_timeout_s)
     if prepared:
         return spec, prepared, ""
     return spec, None, f"model preparation failed ({outcome.status}): {outcome.message or 'no result'}"
@@ -574,7 +572,7 @@ def not_runnable(
         return unprepared_result(spec, setting.target, case, "error", why)
     if outcome := prepared.unprepared(case):
         return prepared.result(setting.target, case, *outcome)
-    if prepared.onnx_path is None:
+    if prepared.onnx_path is None and case.mode != "generate":  # generation runs the export with past
         return prepared.result(setting.target, case, "unsupported", f"ONNX export failed: {prepared.onnx_error}")
     return None
 

@@ -35,6 +35,7 @@ from harness.browser.run import (
     web_cases,
 )
 from harness.core.bounds import MAX_DEVICES, MAX_PORT
+from harness.core.generation import STEP_TOP_K
 from harness.core.labels import case_label
 from harness.core.options import check, declared, option, reuse
 from harness.core.records import Case, Result, result_key
@@ -108,14 +109,16 @@ class ServePlan:
 
 def _answer_bytes(prepared: PreparedModel, case: Case, request: ServeRequest) -> int:
     """What a job's answer carries besides its facts and samples: the outputs (bytes of the reference), or for
-    a generate job JSON numbers: the prefill logits (~24 characters a value) and every decode step."""
+    a generate job JSON numbers: the prefill logits (~24 characters a value), every decode step and each step's
+    top-k."""
     shape = (case.batch_size, case.seq_len)
     if case.mode != "generate":
         return sum(r.nbytes for r in prepared.load_case(shape)[1])
     made = prepared.load_generation(shape, case.new_tokens or 1)
     logits = made.prefill_logits.nbytes if made is not None and made.prefill_logits is not None else 0
     logits = logits or sum(r.nbytes for r in prepared.load_case(shape)[1])  # no reference: the whole output's size
-    return 3 * logits + 8 * (request.max_iterations + case.batch_size) * (case.new_tokens or 1)
+    top_k = 2 * 24 * STEP_TOP_K * case.batch_size  # each step's top-k ids and logits
+    return 3 * logits + (8 * (request.max_iterations + case.batch_size) + top_k) * (case.new_tokens or 1)
 
 
 def validate_serve(request: ServeRequest) -> ServePlan:
@@ -283,7 +286,8 @@ class ServedJobs:
         details["input_shapes"] = found.page.input_shapes
         _, reference = found.prepared.load_case((found.case.batch_size, found.case.seq_len))
         extra = {"precision": found.precision, "details": details}
-        result = build_result(found.prepared, found.setting, found.case, answer, extra, reference)
+        model = case_model(found.prepared, found.case)[0]  # the file the page ran, its tokens checked on it
+        result = build_result(found.prepared, found.setting, found.case, answer, extra, reference, model)
         self.emit(result)
         return _summary(result)
 

@@ -93,12 +93,40 @@ def matrix(
     console.print(table)
 
 
+def _generation(model: str, batch_size: int, min_agreement: float | None, machine: str | None, db: Path) -> None:
+    """recommend --mode generate: the model's generate targets by decode tokens/s above the agreement floor."""
+    from harness.analysis.machines import one_machine
+    from harness.analysis.recommend import fastest_generation
+
+    try:
+        with one_machine(db, machine) as scoped:
+            choice = fastest_generation(scoped, model, batch_size, min_agreement)
+    except (StoreError, ValueError) as exc:
+        raise fail(str(exc)) from None
+    floor = "" if min_agreement is None else f", top-1 agreement with fp32 >= {min_agreement:g}"
+    table = Table(title=f"Fastest generation for {shown(model)}, batch {batch_size}{floor}")
+    for name in ("rank", "target", "precision", "tg tokens/s", "TTFT ms", "agreement", "KL vs fp32"):
+        table.add_column(name, overflow="fold")
+    for number, row in enumerate(choice.ranked, start=1):
+        share, kl = row["agreement"], row["kl_mean"]
+        table.add_row(str(number), shown(row["target"]), shown(row["precision"]), f"{row['decode_tokens_per_s']:.1f}",
+                      "—" if row["ttft_ms"] is None else f"{row['ttft_ms']:.3f}",
+                      "—" if share is None else f"{share:.3f}", "—" if kl is None else f"{kl:.4f}")  # fmt: skip
+    console.print(table if choice.ranked else f"no ok generate row of {shown(model)} at batch {batch_size}{floor}")
+    for line in choice.excluded:
+        console.print(f"excluded: {shown(line)}")
+
+
 def recommend(
     model: Annotated[str | None, typer.Option(help="Model name.")] = None,
     model_family: Annotated[str | None, typer.Option(help="Model family (uses its measured models).")] = None,
     task: Annotated[str | None, typer.Option(help="HF task, e.g. text-generation (maps to a family).")] = None,
     batch_size: Annotated[int, typer.Option(help="Batch size to recommend for.")] = 1,
-    mode: Annotated[str, typer.Option(help="inference or training.")] = "inference",
+    mode: Annotated[str, typer.Option(help="inference, training or generate (by decode tokens/s).")] = "inference",
+    min_agreement: Annotated[
+        float | None,
+        typer.Option(help="generate: only targets whose top-1 agreement with the fp32 model is at least this (0-1)."),
+    ] = None,
     hardware: Annotated[str | None, typer.Option(help="The hardware you have (comma-separated).")] = None,
     weights: Annotated[str, typer.Option(help="latency,throughput,memory,compatibility weights.")] = "0.4,0.3,0.1,0.2",
     create_map: Annotated[Path | None, typer.Option(help="Write the selection map JSON here.")] = None,
@@ -120,10 +148,16 @@ def recommend(
         score_weights = ScoreWeights(*values)
     except (ValueError, TypeError):
         raise fail(f"--weights takes four numbers latency,throughput,memory,compatibility (got '{weights}')") from None
-    if mode not in ("inference", "training"):
-        raise fail(f"unknown --mode '{mode}'; valid: inference, training")
+    if mode not in ("inference", "training", "generate"):
+        raise fail(f"unknown --mode '{mode}'; valid: inference, training, generate")
     if problem := out_of_range("--batch-size", batch_size, 1, MAX_BATCH):
         raise fail(problem)
+    if min_agreement is not None and mode != "generate":
+        raise fail("--min-agreement ranks generate targets: give it with --mode generate")
+    if mode == "generate":
+        if not model or model_family or task or hardware or create_map or one_line:
+            raise fail("--mode generate takes --model, --batch-size, --min-agreement, --machine and --db")
+        return _generation(model, batch_size, min_agreement, machine, db)
     if one_line:
         if model_family or task or hardware or create_map:
             raise fail("--one-line takes --model, --batch-size, --mode and --db; the ranking's options do nothing")

@@ -33,7 +33,7 @@ from harness.store import StoreError, StoreWriteError
 # The run options every benchmark command takes: each field of harness.run.plan.RunOptions (flag, help, bound
 # and choices written there once), in field order. A field added there is an option of native, web and run.
 SHARED = tuple(declared(RunOptions))
-NATIVE = ("hardware", "engines")  # BenchmarkRequest's own
+NATIVE = ("hardware", "engines", "native_threads")  # BenchmarkRequest's own
 # WebRequest's own: how the browser is launched or reached, on `web` and `run` alike (--hardware is the browser
 # EPs: `web --hardware`, `run --web-hardware`)
 BROWSER = LAUNCH

@@ -20,7 +20,9 @@ from harness.cli.common import console, errors, fail, shown
 from harness.cli.stops import interrupted, stopped
 from harness.core.records import Result
 from harness.core.terminal import terminal_text
+from harness.prepare.prepared import Phase
 from harness.run.recording import RunSummary
+from harness.run.worker import phases_shown
 from harness.store import StoreError, StoreWriteError
 
 
@@ -51,8 +53,14 @@ def run_with_progress(
                     highlight=False,
                 )
 
+        def on_phase(phase: Phase) -> None:  # a model's preparation, before its jobs: a cold export takes minutes
+            progress.update(task, description=f"{phase.model}: {phase.step}")
+            if not console.is_terminal:
+                console.print(f"preparing {shown(phase.model)}: {phase.step}", highlight=False)
+
         try:
-            summary = start(on_result)
+            with phases_shown(on_phase):
+                summary = start(on_result)
         except StoreWriteError as exc:  # not bad input: the run stopped, what it finished is kept
             raise stopped(exc, resumable) from None
         except StoreError as exc:

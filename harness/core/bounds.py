@@ -57,3 +57,10 @@ MAX_HEAD_SIZE = 65_536  # one attention head's width
 MAX_VOCAB = 4 * 2**20  # tokens in a vocabulary
 MAX_CONTEXT = 16 * 2**20  # positions, context length, a generation's max_length
 MAX_NAME_CHARS = 96  # a file name made from stored text (a run id): room for a hash and a suffix under 255 bytes
+# Prompts (harness.prepare.prompts): a folder's tokenizer files are data from elsewhere, bounded before they are
+# read; a prompt given on the command line is bounded before it is tokenized. Llama 3's tokenizer.json is 9 MB,
+# Gemma 3's 33 MB; a chat template of today's models is under 20 KB.
+MAX_TOKENIZER_BYTES = 64 * 2**20  # a tokenizer.json read
+MAX_PROMPT_CHARS = 1_000_000  # characters of --prompt text
+MAX_PROMPT_IDS = 4096  # token ids in --prompt-ids (one comma-separated list)
+MAX_TEMPLATE_CHARS = 256 * 1024  # a chat template's source

@@ -7,17 +7,20 @@ One generation of N tokens from a prompt of P tokens (batch B) is timed as:
 and gives two rates that never mix the phases (llama-bench's spelling in tables):
   pp  prefill tokens/s = B x P / TTFT
   tg  decode tokens/s  = B x (N-1) / the sum of the decode steps
-A rate over the whole generation would fold a slow prefill into a per-token figure.
+A rate over the whole generation would fold a slow prefill into a per-token figure. A generation stopped at EOS
+(--stop-at-eos) has fewer steps: the rates count the steps it made, never the tokens asked.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
 import numpy as np
 
+from harness.core.parity import logit_tolerance
 from harness.core.stats import nearest_rank
 
 # The tables' names of the two phases' rates (llama-bench's pp / tg).
@@ -26,6 +29,10 @@ DECODE_RATE = "tg tokens/s"
 # A page whose memory grows by more than this over its repeated generations is flagged: a KV cache that
 # is not disposed grows it by the cache's size every generation.
 MEMORY_GROWTH_BOUND_MB = 16.0
+# The logits a page returns per generated step (its warm-up's): its top-k ids and values, checked against
+# native ORT's at the same ids (token_check). 8 catches a wrong winner and its runners-up; a generation of
+# 4096 tokens then returns 32 K pairs per batch row.
+STEP_TOP_K = 8
 
 
 def decode_steps(stamps_ns: Sequence[int]) -> list[float]:
@@ -71,6 +78,87 @@ def step_curve(steps_ms: Sequence[Sequence[float]]) -> list[float]:
     return [float(v) for v in np.median(np.asarray(steps_ms, dtype=np.float64), axis=0)]
 
 
+@dataclass(frozen=True)
+class StepTop:
+    """The other side's own logits at each generated step, where it returns them: its top-k token ids and
+    their logits, [batch, new_tokens, k] each (NaN where it held a non-finite value)."""
+
+    ids: np.ndarray
+    values: np.ndarray
+
+
+def token_check(tokens: Sequence[Sequence[int]], forced: np.ndarray, precision: str, side: str,
+                top: StepTop | None = None) -> tuple[bool, dict[str, Any]]:  # fmt: skip
+    """Whether a generation agrees with native ONNX Runtime on the same graph: (agree, facts for the row).
+
+    forced: native ORT's logits [batch, N, vocab] teacher-forced on `tokens` (the prefix up to a first
+    difference is native greedy's own). Agree only if (1) at every step the other side's top-k logits stay
+    within the precision's logit tolerance of native's at the same ids (and native's top-1 is among them
+    or below their k-th), and (2) at every step where the token differs from native's argmax, native's gap
+    between its top-1 and that token is below twice the step's logit tolerance, measured for the precision
+    and side (harness.core.parity.LOGIT_TOLERANCES): two sides within it can only swap a near tie."""
+    ids = np.asarray(tokens, dtype=np.int64)
+    if ids.shape != forced.shape[:2]:
+        return False, {"token_parity": f"mismatch: tokens {list(ids.shape)} against native's {list(forced.shape[:2])}"}
+    native = forced.argmax(axis=-1)
+    matched, row = common_prefix(ids.tolist(), native.tolist())
+    facts: dict[str, Any] = {"tokens_matched": matched, "tokens_compared": int(ids.shape[1])}
+    atol, rtol = logit_tolerance(precision, side)
+    facts["step_logit_tolerance"] = [atol, rtol]
+    problems = [] if top is None else _logit_problems(forced, top, (atol, rtol), facts)
+    for r, s in zip(*np.nonzero(ids != native), strict=True):
+        gap = float(forced[r, s, native[r, s]] - forced[r, s, ids[r, s]])
+        gap_limit = 2 * (atol + rtol * _scale(forced[r, s]))
+        if (r, s) == (row, matched):
+            facts |= {"divergence_row": int(r), "divergence_position": int(s), "reference_gap": gap,
+                      "gap_tolerance": gap_limit}  # fmt: skip
+        if not gap < gap_limit:
+            problems.append(f"row {r} step {s}: token {ids[r, s]} where native ORT's is {native[r, s]}, whose "
+                            f"logit is {gap:.3g} above it (a near tie is below {gap_limit:g})")  # fmt: skip
+    if problems:
+        facts["token_parity"] = "mismatch: " + "; ".join(problems[:3])
+    elif row is None:
+        facts["token_parity"] = f"all {matched} tokens of every row equal native ORT's on the same graph"
+    else:
+        facts["token_parity"] = (f"ok: row {row} leaves native ORT's tokens at step {matched} on a near tie "
+                                 f"(gap {facts['reference_gap']:.3g} < {facts['gap_tolerance']:.3g}); teacher-forced "
+                                 "on its tokens after it, native ORT agrees within the tolerances")  # fmt: skip
+    return not problems, facts
+
+
+def _scale(logits: np.ndarray) -> float:
+    """A step's largest finite |logit|: what the relative part of a tolerance is relative to."""
+    return float(np.max(np.abs(logits[np.isfinite(logits)]), initial=0.0))
+
+
+def _logit_problems(
+    forced: np.ndarray, top: StepTop, tolerance: tuple[float, float], facts: dict[str, Any]
+) -> list[str]:
+    """Steps where the other side's top-k logits leave native's by more than the tolerance (atol, rtol)."""
+    problems, worst, worst_rel = [], 0.0, 0.0
+    atol, rtol = tolerance
+    for r, s in np.ndindex(*forced.shape[:2]):
+        mine, theirs = forced[r, s], top.values[r, s]
+        scale = _scale(mine)
+        diff = float(np.max(np.abs(theirs - mine[top.ids[r, s]])))  # NaN on either side: not a number below
+        worst, worst_rel = _worse(worst, diff), _worse(worst_rel, diff / scale if scale else diff)
+        best = int(mine.argmax())
+        if not diff <= atol + rtol * scale:
+            problems.append(f"row {r} step {s}: a top-{top.ids.shape[2]} logit differs from native ORT's by "
+                            f"{diff:.3g} (tolerance {atol + rtol * scale:.3g})")  # fmt: skip
+        elif best not in top.ids[r, s] and mine[best] > np.nanmin(theirs) + atol + rtol * scale:
+            problems.append(f"row {r} step {s}: native ORT's top-1 token {best} (logit {mine[best]:.4g}) is missing "
+                            f"from the other side's top-{top.ids.shape[2]}")  # fmt: skip
+    facts |= {"step_logit_max_diff": None if np.isnan(worst) else worst,
+              "step_logit_max_rel": None if np.isnan(worst_rel) else worst_rel}  # fmt: skip
+    return problems
+
+
+def _worse(a: float, b: float) -> float:
+    """The larger, a NaN on either side winning (a non-finite logit is the worst difference)."""
+    return float("nan") if np.isnan(a) or np.isnan(b) else max(a, b)
+
+
 def common_prefix(tokens: Sequence[Sequence[int]], reference: Sequence[Sequence[int]]) -> tuple[int, int | None]:
     """(the shortest common prefix over the batch's rows, the row where it ends or None if all match)."""
     shortest, row_at = None, None
@@ -79,27 +167,3 @@ def common_prefix(tokens: Sequence[Sequence[int]], reference: Sequence[Sequence[
         if length < len(mine) and (shortest is None or length < shortest):
             shortest, row_at = length, row
     return (len(tokens[0]) if shortest is None else shortest), row_at
-
-
-def token_parity(tokens: Sequence[Sequence[int]], reference: Sequence[Sequence[int]],
-                 margins: Sequence[Sequence[float]], tolerance: float) -> tuple[bool, dict[str, Any]]:  # fmt: skip
-    """Whether generated tokens agree with the reference greedy tokens: (agree, facts for the row).
-
-    At the first divergence the reference's top-1/top-2 logit margin decides: below the precision's
-    tolerance the two logits tie within what the precision can tell apart (noted, not a mismatch)."""
-    if [len(r) for r in tokens] != [len(r) for r in reference]:
-        shapes = f"{[len(r) for r in tokens]} tokens per row against the reference's {[len(r) for r in reference]}"
-        return False, {"token_parity": f"mismatch: {shapes}"}
-    matched, row = common_prefix(tokens, reference)
-    facts: dict[str, Any] = {"tokens_matched": matched, "tokens_compared": len(tokens[0])}
-    if row is None:
-        return True, facts | {"token_parity": f"all {matched} tokens of every row equal the reference's"}
-    margin = float(margins[row][matched])
-    facts |= {"divergence_row": row, "divergence_position": matched, "reference_margin": margin}
-    tie = margin < tolerance
-    verdict = "noted: a near tie" if tie else "mismatch"
-    facts["token_parity"] = (
-        f"{verdict}: row {row} diverges at token {matched} where the reference's top-1/top-2 logit margin is "
-        f"{margin:.3g} ({'below' if tie else 'above'} the tolerance {tolerance:g})"
-    )
-    return tie, facts

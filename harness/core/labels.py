@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from harness.core.threads import threads_part
+
 BASELINE = ("cpu", "torch")  # (hardware, engine): speedups are relative to torch eager on the CPU
 BASELINE_LABEL = "/".join(BASELINE)
 # Engines whose provider is the device the hardware already names: their labels leave it out.
@@ -34,7 +36,9 @@ def on_device(label: str, row: Mapping[str, Any]) -> str:
 def target_label(row: Mapping[str, Any]) -> str:
     """Column name for a target, e.g. cpu/onnxruntime:CPUExecutionProvider (and `@ device` for a served one)."""
     label = f"{row['hardware']}/{row['engine']}"
-    return on_device(label if row["engine"] in DEVICE_PROVIDER_ENGINES else f"{label}:{row['provider']}", row)
+    if row["engine"] in DEVICE_PROVIDER_ENGINES:  # the device is the hardware's; a thread count is kept
+        return on_device(label + threads_part(row.get("provider") or ""), row)
+    return on_device(f"{label}:{row['provider']}", row)
 
 
 def short_target(row: Mapping[str, Any]) -> str:
@@ -43,8 +47,18 @@ def short_target(row: Mapping[str, Any]) -> str:
     label = row["hardware"] if row["engine"] == row["hardware"] else f"{row['hardware']}/{engine}"
     provider = (row.get("provider") or "").replace("ExecutionProvider", "")
     if row["engine"] in DEVICE_PROVIDER_ENGINES or not provider or provider == row["hardware"]:
-        return on_device(label, row)
+        return on_device(label + threads_part(provider), row)
     return on_device(f"{label}:{provider.removeprefix(row['hardware'] + ':')}", row)
+
+
+def threads_text(row: Mapping[str, Any]) -> str:
+    """A native row's intra-op threads as reports show them, "2 threads, not spinning" ('' where the row says
+    none: a browser row, whose count is its provider's, or a row stored before the columns existed)."""
+    count = row.get("native_threads")
+    if count is None:
+        return ""
+    spin = {True: ", spinning", False: ", not spinning"}.get(row.get("spinning"), "")
+    return f"{count} thread{'s' * (count != 1)}{spin}"
 
 
 def is_baseline(row: Mapping[str, Any]) -> bool:

@@ -133,3 +133,28 @@ def compare(
         return Parity(None, None, tolerance, False, tuple(non_finite))
     max_rel = max_abs / scale if scale > 0 else max_abs
     return Parity(max_abs, max_rel, tolerance, bool(max_abs <= tolerance))
+
+
+# (absolute, relative to the step's largest |logit|): how far a generation's logits may be from native ONNX
+# Runtime CPU's on the same graph file at every step (harness.core.generation.token_check), per (precision,
+# side): "browser" (onnxruntime-web, wasm or WebGPU) or "native" (another native loop on the CPU, e.g.
+# onnxruntime-genai, or ORT's own timed loop). Both sides run the same weights in the same precision, so only
+# the kernels differ: much tighter than TOLERANCES (against the fp32 model). Where a token differs from
+# native's argmax, native's top-1 logit minus its logit of that token must be below twice the tolerance at that
+# step: two sides within it can only swap a near tie. Measured by bench/token_gaps.py (docs/measurement.md).
+LOGIT_TOLERANCES: dict[tuple[str, str], tuple[float, float]] = {
+    ("fp32", "browser"): (1e-4, 1e-4),
+    ("fp16", "browser"): (1e-2, 1e-2),
+    ("q4", "browser"): (5e-3, 2e-2),
+    ("q4f16", "browser"): (1e-2, 2e-2),
+    ("fp32", "native"): (1e-4, 1e-4),
+    ("fp16", "native"): (1e-4, 1e-4),
+    ("q4", "native"): (1e-4, 1e-4),
+    ("q4f16", "native"): (1e-4, 1e-4),
+}
+
+
+def logit_tolerance(precision: str, side: str) -> tuple[float, float]:
+    """A precision's same-graph logit tolerance on a side (LOGIT_TOLERANCES); a precision not measured there
+    (int8, bf16) takes its output tolerance against the fp32 model, the loosest the harness holds it to."""
+    return LOGIT_TOLERANCES.get((precision, side)) or TOLERANCES.get(precision, TOLERANCES["fp32"])

@@ -108,6 +108,11 @@ class Result:
     # produced (one list per batch row), for token-level parity (harness.core.generation)
     step_samples_ms: list[list[float]] = field(default_factory=list)
     generated_tokens: list[list[int]] | None = None
+    # generate mode: the prompt's ids (one list per batch row), the first row's generated tokens as the model's
+    # tokenizer decodes them (None: it has none), and whether the generation stopped at EOS (the policy that ran)
+    prompt_ids: list[list[int]] | None = None
+    output_text: str | None = None
+    stop_at_eos: bool | None = None
     compile_ms: float | None = None  # JIT engines: compile time, kept out of the latency samples
     energy_j_per_item: float | None = None  # only from a real sensor (RAPL, NVML)
     details: dict[str, Any] = field(default_factory=dict)
@@ -169,9 +174,10 @@ class Result:
         steps = [s for each in self.step_samples_ms for s in each]
         if any(not _is_finite(s) or s <= 0 for s in steps):
             found.append("step_samples_ms must hold finite numbers > 0")
-        tokens = self.generated_tokens
-        if tokens is not None and not all(isinstance(t, int) and t >= 0 for row in tokens for t in row):
-            found.append("generated_tokens must hold token ids (integers >= 0)")
+        for name in ("generated_tokens", "prompt_ids"):
+            tokens = getattr(self, name)
+            if tokens is not None and not all(isinstance(t, int) and t >= 0 for row in tokens for t in row):
+                found.append(f"{name} must hold token ids (integers >= 0)")
         return found
 
 

@@ -14,7 +14,7 @@ import json
 import os
 import re
 import shutil
-import tempfile
+import signal
 import time
 import traceback
 from dataclasses import dataclass
@@ -23,10 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from harness.prepare.cache import cache_root
+from harness.core.faults import injected_faults
+from harness.prepare.cache import exports_dir, staging_dir
 from harness.prepare.external import EXTERNAL_ABOVE_BYTES
 from harness.prepare.specs import ModelSpec
-from harness.prepare.workload import Weights
+from harness.prepare.weights import Weights
 
 OPSET = 18
 
@@ -44,7 +45,7 @@ class ExportOutcome:
 # The modules whose code decides what an export and its cached inputs contain. Their source is part
 # of the cache key, so changing how the harness exports (or makes inputs) never reuses a file an
 # older harness wrote: a cache that outlived a bug fix once served TorchScript exports as current.
-EXPORT_CODE = ("export.py", "export_past.py", "workload.py", "inputs.py")
+EXPORT_CODE = ("export.py", "export_past.py", "workload.py", "weights.py", "inputs.py")
 
 
 def _export_code_digest() -> str:
@@ -55,19 +56,16 @@ def _export_code_digest() -> str:
 
 
 def export_key(spec: ModelSpec, weights: Weights) -> str:
-    import onnx
-    import torch
-    import transformers
-
+    # The exporter stack's installed versions (the strings their __version__ reads), not their imports:
+    # torch, transformers and onnx took 2 s to import, and a run whose export is cached needs none of them
+    # (harness.prepare.prepared.needs_torch asks this key from a process that never imports torch).
     material = json.dumps(
         {
             "spec": spec.fingerprint(),
             "weights": weights.fingerprint,
-            "torch": str(torch.__version__),  # a plain str: a TorchVersion would import torch where it is read
-            "transformers": transformers.__version__,
-            "onnx": onnx.__version__,
-            # its installed version, not its import: importing onnxscript took as long as torch's (the exporter
-            # imports it where an export runs), and a cached export never needs it
+            "torch": metadata.version("torch"),
+            "transformers": metadata.version("transformers"),
+            "onnx": metadata.version("onnx"),
             "onnxscript": metadata.version("onnxscript"),
             "opset": OPSET,
             "harness_export_code": _export_code_digest(),
@@ -126,7 +124,7 @@ def export_onnx(spec: ModelSpec, module: Any, weights: Weights, feeds: dict[str,
 
 def export_dir(key: str) -> Path:
     """Where the export with cache key `key` lives (`<key>-past` holds the graph with past key/values)."""
-    return cache_root() / "onnx" / key
+    return exports_dir() / key
 
 
 def cached_export(target_dir: Path) -> ExportOutcome | None:
@@ -151,12 +149,22 @@ def export_cached(
     if (hit := cached_export(target_dir)) is not None:
         return hit
     args = tuple(torch.from_numpy(feeds[n]) for n in module.input_names)
-    target_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=target_dir.parent, prefix=".staging-"))
+    staging = staging_dir(target_dir.parent)  # a killed export's stale folder is removed first
     try:
+        _injected_export_fault()
         return _export_staged(staging, target_dir, module, args, feeds, shapes, axes)
     finally:  # renamed into place, failed or interrupted: no staging directory is left behind
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _injected_export_fault() -> None:
+    """Testing hook: an export killed (export-kill: SIGKILL, no cleanup runs) or hanging (export-hang) with
+    its staging folder written."""
+    faults = injected_faults()
+    if "export-kill" in faults:
+        os.kill(os.getpid(), signal.SIGKILL)
+    while "export-hang" in faults:
+        time.sleep(3600)
 
 
 def _parameter_bytes(module: Any) -> int:

@@ -19,7 +19,7 @@ import torch
 
 from harness.prepare.export import ExportOutcome, export_cached, export_dir, export_key
 from harness.prepare.specs import ModelSpec
-from harness.prepare.workload import Weights
+from harness.prepare.weights import Weights
 
 # Only decoder-only LM heads get this export (ModelSpec.has_past_export). Encoder-decoder models
 # (T5, Whisper) would need an encoder graph and a decoder with cross-attention caches, LLaVA its

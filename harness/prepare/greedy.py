@@ -3,7 +3,8 @@ loop (harness.native.onnxruntime_backend) and the reference tokens the browser's
 
 A graph qualifies when it takes input_ids, attention_mask and past_* inputs and returns logits then
 present_* outputs (harness.prepare.export_past's names, or Hugging Face Optimum's past_key_values.N.* /
-present.N.*); position_ids is fed only when the graph takes it. Exactly new_tokens tokens, EOS ignored.
+present.N.*); position_ids is fed only when the graph takes it. Exactly new_tokens tokens, EOS ignored, unless
+the run stops at EOS (--stop-at-eos).
 web/page/generate.mjs runs the same steps in the page.
 """
 
@@ -137,27 +138,33 @@ def bound_step(session: Any, output_names: list[str], device: str | None) -> Cal
 
 
 def greedy(session: Any, inputs: dict[str, np.ndarray], new_tokens: int, stamp: Callable[[], None] = lambda: None,
-           keep: bool = False, shape: tuple[int, int] | None = None, device: str | None = None) -> Greedy:  # fmt: skip
-    """Exactly new_tokens greedy tokens; stamp() runs as each step's logits are on the host. keep: also the
-    reference's margins and prefill logits (outside any timing); shape: the past's heads and head size where
-    the graph leaves them symbolic; device: keep the presents on that ORT device (bound_step)."""
+           keep: bool = False, shape: tuple[int, int] | None = None, eos: tuple[int, ...] = (),
+           device: str | None = None) -> Greedy:  # fmt: skip
+    """Exactly new_tokens greedy tokens, or with `eos` (--stop-at-eos) up to new_tokens, ending once every row
+    has made one of those ids; stamp() runs as each step's logits are on the host. keep: also the reference's
+    margins and prefill logits (outside any timing); shape: the past's heads and head size where the graph
+    leaves them symbolic; device: keep the presents on that ORT device (bound_step)."""
     output_names = [o.name for o in session.get_outputs()]
     pasts = [past_input(name) for name in output_names[1:]]
     mask = inputs["attention_mask"]
     feeds = prefill_feeds(session, inputs, shape)
     run = bound_step(session, output_names, device)
     tokens, margins, prefill = [], [], None
+    ended = np.zeros(mask.shape[0], dtype=bool)
     for _ in range(new_tokens):
         logits, *presents = run(feeds)
         stamp()
         last = logits[:, -1]
         token = last.argmax(axis=-1, keepdims=True).astype(np.int64)
         tokens.append(token)
+        ended |= np.isin(token[:, 0], eos)
         if keep:
             # the last position: the page reports it alone, and a graph may return every position
             prefill = logits[:, -1:].astype(np.float32) if prefill is None else prefill
             top2 = np.sort(last.astype(np.float64), axis=-1)[:, -2:]
             margins.append(top2[:, 1] - top2[:, 0])
+        if eos and ended.all():
+            break
         mask = np.concatenate([mask, np.ones_like(token)], axis=1)
         step = {"input_ids": token, "attention_mask": mask, "position_ids": positions(mask, 1),
                 "use_cache_branch": np.array([True])}  # fmt: skip
@@ -166,12 +173,42 @@ def greedy(session: Any, inputs: dict[str, np.ndarray], new_tokens: int, stamp: 
     return Greedy(np.concatenate(tokens, axis=1), kept, prefill)
 
 
-def reference_generation(graph: Path, inputs: dict[str, np.ndarray], new_tokens: int) -> Greedy:
-    """Native ONNX Runtime's greedy tokens on the CPU for this graph and prompt: what every browser
-    generation of the same file is checked against."""
+def forced_logits(session: Any, inputs: dict[str, np.ndarray], tokens: np.ndarray,
+                  shape: tuple[int, int] | None = None) -> np.ndarray:  # fmt: skip
+    """Teacher forcing: the logits at every position the loop computes when fed the prompt and then `tokens`
+    [batch, N] (another side's generation) instead of its own choices, as float32 [batch, L, vocab]: the
+    prefill's positions (every prompt position where the graph returns them all, else the last), then one
+    per later token; the last N predict `tokens` one by one. The prefix up to a first difference is the
+    native loop's own, so its logits there are native greedy's."""
+    output_names = [o.name for o in session.get_outputs()]
+    pasts = [past_input(name) for name in output_names[1:]]
+    mask = inputs["attention_mask"]
+    feeds = prefill_feeds(session, inputs, shape)
+    kept = []
+    for step in range(tokens.shape[1]):
+        logits, *presents = session.run(output_names, feeds)
+        kept.append(np.asarray(logits, dtype=np.float32) if step == 0 else np.asarray(logits[:, -1:], np.float32))
+        if step == tokens.shape[1] - 1:
+            break
+        token = tokens[:, step : step + 1].astype(np.int64)
+        mask = np.concatenate([mask, np.ones_like(token)], axis=1)
+        feed = {"input_ids": token, "attention_mask": mask, "position_ids": positions(mask, 1),
+                "use_cache_branch": np.array([True])}  # fmt: skip
+        feeds = _taken(session, feed | dict(zip(pasts, presents, strict=True)))
+    return np.concatenate(kept, axis=1)
+
+
+def cpu_session(graph: Path) -> Any:
+    """A native ONNX Runtime CPU session on a graph: the reference every other side is checked against."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
-    return greedy(session, inputs, new_tokens, keep=True, shape=past_shape(graph))
+    return ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+
+
+def reference_generation(graph: Path, inputs: dict[str, np.ndarray], new_tokens: int,
+                         eos: tuple[int, ...] = ()) -> Greedy:  # fmt: skip
+    """Native ONNX Runtime's greedy tokens on the CPU for this graph and prompt (stopping at `eos` where the
+    run asked): what every browser generation of the same file is checked against."""
+    return greedy(cpu_session(graph), inputs, new_tokens, keep=True, shape=past_shape(graph), eos=eos)

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from harness.prepare.prompts import Vocabulary, random_prompt, tokenizer_folder, vocabulary
 from harness.prepare.specs import ModelSpec
 
 # The non-text inputs each kind adds after the spec's text_inputs (then its extra_inputs).
@@ -94,6 +95,11 @@ def _generate(
     if name in ("input_ids", "decoder_input_ids"):
         if kind == "image+text-generation":
             return _ids_with_image_tokens(spec, config, rng, batch, seq or 1)
+        if name == "input_ids" and spec.prompt is not None:
+            return prompt_rows(spec.prompt, batch)
+        if name == "input_ids":  # the model's prompt, whatever folder it came in (harness.prepare.prompts)
+            rows = sub_config(config, "text_config").vocab_size
+            return random_prompt(vocabulary(tokenizer_folder(spec.local_path), rows), batch, seq or 1)
         return rng.integers(0, sub_config(config, "text_config").vocab_size, size=(batch, seq), dtype=np.int64)
     if name in ("attention_mask", "token_type_ids"):
         length = (seq or 1) + (image_token_count(config, spec.inputs.image_aspect) if kind.startswith("image") else 0)
@@ -159,14 +165,23 @@ _ONNX_DTYPES = {
 
 
 def make_signature_inputs(
-    graph_inputs: list[tuple[str, list[Any], str]], model: str, batch: int, seq: int | None
+    graph_inputs: list[tuple[str, list[Any], str]],
+    model: str,
+    batch: int,
+    seq: int | None,
+    tables: dict[str, int] | None = None,
+    vocab: Vocabulary | None = None,
+    prompt: tuple[int, ...] | None = None,
 ) -> dict[str, np.ndarray]:
     """Inputs for an arbitrary ONNX file from its signature (name, shape, type).
 
-    Fixed dimensions are kept; the first symbolic dimension is the batch, later ones the sequence.
-    Integer inputs get small ids (valid for any embedding table); masks get ones.
+    Fixed dimensions are kept; the first symbolic dimension is the batch, later ones the sequence. An integer
+    input stays inside the table it indexes (`tables`: harness.prepare.graph_tables.index_tables): token_type_ids
+    zeros, input_ids the model's prompt (`prompt`, else drawn from `vocab`: harness.prepare.prompts), others
+    drawn below the table's rows (below 100 where the graph shows no table); masks get ones.
     """
     rng = np.random.default_rng(case_seed(model, batch, seq))
+    tables = tables or {}
     feeds = {}
     for name, shape, type_name in graph_inputs:
         dtype = _ONNX_DTYPES.get(type_name)
@@ -181,12 +196,31 @@ def make_signature_inputs(
         if "mask" in name:
             feeds[name] = np.ones(dims, dtype=dtype)
         elif np.issubdtype(dtype, np.integer):
-            feeds[name] = rng.integers(0, 100, size=dims).astype(dtype)
+            feeds[name] = _integer_input(name, dims, tables.get(name), vocab, prompt, rng).astype(dtype)
         elif dtype is np.bool_:
             feeds[name] = np.ones(dims, dtype=dtype)
         else:
             feeds[name] = rng.standard_normal(dims).astype(dtype)
     return feeds
+
+
+UNKNOWN_TABLE_ROWS = 100  # an integer input no table of the graph bounds: small ids, valid for most
+
+
+def _integer_input(name: str, dims: list[int], rows: int | None, vocab: Vocabulary | None,
+                   prompt: tuple[int, ...] | None, rng: np.random.Generator) -> np.ndarray:  # fmt: skip
+    if name == "token_type_ids":  # one segment: what a tokenizer gives a single text
+        return np.zeros(dims, dtype=np.int64)
+    if name == "input_ids" and len(dims) == 2 and prompt is not None:
+        return prompt_rows(prompt, dims[0])
+    if name == "input_ids" and len(dims) == 2 and (vocab is not None or rows is not None):
+        return random_prompt(vocab or Vocabulary(rows or 0), dims[0], dims[1])
+    return rng.integers(0, rows or UNKNOWN_TABLE_ROWS, size=dims)
+
+
+def prompt_rows(prompt: tuple[int, ...], batch: int) -> np.ndarray:
+    """A given prompt as input_ids: the same ids in every batch row."""
+    return np.tile(np.asarray(prompt, dtype=np.int64), (batch, 1))
 
 
 def onnx_file_signature(path: Path) -> list[tuple[str, list[Any], str]]:

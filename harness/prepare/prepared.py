@@ -7,11 +7,12 @@ reference: torch fp32 for spec models, ONNX Runtime CPU for plain .onnx files.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -24,10 +25,11 @@ from harness.prepare.specs import ModelSpec
 if TYPE_CHECKING:  # harness.prepare.export imports torch: workers that only run ORT/OpenVINO never need it
     from harness.prepare.export import ExportOutcome
     from harness.prepare.greedy import Greedy
-    from harness.prepare.workload import Weights
+    from harness.prepare.weights import Weights
 
 CaseShape = tuple[int, int | None]  # (batch, seq)
 MODEL_FACTS = "model.json"  # in a case directory: the module's facts a warm-cache prepare needs
+NOT_EXPORTED = "not exported: every case that loads an ONNX file generates from the export with past key/values"
 
 
 @dataclass
@@ -49,6 +51,15 @@ class PreparedModel:
     output_names: tuple[str, ...] = ()  # the reference outputs' names, in order (parity messages name them)
     # generate in the browser: native ORT's greedy generation per (case, new tokens), the tokens checked against
     generation_files: dict[tuple[CaseShape, int], Path] = field(default_factory=dict)
+    eos: tuple[int, ...] = ()  # the ids generation stops at (--stop-at-eos and the model states some), else ()
+    eos_asked: bool = False  # --stop-at-eos
+
+    def text_fields(self, input_ids: np.ndarray, generated: list[list[int]] | None,
+                    details: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+        """A generate row's prompt ids, decoded output text and EOS policy (harness.prepare.prompts)."""
+        from harness.prepare.prompts import text_fields
+
+        return text_fields(self.spec, input_ids, generated, self.eos, self.eos_asked, details)
 
     def result(self, target: Target, case: Case, status: str, error: str | None = None, **fields: Any) -> Result:
         """A Result carrying this model's facts, native or browser; measured fields come in **fields."""
@@ -105,6 +116,18 @@ class PrepareJob:
     with_past: bool = False
     # > 0: also native ORT's greedy generation of this many tokens per case (browser token parity)
     reference_tokens: int = 0
+    # The plain export: False where every case that loads an ONNX file generates from the export with past,
+    # which then serves alone (a first run of a real model exported it twice, inside the job's timeout)
+    plain: bool = True
+    stop_at_eos: bool = False  # --stop-at-eos: generations (and the reference's) stop at the model's EOS id
+
+
+@dataclass(frozen=True)
+class Phase:
+    """What a preparing child is doing now, sent to the parent before each long step (the CLI shows it)."""
+
+    model: str
+    step: str  # e.g. "exporting ONNX with past key/values"
 
 
 def unprepared_result(
@@ -151,13 +174,32 @@ def _build_cases(
     return failed
 
 
-def _prepare_spec_model(job: PrepareJob) -> PreparedModel:
+def _spec_case_dir(spec: ModelSpec) -> tuple[Weights, Path]:
+    """The spec's weights and its cache directory (its export's key), both torch-free."""
     from harness.prepare.export import export_key
-    from harness.prepare.workload import find_weights
+    from harness.prepare.weights import find_weights
 
-    weights, _ = find_weights(job.spec)
-    case_dir = _case_dir(export_key(job.spec, weights))
-    return _prepare_from_cache(job, weights, case_dir) or _build_and_prepare(job, case_dir)
+    weights, _ = find_weights(spec)
+    return weights, _case_dir(export_key(spec, weights))
+
+
+def _prepare_spec_model(job: PrepareJob) -> Iterator[Phase | PreparedModel]:
+    weights, case_dir = _spec_case_dir(job.spec)
+    cached = _prepare_from_cache(job, weights, case_dir)
+    if cached is not None:
+        yield cached
+    else:
+        yield from _build_and_prepare(job, case_dir)
+
+
+def needs_torch(job: PrepareJob) -> bool:
+    """Whether preparing builds the torch module: a spec model whose export, facts and case files an
+    earlier run did not all leave in the cache. A warm-cache prepare reads files only, so its worker
+    need not fork from the torch fork server (whose start cost a cached ORT-only run ~2 s)."""
+    if job.spec.is_onnx_file:
+        return False
+    weights, case_dir = _spec_case_dir(job.spec)
+    return _prepare_from_cache(job, weights, case_dir) is None
 
 
 def _case_paths(job: PrepareJob, case_dir: Path, limit: int | None) -> tuple[dict[CaseShape, Path], dict]:
@@ -167,17 +209,32 @@ def _case_paths(job: PrepareJob, case_dir: Path, limit: int | None) -> tuple[dic
         if limit is not None and seq is not None and seq > limit:
             skipped[(batch, seq)] = f"sequence length {seq} exceeds the model's maximum of {limit} positions"
         else:
-            case_files[(batch, seq)] = case_dir / f"b{batch}_s{seq}.npz"
+            case_files[(batch, seq)] = case_dir / case_file_name(job.spec, batch, seq)
     return case_files, skipped
+
+
+# The rule drawn prompts follow (harness.prepare.prompts); a new rule gets a new tag, so no case file an
+# earlier rule drew is reused.
+DRAWN_PROMPTS = "drawn2"
+
+
+def case_file_name(spec: ModelSpec, batch: int, seq: int | None) -> str:
+    """A case's .npz name: its shape and its prompt (the given ids' digest, or the drawing rule)."""
+    if spec.prompt is None:
+        return f"b{batch}_s{seq}_{DRAWN_PROMPTS}.npz"
+    digest = hashlib.sha256(json.dumps(list(spec.prompt)).encode()).hexdigest()[:16]
+    return f"b{batch}_s{seq}_p{digest}.npz"
 
 
 def _prepare_from_cache(job: PrepareJob, weights: Weights, case_dir: Path) -> PreparedModel | None:
     """Everything from the cache when an earlier run left all of it: no module is built (seconds of
     random initialisation for a base model). None when anything is missing."""
-    from harness.prepare.export import cached_export, export_dir
+    from harness.prepare.export import ExportOutcome, cached_export, export_dir
 
     facts_path = case_dir / MODEL_FACTS
-    onnx = cached_export(export_dir(case_dir.name))
+    onnx = cached_export(export_dir(case_dir.name))  # an earlier run's plain export serves even when not needed
+    if onnx is None and not job.plain:
+        onnx = ExportOutcome(None, None, False, None, NOT_EXPORTED, None)
     past = cached_export(export_dir(f"{case_dir.name}-past")) if job.with_past else None
     if not facts_path.exists() or onnx is None or (job.with_past and past is None):
         return None
@@ -191,13 +248,14 @@ def _prepare_from_cache(job: PrepareJob, weights: Weights, case_dir: Path) -> Pr
     return prepared
 
 
-def _build_and_prepare(job: PrepareJob, case_dir: Path) -> PreparedModel:
+def _build_and_prepare(job: PrepareJob, case_dir: Path) -> Iterator[Phase | PreparedModel]:
     import torch
 
-    from harness.prepare.export import export_onnx
+    from harness.prepare.export import ExportOutcome, export_onnx
     from harness.prepare.workload import build_module, make_inputs, max_sequence_length
 
     spec = job.spec
+    yield Phase(spec.name, "building the model and its reference outputs")
     module, weights = build_module(spec)
     config = module.model.config
     parameters = sum(p.numel() for p in module.parameters())
@@ -212,18 +270,24 @@ def _build_and_prepare(job: PrepareJob, case_dir: Path) -> PreparedModel:
 
     failed = _build_cases(case_files, build)  # references first: exporting traces the module and may change it
     example_seq = 16 if spec.inputs.uses_sequence else None
-    outcome = export_onnx(spec, module, weights, make_inputs(spec, config, 2, example_seq))
+    outcome = ExportOutcome(None, None, False, None, NOT_EXPORTED, None)
+    if job.plain:
+        yield Phase(spec.name, "exporting ONNX")
+        # the export's example: a drawn prompt of its own length (a given prompt is one case's length)
+        example = make_inputs(replace(spec, prompt=None), config, 2, example_seq)
+        outcome = export_onnx(spec, module, weights, example)
     prepared = _prepared(job, weights, outcome, parameters, case_files, skipped)
     prepared.failed = failed
     if job.with_past:
         from harness.prepare.export_past import export_with_past
 
+        yield Phase(spec.name, "exporting ONNX with past key/values")
         past = export_with_past(spec, module.model, weights)
         prepared.onnx_past_path, prepared.onnx_past_error = past.path, past.error
         prepared.export["past"] = _export_facts(past)
     facts = {"parameters": parameters, "max_sequence_length": limit}
     write_atomically(case_dir / MODEL_FACTS, lambda file: file.write(json.dumps(facts).encode()))  # for the next run
-    return prepared
+    yield prepared
 
 
 def _prepared(
@@ -263,8 +327,10 @@ def _prepare_onnx_file(job: PrepareJob) -> PreparedModel:
 
     from harness.prepare.external import content_key
     from harness.prepare.folders import file_precision, past_shape
+    from harness.prepare.graph_tables import index_tables
     from harness.prepare.greedy import prefill_feeds, takes_past
     from harness.prepare.inputs import make_signature_inputs, onnx_file_signature
+    from harness.prepare.prompts import tokenizer_folder, vocabulary
 
     spec = job.spec
     assert spec.local_path is not None
@@ -289,18 +355,30 @@ def _prepare_onnx_file(job: PrepareJob) -> PreparedModel:
         output_names=tuple(o.name for o in session.get_outputs()) if session is not None else (),
     )
     case_dir = _case_dir(digest)
-    prepared.case_files = {(batch, seq): case_dir / f"b{batch}_s{seq}.npz" for batch, seq in job.shapes}
+    prepared.case_files = {(b, s): case_dir / case_file_name(spec, b, s) for b, s in job.shapes}
+    tables = index_tables(spec.local_path)  # integer inputs stay inside the tables they index
+    rows = tables.get("input_ids") or _logits_width(session)
+    vocab = vocabulary(tokenizer_folder(spec.local_path), rows) if rows else None
     if session is not None and takes_past([i.name for i in session.get_inputs()], prepared.output_names):
         prepared.onnx_past_path = spec.local_path  # a graph with past key/values: it generates
 
     def build(batch: int, seq: int | None) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
-        feeds = make_signature_inputs(signature, spec.name, batch, seq)
+        feeds = make_signature_inputs(signature, spec.name, batch, seq, tables, vocab, spec.prompt)
         if prepared.onnx_past_path is not None:  # the prompt with an empty past (a prefill)
             feeds = prefill_feeds(session, feeds, past_shape(spec.local_path))
         return feeds, list(session.run(None, feeds)) if session is not None else []
 
     prepared.failed = _build_cases(prepared.case_files, build)
     return prepared
+
+
+def _logits_width(session: Any) -> int | None:
+    """The vocabulary a graph's first output spans where it fixes its last dimension (a graph whose input_ids
+    index no table the proto shows)."""
+    if session is None:
+        return None
+    last = (session.get_outputs()[0].shape or [None])[-1]
+    return last if isinstance(last, int) and last > 0 else None
 
 
 def _first_line(exc: BaseException) -> str:
@@ -315,12 +393,30 @@ def _case_dir(key: str) -> Path:
     return directory
 
 
-def prepare_model(job: PrepareJob) -> Iterator[PreparedModel]:
-    """Worker entry point (a generator, as harness.run.isolation expects)."""
-    prepared = _prepare_onnx_file(job) if job.spec.is_onnx_file else _prepare_spec_model(job)
+def prepare_steps(job: PrepareJob) -> Iterator[Phase | PreparedModel]:
+    """Worker entry point (a generator, as harness.run.isolation expects): a Phase before each long step,
+    then the PreparedModel."""
+    if job.spec.is_onnx_file:
+        prepared = _prepare_onnx_file(job)
+    else:
+        for step in _prepare_spec_model(job):
+            if isinstance(step, Phase):
+                yield step
+            else:
+                prepared = step
+    if job.stop_at_eos:  # its files were read once already, when the run was checked (harness.run.plan)
+        from harness.prepare.prompts import model_eos_ids
+
+        prepared.eos, prepared.eos_asked = model_eos_ids(job.spec), True
     if job.reference_tokens and prepared.onnx_past_path is not None:
+        yield Phase(job.spec.name, "native ONNX Runtime's reference tokens")
         _reference_generations(prepared, job.reference_tokens)
     yield prepared
+
+
+def prepare_model(job: PrepareJob) -> Iterator[PreparedModel]:
+    """prepare_steps without its phases: the PreparedModel alone."""
+    yield from (step for step in prepare_steps(job) if isinstance(step, PreparedModel))
 
 
 def _reference_generations(prepared: PreparedModel, new_tokens: int) -> None:
@@ -330,11 +426,12 @@ def _reference_generations(prepared: PreparedModel, new_tokens: int) -> None:
 
     assert prepared.onnx_past_path is not None
     for shape, case_file in prepared.case_files.items():
-        path = case_file.with_name(f"{case_file.stem}_gen{new_tokens}.npz")
+        stop = "_eos" + "-".join(map(str, prepared.eos)) if prepared.eos else ""  # where the reference stopped
+        path = case_file.with_name(f"{case_file.stem}_gen{new_tokens}{stop}.npz")
         if not path.exists():
             feeds, _ = prepared.load_case(shape)
             prompt = {name: feeds[name] for name in ("input_ids", "attention_mask")}
-            made = reference_generation(prepared.onnx_past_path, prompt, new_tokens)
+            made = reference_generation(prepared.onnx_past_path, prompt, new_tokens, prepared.eos)
             arrays = {"tokens": made.tokens, "margins": made.margins, "prefill_logits": made.prefill_logits}
             write_atomically(path, lambda file, arrays=arrays: np.savez(file, **arrays))
         prepared.generation_files[(shape, new_tokens)] = path

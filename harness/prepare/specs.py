@@ -86,11 +86,17 @@ class ModelSpec:
     # sequence: ASKED (a symbolic axis: the request's lengths), a fixed length, or None (no such axis).
     file_batch: int | None = None
     file_seq: int | str | None = ASKED
+    # the prompt's token ids where the run gives one (--prompt, --chat, --prompt-ids: harness.prepare.prompts):
+    # every case's input_ids, its length the sequence length; None: a prompt drawn per case. Not in the
+    # fingerprint: one export serves every prompt.
+    prompt: tuple[int, ...] | None = None
 
     def case_shapes(self, batch_sizes: list[int], sequence_lengths: list[int]) -> list[tuple[int, int | None]]:
         """The (batch, seq) cases the request's sizes become for this model: an .onnx file with fixed
         shapes has one, labelled by its real shapes whatever sizes were asked for."""
         seqs: list[int | None] = list(sequence_lengths) if self.inputs.uses_sequence else [None]
+        if self.prompt is not None and self.inputs.uses_sequence:
+            seqs = [len(self.prompt)]  # a given prompt is the sequence
         if self.file_seq != ASKED:
             seqs = [self.file_seq]  # type: ignore[list-item]
         batches = [self.file_batch] if self.file_batch is not None else list(batch_sizes)

@@ -5,10 +5,7 @@ Inputs live in harness/prepare/inputs.py (re-exported here for the modules that 
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +13,7 @@ import torch
 
 from harness.prepare.inputs import case_seed, input_names, make_inputs, make_signature_inputs, max_sequence_length
 from harness.prepare.specs import ModelSpec
+from harness.prepare.weights import WEIGHT_SEED, Weights, find_weights
 
 __all__ = [
     "OutputSelector",
@@ -31,61 +29,6 @@ __all__ = [
     "max_sequence_length",
     "model_config",
 ]
-
-WEIGHT_SEED = 0
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json")
-
-
-@dataclass(frozen=True)
-class Weights:
-    kind: str  # "pretrained" | "random"
-    source: str  # directory the weights came from, or the seed used
-    fingerprint: str  # changes whenever the weights would change
-
-
-def _weights_fingerprint(directory: Path) -> str:
-    parts = [f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in sorted(directory.iterdir())]
-    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
-
-
-def package_directory(spec: ModelSpec) -> Path | None:
-    """The weights directory inside the spec's pretrained_package, if that package is installed.
-
-    find_spec locates the package without importing (running) it.
-    """
-    if not spec.pretrained_package:
-        return None
-    try:
-        found = importlib.util.find_spec(spec.pretrained_package)
-    except (ImportError, ValueError):
-        return None
-    if found is None or not found.submodule_search_locations:
-        return None
-    directory = Path(next(iter(found.submodule_search_locations))) / spec.pretrained_package_path
-    return directory if directory.is_dir() else None
-
-
-def find_weights(spec: ModelSpec) -> tuple[Weights, Path | None]:
-    """Pretrained weights from --model-path, an installed package or the local HF cache when
-    present, else random.
-
-    Never downloads: the hub is consulted with local_files_only.
-    """
-    directory: Path | None = None
-    if spec.local_path is not None and spec.local_path.is_dir():
-        directory = spec.local_path
-    elif (packaged := package_directory(spec)) is not None:
-        directory = packaged
-    elif spec.pretrained_id:
-        from huggingface_hub import snapshot_download
-
-        try:
-            directory = Path(snapshot_download(spec.pretrained_id, local_files_only=True))
-        except Exception:  # not in the cache: any hub error means "not available offline"
-            directory = None
-    if directory is not None and any((directory / name).exists() for name in WEIGHT_FILES):
-        return Weights("pretrained", str(directory), _weights_fingerprint(directory)), directory
-    return Weights("random", f"seed={WEIGHT_SEED}", f"seed={WEIGHT_SEED}"), directory
 
 
 def build_module(spec: ModelSpec) -> tuple[Any, Weights]:

@@ -17,10 +17,11 @@ from harness.analysis.browser_cost import browser_cost_table, browser_costs
 from harness.analysis.tables import render_table
 from harness.core.escaping import csv_cell, markdown_text
 from harness.core.generation import DECODE_RATE, PREFILL_RATE
-from harness.core.labels import BASELINE_LABEL, case_label, flags, target_label
+from harness.core.labels import BASELINE_LABEL, case_label, flags, target_label, threads_text
 from harness.core.paths import inside, safe_name
 from harness.core.records import MEASURED
 from harness.report.data import RunReport
+from harness.report.generation import TEXT_COLUMNS
 
 
 def write_json(report: RunReport, path: Path) -> None:
@@ -41,8 +42,9 @@ def write_csv(report: RunReport, path: Path) -> None:
         writer.writerows({k: csv_cell(v) for k, v in row.items()} for row in report.results)
 
 
-def _fmt(value: float | None, digits: int = 2) -> str:
-    return "—" if value is None else f"{value:.{digits}f}"
+def _fmt(value: float | str | None, digits: int | None = 2) -> str:
+    """A number to `digits` places; a text (digits None) as it is; NULL as a dash."""
+    return "—" if value is None else str(value) if digits is None else f"{value:.{digits}f}"
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -124,6 +126,9 @@ MODE_SECTIONS = {
             ("TPOT p90 ms", "tpot_p90_ms", 3),
             ("e2e p50 ms", "latency_p50_ms", 3),
             ("tokens = native ORT", "tokens_matched", 0),
+            ("top-1 agreement vs fp32", "agreement_top1", 3),
+            ("KL vs fp32", "kl_mean", 4),
+            ("tokens checked on", "token_reference", None),
         ],
     ),
     "training": (
@@ -137,6 +142,12 @@ MODE_SECTIONS = {
 }
 
 
+def _target(row: dict[str, Any]) -> str:
+    """The target, with a native row's threads (the browser's are in its label)."""
+    threads = threads_text(row)
+    return f"{target_label(row)} ({threads})" if threads else target_label(row)
+
+
 def _mode_sections(results: list[dict[str, Any]]) -> list[str]:
     """One table per non-inference mode present in the results (MODE_SECTIONS)."""
     lines: list[str] = []
@@ -144,11 +155,13 @@ def _mode_sections(results: list[dict[str, Any]]) -> list[str]:
         rows = [r for r in results if r.get("mode") == mode]
         if not rows:
             continue
-        header = ["Model", "Target", "Case", *(name for name, _, _ in columns), "status"]
+        texts = TEXT_COLUMNS if mode == "generate" else ()  # the EOS policy, prompt and output text
+        header = ["Model", "Target", "Case", *(name for name, _, _ in columns), "status", *(n for n, _ in texts)]
         cells = [
-            [r["model"], target_label(r), case_label(r), *(_fmt(r[f], d) for _, f, d in columns), r["status"]]
+            [r["model"], _target(r), case_label(r), *(_fmt(r[f], d) for _, f, d in columns), r["status"],
+             *(shown(r) for _, shown in texts)]
             for r in rows
-        ]
+        ]  # fmt: skip
         lines += [f"### {title}", "", *_table(header, cells), ""]
     return lines
 

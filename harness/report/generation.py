@@ -1,9 +1,12 @@
 """The HTML report's generation section: per model, every target's TTFT and its prefill (pp) and decode (tg)
-rates side by side, native and browser, token parity with native ONNX Runtime, and the step-time curve
+rates side by side, native and browser, quality beside the fp32 graph (top-1 agreement, mean KL), token parity
+with native ONNX Runtime and the graph it was checked on, the EOS policy, prompt and output text (model output:
+escaped), and the step-time curve
 (the median time of each decode step over the generated positions) as inline SVG."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
 from html import escape
@@ -11,6 +14,7 @@ from typing import Any
 
 from harness.core.generation import DECODE_RATE, PREFILL_RATE, step_curve
 from harness.core.labels import case_label, target_label
+from harness.core.terminal import terminal_text
 from harness.report.data import RunReport
 
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
@@ -19,7 +23,8 @@ LOG_RATIO = 30.0  # a log scale once the slowest step is this many times the fas
 NO_CURVE = "No decode steps to draw (one token, or no measured row)."
 COLUMNS = (("TTFT p50 ms", "ttft_ms", 3), (PREFILL_RATE, "prefill_tokens_per_s", 1),
            (DECODE_RATE, "decode_tokens_per_s", 1), ("TPOT p50 ms", "tpot_ms", 3), ("TPOT p90 ms", "tpot_p90_ms", 3),
-           ("e2e p50 ms", "latency_p50_ms", 3))  # fmt: skip
+           ("e2e p50 ms", "latency_p50_ms", 3), ("top-1 agreement vs fp32", "agreement_top1", 3),
+           ("KL vs fp32", "kl_mean", 4))  # fmt: skip
 
 
 def _fmt(value: float | None, digits: int) -> str:
@@ -32,13 +37,49 @@ def _parity(row: dict[str, Any]) -> str:
     return f"{row['tokens_matched']}/{row['new_tokens']}"
 
 
+SHOWN_IDS = 8  # prompt ids a table shows (then the count)
+SHOWN_CHARS = 200  # characters of output text a table shows (then …); the store keeps all of it
+
+
+def eos_text(row: dict[str, Any]) -> str:
+    """The EOS policy that ran, as the tables state it."""
+    return {True: "stopped at EOS", False: "EOS ignored"}.get(row.get("stop_at_eos"), "—")
+
+
+def prompt_text(row: dict[str, Any]) -> str:
+    """The first batch row's prompt ids, the first SHOWN_IDS of them and the count."""
+    try:
+        ids = json.loads(row.get("prompt_ids") or "null")
+        first = ids[0] if isinstance(ids, list) and ids and isinstance(ids[0], list) else None
+    except (TypeError, ValueError, RecursionError):  # a stored value from elsewhere that is not the JSON expected
+        first = None
+    if first is None:
+        return "—"
+    shown = ", ".join(str(i) for i in first[:SHOWN_IDS]) + (", …" if len(first) > SHOWN_IDS else "")
+    return f"{len(first)} ids: {shown}"
+
+
+def output_text(row: dict[str, Any]) -> str:
+    """The decoded output, cut at SHOWN_CHARS; plain text for the caller to escape (it is model output)."""
+    text = row.get("output_text")
+    if not isinstance(text, str):
+        return "—"
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "…"
+
+
+TEXT_COLUMNS = (("EOS", eos_text), ("prompt", prompt_text), ("output text", output_text))
+
+
 def _table(rows: list[dict[str, Any]]) -> str:
-    head = "".join(f"<th>{escape(h)}</th>" for h in ("target", "case", "status", *(c[0] for c in COLUMNS)))
-    head += "<th>tokens = native ORT</th>"
+    headers = ("target", "case", "status", *(c[0] for c in COLUMNS), "tokens = native ORT", "tokens checked on",
+               *(c[0] for c in TEXT_COLUMNS))  # fmt: skip
+    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
     body = "".join(
         f"<tr><td>{escape(target_label(r))}</td><td>{escape(case_label(r))}</td><td>{escape(r['status'])}</td>"
         + "".join(f'<td class="num">{_fmt(r.get(field), digits)}</td>' for _, field, digits in COLUMNS)
-        + f'<td class="num">{_parity(r)}</td></tr>'
+        + f'<td class="num">{_parity(r)}</td><td>{escape(r.get("token_reference") or "—")}</td>'
+        + "".join(f'<td class="gen-text">{escape(terminal_text(shown(r)))}</td>' for _, shown in TEXT_COLUMNS)
+        + "</tr>"
         for r in rows
     )
     return f'<table class="results"><tr>{head}</tr>{body}</table>'
@@ -102,7 +143,9 @@ def generation_html(report: RunReport) -> str:
             f"<h4>Generation: {escape(model)}</h4>"
             '<p class="sub">TTFT: prefill until the first logits are on the CPU. pp: prompt tokens ÷ TTFT; '
             "tg: decode tokens ÷ the sum of the decode steps; never a rate over both phases. Tokens: the common "
-            "prefix with native ONNX Runtime's greedy tokens on the same graph.</p>"
+            "prefix with native ONNX Runtime's greedy tokens on the same graph. EOS: the policy that ran (EOS ignored: "
+            "exactly the new tokens asked, for fixed-length timing; --stop-at-eos stops at the model's EOS id). "
+            "Prompt: the first batch row's ids; output text: its tokens through the model's tokenizer.</p>"
             f"{_table(rows)}<figure>{figure}<figcaption>Median decode-step time per generated position, per "
             "target.</figcaption></figure>"
         )

@@ -17,7 +17,7 @@ from typing import Any
 from harness.analysis.browser_cost import browser_cost_table
 from harness.analysis.machines import across, group_name, machine_name
 from harness.analysis.tables import Table, cell
-from harness.core.labels import MARK_STYLES, case_label, details_of, marks, mode_of, target_label
+from harness.core.labels import MARK_STYLES, case_label, details_of, marks, mode_of, target_label, threads_text
 from harness.core.records import STATUSES
 from harness.report.data import RunReport
 from harness.report.generation import generation_html
@@ -37,6 +37,7 @@ table { border-collapse: collapse; margin: 6px 0 14px; font-size: 13px; }
 th, td { border: 1px solid var(--line); padding: 4px 8px; text-align: left; vertical-align: top; }
 th { background: #eef1f5; position: sticky; top: 0; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+td.gen-text { overflow-wrap: anywhere; min-width: 12em; max-width: 28em; }
 tr.failed td { background: #fff6f6; } tr.flagged td { background: #fffbea; }
 .facts { display: grid; grid-template-columns: repeat(auto-fit, minmax(360px, 1fr)); gap: 6px 28px; }
 .facts table { width: 100%; } .facts th { width: 34%; position: static; }
@@ -149,7 +150,7 @@ def _results(report: RunReport) -> str:
             kind = "failed" if r["status"] != "ok" else "flagged" if marks(r) else ""
             error = (r["error"] or "").strip()
             body.append(
-                f'<tr class="{kind}"><td>{escape(r["model"])}</td><td>{escape(target_label(r))}</td>'
+                f'<tr class="{kind}"><td>{escape(r["model"])}</td><td>{escape(target_label(r))}{_threads(r)}</td>'
                 f"<td>{escape(case_label(r))}</td><td>{escape(r['precision'])}</td>"
                 f"<td>{_badge(r['status'])}</td>"
                 f'<td class="num">{_fmt(r["latency_p50_ms"])}</td><td class="num">{_fmt(r["latency_p90_ms"])}</td>'
@@ -163,6 +164,12 @@ def _results(report: RunReport) -> str:
         title = escape(family.replace("_", " ").title())
         parts.append(f'<h4>{title}</h4><table class="results"><tr>{header}</tr>{"".join(body)}</table>')
     return "".join(parts) or '<p class="omitted">The run has no results.</p>'
+
+
+def _threads(row: dict[str, Any]) -> str:
+    """A native row's threads under its target (the browser's are in its label)."""
+    text = threads_text(row)
+    return f"<br><small>{escape(text)}</small>" if text else ""
 
 
 def _devices(report: RunReport) -> str:

@@ -76,13 +76,17 @@ def control_model_path() -> Path:
 def load_control(backend: Any, target: Target) -> Any:
     """A session of the control on the target: the backend's own control hook (torch), or its loader
     given the ONNX file. Raises what the backend raises when it cannot (recorded as the error)."""
+    from harness.core.threads import split_threads
+
+    target, threads = split_threads(target)  # the control runs the thread count its job's target runs
     if hasattr(backend, "load_control"):
-        return backend.load_control(control_weights(), target)
+        return backend.load_control(control_weights(), target, threads)
     from harness.native.base import LoadRequest
     from harness.prepare.specs import spec_from_path
 
     path = control_model_path()
-    return backend.load(LoadRequest(spec_from_path(path, None), path, "fp32", control_feeds()), target)
+    request = LoadRequest(spec_from_path(path, None), path, "fp32", control_feeds(), threads=threads)
+    return backend.load(request, target)
 
 
 class ControlProbe:

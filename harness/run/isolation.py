@@ -39,14 +39,15 @@ from typing import Any, NoReturn
 from harness.core.failures import classify
 
 LOG_TAIL_LINES = 12
-# What the fork server imports once: a spawned worker spent ~2.5 s of every job importing these.
-# Not onnxscript: only an export that is not cached needs it (torch.onnx imports it there), and it cost
-# as much again as torch (and 40% of the server's start) in every run, cached or not. transformers stays:
-# the torch engine (in a default run) and every export build their module with it.
+# What the fork server imports once: a spawned worker spent ~2.5 s of every job importing these. The
+# server starts only for a job that imports torch: a torch-engine worker, or a prepare that exports
+# (harness.prepare.prepared.needs_torch; a warm-cache prepare spawns). Not onnxscript: only an export
+# needs it (torch.onnx imports it there), and it cost as much again as torch in every run, cached or not;
+# not onnx either: a torch-engine worker never imports it, an export imports it where it writes the file.
+# transformers stays: the torch engine and every export build their module with it.
 TORCH_PRELOAD = [
     "torch",
     "transformers",
-    "onnx",
     "harness.prepare.prepared",
     "harness.run.worker",
     "harness.native.torch_session",
@@ -289,7 +290,11 @@ def _kill_group(process: multiprocessing.process.BaseProcess) -> None:
 
 
 def _follow(
-    process: multiprocessing.process.BaseProcess, receiver: Any, timeout_s: float, on_item: Callable[[Any], None]
+    process: multiprocessing.process.BaseProcess,
+    receiver: Any,
+    timeout_s: float,
+    on_item: Callable[[Any], None],
+    limit: str = "--timeout",
 ) -> Outcome | None:
     """Pass the worker's items on until it is done, fails, hangs past the deadline or dies (None)."""
     deadline = time.monotonic() + timeout_s
@@ -298,7 +303,7 @@ def _follow(
             raise Stopped
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            return Outcome("timeout", f"no result within --timeout {timeout_s:g}s; worker killed")
+            return Outcome("timeout", f"no result within {limit} {timeout_s:g}s; worker killed")
         if not receiver.poll(min(remaining, 0.25)):
             if not process.is_alive() and not receiver.poll():
                 return None
@@ -326,12 +331,14 @@ def run_isolated(
     on_item: Callable[[Any], None],
     *,
     uses_torch: bool = False,
+    limit: str = "--timeout",
 ) -> Outcome:
     """Run fn(payload) in a child process; on_item gets each yielded item in the parent.
 
     The time limit is per item: the deadline moves on each time the child reports progress,
     so a long but progressing job is not killed while a hang or a stuck load is.
-    `uses_torch`: the job imports torch, so fork it from the server that has torch imported.
+    `uses_torch`: the job imports torch, so fork it from the server that has torch imported. `limit`: the
+    option timeout_s came from, as a timeout's message names it.
     Ctrl-C (KeyboardInterrupt) or a stop_when() event kills the worker's group and propagates.
     """
     if stopping():
@@ -349,7 +356,7 @@ def run_isolated(
         try:
             _start(process)
             sender.close()  # the worker holds the only writing end: its death is EOF here
-            outcome = _follow(process, receiver, timeout_s, on_item)
+            outcome = _follow(process, receiver, timeout_s, on_item, limit)
         finally:
             sender.close()
             if process.pid is not None:  # started

@@ -174,11 +174,17 @@ def profile_after(session: Session, prepared: Any, iterations: int) -> tuple[Pro
 
 
 def measure_generation(
-    session: Any, feeds: dict[str, np.ndarray], config: MeasureConfig, new_tokens: int, rss: PeakRss
+    session: Any,
+    feeds: dict[str, np.ndarray],
+    config: MeasureConfig,
+    new_tokens: int,
+    rss: PeakRss,
+    eos: tuple[int, ...] = (),
 ) -> Measurement:
-    """Each iteration generates exactly new_tokens tokens; session.generate calls stamp() as each
-    token's logits are ready (device-synchronised), giving TTFT and every decode step from the same run
-    (harness.core.generation defines the figures). The first generation's token ids are kept."""
+    """Each iteration generates exactly new_tokens tokens (with `eos`, the ids --stop-at-eos stops at: up to
+    new_tokens, ending when every row made one); session.generate calls stamp() as each token's logits are
+    ready (device-synchronised), giving TTFT and every decode step from the same run (harness.core.generation
+    defines the figures, over the steps made). The first generation's token ids are kept."""
     prepared = session.prepare(feeds)
     ttft: list[float] = []
     steps: list[list[float]] = []
@@ -187,9 +193,10 @@ def measure_generation(
     def one_generation(record: bool) -> float:
         stamps: list[int] = []
         started = time.perf_counter_ns()
-        produced = session.generate(prepared, new_tokens, lambda: stamps.append(time.perf_counter_ns()))
+        produced = session.generate(prepared, new_tokens, lambda: stamps.append(time.perf_counter_ns()), eos)
         total_ms = (time.perf_counter_ns() - started) / 1e6
-        if produced != new_tokens or len(stamps) != new_tokens:
+        fixed = not eos or not 1 <= produced <= new_tokens  # only an EOS stop may end a generation early
+        if (fixed and produced != new_tokens) or len(stamps) != produced:
             raise RuntimeError(f"generate produced {produced} tokens ({len(stamps)} steps), asked {new_tokens}")
         if record:
             ttft.append((stamps[0] - started) / 1e6)

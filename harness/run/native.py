@@ -8,10 +8,10 @@ print(summary.run_id, summary.counts)
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from harness.core.profiles import PROFILE_ITERATIONS
-from harness.core.records import Case, Result, Target
+from harness.core.records import Case, Control, Result, Target
 from harness.native import capabilities
 from harness.native.base import Availability
 from harness.prepare.prepared import PreparedModel, PrepareJob, unprepared_result
@@ -24,8 +24,9 @@ from harness.run.worker import Job, prepare_isolated, run_job
 
 def _prepare(plan: Plan, spec: ModelSpec) -> tuple[PreparedModel | None, str | None, str]:
     shapes = sorted({(c.batch_size, c.seq_len) for c in plan.cases(spec)}, key=str)
-    job = PrepareJob(spec, shapes, with_past=plan.exports_past(spec))
-    prepared, outcome = prepare_isolated(job, plan.request.timeout_s)
+    job = PrepareJob(spec, shapes, with_past=plan.exports_past(spec), plain=plan.exports_plain(spec),
+                     stop_at_eos=plan.request.stop_at_eos)  # fmt: skip
+    prepared, outcome = prepare_isolated(job, plan.request.prepare_timeout_s)
     if prepared:
         return prepared, None, "ok"
     return None, outcome.message or "model preparation failed", outcome.status
@@ -36,12 +37,14 @@ def _not_runnable(
 ) -> tuple[str, str | None] | None:
     """(status, why) for a case that cannot run on a target, or None when it can: the target is not
     available, the case has no inputs (past the model's positions, or they failed to build), or the
-    engine needs the ONNX export that failed."""
+    engine needs the plain ONNX export that failed."""
     if not availability.ok:
         return "unsupported", availability.reason
     if outcome := prepared.unprepared(case):
         return outcome
-    if capabilities(target.engine).needs_onnx and prepared.onnx_path is None:
+    can = capabilities(target.engine)
+    on_past = case.mode == "generate" and can.generate_needs_past_export  # the worker says when it has none
+    if can.needs_onnx and not on_past and prepared.onnx_path is None:
         return "unsupported", prepared.onnx_error
     return None
 
@@ -78,7 +81,41 @@ def _run_model(plan: Plan, spec: ModelSpec, emit: Emit) -> None:
                 else:
                     runnable.append(case)
             if runnable:
-                run_job(Job(prepared, target, runnable, measure), plan.request.timeout_s, emit)
+                checked = (
+                    emit
+                    if not capabilities(target.engine).generate_needs_past_export
+                    else (lambda result, prepared=prepared: emit(checked_generation(prepared, result)))
+                )
+                run_job(Job(prepared, target, runnable, measure), plan.request.timeout_s, checked)
+
+
+def checked_generation(prepared: PreparedModel, result: Result | Control) -> Result | Control:
+    """A native generate row on an ONNX graph, checked on the same graph (the file its precision gives):
+    native ORT CPU teacher-forced on its tokens (a near tie where they differ, or `mismatch`), and its
+    quality beside the fp32 graph at another precision (harness.prepare.quality). Other rows pass through."""
+    if not isinstance(result, Result) or result.case.mode != "generate" or result.status != "ok":
+        return result  # a drift control's measurement, or a row with nothing to check
+    if not result.generated_tokens:
+        return result
+    from harness.prepare.quality import check_generation
+    from harness.prepare.variants import model_for_precision
+
+    source = prepared.onnx_past_path
+    assert source is not None  # a generate row of an engine that runs the graph with past ran it
+    if result.target.hardware != "cpu":  # other kernels than the reference's: no tolerance was measured for them
+        why = f"not checked: native ORT CPU is the reference, and no tolerance is measured for {result.target.hardware}"
+        return replace(result, details=result.details | {"token_parity": why})
+    try:
+        graph = model_for_precision(source, result.precision)[0]
+        prompt = {k: v for k, v in prepared.load_case((result.case.batch_size, result.case.seq_len))[0].items()
+                  if k in ("input_ids", "attention_mask")}  # fmt: skip
+        agree, facts, _ = check_generation(graph, source, prompt, result.generated_tokens, result.precision, "native")
+    except Exception as exc:  # the check's own failure is the row's error, never the run's
+        return replace(result, status="error", error=f"token check failed: {type(exc).__name__}: {exc}"[:500])
+    details = result.details | facts
+    if agree:
+        return replace(result, details=details)
+    return replace(result, status="mismatch", error=facts["token_parity"], details=details)
 
 
 def execute_native(plan: Plan) -> Body:

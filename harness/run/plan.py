@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +25,12 @@ from harness.core.options import (
 from harness.core.paths import unwritable_directory, unwritable_file
 from harness.core.precision import INT4_PRECISIONS
 from harness.core.records import MODES, PRECISIONS, Case, Target, result_key
+from harness.core.threads import threaded_target, threads_option
 from harness.native import DEFAULT_ENGINES, ENGINES, capabilities
 from harness.native.base import Availability
 from harness.prepare.folders import own_precision
 from harness.prepare.greedy import generates_with_past
+from harness.prepare.prompts import PromptError, given_prompt, model_eos_ids
 from harness.prepare.specs import FAMILIES, ModelSpec, SpecError, check_families, select_specs, spec_from_path
 from harness.run.hardware import DEFAULT_NATIVE_PLATFORMS, NATIVE_PLATFORMS, native_targets
 from harness.run.machine import machine_label
@@ -50,9 +52,36 @@ MAX_TIME_HELP = (
     "Seconds of warmup + timed iterations per case (0: no budget). Once spent, the loop stops after "
     "--min-iterations samples; the row records that the budget stopped it."
 )
+NO_REPORTS_HELP = (
+    "Write no reports after the run, only the compatibility matrix in --output-dir (`accelharness report` "
+    "writes them later, from the store)."
+)
 PROFILE_HELP = (
     "After each inference case's timed loop, a few profiled iterations: time per operator (node, op type, "
     "provider), stored with the result (`query --report ops`, the HTML report, `predict`)."
+)
+# A model's preparation is its own phase, bounded apart from --timeout: a cold export of a 135M-parameter
+# Llama took 43 s + 35 s on a quiet 2-core machine and 191 s + 233 s under load (issue 32).
+DEFAULT_PREPARE_TIMEOUT_S = 3600.0
+PREPARE_TIMEOUT_HELP = (
+    "Seconds a model's preparation may take (its ONNX exports on a cold cache, inputs, reference outputs), "
+    "a phase of its own before any job: --timeout does not bound it."
+)
+NATIVE_THREADS_HELP = (
+    "Comma-separated intra-op thread counts of the native engines (ONNX Runtime, onnxruntime-genai, OpenVINO, "
+    "torch): one target per count (cpu/onnxruntime:CPUExecutionProvider:threads=2), to pair with the page's "
+    "--threads. Default: each engine's own choice, read back. Every row records the count and whether its "
+    "threads spin (docs/measurement.md)."
+)
+PROMPT_HELP = (
+    "The prompt's text, tokenized with the model folder's tokenizer.json; its length is the sequence length "
+    "(--sequence-lengths is then not used). Default: ids drawn from the model's regular tokens."
+)
+CHAT_HELP = "With --prompt: the text as one user message of the folder's chat template, with its generation prompt."
+PROMPT_IDS_HELP = "The prompt as comma-separated token ids, each inside the model's vocabulary (instead of --prompt)."
+STOP_AT_EOS_HELP = (
+    "--mode generate: stop a sequence at the tokenizer's or config's EOS id (default: EOS ignored, exactly "
+    "--new-tokens tokens for fixed-length timing). Each row states which policy ran."
 )
 MACHINE_LABEL_HELP = (
     "Name this machine in reports across machines (default: ACCELHARNESS_MACHINE_LABEL); letters, "
@@ -85,11 +114,16 @@ class RunOptions:
     modes: list[str] = option(
         factory=lambda: ["inference"], flag="--mode", many=True, choices=MODES, noun="mode", help=MODE_HELP
     )
-    # generate mode: tokens generated per sequence (min = max)
+    # generate mode: tokens generated per sequence (min = max, unless --stop-at-eos)
     new_tokens: int = option(
         16, flag="--new-tokens", low=1, high=MAX_NEW_TOKENS,
-        help="--mode generate only: tokens per sequence (exactly; EOS ignored).",
+        help="--mode generate only: tokens per sequence (exactly, EOS ignored, unless --stop-at-eos).",
     )  # fmt: skip
+    # the prompt every case of a model starts from (harness.prepare.prompts.given_prompt checks them together)
+    prompt: str | None = option(None, flag="--prompt", help=PROMPT_HELP)
+    chat: bool = option(False, flag="--chat", help=CHAT_HELP)
+    prompt_ids: list[int] | None = option(None, flag="--prompt-ids", many=True, help=PROMPT_IDS_HELP)
+    stop_at_eos: bool = option(False, flag="--stop-at-eos", help=STOP_AT_EOS_HELP)
     warmup: int = option(
         5, flag="--warmup", key="warmup_iterations", low=0, high=MAX_ITERATIONS,
         help="Untimed runs after the first run.",
@@ -116,8 +150,14 @@ class RunOptions:
         300.0, flag="--timeout", key="timeout", seconds=(True, MAX_TIMEOUT_S),
         help="Seconds a worker or page may go without finishing a case.",
     )  # fmt: skip
+    prepare_timeout_s: float = option(
+        DEFAULT_PREPARE_TIMEOUT_S, flag="--prepare-timeout", key="prepare_timeout", seconds=(True, MAX_TIMEOUT_S),
+        help=PREPARE_TIMEOUT_HELP,
+    )  # fmt: skip
     db_path: Path = option(DEFAULT_DB, flag="--db", key="db", help=DB_HELP)
     output_dir: Path | None = option(Path("accelharness-results"), flag="--output-dir", help=OUTPUT_DIR_HELP)
+    # --no-reports: a run read from the store only (a script's, a test's) skips drawing its plots (1.5 s a run)
+    no_reports: bool = option(False, flag="--no-reports", help=NO_REPORTS_HELP)
     profile: bool = option(False, flag="--profile", help=PROFILE_HELP)  # profiled iterations after the timed loop
     # names this machine in reports across machines (harness.run.machine)
     machine_label: str | None = option(None, flag="--machine-label", help=MACHINE_LABEL_HELP)
@@ -125,7 +165,7 @@ class RunOptions:
     @property
     def outputs(self) -> Outputs | None:
         """The after-run step's reports and matrix, in output_dir (None: write none)."""
-        return Outputs(Path(self.output_dir)) if self.output_dir is not None else None
+        return Outputs(Path(self.output_dir), reports=not self.no_reports) if self.output_dir is not None else None
 
 
 def engines_option() -> Any:
@@ -145,6 +185,8 @@ class BenchmarkRequest(RunOptions):
         "ab: cpu, none with --web-hardware).",
     )  # fmt: skip
     engines: list[str] | None = engines_option()
+    # None: each engine's own default, read back from the engine and recorded on every row
+    native_threads: list[int] | None = threads_option(None, flag="--native-threads", help=NATIVE_THREADS_HELP)
 
 
 @dataclass
@@ -171,6 +213,16 @@ class Plan:
             if capabilities(target.engine).generate_needs_past_export and availability.ok
             for case in self.cases(spec, target)
         )
+
+    def exports_plain(self, spec: ModelSpec) -> bool:
+        """Whether preparing the spec needs its plain export: an available target loads the ONNX file for a
+        case that does not generate from the export with past (which alone serves generation)."""
+        for target, availability in self.targets:
+            can = capabilities(target.engine)
+            cases = self.cases(spec, target) if availability.ok and can.needs_onnx else []
+            if any(c.mode != "generate" or not can.generate_needs_past_export for c in cases):
+                return True
+        return False
 
     def remaining(self, spec: ModelSpec, target: Target) -> list[Case]:
         """The cases still to run on a target: all of them, less what a resumed run already holds."""
@@ -223,6 +275,7 @@ def validate(request: BenchmarkRequest) -> Plan:
     """Check every input before anything is written; raise RequestError naming the valid values."""
     check_shapes(request)
     check_measuring(request)
+    check(request, declared(BenchmarkRequest), ("native_threads",))
     engines = check_engines(request.engines, request.hardware)
     specs = check_selection(request)
     check_generation(request, specs, request.modes)
@@ -230,7 +283,17 @@ def validate(request: BenchmarkRequest) -> Plan:
     targets = choose_targets(request.hardware, engines)
     if not targets:
         raise RequestError(f"no target serves hardware {request.hardware} with engines {engines}")
-    return Plan(specs, targets, request)
+    return Plan(specs, per_thread_count(targets, request.native_threads), request)
+
+
+def per_thread_count(
+    targets: list[tuple[Target, Availability]], counts: list[int] | None
+) -> list[tuple[Target, Availability]]:
+    """One target per --native-threads count (its provider says the count, as the page's wasm provider
+    does); None: the targets as they are, each engine choosing its own count."""
+    if counts is None:
+        return targets
+    return [(threaded_target(t, n), a) for t, a in targets for n in dict.fromkeys(items(counts))]
 
 
 def check_generation(request: RunOptions, specs: list[ModelSpec], modes: list[str]) -> None:
@@ -249,8 +312,8 @@ def check_context(
 ) -> None:
     """The longest prompt plus its new tokens within each generative model's context; `names` are the
     prompt lengths' and the new tokens' option (or config key) names the message gives."""
-    longest = max(prompts)
     for spec in specs:
+        longest = len(spec.prompt) if spec.prompt is not None else max(prompts)
         if spec.is_generative and spec.context_length and longest + tokens > spec.context_length:
             raise RequestError(
                 f"{spec.name} takes {spec.context_length} positions: a prompt of {longest} ({names[0]}) "
@@ -296,7 +359,21 @@ def check_selection(request: RunOptions) -> list[ModelSpec]:
         raise RequestError(str(exc)) from exc
     if not specs:
         raise RequestError("the model selection is empty: check --model / --model-families")
-    return specs
+    return [with_prompt(request, spec) for spec in specs]
+
+
+def with_prompt(request: RunOptions, spec: ModelSpec) -> ModelSpec:
+    """The spec carrying the prompt the run gives it (--prompt, --chat, --prompt-ids), tokenized and checked
+    for this model; unchanged when the run gives none."""
+    try:
+        prompt = given_prompt(spec, request.prompt, request.chat, request.prompt_ids)
+        if request.stop_at_eos:
+            model_eos_ids(spec)  # the folder's configs read now: one that cannot be is refused before the run
+    except PromptError as exc:
+        raise RequestError(f"{spec.name}: {exc}") from exc
+    if prompt is not None and not spec.inputs.uses_sequence:  # it would be given and never read
+        raise RequestError(f"{spec.name} takes no token ids ({spec.inputs.kind} inputs); drop the prompt")
+    return spec if prompt is None else replace(spec, prompt=prompt)
 
 
 def _check_model_path_alone(request: RunOptions) -> None:

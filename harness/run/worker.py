@@ -7,6 +7,7 @@ the child never reported with the outcome that stopped it (timeout, crash signal
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import resource
@@ -24,9 +25,11 @@ from harness.core.failures import classify
 from harness.core.faults import injected_faults
 from harness.core.parity import compare
 from harness.core.records import Case, Control, Result, Target, UnsupportedError
+from harness.core.threads import split_threads
 from harness.native import capabilities
+from harness.prepare.cache import remove_stale_staging
 from harness.prepare.graph_work import GraphWork, count_graph
-from harness.prepare.prepared import PreparedModel, PrepareJob, prepare_model
+from harness.prepare.prepared import Phase, PreparedModel, PrepareJob, needs_torch, prepare_steps
 from harness.run.control import ControlProbe, control_positions
 from harness.run.isolation import Outcome, run_isolated, start_method
 from harness.run.measure import MeasureConfig, Measurement, measure, measure_generation, measure_training
@@ -42,11 +45,12 @@ class Job:
     measure: MeasureConfig
 
 
-def _run_mode(job: Job, session: Any, case: Case, feeds: dict[str, np.ndarray], rss: PeakRss) -> Measurement:
+def _run_mode(job: Job, session: Any, case: Case, feeds: dict[str, np.ndarray], rss: PeakRss,
+              eos: tuple[int, ...] = ()) -> Measurement:  # fmt: skip
     if case.mode == "inference":
         return measure(session, feeds, job.measure, rss)
     if case.mode == "generate" and hasattr(session, "generate"):
-        return measure_generation(session, feeds, job.measure, case.new_tokens or 1, rss)
+        return measure_generation(session, feeds, job.measure, case.new_tokens or 1, rss, eos)
     if case.mode == "training" and hasattr(session, "train_step"):
         return measure_training(session, feeds, job.measure, rss)
     engine, can = job.target.engine, capabilities(job.target.engine)
@@ -59,7 +63,8 @@ def _run_mode(job: Job, session: Any, case: Case, feeds: dict[str, np.ndarray], 
 
 def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: PeakRss) -> Result:
     feeds, reference = job.prepared.load_case((case.batch_size, case.seq_len))
-    measured = _run_mode(job, session, case, feeds, rss)
+    eos = job.prepared.eos if case.mode == "generate" else ()  # the ids --stop-at-eos stops at, or ()
+    measured = _run_mode(job, session, case, feeds, rss, eos)
     items = (1 + measured.budget["warmup_run"] + len(measured.samples_ms)) * case.batch_size
     load = dict(load_facts)  # load_ms and memory_load_mb as fields, whose load they are in details
     details = dict(session.facts) | {
@@ -71,6 +76,8 @@ def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: Pea
         **measured.budget,  # max_time_s, warmup_run, budget_stopped
     }
     details |= load.pop("details")
+    if case.mode == "generate":
+        text = job.prepared.text_fields(feeds["input_ids"], measured.generated_tokens, details)
     operators = []
     if job.measure.profile_iterations > 0:
         error = measured.profile_error or (None if case.mode == "inference" else "profiles cover inference only")
@@ -108,6 +115,7 @@ def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: Pea
         operators=operators,
         **parity_fields,
         **load,
+        **(text if case.mode == "generate" else {}),
     )
 
 
@@ -176,11 +184,14 @@ def _case_results(job: Job, backend: Any) -> Iterator[Result]:
         first = cases[0]
         example, _ = job.prepared.load_case((first.batch_size, first.seq_len))
         past = job.prepared.onnx_past_path if mode == "generate" else None  # ONNX generation's graph
-        request = LoadRequest(job.prepared.spec, job.prepared.onnx_path, precision, example, onnx_past_path=past)
+        target, threads = split_threads(job.target)  # the engine sees its own provider and the count apart
+        request = LoadRequest(
+            job.prepared.spec, job.prepared.onnx_path, precision, example, onnx_past_path=past, threads=threads
+        )
         before_mb = rss_mb()
         started = time.perf_counter()
         try:
-            session = backend.load(request, job.target)
+            session = backend.load(request, target)
         except Exception as exc:  # a load failure is that backend's outcome for every case
             status, message = classify(exc)
             for case in cases:
@@ -238,8 +249,44 @@ def count_isolated(job: PrepareJob, timeout_s: float) -> GraphWork:
     return found[0]
 
 
+# Who is shown a preparation's phases (the CLI's progress line): a list, as suites prepare from several threads.
+_phase_listeners: list[Callable[[Phase], None]] = []
+
+
+@contextlib.contextmanager
+def phases_shown(listener: Callable[[Phase], None]) -> Iterator[None]:
+    """Within the block, every preparing child's Phase (exporting, reference tokens, …) reaches `listener`."""
+    _phase_listeners.append(listener)
+    try:
+        yield
+    finally:
+        _phase_listeners.remove(listener)
+
+
 def prepare_isolated(job: PrepareJob, timeout_s: float) -> tuple[PreparedModel | None, Outcome]:
-    """Prepare in a child process (torch and the exporters may crash or hang): the model, or None and why."""
+    """Prepare in a child process (torch and the exporters may crash or hang): the model, or None and why.
+    Its own phase, bounded by --prepare-timeout per step (each Phase the child reports moves the deadline)."""
     found: list[PreparedModel] = []
-    outcome = run_isolated(prepare_model, job, timeout_s, found.append, uses_torch=not job.spec.is_onnx_file)
+
+    def on_item(item: Phase | PreparedModel) -> None:
+        if isinstance(item, Phase):
+            for listener in list(_phase_listeners):
+                listener(item)
+        else:
+            found.append(item)
+
+    uses_torch = _prepare_needs_torch(job)
+    try:
+        outcome = run_isolated(prepare_steps, job, timeout_s, on_item, uses_torch=uses_torch, limit="--prepare-timeout")
+    finally:  # a killed, crashed or interrupted export never ran its cleanup: its worker is gone now
+        remove_stale_staging()
     return (found[0] if found else None), outcome
+
+
+def _prepare_needs_torch(job: PrepareJob) -> bool:
+    """Fork the prepare from the torch fork server only where it builds the module: a warm-cache
+    prepare reads files, and a run without torch then starts no fork server at all."""
+    try:
+        return needs_torch(job)
+    except Exception:  # an unreadable cache entry: the worker meets it, isolated, and says why
+        return True

@@ -40,6 +40,7 @@ min_duration_s = 0.5             # ... and minimum seconds of them
 max_time_s = 10                  # seconds of warmup + timed iterations per case (0: no budget) ...
 min_iterations = 3               # ... never stopping the timed loop below this many
 timeout = 600                    # seconds a worker or page may take per case
+prepare_timeout = 3600           # seconds a model's preparation may take (cold exports), apart from timeout
 precision = ["fp32"]             # {", ".join(PRECISIONS)}
 profile = false                  # per-operator profiles after each inference case's timed loop
 modes = ["inference"]            # {", ".join(MODES)} (the browser: {", ".join(WEB_MODES)}); as --mode
@@ -59,6 +60,7 @@ engines = []                           # {", ".join(ENGINES)}; empty = {", ".joi
 include_web_platforms = true
 web_platforms = ["wasm"]               # {", ".join(WEB_HARDWARE)}
 web_threads = [1]
+# native_threads = [1, 2]              # native intra-op threads, a target per count (default: each engine's own)
 browser = "chromium"                   # chrome, chromium, edge
 gpu = "auto"                           # browser: on (real WebGPU), off (software), auto (on with a GPU)
 
@@ -88,6 +90,7 @@ class SuiteConfig:
     max_time_s: float
     min_iterations: int
     timeout: float
+    prepare_timeout: float
     precision: list[str]
     profile: bool
     modes: list[str]
@@ -106,6 +109,7 @@ class SuiteConfig:
     output_dir: Path
     new_tokens: int = RunOptions.new_tokens  # generate: tokens generated per sequence (the key only with generate)
     machine_label: str | None = None  # names this machine in reports across machines
+    native_threads: list[int] | None = None  # --native-threads: None, each engine's own count
     source: Path | None = None  # the file it came from, for messages
 
     @property
@@ -118,9 +122,9 @@ SECTIONS = {"hardware", "run"}  # TOML tables that only group keys; JSON may use
 # duration) under the seed's key name (Opt.key, where it differs from the field's), checked as its flag is.
 OPTION_FIELDS: dict[type, tuple[str, ...]] = {
     RunOptions: ("batch_sizes", "sequence_lengths", "warmup", "iterations", "min_duration_s", "max_time_s",
-                 "min_iterations", "timeout_s", "precision", "profile", "modes", "new_tokens", "db_path",
-                 "output_dir", "machine_label"),
-    BenchmarkRequest: ("hardware", "engines"),
+                 "min_iterations", "timeout_s", "prepare_timeout_s", "precision", "profile", "modes", "new_tokens",
+                 "db_path", "output_dir", "machine_label"),
+    BenchmarkRequest: ("hardware", "engines", "native_threads"),
     WebRequest: ("hardware", "browser", "threads", "gpu"),
 }  # fmt: skip
 

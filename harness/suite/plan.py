@@ -19,6 +19,7 @@ from typing import Any
 from harness.browser.run import WEB_MODES, WebPlan, WebRequest, validate_web
 from harness.core.paths import unwritable_directory
 from harness.core.records import Target
+from harness.core.threads import split_threads
 from harness.native import get_backend
 from harness.prepare.cache import cache_root
 from harness.prepare.specs import FAMILIES, load_specs
@@ -41,7 +42,7 @@ def device_group(target: Target) -> str:
     says which device a target computes on: Backend.device)."""
     if target.hardware in WEB_TARGET_HARDWARE:
         return HOST
-    return get_backend(target.engine).device(target) or HOST
+    return get_backend(target.engine).device(split_threads(target)[0]) or HOST  # the provider as the engine knows it
 
 
 @dataclass
@@ -121,6 +122,7 @@ def suite_requests(
         max_time_s=config.max_time_s or None,  # 0: no budget
         min_iterations=config.min_iterations,
         timeout_s=config.timeout,
+        prepare_timeout_s=config.prepare_timeout,
         profile=config.profile,
         modes=config.modes,
         new_tokens=config.new_tokens,
@@ -128,7 +130,13 @@ def suite_requests(
         output_dir=None,  # the suite writes its reports once, after both halves
     )
     native = (
-        BenchmarkRequest(**shared, hardware=native_hw, engines=config.engines or None, precision=config.precision)
+        BenchmarkRequest(
+            **shared,
+            hardware=native_hw,
+            engines=config.engines or None,
+            precision=config.precision,
+            native_threads=config.native_threads,
+        )
         if native_hw
         else None
     )

@@ -104,11 +104,13 @@ class NativeJob:
 
     def body(self) -> Body:
         """Runs on the node: the target is probed again there (the driver's probe said nothing about it)."""
+        from harness.core.threads import split_threads
         from harness.native.base import Availability
         from harness.run.hardware import native_targets
 
         probed = dict(native_targets([self.target.hardware], [self.target.engine]))
-        availability = probed.get(self.target, Availability(False, f"{self.target.engine} does not serve it here"))
+        engine_target, _ = split_threads(self.target)  # probed as the engine knows it, run at its thread count
+        availability = probed.get(engine_target, Availability(False, f"{self.target.engine} does not serve it here"))
         return execute_native(dataclasses.replace(self.plan, targets=[(self.target, availability)]))
 
 

@@ -1,7 +1,8 @@
 // Generation in the page: greedy decoding on the `-past` export, the steps harness/prepare/greedy.py runs
 // natively. Prefill: the prompt, a mask of ones, positions, and empty past tensors typed from the session's
 // input metadata; decode: one token per step, each step's presents fed back as the next step's past and the
-// old past disposed; exactly job.new_tokens tokens (EOS ignored), argmax here. A step's clock stops when its
+// old past disposed; exactly job.new_tokens tokens (EOS ignored) or, where the job carries eos_ids
+// (--stop-at-eos), up to them, ending once every row made one; argmax here. A step's clock stops when its
 // logits are on the CPU (the harness asks WebGPU to keep present.* on the GPU and return logits only).
 // TTFT is the prefill until the first logits; each decode step runs from one step's logits to the next's.
 
@@ -102,12 +103,30 @@ function prefillLogits(logits, batch) {
   return { dims: [batch, 1, rows[0].length], values: rows.flat() };
 }
 
+// The k largest logits of one row's last position, best first, as [ids, values] (null for a non-finite value):
+// what the harness checks this step against native ONNX Runtime's (harness.core.generation.token_check).
+// A pass over the vocabulary keeping k, for the warm-up only.
+function topK(values, k) {
+  const numbers = asNumbers(values);
+  const rank = (i) => (Number.isNaN(numbers[i]) ? Infinity : numbers[i]); // a NaN is kept: the check must see it
+  const ids = [];
+  for (let i = 0; i < numbers.length; i++) {
+    if (ids.length === k && rank(i) <= rank(ids[k - 1])) continue;
+    let at = Math.min(ids.length, k - 1);
+    while (at > 0 && rank(i) > rank(ids[at - 1])) at--;
+    ids.splice(at, 0, i);
+    if (ids.length > k) ids.pop();
+  }
+  return [ids, ids.map((i) => (Number.isFinite(numbers[i]) ? numbers[i] : null))];
+}
+
 function disposeAll(feeds, names) {
   for (const name of names) feeds[name]?.dispose();
 }
 
 // One generation. hook(step) runs before each step's run (the test suite's fault hook, mid-generation).
-// keepLogits: the untimed warm-up keeps the prefill's logits; the timed generations never copy them.
+// keepLogits: the untimed warm-up keeps the prefill's logits and each step's top job.top_k (ids and logits);
+// the timed generations never copy them.
 async function generateOnce(ort, session, prompt, job, hook, keepLogits = false) {
   const [batch, promptLength] = prompt.ids.dims;
   const [logitsName, ...presents] = session.outputNames;
@@ -124,8 +143,11 @@ async function generateOnce(ort, session, prompt, job, hook, keepLogits = false)
   if (taken.has('use_cache_branch')) feeds.use_cache_branch = branch(false);
   const tokens = Array.from({ length: batch }, () => []);
   const steps = [];
+  const eos = new Set(job.eos_ids || []); // empty: EOS ignored, exactly job.new_tokens tokens
+  const ended = new Array(batch).fill(false);
   let ttft_ms = null;
   let prefill_logits = null;
+  const step_top = keepLogits ? { ids: tokens.map(() => []), values: tokens.map(() => []) } : null;
   const started = performance.now();
   let last = started;
   for (let step = 0; step < job.new_tokens; step++) {
@@ -137,9 +159,22 @@ async function generateOnce(ort, session, prompt, job, hook, keepLogits = false)
     last = now;
     const next = Array.from({ length: batch }, (_, row) => argmax(lastRow(out[logitsName], row)));
     if (step === 0 && keepLogits) prefill_logits = prefillLogits(out[logitsName], batch);
+    if (step_top) {
+      for (let row = 0; row < batch; row++) {
+        const [ids, values] = topK(lastRow(out[logitsName], row), job.top_k);
+        step_top.ids[row].push(ids);
+        step_top.values[row].push(values);
+      }
+    }
     out[logitsName].dispose();
     disposeAll(feeds, pasts); // the old past: a cache not freed here grows every step
     next.forEach((token, row) => tokens[row].push(token));
+    next.forEach((token, row) => (ended[row] ||= eos.has(token)));
+    if (eos.size && ended.every(Boolean)) {
+      presents.forEach((name) => out[name].dispose()); // no next step takes them
+      feeds = {};
+      break;
+    }
     mask = withOnes(mask, batch, length);
     length++;
     feeds = {
@@ -154,7 +189,7 @@ async function generateOnce(ort, session, prompt, job, hook, keepLogits = false)
     presents.forEach((name, i) => (feeds[pasts[i]] = out[name]));
   }
   disposeAll(feeds, pasts);
-  return { total_ms: performance.now() - started, ttft_ms, steps, tokens, prefill_logits };
+  return { total_ms: performance.now() - started, ttft_ms, steps, tokens, prefill_logits, step_top };
 }
 
 function sameTokens(a, b) {
@@ -204,6 +239,7 @@ export async function measureGeneration(ort, session, inputs, job, hooks) {
       tokens: first.tokens,
       tokens_stable,
       prefill_logits: first.prefill_logits,
+      step_top: first.step_top,
       memory_before,
       memory_after,
       warmup_generations: 1,

@@ -1,0 +1,109 @@
+"""A generate row checked natively, on the graph it ran: the kernel check (harness.core.generation.token_check
+against native ONNX Runtime teacher-forced on the row's tokens) and its quality beside the fp32 model.
+
+Quality (llama.cpp's `llama-perplexity --kl-divergence` is the anchor): the fp32 graph and the row's graph are
+both fed the row's own sequence (the prompt, then its generated tokens), and at every position both compute
+(every prompt position where the graph returns them all, then each generated token's) the next-token
+distributions are compared: top-1 agreement (the share of positions whose argmax is the same) and the mean of
+KL(P_fp32 || P_row) in nats. A quantized row is never a mismatch for this: it is what the precision costs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.core.generation import StepTop, token_check
+from harness.core.records import UnsupportedError
+from harness.prepare.folders import file_precision, past_shape
+from harness.prepare.greedy import cpu_session, forced_logits
+from harness.prepare.variants import model_for_precision
+
+# the engine every generation's tokens are checked against, named on the row (token_reference)
+REFERENCE_ENGINE = "onnxruntime CPUExecutionProvider"
+
+
+@lru_cache(maxsize=2)  # a row's graph and the fp32 one: loaded once for a run's rows of the same files
+def _session(graph: Path) -> Any:
+    return cpu_session(graph)
+
+
+def forced(graph: Path, prompt: dict[str, np.ndarray], tokens: np.ndarray) -> np.ndarray:
+    """Native ORT CPU's logits on `graph`, teacher-forced on the prompt then `tokens` (greedy.forced_logits)."""
+    return forced_logits(_session(graph), prompt, tokens, past_shape(graph))
+
+
+def graph_name(graph: Path) -> str:
+    """A graph as a row names it: its folder and file name (the cache's folder says the export and precision)."""
+    return f"{graph.parent.name}/{graph.name}"
+
+
+@dataclass(frozen=True)
+class Quality:
+    agreement_top1: float  # share of positions where both argmaxes agree
+    kl_mean: float  # mean KL(P_fp32 || P_row) over those positions, nats
+    positions: int  # positions compared per batch row
+
+
+def quality(fp32_logits: np.ndarray, logits: np.ndarray) -> Quality:
+    """Agreement and mean KL divergence over the positions both computed (the trailing ones: a graph that
+    returns only the prefill's last position has fewer)."""
+    width = min(fp32_logits.shape[1], logits.shape[1])
+    p, q = (_log_softmax(x[:, -width:]) for x in (fp32_logits, logits))
+    kl = np.sum(np.exp(p) * (p - q), axis=-1)
+    agree = p.argmax(axis=-1) == q.argmax(axis=-1)
+    return Quality(float(agree.mean()), float(kl.mean()), width)
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def _sequence_logits(graph: Path, prompt: dict[str, np.ndarray], ids: np.ndarray) -> np.ndarray:
+    """Logits at every position of the prompt and the generated tokens but the last, whatever positions the
+    graph's prefill returns: the first token as a prefill, every later one as a step (a padded prompt: the
+    prompt as the prefill)."""
+    if not np.all(prompt["attention_mask"] == 1):
+        return forced(graph, prompt, ids)
+    sequence = np.concatenate([prompt["input_ids"], ids], axis=1).astype(np.int64)
+    first = {"input_ids": sequence[:, :1], "attention_mask": np.ones_like(sequence[:, :1])}
+    return forced(graph, first, sequence[:, 1:])
+
+
+def fp32_graph(source: Path) -> Path | None:
+    """The fp32 graph of a generation's model where it is at hand (the export, an fp32 file given, a folder
+    that ships one), or None (a genai int4 folder)."""
+    try:
+        graph, ran, _ = model_for_precision(source, "fp32")
+    except UnsupportedError:
+        return None
+    return graph if ran == "fp32" and file_precision(graph) == "fp32" else None
+
+
+Checked = tuple[bool, dict[str, Any], np.ndarray]  # (agree, facts for the row, native's logits per step)
+
+
+def check_generation(graph: Path, source: Path, prompt: dict[str, np.ndarray], tokens: list[list[int]],
+                     precision: str, side: str, top: StepTop | None = None) -> Checked:  # fmt: skip
+    """A generation that ran `graph` (the file `source`'s precision gave) checked: token_check against native
+    ORT CPU teacher-forced on the same graph and, at a precision other than fp32 with the fp32 graph of
+    `source` at hand, agreement_top1 and kl_mean on the same sequence; with native's logits at each
+    generated step [batch, N, vocab]."""
+    ids = np.asarray(tokens, dtype=np.int64)
+    logits = forced(graph, prompt, ids)
+    steps = logits[:, -ids.shape[1] :]
+    agree, facts = token_check(ids, steps, precision, side, top)
+    facts["token_reference"] = f"{REFERENCE_ENGINE} on {graph_name(graph)}"
+    reference = fp32_graph(source) if precision != "fp32" else None
+    if reference is None or reference == graph:
+        facts["quality"] = "not measured: " + ("the row is fp32" if precision == "fp32" else "no fp32 graph at hand")
+        return agree, facts, steps
+    found = quality(*(_sequence_logits(g, prompt, ids) for g in (reference, graph)))
+    facts |= {"agreement_top1": found.agreement_top1, "kl_mean": found.kl_mean, "quality_positions": found.positions,
+              "quality_reference": f"{REFERENCE_ENGINE} on {graph_name(reference)} (fp32)"}  # fmt: skip
+    return agree, facts, steps

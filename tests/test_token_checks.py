@@ -1,0 +1,91 @@
+"""Tokens checked on the same graph by a rule that can fail, and quality beside speed (issue 32): one real
+run (llama-tiny, fp32 and q4, native ORT CPU and wasm) whose page is served a copy of its graph with one
+weight matrix scaled by 1.05 (the faults hook, harness.browser.generate.served_graph); the genuine page rows
+are test_web_generate.py's (ok)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import run_cli
+from test_web import web_cache  # noqa: F401 (the session's export cache)
+
+from harness.browser.generate import SCALED_WEIGHT_FAULT
+
+pytestmark = pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="needs Chromium at /usr/bin/chromium")
+QUICK = ("--iterations", "2", "--warmup", "0", "--min-duration", "0", "--new-tokens", "4", "--sequence-lengths", "8")
+
+
+@pytest.fixture(scope="module")
+def planted(web_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[tuple[str, str], Any]]:  # noqa: F811
+    out = tmp_path_factory.mktemp("token-checks")
+    db = out / "t.duckdb"
+    fault = {"ACCELHARNESS_INJECT_FAULT": SCALED_WEIGHT_FAULT}
+    done = run_cli("run", "--mode", "generate", "--model", "llama-tiny", "--precision", "fp32,q4", "--engines",
+                   "onnxruntime", "--hardware", "cpu", "--web-hardware", "wasm", *QUICK, "--db", str(db),
+                   "--output-dir", str(out / "reports"), env=fault)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    import duckdb
+
+    with duckdb.connect(str(db), read_only=True) as connection:
+        cursor = connection.execute("SELECT * FROM results")
+        names = [d[0] for d in cursor.description]
+        rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    return db, {(r["engine"], r["precision"]): r | {"details": json.loads(r["details"])} for r in rows}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "q4"])
+def test_a_page_served_a_weight_scaled_by_1_05_is_a_mismatch(planted: Any, precision: str) -> None:
+    page = planted[1]["onnxruntime-web", precision]
+    assert page["status"] == "mismatch", page["details"].get("token_parity")
+    assert "logit differs from native ORT's by" in page["error"]  # the step's top-k, native teacher-forced
+    assert page["details"]["step_logit_max_diff"] > page["details"]["step_logit_tolerance"][0]
+
+
+def test_the_reference_is_the_same_graph_file_and_named_on_the_row(planted: Any) -> None:
+    rows = planted[1]
+    for precision in ("fp32", "q4"):
+        native, page = rows["onnxruntime", precision], rows["onnxruntime-web", precision]
+        assert native["status"] == "ok", native["error"]  # the fault is the page's alone
+        assert native["token_reference"] == page["token_reference"]  # one file for both sides
+        assert native["token_reference"].startswith("onnxruntime CPUExecutionProvider on ")
+    assert rows["onnxruntime", "q4"]["token_reference"].endswith("-past-q4/model.onnx")
+    assert rows["onnxruntime", "fp32"]["token_reference"].endswith("-past/model.onnx")
+
+
+def test_a_q4_row_states_its_quality_beside_fp32_and_is_not_a_mismatch_for_it(planted: Any) -> None:
+    rows = planted[1]
+    q4 = rows["onnxruntime", "q4"]
+    assert q4["status"] == "ok" and 0.0 <= q4["agreement_top1"] <= 1.0 and q4["kl_mean"] >= 0.0
+    assert q4["details"]["quality_positions"] == 8 + 4 - 1  # every prompt and generated position but the last
+    assert q4["details"]["quality_reference"].endswith("-past/model.onnx (fp32)")
+    fp32 = rows["onnxruntime", "fp32"]  # the fp32 model itself: nothing to compare, NULL
+    assert fp32["agreement_top1"] is None and fp32["kl_mean"] is None
+    markdown = next((planted[0].parent / "reports").glob("*.md")).read_text()
+    assert "top-1 agreement vs fp32" in markdown and "KL vs fp32" in markdown and "tokens checked on" in markdown
+
+
+def test_recommend_gives_the_fastest_generation_above_an_agreement(planted: Any) -> None:
+    from harness.analysis.recommend import fastest_generation
+
+    choice = fastest_generation(planted[0], "llama-tiny", 1, 0.9)
+    assert {(r["engine"], r["precision"]) for r in choice.ranked} == {("onnxruntime", "fp32"), ("onnxruntime", "q4")}
+    assert [r["decode_tokens_per_s"] for r in choice.ranked] == sorted(
+        (r["decode_tokens_per_s"] for r in choice.ranked), reverse=True
+    )  # the page's rows are mismatches: not a choice
+    strict = fastest_generation(planted[0], "llama-tiny", 1, 1.0)
+    q4 = planted[1]["onnxruntime", "q4"]
+    assert (q4["agreement_top1"] < 1.0) == any("below 1" in line for line in strict.excluded)
+    shown = run_cli("recommend", "--mode", "generate", "--model", "llama-tiny", "--min-agreement", "0.9", "--db",
+                    str(planted[0]))  # fmt: skip
+    assert shown.returncode == 0 and "Fastest generation for llama-tiny" in shown.stdout, shown.stderr
+    refusals = {"1.5": "--min-agreement takes a share from 0 to 1", "0.9": "--min-agreement ranks generate targets"}
+    for value, why in refusals.items():  # out of range; a floor on a mode that has none
+        mode = "generate" if value == "1.5" else "inference"
+        refused = run_cli(
+            "recommend", "--model", "llama-tiny", "--mode", mode, "--min-agreement", value, "--db", str(planted[0])
+        )
+        assert refused.returncode == 2 and why in refused.stderr and "Traceback" not in refused.stderr
