@@ -27,7 +27,8 @@ import pyarrow as pa
 from harness.core.bounds import MAX_ID_CHARS
 from harness.core.generation import summarize_generation
 from harness.core.git import branch_tip
-from harness.core.records import Control, Result
+from harness.core.records import WORK_FIELDS, Ceiling, Control, Result
+from harness.core.roofline import ceiling_figures, precision_class_sql
 from harness.core.stats import summarize
 
 DEFAULT_DB = Path("accelharness.duckdb")
@@ -130,6 +131,36 @@ BACKFILL_RUN_UUID_SQL = """UPDATE runs SET run_uuid = substr(sha256(concat_ws('|
     CAST(started_at AS VARCHAR), coalesce(hostname, ''), coalesce(command, ''))), 1, 32) WHERE run_uuid IS NULL"""
 IDENTITY_BACKFILL = [BACKFILL_RUN_UUID_SQL, CLASSIFY_RUNS_SQL, hash_results_sql()]
 
+# What a result's figures of work become (harness.core.roofline): its achieved rates, and their fractions
+# of the ceiling measured on its own target in its own run (the latest, should a resumed run have two).
+# The one definition, for new rows, a ceiling that arrives after them, and bundles (recomputed on import).
+ROOFLINE_COLUMNS = ("achieved_gbps", "achieved_gflops", "bandwidth_fraction", "compute_fraction")
+
+
+def _ceiling_sql(kind: str, precision: str) -> str:
+    return (
+        "(SELECT arg_max(c.value, c.measured_at) FROM ceilings c WHERE c.run_id = results.run_id "
+        "AND c.hardware = results.hardware AND c.engine = results.engine AND c.provider IS NOT DISTINCT FROM "
+        f"results.provider AND c.device IS NOT DISTINCT FROM results.device AND c.kind = '{kind}' "
+        f"AND c.precision = {precision} AND c.value > 0)"
+    )
+
+
+def roofline_sql(where: str) -> list[str]:
+    """The statements that set ROOFLINE_COLUMNS on the results rows matching `where` (a condition on results;
+    `?` in it bound once per statement)."""
+    rates = """UPDATE results SET
+        achieved_gbps = CASE mode WHEN 'generate' THEN bytes_per_token * decode_tokens_per_s
+            WHEN 'inference' THEN bytes_per_item * throughput_per_s END / 1e9,
+        achieved_gflops = CASE mode WHEN 'generate' THEN prefill_flops_per_token * prefill_tokens_per_s
+            WHEN 'inference' THEN flops_per_item * throughput_per_s END / 1e9"""
+    bandwidth = _ceiling_sql("bandwidth", "'bytes'")
+    compute = _ceiling_sql("compute", precision_class_sql("results.precision"))
+    fractions = f"""UPDATE results SET bandwidth_fraction = achieved_gbps / {bandwidth},
+        compute_fraction = achieved_gflops / {compute}"""
+    return [f"{rates} WHERE {where}", f"{fractions} WHERE {where}"]
+
+
 # Versioned migrations: version N's statements bring a version N-1 file up to N. A new file gets
 # SCHEMA (version 1) and then every migration, so old and new files end with the same columns.
 MIGRATIONS: dict[int, list[str]] = {
@@ -221,14 +252,29 @@ MIGRATIONS: dict[int, list[str]] = {
         "ALTER TABLE results ADD COLUMN IF NOT EXISTS agreement_top1 DOUBLE",
         "ALTER TABLE results ADD COLUMN IF NOT EXISTS kl_mean DOUBLE",
     ],
+    10: [
+        # issue 34: decode at a KV-cache depth (part of the result key), the work a row's graph implies
+        # (harness.core.graph_cost), its achieved rates and their fractions of its target's measured ceilings
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS depth INTEGER",
+        *(f"ALTER TABLE results ADD COLUMN IF NOT EXISTS {name} DOUBLE" for name in WORK_FIELDS),
+        *(f"ALTER TABLE results ADD COLUMN IF NOT EXISTS {name} DOUBLE" for name in ROOFLINE_COLUMNS),
+        # each target's measured ceilings (harness.run.ceilings): value in GB/s or GFLOP/s at the fastest sample
+        """CREATE TABLE IF NOT EXISTS ceilings (
+            run_id VARCHAR NOT NULL, hardware VARCHAR NOT NULL, engine VARCHAR NOT NULL, provider VARCHAR,
+            device VARCHAR, kind VARCHAR NOT NULL, precision VARCHAR NOT NULL, workload VARCHAR NOT NULL,
+            amount DOUBLE NOT NULL, measured_at TIMESTAMP NOT NULL, iterations INTEGER NOT NULL, value DOUBLE,
+            spread DOUBLE, samples_ms DOUBLE[], software_adapter BOOLEAN NOT NULL, load_avg_1m DOUBLE, error VARCHAR
+        )""",
+    ],
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 # Tables a migration created: a read-only open of an older file shows them empty.
-ADDED_TABLES = {"operators": 4, "controls": 6, "store_info": 8, "imports": 8}
+ADDED_TABLES = {"operators": 4, "controls": 6, "store_info": 8, "imports": 8, "ceilings": 10}
 
-TABLES = ("schema_version", "runs", "hardware", "results", "samples", "operators", "controls", "store_info", "imports")
+TABLES = ("schema_version", "runs", "hardware", "results", "samples", "operators", "controls", "store_info", "imports",
+          "ceilings")  # fmt: skip
 # What a run is made of: the tables a bundle carries (the store's own facts and log stay home).
-RUN_TABLES = ("runs", "hardware", "results", "samples", "operators", "controls")
+RUN_TABLES = ("runs", "hardware", "results", "samples", "operators", "controls", "ceilings")
 # Each run table's rows that belong to the chosen runs (the registered table `chosen` holds their ids):
 # what a bundle carries, and what a store scoped to one machine holds.
 RUN_ROWS = {
@@ -240,6 +286,7 @@ RUN_ROWS = {
     "operators": "SELECT o.* FROM operators o JOIN results r USING (result_id) "
     "WHERE r.run_id IN (SELECT run_id FROM chosen)",
     "controls": "SELECT * FROM controls WHERE run_id IN (SELECT run_id FROM chosen)",
+    "ceilings": "SELECT * FROM ceilings WHERE run_id IN (SELECT run_id FROM chosen)",
 }
 MACHINE_COLUMNS = "runs.machine_id, runs.machine_label, runs.hardware_class"  # a result row read with its machine
 MACHINE_SALT = "machine_salt"  # store_info key: the random salt of this store's machine ids
@@ -464,6 +511,8 @@ class Store:
                 cursor.execute("INSERT INTO operators BY NAME SELECT * FROM new_operators")
                 cursor.unregister("new_operators")
             cursor.execute(hash_results_sql("result_id = ?"), [result_id, result_id])
+            for statement in roofline_sql("result_id = ?"):
+                cursor.execute(statement, [result_id])
             cursor.execute("COMMIT")
         except BaseException:
             with contextlib.suppress(duckdb.TransactionException):  # a COMMIT that failed has rolled back already
@@ -524,6 +573,8 @@ class Store:
             "load_avg_1m": result.load_avg_1m,
             "cpu_percent": result.cpu_percent,
             "energy_j_per_item": result.energy_j_per_item,
+            "depth": result.case.depth,
+            **{name: getattr(result, name) for name in WORK_FIELDS},
             "generated_tokens": None if result.generated_tokens is None else json.dumps(result.generated_tokens),
             "tokens_matched": result.details.get("tokens_matched"),
             "native_threads": result.details.get("native_threads"),
@@ -551,6 +602,31 @@ class Store:
                     control.samples_ms, control.load_avg_1m, control.error,
                 ],
             )  # fmt: skip
+
+    def add_ceiling(self, run_id: str, ceiling: Ceiling) -> None:
+        """Commit one measured ceiling with its samples, then the fractions of the run's rows on its target."""
+        target = ceiling.target
+        value, spread = ceiling_figures(ceiling.amount, ceiling.samples_ms)
+        on_target = ("run_id = ? AND hardware = ? AND engine = ? AND provider IS NOT DISTINCT FROM ? "
+                     "AND device IS NOT DISTINCT FROM ?")  # fmt: skip
+        with self._writing():
+            self.connection.execute("BEGIN TRANSACTION")
+            self.connection.execute(
+                "INSERT INTO ceilings VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    run_id, target.hardware, target.engine, target.provider, target.device, ceiling.kind,
+                    ceiling.precision, ceiling.workload, ceiling.amount, _now(), len(ceiling.samples_ms), value,
+                    spread, ceiling.samples_ms, ceiling.software_adapter, ceiling.load_avg_1m, ceiling.error,
+                ],
+            )  # fmt: skip
+            for statement in roofline_sql(on_target):
+                self.connection.execute(statement, [run_id, target.hardware, target.engine, target.provider,
+                                                    target.device])  # fmt: skip
+            self.connection.execute("COMMIT")
+
+    def ceilings(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's measured ceilings, in the order they were taken."""
+        return self.query("SELECT * FROM ceilings WHERE run_id = ? ORDER BY measured_at", [run_id])
 
     # --- reads --------------------------------------------------------------------------------
     def query(self, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:

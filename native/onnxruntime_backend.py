@@ -137,6 +137,8 @@ class OrtGenerator(OrtSession):
     ) -> None:
         super().__init__(session, provider, placement, path)
         self.generated: np.ndarray | None = None  # the last generate()'s token ids, for parity checks
+        self.fills_cache = True  # generate() takes a KV-cache depth (--depths), filled before begin()
+        self.fills: dict[Any, Any] = {}  # the filled cache, kept for the next generation (greedy.greedy)
         self.base_facts["onnx_graph"] = "with past key/values (KV-cache decoder loop)"
         if provider in DEVICE_KV_CACHE:
             self.base_facts["kv_cache"] = f"on the {DEVICE_KV_CACHE[provider]} device (I/O binding, device OrtValues)"
@@ -145,12 +147,15 @@ class OrtGenerator(OrtSession):
         return {name: feeds[name] for name in ("input_ids", "attention_mask")}
 
     def generate(self, prepared: dict[str, np.ndarray], new_tokens: int, stamp: Callable[[], None],
-                 eos: tuple[int, ...] = ()) -> int:  # fmt: skip
+                 eos: tuple[int, ...] = (), depth: int = 0,
+                 begin: Callable[[], None] = lambda: None) -> int:  # fmt: skip
         """Exactly new_tokens greedy tokens (no EOS stop, like torch's min = max), or up to them stopping at
-        `eos`; stamp() runs as each token's logits are ready, since run() returns host arrays."""
+        `eos`, after a KV cache filled to `depth` (then begin() runs); stamp() runs as each token's logits are
+        ready, since run() returns host arrays."""
         shape = past_shape(self.path) if self.path is not None else None  # a folder's config, where the graph says none
         device = DEVICE_KV_CACHE.get(self.provider)  # the KV cache stays on the device where the EP has one
-        self.generated = greedy(self.session, prepared, new_tokens, stamp, shape=shape, eos=eos, device=device).tokens
+        self.generated = greedy(self.session, prepared, new_tokens, stamp, shape=shape, eos=eos, depth=depth,
+                                begin=begin, fills=self.fills, device=device).tokens  # fmt: skip
         return self.generated.shape[1]
 
 
@@ -255,9 +260,9 @@ class OnnxRuntimeBackend:
         if source is None:
             raise UnsupportedError("no ONNX file for this model (see the export error)")
         path, precision, conversion = model_for_precision(source, request.precision)
+        options, threads = session_options(request.threads)
         # a device that makes no progress fails here, once, quickly; so does a precision it has no kernels for
         shaders = PLUGINS[target.provider].proved(precision) if target.provider in PLUGINS else {}
-        options, threads = session_options(request.threads)
         try:
             session = new_session(path, target.provider, options)
         except Exception as exc:  # a converted file ORT rejects (e.g. duplicate node names): no such model here

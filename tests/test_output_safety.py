@@ -78,7 +78,7 @@ def hostile(measured: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[P
     with open_store(db) as store:
         con = store.connection
         (old,) = con.execute("SELECT run_id FROM runs").fetchone()
-        for table in ("runs", "hardware", "results", "controls"):
+        for table in ("runs", "hardware", "results", "controls", "ceilings"):
             con.execute(f"UPDATE {table} SET run_id = ? WHERE run_id = ?", [run_id, old])
         con.execute("UPDATE runs SET machine_label = ?, cpu_model = ?", [LABEL, MODEL])
         con.execute("UPDATE results SET model = ?, status = 'error', error = ?, weights = '@SUM(1+1)', load_ms = -1.5",

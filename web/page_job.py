@@ -62,7 +62,8 @@ class GenerateJob:
     answer's token ids are checked against (None: the graph leaves it symbolic); a folder's past heads and
     head size (where the graph is symbolic); ORT session options (WebGPU: present.* kept on the GPU); the EOS
     ids the generation stops at (--stop-at-eos; empty: EOS ignored, exactly new_tokens tokens); how many of each
-    step's largest logits the warm-up returns (checked against native ORT's on the same graph)."""
+    step's largest logits the warm-up returns (checked against native ORT's on the same graph); the KV-cache
+    depth the page fills, untimed, before the prompt (--depths)."""
 
     new_tokens: int
     vocab_size: int | None = None
@@ -70,6 +71,7 @@ class GenerateJob:
     session_options: dict[str, Any] | None = None
     eos_ids: list[int] = field(default_factory=list)
     top_k: int = STEP_TOP_K
+    depth: int = 0
 
 
 @dataclass(frozen=True)

@@ -46,14 +46,17 @@ from harness.analysis.machines import machine_name
 from harness.analysis.tables import AnalysisError, Table, render_table
 from harness.core.labels import TARGET_FIELDS, case_label, mode_of, target_label
 from harness.core.records import MEASURED
+from harness.core.roofline import limit_fraction
 from harness.store import Store, StoreError, open_store
 
-KEY = ("model", *TARGET_FIELDS, "batch_size", "seq_len", "precision", "mode", "new_tokens")
+KEY = ("model", *TARGET_FIELDS, "batch_size", "seq_len", "precision", "mode", "new_tokens", "depth")
 
 
 def case_fields(row: dict[str, Any]) -> dict[str, Any]:
-    """What identifies a case across runs: KEY's values (generate rows differ by their new tokens too)."""
-    return {k: row.get(k) for k in KEY} | {"mode": mode_of(row)}
+    """What identifies a case across runs: KEY's values (generate rows differ by their new tokens and KV-cache
+    depth too; a row stored before depths existed started at depth 0)."""
+    depth = row.get("depth") if row.get("depth") is not None or mode_of(row) != "generate" else 0
+    return {k: row.get(k) for k in KEY} | {"mode": mode_of(row), "depth": depth}
 
 
 def case_key(row: dict[str, Any]) -> tuple:
@@ -81,6 +84,7 @@ class ComparisonRow:
     precision: str
     mode: str
     new_tokens: int | None
+    depth: int | None  # generate: the KV-cache depth the decode started at
     target: str
     case: str
     status_a: str | None
@@ -100,6 +104,10 @@ class ComparisonRow:
     control_ratio: float | None = None  # the drift control's B/A on this target (analysis.drift)
     spread: float | None = None  # this case's run-to-run spread in earlier runs (slowest/fastest median)
     spread_runs: int = 0  # how many earlier runs that spread is over
+    # how close each side came to its target's measured ceiling (harness.core.roofline): bandwidth for a
+    # generate row's decode, compute for an inference row; None where either was not measured
+    limit_a: float | None = None
+    limit_b: float | None = None
 
 
 @dataclass
@@ -229,6 +237,8 @@ def _row(
         verdict="",
         noisy_a=ra["noisy"] if ra else None,
         noisy_b=rb["noisy"] if rb else None,
+        limit_a=limit_fraction(ra),
+        limit_b=limit_fraction(rb),
     )
     measured_a, measured_b = row.status_a in MEASURED, row.status_b in MEASURED
     if ra is None or rb is None:
@@ -333,7 +343,7 @@ def _explain(store: Store, row: ComparisonRow, controls: dict, before: Any, runs
 # --- output --------------------------------------------------------------------------------------
 TABLE_COLUMNS = [
     "model", "target", "case", "status", "a_ms", "b_ms", "ratio", "ci_low", "ci_high", "p_value",
-    "control_ratio", "spread", "verdict", "note",
+    "control_ratio", "spread", "limit_a", "limit_b", "verdict", "note",
 ]  # fmt: skip
 
 
@@ -361,6 +371,9 @@ def comparison_table(comparison: Comparison) -> Table:
             f"Mann-Whitney p; threshold ±{comparison.threshold:.1%}",
         ]
     notes += machines_note(comparison) + _control_notes(comparison)
+    if any(r.limit_a is not None or r.limit_b is not None for r in comparison.rows):
+        notes.append("limit_a, limit_b: the fraction of its target's ceiling measured in that run (decode: "
+                     "bandwidth; inference: compute; docs/measurement.md)")  # fmt: skip
     notes.append(f"verdicts: {counts}")
     return Table(title, TABLE_COLUMNS, rows, notes)
 

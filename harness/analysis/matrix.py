@@ -29,6 +29,7 @@ from harness.core import labels
 from harness.core.escaping import markdown_text as md
 from harness.core.labels import BASELINE_LABEL, baselines, case_key, case_label, details_of, flags, mode_of, speedup
 from harness.core.records import MODES
+from harness.core.roofline import limit_fraction
 from harness.core.threads import threads_part
 from harness.store import ALL_RUNS, MACHINE_COLUMNS, open_store
 
@@ -123,6 +124,8 @@ class Cell:
     cases: int
     counts: dict[str, int]  # class -> number of cases
     evidence: list[dict[str, Any]] = field(default_factory=list)
+    # the closest its cases came to the target's measured ceiling (decode: bandwidth; inference: compute)
+    limit: float | None = None
 
     @property
     def text(self) -> str:
@@ -149,6 +152,7 @@ def _evidence(row: dict[str, Any], status: str, ratio: float | None) -> dict[str
         "class": status,
         "median_latency_ms": row["latency_p50_ms"],
         "speedup": ratio,
+        "limit_fraction": limit_fraction(row),
         "flags": flags(row),
         "error": error[0][:300] if error else None,
         # a generation's speed and, at a precision other than fp32, its quality beside the fp32 model
@@ -173,7 +177,9 @@ def _cell(rows: list[dict[str, Any]], base: dict, is_baseline: bool) -> Cell:
     value = None if is_baseline or not measured else geometric_mean(measured)
     rating = BASELINE_RATING if is_baseline and "compatible" in classes else rate(value)
     evidence = [_evidence(r, c, None if is_baseline else s) for r, c, s in zip(rows, classes, ratios, strict=True)]
-    return Cell(max(classes, key=SEVERITY.index), rating, value, len(rows), dict(Counter(classes)), evidence)
+    limits = [f for r in rows if (f := limit_fraction(r)) is not None]
+    return Cell(max(classes, key=SEVERITY.index), rating, value, len(rows), dict(Counter(classes)), evidence,
+                max(limits, default=None))  # fmt: skip
 
 
 def latest_results(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -27,6 +27,7 @@ from harness.analysis.compare import RESAMPLES, SEED, Comparison, ComparisonRow,
 from harness.analysis.tables import AnalysisError
 from harness.core.labels import case_label, target_label
 from harness.core.records import MEASURED
+from harness.core.roofline import limit_fraction
 from harness.core.stats import MIN_PAIRED_ROUNDS
 from harness.store import StoreError, open_store
 
@@ -78,6 +79,8 @@ def paired_row(base: dict, a: dict, b: dict, a_rounds: dict, b_rounds: dict, thr
         verdict="",
         noisy_a=a["noisy"],
         noisy_b=b["noisy"],
+        limit_a=limit_fraction(a),
+        limit_b=limit_fraction(b),
     )
     for name in ("model", "precision"):  # what differs between the sides, A → B
         if a[name] != b[name]:

@@ -53,9 +53,9 @@ def vocab_size(path: Path) -> int | None:
 
 def generate_job(model: Path, case: Case, keeps_on_gpu: bool, eos: tuple[int, ...] = ()) -> GenerateJob:
     """A page job's generation part: the token count, the EOS ids it stops at (--stop-at-eos; none: it makes
-    exactly new_tokens), the logits width (the vocabulary its token ids are checked against), a model folder's
-    past heads and head size and, on WebGPU, present.* kept on the GPU (only the logits, the first output, come
-    back to the CPU)."""
+    exactly new_tokens), the KV-cache depth filled first (untimed), the logits width (the vocabulary its token
+    ids are checked against), a model folder's past heads and head size and, on WebGPU, present.* kept on the
+    GPU (only the logits, the first output, come back to the CPU)."""
     assert case.new_tokens is not None  # a generate case always has its count (harness.run.plan)
     options = None
     if keeps_on_gpu:
@@ -68,6 +68,7 @@ def generate_job(model: Path, case: Case, keeps_on_gpu: bool, eos: tuple[int, ..
         vocab_size=vocab,
         past_shape=None if shape is None else list(shape),
         session_options=options,
+        depth=case.depth or 0,
         eos_ids=list(eos),
         top_k=STEP_TOP_K if vocab is None else min(STEP_TOP_K, vocab),  # each step's logits the page returns
     )
@@ -154,17 +155,17 @@ def generation_result(prepared: PreparedModel, target: Any, case: Case, answer: 
         details["token_parity"] = "not checked: the page's graph is not at hand"
         return prepared.result(target, case, "ok", None, details=details, **extra, **fields)
     status, error, parity_fields = _parity(generation, model, prepared.onnx_past_path, prompt_feeds(feeds),
-                                           extra.get("precision") or "fp32", details)  # fmt: skip
+                                           extra.get("precision") or "fp32", details, case.depth or 0)  # fmt: skip
     return prepared.result(target, case, status, error, details=details, **parity_fields, **extra, **fields)
 
 
 def _parity(generation: dict[str, Any], model: Path, source: Path, prompt: dict[str, np.ndarray], precision: str,
-            details: dict[str, Any]) -> tuple[str, str | None, dict[str, Any]]:  # fmt: skip
+            details: dict[str, Any], depth: int = 0) -> tuple[str, str | None, dict[str, Any]]:  # fmt: skip
     """(status, error, fields): the prefill logits within the precision's tolerance of native ORT's on the same
     file, then every step's top-k and the tokens (harness.core.generation.token_check)."""
     try:
         agree, facts, native = check_generation(model, source, prompt, generation["tokens"], precision, "browser",
-                                                _step_top(generation))  # fmt: skip
+                                                _step_top(generation), depth)  # fmt: skip
         logits = compare([_prefill_logits(generation)], [native[:, :1]], precision, ["prefill logits"])
     except ValueError as exc:
         return "error", f"parity check failed: {exc}", {}

@@ -29,12 +29,25 @@ from harness.core.labels import BROWSER_ENGINE
 from harness.core.options import check, declared, option
 from harness.core.parity import compare
 from harness.core.profiles import PROFILE_ITERATIONS
-from harness.core.records import Case, Control, Result, Target, UnsupportedError, result_key
+from harness.core.records import Case, Ceiling, Control, Result, Target, UnsupportedError, result_key
 from harness.core.threads import threads_option, with_threads
 from harness.prepare.external import external_data_problem, external_locations, model_bytes
 from harness.prepare.prepared import PreparedModel, PrepareJob, unprepared_result
 from harness.prepare.specs import ModelSpec
 from harness.prepare.variants import model_for_precision
+from harness.run.ceilings import (
+    CEILING_ITERATIONS,
+    CEILING_MAX_ITERATIONS,
+    CEILING_MAX_TIME_S,
+    CEILING_MIN_DURATION_S,
+    CEILING_MIN_ITERATIONS,
+    CEILING_WARMUP,
+    Calibration,
+    calibration_feeds,
+    calibration_path,
+    row_work,
+    wanted,
+)
 from harness.run.control import (
     CONTROL_ITERATIONS,
     CONTROL_MAX_TIME_S,
@@ -319,6 +332,9 @@ def build_result(
         return prepared.result(setting.target, case, _status(answer), answer["error"], details=details, **extra)
     fields = {"samples_ms": answer["samples_ms"], "load_ms": answer["load_ms"], "first_run_ms": answer["first_run_ms"]}
     fields["memory_peak_mb"] = peak_mb
+    work, counted = row_work(model, case, details.get("input_shapes", {}))
+    fields |= work
+    details |= counted
     if case.mode == "generate":  # an ok answer holds a generation exactly then (web/answers.py checked it)
         return generation_result(prepared, setting.target, case, answer, fields, extra, details, model)
     names = [out["name"] for out in answer["outputs"]]  # the page's session.outputNames, in order
@@ -499,6 +515,37 @@ async def measure_control(files: Any, session: Any, setting: EpSetting, position
     return control
 
 
+# a calibration's stop rule (harness.run.ceilings): the native one, in every page
+CEILING_STOP = StopRule(
+    warmup=CEILING_WARMUP,
+    iterations=CEILING_ITERATIONS,
+    min_duration_ms=CEILING_MIN_DURATION_S * 1000,
+    max_iterations=CEILING_MAX_ITERATIONS,
+    min_iterations=CEILING_MIN_ITERATIONS,
+    max_time_ms=CEILING_MAX_TIME_S * 1000,
+)
+
+
+async def measure_page_ceilings(files: Any, session: Any, setting: EpSetting, calibrations: list[Calibration],
+                                timeout_s: float) -> list[Ceiling]:  # fmt: skip
+    """The target's ceilings (harness.run.ceilings) in the page, on the EP setting: each calibration graph a
+    page job timed by the page's own loop; a software adapter's ceiling is flagged as its results are."""
+    found = []
+    for calibration in calibrations:
+        ceiling = Ceiling(setting.target, calibration.kind, calibration.precision, calibration.name, calibration.amount)
+        job = web_job(files, calibration.name, calibration_path(calibration), calibration_feeds(calibration),
+                      setting, CEILING_STOP, calibration.name)  # fmt: skip
+        answer = await session.run_job(files.page_url, (calibration.name, setting), job, timeout_s)
+        if answer["status"] == "ok":
+            ceiling.samples_ms, ceiling.load_avg_1m = answer["samples_ms"], os.getloadavg()[0]
+            facts = _page_details(answer.get("facts", {}), setting, {})
+            ceiling.software_adapter = bool(facts.get("fallback_adapter"))
+        else:
+            ceiling.error = answer["error"]
+        found.append(ceiling)
+    return found
+
+
 async def page_refusal(session: Any, setting: EpSetting, case: Case, request: WebRequest) -> tuple[str | None, dict]:
     """(why this case must not run, the adapter facts for the row): webgpu on a software adapter under
     --require-hardware-gpu, or fp16 on an adapter without shader-f16. Decided before any model is loaded."""
@@ -555,9 +602,10 @@ def prepare_spec(plan: Any, spec: ModelSpec) -> Prepared:
     shapes = sorted({(c.batch_size, c.seq_len) for c in cases}, key=str)
     generates = any(c.mode == "generate" for c in cases)  # the graph with past, and native ORT's tokens
     tokens = plan.request.new_tokens if generates else 0
+    depths = tuple(sorted({c.depth or 0 for c in cases if c.mode == "generate"})) or (0,)
     plain = any(c.mode != "generate" for c in cases)  # the page generates from the graph with past alone
     job = PrepareJob(spec, shapes, with_past=generates and spec.has_past_export, reference_tokens=tokens, plain=plain,
-                     stop_at_eos=plan.request.stop_at_eos)  # fmt: skip
+                     stop_at_eos=plan.request.stop_at_eos, reference_depths=depths)  # fmt: skip
     prepared, outcome = prepare_isolated(job, plan.request.prepare_timeout_s)
     if prepared:
         return spec, prepared, ""
@@ -599,6 +647,7 @@ async def _run_ep(
 
     session = None  # launched (or connected) on first use, with this EP's flags only
     jobs = list(_ep_cases(plan, models, ep))
+    measured: dict[Target, set[tuple[str, str]]] = {}  # each target's ceilings measured in this run
     controls = _control_points(jobs)
     timeout_s = plan.request.timeout_s
     try:
@@ -610,6 +659,10 @@ async def _run_ep(
                     session = BrowserSession(playwright, plan.browser_source(ep), files)
                 if (setting, "start") in controls.get(index - 1, []):
                     emit(await measure_control(files, session, setting, "start", spec.name, timeout_s))
+                # the target's ceilings, measured once per run, before the first job that needs each of them
+                needed = wanted([case.precision], measured.setdefault(setting.target, set()))
+                for ceiling in await measure_page_ceilings(files, session, setting, needed, timeout_s):
+                    emit(ceiling)
                 row = await _run_case(files, session, plan, prepared, setting, case, faults.get(setting.provider))
             emit(row)
             for each, position in controls.get(index, []):

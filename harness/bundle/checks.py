@@ -17,10 +17,13 @@ from pathlib import Path
 import duckdb
 
 from harness.bundle.fmt import BundleError
-from harness.core.bounds import MAX_BATCH, MAX_ITERATIONS, MAX_NEW_TOKENS, MAX_ROUNDS, MAX_SEQUENCE
-from harness.core.records import MEASURED, MODES, STATUSES, VARIANTS
+from harness.core.bounds import MAX_BATCH, MAX_DEPTH, MAX_ITERATIONS, MAX_NEW_TOKENS, MAX_ROUNDS, MAX_SEQUENCE
+from harness.core.precision import MEANINGS
+from harness.core.records import MEASURED, MODES, STATUSES, VARIANTS, WORK_FIELDS
+from harness.core.roofline import BANDWIDTH_CLASS, CEILING_KINDS, precision_class
 from harness.core.terminal import quoted_text
 from harness.store import (
+    ROOFLINE_COLUMNS,
     RUN_STATUSES,
     RUN_TABLES,
     SCHEMA_VERSION,
@@ -29,6 +32,7 @@ from harness.store import (
     is_identifier_sql,
     quoted,
     required_columns,
+    roofline_sql,
 )
 
 SHOWN_CHARS = 60  # of a value in a message
@@ -66,7 +70,20 @@ LATENCIES = ("latency_mean_ms", "latency_p50_ms", "latency_p90_ms", "latency_p95
 IDENTIFIERS = {
     "runs": ("run_id", "run_uuid", "machine_id", "machine_label"),
     "results": ("result_id", "run_id", "device"),
+    "ceilings": ("run_id", "device"),
 }
+CEILING_CLASSES = (BANDWIDTH_CLASS, *sorted({c for p in MEANINGS if (c := precision_class(p))}))
+# a ceiling's figures as harness.core.roofline.ceiling_figures gives them, from its own amount and samples
+CEILING_VALUE = "amount / (list_min(samples_ms) / 1000.0) / 1e9"
+CEILING_SPREAD = "list_median(samples_ms) / list_min(samples_ms) - 1.0"
+
+
+def _differs(column: str, expected: str) -> str:
+    """A stored figure that is not the one recomputed (NULL exactly where the recomputed one is NULL)."""
+    return (f"(({column}) IS NULL) <> (({expected}) IS NULL) OR abs({column} - ({expected})) > "
+            f"1e-9 * greatest(abs({expected}), 1e-300)")  # fmt: skip
+
+
 NAMED = ("model", "family", "weights", "hardware", "engine", "requested_precision", "precision")
 RULES = [
     *(Rule(t, c, f"NOT {is_identifier_sql(c)}", IDENTIFIER_RULE) for t, cs in IDENTIFIERS.items() for c in cs),
@@ -102,12 +119,32 @@ RULES = [
     Rule("controls", "samples_ms", _not_positive_list("samples_ms"), f"NULL or a list of numbers each {POSITIVE}"),
     Rule("controls", "samples_ms", f"len(samples_ms) > {MAX_ITERATIONS}", f"at most {MAX_ITERATIONS:,} samples"),
     Rule("controls", "median_ms", _not_positive("median_ms"), f"NULL or {POSITIVE}"),
+    Rule("results", "depth", _outside("depth", 0, MAX_DEPTH), f"NULL or 0 to {MAX_DEPTH:,}"),
+    *(Rule("results", c, _not_positive(c), f"NULL or {POSITIVE}") for c in WORK_FIELDS),
+    Rule("ceilings", "kind", f"kind NOT IN {_one_of(CEILING_KINDS)}", f"one of {', '.join(CEILING_KINDS)}"),
+    Rule(
+        "ceilings", "precision", f"precision NOT IN {_one_of(CEILING_CLASSES)}", f"one of {', '.join(CEILING_CLASSES)}"
+    ),
+    *(Rule("ceilings", c, f"trim({c}) = ''", "a non-empty text") for c in ("hardware", "engine", "workload")),
+    Rule("ceilings", "amount", _not_positive("amount"), POSITIVE),
+    Rule("ceilings", "iterations", _outside("iterations", 0, MAX_ITERATIONS), f"0 to {MAX_ITERATIONS:,}"),
+    Rule("ceilings", "samples_ms", _not_positive_list("samples_ms"), f"NULL or a list of numbers each {POSITIVE}"),
+    Rule("ceilings", "samples_ms", "coalesce(len(samples_ms), 0) <> iterations", "exactly its iterations' samples"),
+    Rule(
+        "ceilings",
+        "error",
+        "coalesce(len(samples_ms), 0) = 0 AND coalesce(trim(error), '') = ''",
+        "the reason a ceiling without samples has none",
+    ),
+    Rule("ceilings", "value", _differs("value", CEILING_VALUE), f"{CEILING_VALUE}, recomputed on import"),
+    Rule("ceilings", "spread", _differs("spread", CEILING_SPREAD), f"{CEILING_SPREAD}, recomputed on import"),
 ]
 UNIQUE = {"runs": [("run_id",)], "results": [("result_id",), ("run_id", "result_key")],
           "samples": [("result_id", "iteration")]}  # fmt: skip
 # (table, column, the table holding the key it names, that key)
 LINKS = [("results", "run_id", "runs", "run_id"), ("hardware", "run_id", "runs", "run_id"),
-         ("controls", "run_id", "runs", "run_id"), ("samples", "result_id", "results", "result_id"),
+         ("controls", "run_id", "runs", "run_id"), ("ceilings", "run_id", "runs", "run_id"),
+         ("samples", "result_id", "results", "result_id"),
          ("operators", "result_id", "results", "result_id")]  # fmt: skip
 
 
@@ -171,6 +208,7 @@ def check_rows(connection: duckdb.DuckDBPyConnection, path: Path) -> None:
         _first(connection, path, table, column, bad, f"is no {owner[:-1]} of this bundle")
     _check_samples_per_result(connection, path)
     _check_hashes(connection, path)
+    _check_roofline(connection, path)
 
 
 def _first(connection: duckdb.DuckDBPyConnection, path: Path, table: str, column: str, bad: str, what: str) -> None:
@@ -239,3 +277,30 @@ def _check_hashes(connection: duckdb.DuckDBPyConnection, path: Path) -> None:
             "(a hash is recomputed on import, never taken as given)"
         )
         raise _refuse(path, "results", row[0], "content_hash", what)
+
+
+def _check_roofline(connection: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """Each result's achieved rates and fractions recomputed from its work, its figures and its run's
+    ceilings (harness.store.roofline_sql): a fraction is never taken as given."""
+    given = ", ".join(f"{c} AS given_{c}" for c in ROOFLINE_COLUMNS)
+    connection.execute(f"CREATE TEMP TABLE given_roofline AS SELECT rowid AS row, result_id, {given} FROM results")
+    try:
+        for statement in roofline_sql("true"):
+            connection.execute(statement)
+        differs = " OR ".join(_differs(f"g.given_{c}", f"r.{c}") for c in ROOFLINE_COLUMNS)
+        columns = ", ".join(f"g.given_{c}, r.{c}" for c in ROOFLINE_COLUMNS)
+        row = connection.execute(
+            f"SELECT g.row, g.result_id, {columns} FROM given_roofline g JOIN results r USING (result_id) "
+            f"WHERE {differs} ORDER BY g.row LIMIT 1"
+        ).fetchone()
+    finally:
+        connection.execute("DROP TABLE given_roofline")
+    if row is not None:
+        pairs = list(zip(row[2::2], row[3::2], strict=True))
+        name, (found, expected) = next((c, p) for c, p in zip(ROOFLINE_COLUMNS, pairs, strict=True)
+                                       if (p[0] is None) != (p[1] is None) or p[0] != p[1])  # fmt: skip
+        what = (
+            f"result {shown(row[1])} carries {name} {shown(found)}, but its work, figures and its run's "
+            f"ceilings give {expected} (recomputed on import, never taken as given)"
+        )
+        raise _refuse(path, "results", row[0], name, what)

@@ -218,7 +218,11 @@ def _add(connection: duckdb.DuckDBPyConnection, bundle: Bundle, b: str) -> tuple
     count.samples_added = _insert(connection, "samples", f"SELECT * FROM {b}.samples WHERE result_id IN ({new})")
     count.rows_added = _insert(connection, "operators", f"SELECT * FROM {b}.operators WHERE result_id IN ({new})")
     count.results_added = _insert(connection, "results", f"SELECT * FROM {b}.results WHERE result_id IN ({new})")
-    for table in ("hardware", "controls"):  # rows of a run, without a key: added unless the same row is here
+    for table in (
+        "hardware",
+        "controls",
+        "ceilings",
+    ):  # rows of a run, without a key: added unless the same row is here
         columns = ", ".join(quoted(c) for c, _, _ in current_columns()[table])
         count.rows_added += _insert(
             connection, table, f"SELECT {columns} FROM {b}.{table} EXCEPT SELECT {columns} FROM {table}"

@@ -60,11 +60,11 @@ def split_list(value: str | None) -> list[str] | None:
     return [v.strip() for v in value.split(",") if v.strip()] if value else None
 
 
-def int_list(option: str, value: str) -> list[int]:
+def int_list(option: str, value: str, low: int = 1) -> list[int]:
     try:
         return [int(v) for v in split_list(value) or []]
     except ValueError:
-        raise fail(f"{option} takes comma-separated integers >= 1, e.g. 1,4 (got '{value}')") from None
+        raise fail(f"{option} takes comma-separated integers >= {low}, e.g. {low},4 (got '{value}')") from None
 
 
 # The run options (harness.run.plan.RunOptions and the requests) are not written here: each is a field of its
@@ -157,7 +157,7 @@ def request_values(request: type, options: dict[str, Any], prefix: str | None = 
         elif value is None:  # an override left out, or an option whose default is None
             pass
         elif opt.many and opt.low is not None:
-            value = int_list(opt.flag, value)
+            value = int_list(opt.flag, value, opt.low)
         elif opt.many and not isinstance(default, str):
             value = split_list(value) or default
         elif opt.zero_is_none:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 MAX_BATCH = 4096  # items per batch
 MAX_SEQUENCE = 131_072  # tokens per sequence: the longest context window of today's models
 MAX_NEW_TOKENS = 4096  # tokens generated per sequence (--mode generate)
+MAX_DEPTH = MAX_SEQUENCE  # tokens of KV cache filled before a generation (--depths); the model's context bounds it too
 MAX_ITERATIONS = 1_000_000  # warmup, timed iterations (minimum, cap, floor), and an ab variant's iterations per case
 MAX_ROUNDS = 10_000  # ab rounds per case
 MAX_THREADS = 256  # wasm threads: more cores than any browser reports

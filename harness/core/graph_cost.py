@@ -20,7 +20,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
+from typing import Any
 
 import onnx
 from onnx import TensorProto, helper, shape_inference
@@ -112,6 +114,8 @@ def node_flops(
     first = inputs[0].elements if inputs else None
     if op_type in MATMULS:
         return _matmul_flops(op_type, inputs, outputs)
+    if op_type == "MatMulNBits":  # ONNX Runtime's int4 weight-only MatMul: A [.., K] x the blocks of B [N, K]
+        return _matmul_flops("MatMul", inputs, outputs)
     if op_type in CONVS:
         return _conv_flops(op_type, inputs, outputs)
     if op_type in PER_ELEMENT:
@@ -271,3 +275,112 @@ def _constant_values(graph: onnx.GraphProto) -> set[str]:
         if node.op_type == "Constant" or (inputs and all(name in constants for name in inputs)):
             constants.update(name for name in node.output if name)
     return constants
+
+
+# --- the work of a row: bytes read and FLOPs per token (generate) or per item (inference) ----------------
+# What a forward must read, as a roofline charges it: every weight once (a table only looked up, an
+# embedding's Gather, reads one row per token: not counted), by the type it is stored in; int4 counts the
+# blocks and their scales and zero points (MatMulNBits' inputs). A decode step also reads its whole KV cache.
+INT4_CONSUMERS = frozenset({"MatMulNBits"})
+LOOKUPS = frozenset({"Gather", "GatherElements", "GatherND"})
+
+
+@cache
+def _proto(path: Path) -> onnx.ModelProto:
+    return onnx.load(str(path), load_external_data=False)
+
+
+@cache
+def weight_bytes(path: Path) -> dict[str, float]:
+    """Bytes of weights a forward reads, by the type they are stored in (int4, fp16, fp32, int8, other),
+    from the graph's initializers (dims and types only, no data loaded)."""
+    graph = _proto(path).graph
+    consumers: dict[str, set[str]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, set()).add(node.op_type)
+    found: dict[str, float] = {}
+    for tensor in graph.initializer:
+        used = consumers.get(tensor.name, set())
+        if not used or used <= LOOKUPS:
+            continue
+        itemsize = _itemsize(tensor.data_type) or 0
+        kind = "int4" if used & INT4_CONSUMERS else TYPE_NAMES.get(tensor.data_type, "other")
+        found[kind] = found.get(kind, 0.0) + float(math.prod(tensor.dims) * itemsize)
+    return found
+
+
+TYPE_NAMES = {TensorProto.FLOAT: "fp32", TensorProto.FLOAT16: "fp16", TensorProto.BFLOAT16: "bf16",
+              TensorProto.INT8: "int8", TensorProto.UINT8: "int8"}  # fmt: skip
+
+
+def _pasts(path: Path, shape: tuple[int, int] | None) -> list[tuple[str, int, int, int]]:
+    """(name, heads, head size, itemsize) of each past input; heads and size from the graph or `shape`."""
+    pasts = []
+    for value in _proto(path).graph.input:
+        if not value.name.startswith("past"):
+            continue
+        dims = value.type.tensor_type.shape.dim
+        fixed = [d.dim_value if d.HasField("dim_value") else None for d in dims]
+        heads, size = (fixed[1], fixed[3]) if len(fixed) == 4 and fixed[1] and fixed[3] else (shape or (None, None))
+        itemsize = _itemsize(value.type.tensor_type.elem_type)
+        if heads is None or size is None or itemsize is None:
+            raise ValueError(f"past input {value.name} has no fixed heads and head size")
+        pasts.append((value.name, heads, size, itemsize))
+    return pasts
+
+
+def _step_shapes(pasts: list[tuple[str, int, int, int]], batch: int, tokens: int, past: int) -> dict[str, list[int]]:
+    shapes = {"input_ids": [batch, tokens], "attention_mask": [batch, past + tokens], "position_ids": [batch, tokens]}
+    return shapes | {name: [batch, heads, past, size] for name, heads, size, _ in pasts}
+
+
+Work = tuple[dict[str, float | None], dict[str, Any]]  # (a Result's WORK_FIELDS, facts for its details)
+
+
+def generation_work(path: Path, batch: int, prompt: int, depth: int, new_tokens: int,
+                    shape: tuple[int, int] | None = None) -> Work:  # fmt: skip
+    """(the Result's work fields, facts for details) of a generation on a graph with past key/values: per
+    decode token the weights and the KV cache a step reads at the mean depth of the decode steps (prompt +
+    depth + (N-2)/2 cached positions), and the step's FLOPs there; per prompt token the prefill's FLOPs."""
+    pasts = _pasts(path, shape)
+    weights = weight_bytes(path)
+    context = prompt + depth + max(new_tokens - 2, 0) / 2
+    kv = sum(batch * heads * context * size * itemsize for _, heads, size, itemsize in pasts)
+    step = graph_cost(path, _step_shapes(pasts, batch, 1, round(context)))
+    prefill = graph_cost(path, _step_shapes(pasts, batch, prompt, depth))
+    fields = {
+        "bytes_per_token": (sum(weights.values()) + kv) / batch,
+        "flops_per_token": step.flops / batch if not step.unknown_shapes else None,
+        "prefill_flops_per_token": prefill.flops / (batch * prompt) if not prefill.unknown_shapes else None,
+    }
+    facts = {"weight_bytes": weights, "kv_bytes_per_step": kv, "kv_mean_positions": context,
+             "work_counted": "harness.core.graph_cost: weights by stored type, the KV cache at the steps' mean "
+                             "depth, FLOPs by shape inference"}  # fmt: skip
+    return fields, facts
+
+
+def inference_work(path: Path, input_shapes: Mapping[str, Sequence[int]], batch: int) -> Work:
+    """(work fields, facts) of an inference case: per item the weights (read once per batch) and the graph's
+    inputs and outputs, and its FLOPs."""
+    weights = weight_bytes(path)
+    cost = graph_cost(path, input_shapes)
+    infos = _tensor_infos(shape_inference.infer_shapes(_fixed(path, input_shapes)))
+    graph = _proto(path).graph
+    stored = {t.name for t in graph.initializer}  # an old graph lists its weights among its inputs too
+    io = [
+        infos.get(v.name, TensorInfo(None, None)).nbytes for v in (*graph.input, *graph.output) if v.name not in stored
+    ]
+    known = None if any(n is None for n in io) else float(sum(n for n in io if n is not None))
+    fields = {
+        "bytes_per_item": None if known is None else (sum(weights.values()) + known) / batch,
+        "flops_per_item": cost.flops / batch if not cost.unknown_shapes else None,
+    }
+    return fields, {"weight_bytes": weights, "work_counted": "harness.core.graph_cost: weights by stored type, "
+                    "inputs and outputs, FLOPs by shape inference"}  # fmt: skip
+
+
+def _fixed(path: Path, input_shapes: Mapping[str, Sequence[int]]) -> onnx.ModelProto:
+    model = _without_weight_data(onnx.load(str(path), load_external_data=False))
+    _fix_inputs(model.graph, input_shapes)
+    return model

@@ -65,11 +65,17 @@ def is_baseline(row: Mapping[str, Any]) -> bool:
     return (row["hardware"], row["engine"]) == BASELINE
 
 
+def generation_label(new_tokens: int | None, depth: int | None) -> str:
+    """A generate row's decode phase in llama-bench's terms: tg16 @ d512 (at that KV-cache depth); a row
+    stored before depths existed (depth NULL) keeps its old name, gen16."""
+    return f"gen{new_tokens}" if depth is None else f"tg{new_tokens} @ d{depth}"
+
+
 def case_label(row: Mapping[str, Any]) -> str:
     label = f"b{row['batch_size']}" + (f" s{row['seq_len']}" if row["seq_len"] else "")
     mode = row.get("mode") or "inference"
     if mode == "generate":
-        return f"{label} gen{row['new_tokens']}"
+        return f"{label} {generation_label(row['new_tokens'], row.get('depth'))}"
     return label if mode == "inference" else f"{label} {mode}"
 
 
@@ -128,7 +134,7 @@ def case_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
     """What a baseline is matched on: the same model, the same inputs and the same mode, on the same
     machine (rows read with their run's machine_id: a speedup never divides one machine by another)."""
     return (row["model"], row["batch_size"], row["seq_len"] or 0, mode_of(row), row.get("new_tokens"),
-            row.get("machine_id"))  # fmt: skip
+            row.get("depth") or 0, row.get("machine_id"))  # fmt: skip
 
 
 def baselines(rows: list[dict[str, Any]]) -> dict[tuple[Any, ...], dict[str, Any]]:

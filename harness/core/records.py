@@ -40,6 +40,9 @@ NUMBER_FIELDS = (
     "load_ms", "first_run_ms", "memory_load_mb", "memory_peak_mb", "device_memory_peak_mb", "max_abs_diff",
     "max_rel_diff", "load_avg_1m", "cpu_percent", "compile_ms", "energy_j_per_item",
 )  # fmt: skip
+# The work a row's graph implies (harness.core.graph_cost.generation_work / inference_work), counted not run:
+# generate rows per decode token (bytes read, FLOPs) and per prompt token (FLOPs); inference rows per item.
+WORK_FIELDS = ("bytes_per_token", "flops_per_token", "prefill_flops_per_token", "bytes_per_item", "flops_per_item")
 
 
 class UnsupportedError(RuntimeError):
@@ -61,12 +64,14 @@ class Case:
     precision: str  # as requested
     mode: str = "inference"  # inference | generate (TTFT/TPOT) | training (forward+backward+step)
     new_tokens: int | None = None  # generate mode: exactly this many tokens per sequence
+    # generate mode: tokens of KV cache filled (untimed) before the prompt (llama-bench's -d); None: not planned
+    depth: int | None = None
 
     @property
     def key(self) -> str:
         key = f"b{self.batch_size}" + (f"_s{self.seq_len}" if self.seq_len else "") + f"_{self.precision}"
-        if self.mode == "generate":
-            return f"{key}_gen{self.new_tokens}"
+        if self.mode == "generate":  # depth 0 keeps the key runs made before --depths stored
+            return f"{key}_gen{self.new_tokens}" + (f"_d{self.depth}" if self.depth else "")
         return key if self.mode == "inference" else f"{key}_{self.mode}"
 
 
@@ -115,6 +120,11 @@ class Result:
     stop_at_eos: bool | None = None
     compile_ms: float | None = None  # JIT engines: compile time, kept out of the latency samples
     energy_j_per_item: float | None = None  # only from a real sensor (RAPL, NVML)
+    bytes_per_token: float | None = None  # WORK_FIELDS: None where the graph was not counted
+    flops_per_token: float | None = None
+    prefill_flops_per_token: float | None = None
+    bytes_per_item: float | None = None
+    flops_per_item: float | None = None
     details: dict[str, Any] = field(default_factory=dict)
     operators: list[OperatorRow] = field(default_factory=list)  # --profile: where the time went, per operator
     variant: str | None = None  # `ab` runs: which side (a or b) this row measured
@@ -152,7 +162,8 @@ class Result:
         found += self._generation_problems()
         if self.status in MEASURED and not self.samples_ms:
             found.append(f"status '{self.status}' needs latency samples")
-        found += [f"{name} must be a finite number or None (got {getattr(self, name)!r})" for name in NUMBER_FIELDS
+        found += [f"{name} must be a finite number or None (got {getattr(self, name)!r})"
+                  for name in (*NUMBER_FIELDS, *WORK_FIELDS)
                   if getattr(self, name) is not None and not _is_finite(getattr(self, name))]  # fmt: skip
         if not isinstance(self.details, dict):
             found.append("details must be a dict")
@@ -192,5 +203,22 @@ class Control:
     position: str  # start | middle | end of the (model, target) job it was measured beside
     beside: str  # that job's model
     samples_ms: list[float] = field(default_factory=list)
+    load_avg_1m: float | None = None
+    error: str | None = None
+
+
+@dataclass
+class Ceiling:
+    """One measured ceiling of a target (harness.run.ceilings; the figures: harness.core.roofline): a
+    calibration graph of known work (`amount`: bytes moved or FLOPs per run) timed through the target's
+    engine under a result's timing rules. error: why it could not be measured (samples empty)."""
+
+    target: Target
+    kind: str  # harness.core.roofline.CEILING_KINDS
+    precision: str  # compute: the precision class (fp32, int4); bandwidth: roofline.BANDWIDTH_CLASS
+    workload: str  # the calibration graph's name
+    amount: float
+    samples_ms: list[float] = field(default_factory=list)
+    software_adapter: bool = False  # WebGPU on a software (fallback) adapter: flagged as its results are
     load_avg_1m: float | None = None
     error: str | None = None

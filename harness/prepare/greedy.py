@@ -137,18 +137,54 @@ def bound_step(session: Any, output_names: list[str], device: str | None) -> Cal
     return step
 
 
+def filler(ids: np.ndarray, depth: int) -> np.ndarray:
+    """The tokens a KV cache is filled with to a depth: each row's prompt repeated (ids the model takes);
+    web/page/generate.mjs fills with the same."""
+    return np.stack([np.resize(row, depth) for row in ids]).astype(np.int64)
+
+
+def fill_cache(session: Any, inputs: dict[str, np.ndarray], depth: int, shape: tuple[int, int] | None) -> tuple[
+        dict[str, np.ndarray], np.ndarray]:  # fmt: skip
+    """The prompt's feeds after a KV cache filled to `depth` tokens (a prefill of the filler, run here, outside
+    any timing): the past is the filler's presents, the mask covers filler and prompt. (feeds, mask)"""
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    fill = filler(ids, depth)
+    output_names = [o.name for o in session.get_outputs()]
+    _, *presents = session.run(output_names, prefill_feeds(session, {"input_ids": fill, "attention_mask":
+                                                                     np.ones_like(fill)}, shape))  # fmt: skip
+    mask = np.concatenate([np.ones_like(fill), mask], axis=1)
+    feeds = {"input_ids": ids, "attention_mask": mask, "position_ids": positions(mask, ids.shape[1]),
+             "use_cache_branch": np.array([True])}  # fmt: skip
+    pasts = [past_input(name) for name in output_names[1:]]
+    return _taken(session, feeds | dict(zip(pasts, presents, strict=True))), mask
+
+
 def greedy(session: Any, inputs: dict[str, np.ndarray], new_tokens: int, stamp: Callable[[], None] = lambda: None,
-           keep: bool = False, shape: tuple[int, int] | None = None, eos: tuple[int, ...] = (),
+           keep: bool = False, shape: tuple[int, int] | None = None, eos: tuple[int, ...] = (), depth: int = 0,
+           begin: Callable[[], None] = lambda: None, fills: dict[Any, Any] | None = None,
            device: str | None = None) -> Greedy:  # fmt: skip
     """Exactly new_tokens greedy tokens, or with `eos` (--stop-at-eos) up to new_tokens, ending once every row
-    has made one of those ids; stamp() runs as each step's logits are on the host. keep: also the reference's
-    margins and prefill logits (outside any timing); shape: the past's heads and head size where the graph
-    leaves them symbolic; device: keep the presents on that ORT device (bound_step)."""
+    has made one of those ids; stamp() runs as each step's logits are on the host (run() returns host arrays).
+    keep: also the reference's margins and prefill logits (outside any timing); shape: the past's heads and
+    head size where the graph leaves them symbolic; depth: the KV cache filled to that many tokens first
+    (fill_cache), after which begin() runs: what is timed starts there; fills: where a filled cache is kept for
+    the next generation of the same prompt and depth (ONNX Runtime never writes to its inputs, so the filled
+    past is read again, not filled again; the page does the same); device: keep the presents on that ORT
+    device (bound_step)."""
     output_names = [o.name for o in session.get_outputs()]
     pasts = [past_input(name) for name in output_names[1:]]
     mask = inputs["attention_mask"]
     feeds = prefill_feeds(session, inputs, shape)
     run = bound_step(session, output_names, device)
+    if depth:
+        key = (depth, inputs["input_ids"].tobytes(), inputs["attention_mask"].tobytes())
+        if fills is None or key not in fills:
+            filled = fill_cache(session, inputs, depth, shape)
+            if fills is not None:  # the latest prompt and depth only: a deep cache is large
+                fills.clear()
+                fills[key] = filled
+        feeds, mask = fills[key] if fills is not None else filled
+    begin()
     tokens, margins, prefill = [], [], None
     ended = np.zeros(mask.shape[0], dtype=bool)
     for _ in range(new_tokens):
@@ -174,16 +210,19 @@ def greedy(session: Any, inputs: dict[str, np.ndarray], new_tokens: int, stamp: 
 
 
 def forced_logits(session: Any, inputs: dict[str, np.ndarray], tokens: np.ndarray,
-                  shape: tuple[int, int] | None = None) -> np.ndarray:  # fmt: skip
+                  shape: tuple[int, int] | None = None, depth: int = 0) -> np.ndarray:  # fmt: skip
     """Teacher forcing: the logits at every position the loop computes when fed the prompt and then `tokens`
     [batch, N] (another side's generation) instead of its own choices, as float32 [batch, L, vocab]: the
     prefill's positions (every prompt position where the graph returns them all, else the last), then one
     per later token; the last N predict `tokens` one by one. The prefix up to a first difference is the
-    native loop's own, so its logits there are native greedy's."""
+    native loop's own, so its logits there are native greedy's. depth: after a KV cache filled to that many
+    tokens (fill_cache), as the generation checked ran."""
     output_names = [o.name for o in session.get_outputs()]
     pasts = [past_input(name) for name in output_names[1:]]
-    mask = inputs["attention_mask"]
-    feeds = prefill_feeds(session, inputs, shape)
+    if depth:
+        feeds, mask = fill_cache(session, inputs, depth, shape)
+    else:
+        mask, feeds = inputs["attention_mask"], prefill_feeds(session, inputs, shape)
     kept = []
     for step in range(tokens.shape[1]):
         logits, *presents = session.run(output_names, feeds)
@@ -208,7 +247,8 @@ def cpu_session(graph: Path) -> Any:
 
 
 def reference_generation(graph: Path, inputs: dict[str, np.ndarray], new_tokens: int,
-                         eos: tuple[int, ...] = ()) -> Greedy:  # fmt: skip
+                         eos: tuple[int, ...] = (), depth: int = 0) -> Greedy:  # fmt: skip
     """Native ONNX Runtime's greedy tokens on the CPU for this graph and prompt (stopping at `eos` where the
-    run asked): what every browser generation of the same file is checked against."""
-    return greedy(cpu_session(graph), inputs, new_tokens, keep=True, shape=past_shape(graph), eos=eos)
+    run asked; after a KV cache filled to `depth`): what every browser generation of the same file is checked
+    against."""
+    return greedy(cpu_session(graph), inputs, new_tokens, keep=True, shape=past_shape(graph), eos=eos, depth=depth)

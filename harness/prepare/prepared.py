@@ -8,6 +8,7 @@ reference: torch fp32 for spec models, ONNX Runtime CPU for plain .onnx files.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import tempfile
@@ -49,8 +50,8 @@ class PreparedModel:
     onnx_past_path: Path | None = None  # the export with past key/values, for ONNX generation
     onnx_past_error: str | None = None  # why there is none when it was asked for
     output_names: tuple[str, ...] = ()  # the reference outputs' names, in order (parity messages name them)
-    # generate in the browser: native ORT's greedy generation per (case, new tokens), the tokens checked against
-    generation_files: dict[tuple[CaseShape, int], Path] = field(default_factory=dict)
+    # generate in the browser: native ORT's greedy generation per (case, new tokens, depth), the tokens checked against
+    generation_files: dict[tuple[CaseShape, int, int], Path] = field(default_factory=dict)
     eos: tuple[int, ...] = ()  # the ids generation stops at (--stop-at-eos and the model states some), else ()
     eos_asked: bool = False  # --stop-at-eos
 
@@ -96,9 +97,9 @@ class PreparedModel:
             reference = [data[f"ref:{i}"] for i in range(count)]
         return feeds, reference
 
-    def load_generation(self, shape: CaseShape, new_tokens: int) -> Greedy | None:
-        """The reference generation of a case (None when none was made: no graph with past)."""
-        path = self.generation_files.get((shape, new_tokens))
+    def load_generation(self, shape: CaseShape, new_tokens: int, depth: int = 0) -> Greedy | None:
+        """The reference generation of a case at a KV-cache depth (None when none was made: no graph with past)."""
+        path = self.generation_files.get((shape, new_tokens, depth))
         if path is None:
             return None
         from harness.prepare.greedy import Greedy
@@ -116,6 +117,7 @@ class PrepareJob:
     with_past: bool = False
     # > 0: also native ORT's greedy generation of this many tokens per case (browser token parity)
     reference_tokens: int = 0
+    reference_depths: tuple[int, ...] = (0,)  # the KV-cache depths each reference generation is made at
     # The plain export: False where every case that loads an ONNX file generates from the export with past,
     # which then serves alone (a first run of a real model exported it twice, inside the job's timeout)
     plain: bool = True
@@ -410,7 +412,7 @@ def prepare_steps(job: PrepareJob) -> Iterator[Phase | PreparedModel]:
         prepared.eos, prepared.eos_asked = model_eos_ids(job.spec), True
     if job.reference_tokens and prepared.onnx_past_path is not None:
         yield Phase(job.spec.name, "native ONNX Runtime's reference tokens")
-        _reference_generations(prepared, job.reference_tokens)
+        _reference_generations(prepared, job.reference_tokens, job.reference_depths)
     yield prepared
 
 
@@ -419,19 +421,20 @@ def prepare_model(job: PrepareJob) -> Iterator[PreparedModel]:
     yield from (step for step in prepare_steps(job) if isinstance(step, PreparedModel))
 
 
-def _reference_generations(prepared: PreparedModel, new_tokens: int) -> None:
+def _reference_generations(prepared: PreparedModel, new_tokens: int, depths: tuple[int, ...]) -> None:
     """Native ORT's greedy generation of every case (cached beside the case's inputs): the tokens, the
     top-1/top-2 margin at each step and the prefill logits the browser's generation is checked against."""
     from harness.prepare.greedy import reference_generation
 
     assert prepared.onnx_past_path is not None
-    for shape, case_file in prepared.case_files.items():
+    for (shape, case_file), depth in itertools.product(prepared.case_files.items(), depths):
         stop = "_eos" + "-".join(map(str, prepared.eos)) if prepared.eos else ""  # where the reference stopped
-        path = case_file.with_name(f"{case_file.stem}_gen{new_tokens}{stop}.npz")
+        deep = f"_d{depth}" if depth else ""
+        path = case_file.with_name(f"{case_file.stem}_gen{new_tokens}{stop}{deep}.npz")
         if not path.exists():
             feeds, _ = prepared.load_case(shape)
             prompt = {name: feeds[name] for name in ("input_ids", "attention_mask")}
-            made = reference_generation(prepared.onnx_past_path, prompt, new_tokens, prepared.eos)
+            made = reference_generation(prepared.onnx_past_path, prompt, new_tokens, prepared.eos, depth)
             arrays = {"tokens": made.tokens, "margins": made.margins, "prefill_logits": made.prefill_logits}
             write_atomically(path, lambda file, arrays=arrays: np.savez(file, **arrays))
-        prepared.generation_files[(shape, new_tokens)] = path
+        prepared.generation_files[(shape, new_tokens, depth)] = path

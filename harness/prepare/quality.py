@@ -32,9 +32,10 @@ def _session(graph: Path) -> Any:
     return cpu_session(graph)
 
 
-def forced(graph: Path, prompt: dict[str, np.ndarray], tokens: np.ndarray) -> np.ndarray:
-    """Native ORT CPU's logits on `graph`, teacher-forced on the prompt then `tokens` (greedy.forced_logits)."""
-    return forced_logits(_session(graph), prompt, tokens, past_shape(graph))
+def forced(graph: Path, prompt: dict[str, np.ndarray], tokens: np.ndarray, depth: int = 0) -> np.ndarray:
+    """Native ORT CPU's logits on `graph`, teacher-forced on the prompt then `tokens` (greedy.forced_logits),
+    after a KV cache filled to `depth`."""
+    return forced_logits(_session(graph), prompt, tokens, past_shape(graph), depth)
 
 
 def graph_name(graph: Path) -> str:
@@ -64,12 +65,12 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
-def _sequence_logits(graph: Path, prompt: dict[str, np.ndarray], ids: np.ndarray) -> np.ndarray:
+def _sequence_logits(graph: Path, prompt: dict[str, np.ndarray], ids: np.ndarray, depth: int = 0) -> np.ndarray:
     """Logits at every position of the prompt and the generated tokens but the last, whatever positions the
     graph's prefill returns: the first token as a prefill, every later one as a step (a padded prompt: the
-    prompt as the prefill)."""
-    if not np.all(prompt["attention_mask"] == 1):
-        return forced(graph, prompt, ids)
+    prompt as the prefill; after a filled KV cache: the prompt as the prefill after it)."""
+    if depth or not np.all(prompt["attention_mask"] == 1):
+        return forced(graph, prompt, ids, depth)
     sequence = np.concatenate([prompt["input_ids"], ids], axis=1).astype(np.int64)
     first = {"input_ids": sequence[:, :1], "attention_mask": np.ones_like(sequence[:, :1])}
     return forced(graph, first, sequence[:, 1:])
@@ -89,13 +90,13 @@ Checked = tuple[bool, dict[str, Any], np.ndarray]  # (agree, facts for the row, 
 
 
 def check_generation(graph: Path, source: Path, prompt: dict[str, np.ndarray], tokens: list[list[int]],
-                     precision: str, side: str, top: StepTop | None = None) -> Checked:  # fmt: skip
+                     precision: str, side: str, top: StepTop | None = None, depth: int = 0) -> Checked:  # fmt: skip
     """A generation that ran `graph` (the file `source`'s precision gave) checked: token_check against native
     ORT CPU teacher-forced on the same graph and, at a precision other than fp32 with the fp32 graph of
     `source` at hand, agreement_top1 and kl_mean on the same sequence; with native's logits at each
-    generated step [batch, N, vocab]."""
+    generated step [batch, N, vocab]. depth: the KV cache the generation filled first (--depths)."""
     ids = np.asarray(tokens, dtype=np.int64)
-    logits = forced(graph, prompt, ids)
+    logits = forced(graph, prompt, ids, depth)
     steps = logits[:, -ids.shape[1] :]
     agree, facts = token_check(ids, steps, precision, side, top)
     facts["token_reference"] = f"{REFERENCE_ENGINE} on {graph_name(graph)}"
@@ -103,7 +104,7 @@ def check_generation(graph: Path, source: Path, prompt: dict[str, np.ndarray], t
     if reference is None or reference == graph:
         facts["quality"] = "not measured: " + ("the row is fp32" if precision == "fp32" else "no fp32 graph at hand")
         return agree, facts, steps
-    found = quality(*(_sequence_logits(g, prompt, ids) for g in (reference, graph)))
+    found = quality(*(_sequence_logits(g, prompt, ids, depth) for g in (reference, graph)))
     facts |= {"agreement_top1": found.agreement_top1, "kl_mean": found.kl_mean, "quality_positions": found.positions,
               "quality_reference": f"{REFERENCE_ENGINE} on {graph_name(reference)} (fp32)"}  # fmt: skip
     return agree, facts, steps

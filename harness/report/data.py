@@ -19,6 +19,7 @@ class RunReport:
     samples: dict[str, list[float]] = field(default_factory=dict)  # result_id -> raw latencies (ms)
     operators: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # result_id -> --profile rows
     steps: dict[str, list[list[float]]] = field(default_factory=dict)  # generate rows: result_id -> decode steps
+    ceilings: list[dict[str, Any]] = field(default_factory=list)  # each target's measured ceilings (table ceilings)
     cache: dict[str, Any] = field(default_factory=dict, repr=False)  # rendered plots, shared by the writers
 
     @property
@@ -69,6 +70,7 @@ def _load(store: Store, run_id: str) -> RunReport:
         _samples(store, run_id),
         _operators(store, run_id),
         _steps(store, run_id),
+        store.ceilings(run_id),
     )
 
 

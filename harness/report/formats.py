@@ -29,7 +29,7 @@ def write_json(report: RunReport, path: Path) -> None:
     paired, unpaired = browser_costs(report.results)
     cost = {"pairs": [asdict(c) for c in paired], "unpaired": [asdict(u) for u in unpaired]}
     document = {"run": dict(report.run, host=report.host), "hardware": report.hardware, "results": results,
-                "browser_cost": cost}  # fmt: skip
+                "browser_cost": cost, "ceilings": report.ceilings}  # fmt: skip
     path.write_text(json.dumps(document, indent=2, default=str))
 
 
@@ -129,6 +129,8 @@ MODE_SECTIONS = {
             ("top-1 agreement vs fp32", "agreement_top1", 3),
             ("KL vs fp32", "kl_mean", 4),
             ("tokens checked on", "token_reference", None),
+            ("tg GB/s", "achieved_gbps", 3),  # bytes per decode token x tg tokens/s (docs/measurement.md)
+            ("of bandwidth ceiling", "bandwidth_fraction", 3),
         ],
     ),
     "training": (
@@ -158,7 +160,7 @@ def _mode_sections(results: list[dict[str, Any]]) -> list[str]:
         texts = TEXT_COLUMNS if mode == "generate" else ()  # the EOS policy, prompt and output text
         header = ["Model", "Target", "Case", *(name for name, _, _ in columns), "status", *(n for n, _ in texts)]
         cells = [
-            [r["model"], _target(r), case_label(r), *(_fmt(r[f], d) for _, f, d in columns), r["status"],
+            [r["model"], _target(r), case_label(r), *(_fmt(r.get(f), d) for _, f, d in columns), r["status"],
              *(shown(r) for _, shown in texts)]
             for r in rows
         ]  # fmt: skip

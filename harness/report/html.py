@@ -23,6 +23,7 @@ from harness.report.data import RunReport
 from harness.report.generation import generation_html
 from harness.report.operators import CSS as OPERATOR_CSS
 from harness.report.operators import breakdown_html, ratio_html
+from harness.report.roofline import roofline_html
 
 CSS = """
 :root { --ok:#1b7f3b; --bad:#b00020; --warn:#9a5b00; --muted:#666; --line:#d9dde3; }
@@ -276,7 +277,9 @@ def matrix_html(matrix: dict[str, Any]) -> str:
         rating += f" · {entry['speedup']:.2f}×" if entry["speedup"] is not None else ""
         evidence = "\n".join(
             f"{e['model']} {e['case']} {e['provider']}: {e['class']}, p50 {_fmt(e['median_latency_ms'])} ms, "
-            f"result {e['result_id'][:12]} ({e['date']})" + (f" — {e['error']}" if e["error"] else "")
+            f"result {e['result_id'][:12]} ({e['date']})"
+            + (f" — {e['error']}" if e["error"] else "")
+            + (f", {e['limit_fraction']:.1%} of its ceiling" if e.get("limit_fraction") is not None else "")
             for e in entry["evidence"]
         )
         return (
@@ -347,7 +350,7 @@ def render_page(reports: list[RunReport], matrix: dict[str, Any], title: str) ->
         sections.append(
             f'<section class="run" id="{anchor}"><h2>Run {escape(run_id)}</h2>'
             f"<h3>System</h3>{_facts(report)}{_devices(report)}<h3>Results</h3>{_results(report)}"
-            f"{generation_html(report)}{_browser_cost(report)}"
+            f"{generation_html(report)}{_browser_cost(report)}{roofline_html(report, inline_svg)}"
             f"<h3>Plots</h3>{_plots(report, anchor)}{_time_breakdown(report)}</section>"
         )
     generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

@@ -72,8 +72,9 @@ def _probe_needs_torch(engines: tuple[str, ...]) -> bool:
 
 
 def probe_machine(engines: tuple[str, ...]) -> Iterator[MachineProbe]:
-    """Worker entry point: every target of each engine with its probe, and the GPUs torch sees where
-    torch is probed or a CUDA/ROCm target is available (the device names a run's hardware class reads)."""
+    """Worker entry point: every target of each engine with its probe (and the devices the engine's own
+    discovery reports), and the GPUs torch sees where torch is probed or a CUDA/ROCm target is available (the
+    device names a run's hardware class reads)."""
     targets, discovered = {}, {}
     for engine in engines:
         backend = get_backend(engine)
@@ -120,7 +121,7 @@ def machine_probe(engines: tuple[str, ...] = ENGINES) -> MachineProbe:
     Only the engines asked for are probed: a run without torch starts no torch fork server."""
     _probe(engines)
     gpus = _gpu_names_found[0] if _gpu_names_found else None
-    discovered = {e: _discovered[e] for e in engines if e in _discovered}
+    discovered = {e: _discovered[e] for e in engines if e in _discovered}  # `hardware` lists them
     return MachineProbe({e: _probed[e] for e in engines}, gpus, discovered)
 
 

@@ -28,6 +28,7 @@ import psutil
 
 from harness.core.generation import decode_steps, mean_steps
 from harness.core.profiles import Profile
+from harness.core.records import UnsupportedError
 from harness.native.base import Session
 from harness.run.energy import EnergyMeter
 from harness.run.memory import PeakRss, nvml_used_mb
@@ -180,11 +181,16 @@ def measure_generation(
     new_tokens: int,
     rss: PeakRss,
     eos: tuple[int, ...] = (),
+    depth: int = 0,
 ) -> Measurement:
     """Each iteration generates exactly new_tokens tokens (with `eos`, the ids --stop-at-eos stops at: up to
     new_tokens, ending when every row made one); session.generate calls stamp() as each token's logits are
     ready (device-synchronised), giving TTFT and every decode step from the same run (harness.core.generation
-    defines the figures, over the steps made). The first generation's token ids are kept."""
+    defines the figures, over the steps made). The first generation's token ids are kept. At a depth, the
+    session fills its KV cache to that many tokens first and calls begin(): the clock starts there."""
+    if depth and not getattr(session, "fills_cache", False):
+        raise UnsupportedError(f"--depths {depth}: this engine's generation starts from an empty KV cache here "
+                               "(ONNX Runtime's greedy loop and the page fill one)")  # fmt: skip
     prepared = session.prepare(feeds)
     ttft: list[float] = []
     steps: list[list[float]] = []
@@ -192,14 +198,22 @@ def measure_generation(
 
     def one_generation(record: bool) -> float:
         stamps: list[int] = []
-        started = time.perf_counter_ns()
-        produced = session.generate(prepared, new_tokens, lambda: stamps.append(time.perf_counter_ns()), eos)
-        total_ms = (time.perf_counter_ns() - started) / 1e6
+        started = [time.perf_counter_ns()]
+
+        def begin() -> None:  # the cache is filled: what is timed starts here
+            started[0] = time.perf_counter_ns()
+
+        stamp = lambda: stamps.append(time.perf_counter_ns())  # noqa: E731
+        if getattr(session, "fills_cache", False):  # every depth, 0 too, timed from the same point
+            produced = session.generate(prepared, new_tokens, stamp, eos, depth=depth, begin=begin)
+        else:
+            produced = session.generate(prepared, new_tokens, stamp, eos)
+        total_ms = (time.perf_counter_ns() - started[0]) / 1e6
         fixed = not eos or not 1 <= produced <= new_tokens  # only an EOS stop may end a generation early
         if (fixed and produced != new_tokens) or len(stamps) != produced:
             raise RuntimeError(f"generate produced {produced} tokens ({len(stamps)} steps), asked {new_tokens}")
         if record:
-            ttft.append((stamps[0] - started) / 1e6)
+            ttft.append((stamps[0] - started[0]) / 1e6)
             steps.append(decode_steps(stamps))
         return total_ms
 

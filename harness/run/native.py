@@ -16,6 +16,7 @@ from harness.native import capabilities
 from harness.native.base import Availability
 from harness.prepare.prepared import PreparedModel, PrepareJob, unprepared_result
 from harness.prepare.specs import ModelSpec
+from harness.run.ceilings import wanted
 from harness.run.measure import MeasureConfig
 from harness.run.plan import BenchmarkRequest, Plan, validate
 from harness.run.recording import Body, Emit, RunSummary, record_run
@@ -49,7 +50,7 @@ def _not_runnable(
     return None
 
 
-def _run_model(plan: Plan, spec: ModelSpec, emit: Emit) -> None:
+def _run_model(plan: Plan, spec: ModelSpec, emit: Emit, measured: dict[Target, set[tuple[str, str]]]) -> None:
     if not any(plan.remaining(spec, target) for target, _ in plan.targets):
         return  # a resumed run holds every result of this model: do not even export it
     prepared, error, status = _prepare(plan, spec)
@@ -86,7 +87,9 @@ def _run_model(plan: Plan, spec: ModelSpec, emit: Emit) -> None:
                     if not capabilities(target.engine).generate_needs_past_export
                     else (lambda result, prepared=prepared: emit(checked_generation(prepared, result)))
                 )
-                run_job(Job(prepared, target, runnable, measure), plan.request.timeout_s, checked)
+                # the target's ceilings, measured once per run, before the first job that needs each of them
+                calibrations = tuple(wanted((c.precision for c in runnable), measured.setdefault(target, set())))
+                run_job(Job(prepared, target, runnable, measure, calibrations), plan.request.timeout_s, checked)
 
 
 def checked_generation(prepared: PreparedModel, result: Result | Control) -> Result | Control:
@@ -109,7 +112,9 @@ def checked_generation(prepared: PreparedModel, result: Result | Control) -> Res
         graph = model_for_precision(source, result.precision)[0]
         prompt = {k: v for k, v in prepared.load_case((result.case.batch_size, result.case.seq_len))[0].items()
                   if k in ("input_ids", "attention_mask")}  # fmt: skip
-        agree, facts, _ = check_generation(graph, source, prompt, result.generated_tokens, result.precision, "native")
+        agree, facts, _ = check_generation(
+            graph, source, prompt, result.generated_tokens, result.precision, "native", depth=result.case.depth or 0
+        )
     except Exception as exc:  # the check's own failure is the row's error, never the run's
         return replace(result, status="error", error=f"token check failed: {type(exc).__name__}: {exc}"[:500])
     details = result.details | facts
@@ -122,8 +127,9 @@ def execute_native(plan: Plan) -> Body:
     """The native part of a run, as a body for harness.run.recording.record_run."""
 
     def body(emit: Emit) -> None:
+        measured: dict[Target, set[tuple[str, str]]] = {}  # each target's ceilings measured in this run
         for spec in plan.specs:
-            _run_model(plan, spec, emit)
+            _run_model(plan, spec, emit, measured)
 
     return body
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from harness.core.bounds import MAX_BATCH, MAX_ITERATIONS, MAX_NEW_TOKENS, MAX_SEQUENCE, out_of_range
+from harness.core.bounds import MAX_BATCH, MAX_DEPTH, MAX_ITERATIONS, MAX_NEW_TOKENS, MAX_SEQUENCE, out_of_range
 from harness.core.options import (
     DB_HELP,
     MAX_TIMEOUT_S,
@@ -118,6 +118,12 @@ class RunOptions:
     new_tokens: int = option(
         16, flag="--new-tokens", low=1, high=MAX_NEW_TOKENS,
         help="--mode generate only: tokens per sequence (exactly, EOS ignored, unless --stop-at-eos).",
+    )  # fmt: skip
+    # generate mode: each depth a case of its own (llama-bench's -d)
+    depths: list[int] = option(
+        factory=lambda: [0], flag="--depths", many=True, low=0, high=MAX_DEPTH,
+        help="--mode generate only: comma-separated KV-cache depths; before each timed generation the cache is "
+        "filled to that many tokens untimed, then the prompt and the decode steps are timed (rows `tg16 @ d512`).",
     )  # fmt: skip
     # the prompt every case of a model starts from (harness.prepare.prompts.given_prompt checks them together)
     prompt: str | None = option(None, flag="--prompt", help=PROMPT_HELP)
@@ -247,8 +253,9 @@ def plan_cases(request: RunOptions, spec: ModelSpec, plans: Callable[[str, bool]
         if not plans(mode, with_past):
             continue
         tokens = request.new_tokens if mode == "generate" else None
+        depths = list(dict.fromkeys(items(request.depths))) if mode == "generate" else [None]
         # grouped by precision: a worker loads once per precision
-        cases += [Case(b, s, p, mode, tokens) for p in precisions(request) for b, s in shapes]
+        cases += [Case(b, s, p, mode, tokens, d) for p in precisions(request) for b, s in shapes for d in depths]
     return cases
 
 
@@ -299,25 +306,29 @@ def per_thread_count(
 def check_generation(request: RunOptions, specs: list[ModelSpec], modes: list[str]) -> None:
     """--new-tokens within its bound, and every prompt plus its new tokens within each generative model's
     context: refused here, before anything is prepared, rather than failing inside the model."""
-    check(request, declared(RunOptions), ("new_tokens",))
+    check(request, declared(RunOptions), ("new_tokens", "depths"))
     if "generate" in modes:
-        check_context(specs, request.sequence_lengths, request.new_tokens)
+        check_context(specs, request.sequence_lengths, request.new_tokens, depths=items(request.depths))
 
 
 def check_context(
     specs: list[ModelSpec],
     prompts: list[int],
     tokens: int,
-    names: tuple[str, str] = ("--sequence-lengths", "--new-tokens"),
+    names: tuple[str, str, str] = ("--sequence-lengths", "--new-tokens", "--depths"),
+    depths: list[int] | None = None,
 ) -> None:
-    """The longest prompt plus its new tokens within each generative model's context; `names` are the
-    prompt lengths' and the new tokens' option (or config key) names the message gives."""
+    """The deepest KV cache plus the longest prompt (a model's own prompt where it has one) plus its new tokens
+    within each generative model's context; `names` are the prompt lengths', the new tokens' and the depths'
+    option (or config key) names the message gives."""
+    deepest = max(depths or [0])
     for spec in specs:
         longest = len(spec.prompt) if spec.prompt is not None else max(prompts)
-        if spec.is_generative and spec.context_length and longest + tokens > spec.context_length:
+        if spec.is_generative and spec.context_length and deepest + longest + tokens > spec.context_length:
+            depth = f"a depth of {deepest} ({names[2]}) plus " if deepest else ""
             raise RequestError(
-                f"{spec.name} takes {spec.context_length} positions: a prompt of {longest} ({names[0]}) "
-                f"plus {names[1]} {tokens} is {longest + tokens}; lower one of them"
+                f"{spec.name} takes {spec.context_length} positions: {depth}a prompt of {longest} ({names[0]}) "
+                f"plus {names[1]} {tokens} is {deepest + longest + tokens}; lower one of them"
             )
 
 

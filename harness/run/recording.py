@@ -16,14 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.core.records import Control, Result
+from harness.core.records import Ceiling, Control, Result
 from harness.run.hardware import hardware_rows
 from harness.run.machine import machine_facts
 from harness.run.outputs import Outputs, write_outputs
 from harness.run.provenance import host_facts
 from harness.store import StoreError, StoreWriteError, open_store
 
-Emit = Callable[[Result | Control], None]  # a case's result, or a drift-control measurement
+Emit = Callable[[Result | Control | Ceiling], None]  # a case's result, a drift-control measurement, or a ceiling
 Body = Callable[[Emit], None]
 
 
@@ -79,11 +79,11 @@ def record_run(
             store.reopen_run(run_id)
         closed = threading.Event()
 
-        def emit(result: Result | Control) -> None:
-            if isinstance(result, Control):
+        def emit(result: Result | Control | Ceiling) -> None:
+            if isinstance(result, Control | Ceiling):
                 with commit_lock:
-                    if not closed.is_set():  # a late control measurement is not worth failing a body for
-                        store.add_control(run_id, result)
+                    if not closed.is_set():  # a late control or ceiling is not worth failing a body for
+                        (store.add_control if isinstance(result, Control) else store.add_ceiling)(run_id, result)
                 return
             result.details.setdefault("load_avg_at_run_start", host["load_avg_at_start"])
             with commit_lock:

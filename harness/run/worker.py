@@ -24,12 +24,13 @@ import numpy as np
 from harness.core.failures import classify
 from harness.core.faults import injected_faults
 from harness.core.parity import compare
-from harness.core.records import Case, Control, Result, Target, UnsupportedError
+from harness.core.records import Case, Ceiling, Control, Result, Target, UnsupportedError
 from harness.core.threads import split_threads
 from harness.native import capabilities
 from harness.prepare.cache import remove_stale_staging
 from harness.prepare.graph_work import GraphWork, count_graph
 from harness.prepare.prepared import Phase, PreparedModel, PrepareJob, needs_torch, prepare_steps
+from harness.run.ceilings import Calibration, measure_ceilings, row_work
 from harness.run.control import ControlProbe, control_positions
 from harness.run.isolation import Outcome, run_isolated, start_method
 from harness.run.measure import MeasureConfig, Measurement, measure, measure_generation, measure_training
@@ -43,6 +44,7 @@ class Job:
     target: Target
     cases: list[Case]
     measure: MeasureConfig
+    calibrations: tuple[Calibration, ...] = ()  # the target's ceilings this job measures first (run.ceilings)
 
 
 def _run_mode(job: Job, session: Any, case: Case, feeds: dict[str, np.ndarray], rss: PeakRss,
@@ -50,7 +52,7 @@ def _run_mode(job: Job, session: Any, case: Case, feeds: dict[str, np.ndarray], 
     if case.mode == "inference":
         return measure(session, feeds, job.measure, rss)
     if case.mode == "generate" and hasattr(session, "generate"):
-        return measure_generation(session, feeds, job.measure, case.new_tokens or 1, rss, eos)
+        return measure_generation(session, feeds, job.measure, case.new_tokens or 1, rss, eos, case.depth or 0)
     if case.mode == "training" and hasattr(session, "train_step"):
         return measure_training(session, feeds, job.measure, rss)
     engine, can = job.target.engine, capabilities(job.target.engine)
@@ -84,6 +86,11 @@ def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: Pea
         model_file = getattr(session, "path", None) or job.prepared.onnx_path  # the file the session ran
         operators, profiled = profiled_fields(model_file, details["input_shapes"], measured.profile, error)
         details |= profiled
+    model_file = _ran_file(job, session, case)
+    work, counted = row_work(model_file, case, details["input_shapes"])
+    details |= counted
+    if model_file is not None and getattr(session, "path", None) is None and work:
+        details["work_counted_on"] = "the model's fp32 ONNX export: the engine ran the same module in fp32 itself"
     status, error, parity_fields = "ok", None, {}
     if not reference:  # a file no reference engine could run: measured, not parity-checked
         details["parity"] = f"not checked: no reference ({job.prepared.reference})"
@@ -116,7 +123,19 @@ def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: Pea
         **parity_fields,
         **load,
         **(text if case.mode == "generate" else {}),
+        **work,
     )
+
+
+def _ran_file(job: Job, session: Any, case: Case) -> Any:
+    """The ONNX file the session ran (its own path), else the model's fp32 export where the engine ran the model
+    in fp32 (from that export, or its own module of the same weights: the same reads and FLOPs per token);
+    None where no file says what ran (another precision, built by the engine itself)."""
+    if (path := getattr(session, "path", None)) is not None:
+        return path
+    if session.precision == "fp32":
+        return job.prepared.onnx_past_path if case.mode == "generate" else job.prepared.onnx_path
+    return None
 
 
 GRANDCHILD_MARK = "accelharness-fault-grandchild"  # in the grandchild fault's command line, for tests to find it
@@ -167,6 +186,7 @@ def benchmark_job(job: Job) -> Iterator[Result | Control]:
     probe = ControlProbe(backend, job.target, job.prepared.spec.name)
     positions = control_positions(len(job.cases))
     yield probe.measure(positions[-1])
+    yield from measure_ceilings(backend, job.target, job.calibrations)
     for index, result in enumerate(_case_results(job, backend)):
         yield result
         if index in positions:
@@ -221,7 +241,7 @@ def run_job(job: Job, timeout_s: float, emit: Callable[[Result | Control], None]
     uses_torch = capabilities(job.target.engine).worker_needs_torch
 
     def on_result(result: Result | Control) -> None:
-        if isinstance(result, Control):
+        if isinstance(result, Control | Ceiling):
             emit(result)
             return
         reported.add(result.case.key)

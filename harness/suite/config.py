@@ -11,7 +11,7 @@ import json
 import math
 import tomllib
 from collections.abc import Callable
-from dataclasses import MISSING, dataclass, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, get_args, get_type_hints
 
@@ -45,6 +45,7 @@ precision = ["fp32"]             # {", ".join(PRECISIONS)}
 profile = false                  # per-operator profiles after each inference case's timed loop
 modes = ["inference"]            # {", ".join(MODES)} (the browser: {", ".join(WEB_MODES)}); as --mode
 # new_tokens = {RunOptions.new_tokens}          # with "generate" in modes: tokens generated per sequence (--new-tokens)
+# depths = [0, 512]              # with "generate" in modes: KV-cache depths filled before each generation (--depths)
 
 # family -> models (`accelharness models` lists them; the -tiny variants build in seconds)
 [model_families]
@@ -108,6 +109,7 @@ class SuiteConfig:
     db: Path
     output_dir: Path
     new_tokens: int = RunOptions.new_tokens  # generate: tokens generated per sequence (the key only with generate)
+    depths: list[int] = field(default_factory=lambda: [0])  # generate: KV-cache depths (the key only with generate)
     machine_label: str | None = None  # names this machine in reports across machines
     native_threads: list[int] | None = None  # --native-threads: None, each engine's own count
     source: Path | None = None  # the file it came from, for messages
@@ -123,7 +125,7 @@ SECTIONS = {"hardware", "run"}  # TOML tables that only group keys; JSON may use
 OPTION_FIELDS: dict[type, tuple[str, ...]] = {
     RunOptions: ("batch_sizes", "sequence_lengths", "warmup", "iterations", "min_duration_s", "max_time_s",
                  "min_iterations", "timeout_s", "prepare_timeout_s", "precision", "profile", "modes", "new_tokens",
-                 "db_path", "output_dir", "machine_label"),
+                 "depths", "db_path", "output_dir", "machine_label"),
     BenchmarkRequest: ("hardware", "engines", "native_threads"),
     WebRequest: ("hardware", "browser", "threads", "gpu"),
 }  # fmt: skip
@@ -278,7 +280,7 @@ def load_config(path: Path) -> SuiteConfig:
     if not config.models:
         raise ConfigError(f'{path}: model_families names no model; e.g. embedding = ["bert-tiny"]')
     _check_platforms(path, config)
-    _check_modes(path, config, "new_tokens" in data)
+    _check_modes(path, config, "new_tokens" in data or "depths" in data)
     return config
 
 
@@ -290,8 +292,8 @@ def _check_modes(path: Path, config: SuiteConfig, tokens_given: bool) -> None:
     config.modes = list(dict.fromkeys(config.modes))
     if tokens_given and "generate" not in config.modes:
         raise ConfigError(
-            f"{path}: key 'new_tokens' applies to generate only (modes = {config.modes}); "
-            'add "generate" to modes or drop new_tokens'
+            f"{path}: keys 'new_tokens' and 'depths' apply to generate only (modes = {config.modes}); "
+            'add "generate" to modes or drop them'
         )
     if config.include_web_platforms and not set(config.modes) & set(WEB_MODES):
         raise ConfigError(
@@ -302,7 +304,7 @@ def _check_modes(path: Path, config: SuiteConfig, tokens_given: bool) -> None:
         specs = load_specs()
         try:
             check_context([specs[m] for m in config.models], config.sequence_lengths, config.new_tokens,
-                          ("key 'sequence_lengths'", "key 'new_tokens'"))  # fmt: skip
+                          ("key 'sequence_lengths'", "key 'new_tokens'", "key 'depths'"), config.depths)  # fmt: skip
         except RequestError as exc:
             raise ConfigError(f"{path}: {exc}") from None
 

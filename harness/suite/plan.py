@@ -126,6 +126,7 @@ def suite_requests(
         profile=config.profile,
         modes=config.modes,
         new_tokens=config.new_tokens,
+        depths=config.depths,
         db_path=config.db,
         output_dir=None,  # the suite writes its reports once, after both halves
     )

@@ -26,7 +26,7 @@ from rich.table import Table
 
 from harness.browser.run import WebPlan, execute_web
 from harness.core.failures import classify
-from harness.core.records import Case, Control, Result, Target, result_key
+from harness.core.records import Case, Ceiling, Control, Result, Target, result_key
 from harness.prepare.prepared import unprepared_result
 from harness.prepare.specs import ModelSpec
 from harness.run.native import execute_native
@@ -213,7 +213,7 @@ def run_job_streaming(job: Job) -> Iterator[Result | Control]:
     while (item := items.get()) is not None:
         if isinstance(item, BaseException):
             raise item
-        if isinstance(item, Control):  # the drift control: no case of the job
+        if isinstance(item, Control | Ceiling):  # the drift control or a ceiling: no case of the job
             yield item
             continue
         item.details["ray_node"] = node
@@ -309,7 +309,7 @@ def _take_next(ray: Any, generator: Any, tracked: _Tracked, emit: Emit) -> bool:
     except ray.exceptions.RayError as exc:
         tracked.finish(emit, f"the Ray task for {label} failed: {failure_text(exc)}")
         return False
-    if isinstance(result, Control) and isinstance(result.target, Target):  # the job's drift control
+    if isinstance(result, Control | Ceiling) and isinstance(result.target, Target):  # its drift control, a ceiling
         emit(result)
         return True
     if (unknown := tracked.unknown(result)) is not None:

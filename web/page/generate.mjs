@@ -5,6 +5,7 @@
 // (--stop-at-eos), up to them, ending once every row made one; argmax here. A step's clock stops when its
 // logits are on the CPU (the harness asks WebGPU to keep present.* on the GPU and return logits only).
 // TTFT is the prefill until the first logits; each decode step runs from one step's logits to the next's.
+// At a depth (job.depth), the KV cache is first filled to that many tokens, untimed; the clock starts after.
 
 import { loopStop } from './stop.mjs';
 
@@ -127,20 +128,54 @@ function disposeAll(feeds, names) {
 // One generation. hook(step) runs before each step's run (the test suite's fault hook, mid-generation).
 // keepLogits: the untimed warm-up keeps the prefill's logits and each step's top job.top_k (ids and logits);
 // the timed generations never copy them.
-async function generateOnce(ort, session, prompt, job, hook, keepLogits = false) {
+// optimum's merged decoder: its no-cache branch for the prefill, the cache branch for each decode step
+const branch = (ort, on) => new ort.Tensor('bool', Uint8Array.from([on ? 1 : 0]), [1]);
+
+// The KV cache filled to job.depth tokens (llama-bench's -d), untimed and once per job: a prefill of each row's
+// prompt repeated (greedy.filler), whose presents are the prompt's past in every generation (a session never
+// writes to its inputs, so it is read again, as native ORT's loop does). Returns the prompt's feeds and mask.
+async function filled(ort, session, prompt, job) {
+  const taken = new Set(session.inputNames);
+  const [batch, promptLength] = prompt.ids.dims;
+  const depth = job.depth;
+  const ids = new BigInt64Array(batch * depth);
+  for (let row = 0; row < batch; row++) {
+    for (let i = 0; i < depth; i++) ids[row * depth + i] = prompt.ids.data[row * promptLength + (i % promptLength)];
+  }
+  const ones = new BigInt64Array(batch * depth).fill(1n);
+  const fill = { input_ids: new ort.Tensor('int64', ids, [batch, depth]),
+    attention_mask: new ort.Tensor('int64', ones, [batch, depth]), ...emptyPast(ort, session, batch, job.past_shape) };
+  if (taken.has('position_ids')) fill.position_ids = positions(ort, ones, batch, depth, depth);
+  if (taken.has('use_cache_branch')) fill.use_cache_branch = branch(ort, false);
+  const [logitsName, ...presents] = session.outputNames;
+  const out = await session.run(fill);
+  out[logitsName].dispose();
+  const mask = new BigInt64Array(batch * (depth + promptLength));
+  for (let row = 0; row < batch; row++) {
+    mask.set(ones.subarray(row * depth, (row + 1) * depth), row * (depth + promptLength));
+    mask.set(prompt.mask.data.subarray(row * promptLength, (row + 1) * promptLength), row * (depth + promptLength) + depth);
+  }
+  const feeds = { input_ids: prompt.ids, attention_mask: new ort.Tensor('int64', mask, [batch, depth + promptLength]) };
+  presents.forEach((name) => (feeds[pastOf(name)] = out[name]));
+  if (taken.has('use_cache_branch')) feeds.use_cache_branch = branch(ort, true);
+  return { feeds, mask, dispose: () => presents.forEach((name) => out[name].dispose()) };
+}
+
+// fill: the cache filled to job.depth (filled()), shared by the job's generations: its past is not disposed here.
+async function generateOnce(ort, session, prompt, job, hook, keepLogits = false, fill = null) {
   const [batch, promptLength] = prompt.ids.dims;
   const [logitsName, ...presents] = session.outputNames;
   const pasts = presents.map(pastOf);
   const taken = new Set(session.inputNames);
-  let mask = prompt.mask.data;
-  let length = promptLength;
-  let feeds = { input_ids: prompt.ids, attention_mask: prompt.mask, ...emptyPast(ort, session, batch, job.past_shape) };
+  let mask = fill ? fill.mask : prompt.mask.data;
+  let feeds = fill
+    ? { ...fill.feeds }
+    : { input_ids: prompt.ids, attention_mask: prompt.mask, ...emptyPast(ort, session, batch, job.past_shape) };
+  let length = mask.length / batch;
   if (taken.has('position_ids')) feeds.position_ids = positions(ort, mask, batch, length, promptLength);
   // a decode step's position ids, counted on from the prompt's real tokens rather than recounted each step
   let nextPositions = taken.has('position_ids') ? realTokens(mask, batch, length) : null;
-  // optimum's merged decoder: its no-cache branch for the prefill, the cache branch for each decode step
-  const branch = (on) => new ort.Tensor('bool', Uint8Array.from([on ? 1 : 0]), [1]);
-  if (taken.has('use_cache_branch')) feeds.use_cache_branch = branch(false);
+  if (taken.has('use_cache_branch') && !fill) feeds.use_cache_branch = branch(ort, false);
   const tokens = Array.from({ length: batch }, () => []);
   const steps = [];
   const eos = new Set(job.eos_ids || []); // empty: EOS ignored, exactly job.new_tokens tokens
@@ -167,7 +202,7 @@ async function generateOnce(ort, session, prompt, job, hook, keepLogits = false)
       }
     }
     out[logitsName].dispose();
-    disposeAll(feeds, pasts); // the old past: a cache not freed here grows every step
+    if (!(fill && step === 0)) disposeAll(feeds, pasts); // the old past: a cache not freed here grows every step
     next.forEach((token, row) => tokens[row].push(token));
     next.forEach((token, row) => (ended[row] ||= eos.has(token)));
     if (eos.size && ended.every(Boolean)) {
@@ -185,7 +220,7 @@ async function generateOnce(ort, session, prompt, job, hook, keepLogits = false)
       feeds.position_ids = new ort.Tensor('int64', nextPositions, [batch, 1]);
       nextPositions = nextPositions.map((position) => position + 1n);
     }
-    if (taken.has('use_cache_branch')) feeds.use_cache_branch = branch(true);
+    if (taken.has('use_cache_branch')) feeds.use_cache_branch = branch(ort, true);
     presents.forEach((name, i) => (feeds[pasts[i]] = out[name]));
   }
   disposeAll(feeds, pasts);
@@ -203,9 +238,10 @@ function sameTokens(a, b) {
 export async function measureGeneration(ort, session, inputs, job, hooks) {
   const prompt = { ids: inputs.input_ids, mask: inputs.attention_mask };
   if (!prompt.ids || !prompt.mask) throw new Error('a generate job needs input_ids and attention_mask');
-  let t0 = performance.now();
+  const fill = job.depth > 0 ? await filled(ort, session, prompt, job) : null; // untimed, before the budget too
+  const t0 = performance.now();
   const deadline = job.max_time_ms == null ? Infinity : t0 + job.max_time_ms;
-  const first = await generateOnce(ort, session, prompt, job, null, true);
+  const first = await generateOnce(ort, session, prompt, job, null, true, fill);
   const memory_before = await hooks.memory();
   const samples = [];
   const ttft = [];
@@ -222,13 +258,14 @@ export async function measureGeneration(ort, session, inputs, job, hooks) {
       break;
     }
     const hook = n === 0 ? (step) => (step === 1 ? hooks.fault() : null) : null;
-    const one = await generateOnce(ort, session, prompt, job, hook);
+    const one = await generateOnce(ort, session, prompt, job, hook, false, fill);
     samples.push(one.total_ms);
     ttft.push(one.ttft_ms);
     steps.push(one.steps);
     tokens_stable &&= sameTokens(one.tokens, first.tokens);
   }
   await hooks.loopMark('end');
+  fill?.dispose();
   const memory_after = await hooks.memory();
   return {
     first_run_ms: first.total_ms,
