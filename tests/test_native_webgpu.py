@@ -126,7 +126,8 @@ def test_a_pair_on_another_adapter_or_thread_count_is_refused() -> None:
     assert browser_costs(threads)[0] == [] and "different thread counts" in browser_costs(threads)[1][0].why
     unknown = _pair_rows(wasm | {"details": {"threads_effective": 1}}, cpu | {"details": {}})
     assert "not recorded" in browser_costs(unknown)[1][0].why
-    paired = _pair_rows(wasm | {"details": {"threads_effective": 1}}, cpu | {"native_threads": 1, "details": {}})
+    threaded = {"provider": "CPUExecutionProvider:threads=1", "native_threads": 1, "details": {}}  # --native-threads 1
+    paired = _pair_rows(wasm | {"details": {"threads_effective": 1}}, cpu | threaded)
     table = browser_cost_table(paired)
     assert table is not None and table.rows[0]["same"] == "1 thread" and table.rows[0]["latency page÷native"] == "2.00x"
 
