@@ -266,6 +266,12 @@ MIGRATIONS: dict[int, list[str]] = {
             spread DOUBLE, samples_ms DOUBLE[], software_adapter BOOLEAN NOT NULL, load_avg_1m DOUBLE, error VARCHAR
         )""",
     ],
+    11: [
+        # issue 35: encoder–decoder generation (T5, Whisper): the encoder's run (median ms, inside TTFT) and, for
+        # speech, the real-time factor (audio seconds over the median generation's seconds); NULL elsewhere
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS encoder_ms DOUBLE",
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS real_time_factor DOUBLE",
+    ],
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 # Tables a migration created: a read-only open of an older file shows them empty.

@@ -16,6 +16,7 @@ import functools
 import json
 import os
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -41,6 +42,7 @@ from harness.native.base import (
 from harness.prepare.folders import past_shape
 from harness.prepare.graph_precision import matmul_compute
 from harness.prepare.greedy import greedy, prefill_feeds
+from harness.prepare.seq2seq import Seq2SeqGreedy, precision_files, seq2seq_files, start_token
 from harness.prepare.variants import model_for_precision
 
 PROVIDERS = [
@@ -159,6 +161,37 @@ class OrtGenerator(OrtSession):
         return self.generated.shape[1]
 
 
+class OrtSeq2Seq(OrtSession):
+    """Greedy encoder–decoder generation (harness.prepare.seq2seq, the loop the browser's reference tokens come
+    from too): the encoder once, then decoder steps over both caches. Its own session is the first decoder
+    step's, whose file the row names; encoder_ms is the last generation's encoder run (its output on the host)."""
+
+    def __init__(self, loop: Seq2SeqGreedy, provider: str, placement: dict[str, int], path: Path | None) -> None:
+        super().__init__(loop.decoder, provider, placement, path)
+        self.loop = loop
+        self.generated: np.ndarray | None = None
+        self.encoder_ms: float | None = None
+        self.base_facts["onnx_graph"] = "encoder once, then decoder steps with self- and cross-attention caches"
+
+    def prepare(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {i.name: feeds[i.name] for i in self.loop.encoder.get_inputs()}
+
+    def generate(self, prepared: dict[str, np.ndarray], new_tokens: int, stamp: Callable[[], None],
+                 eos: tuple[int, ...] = (), depth: int = 0,
+                 begin: Callable[[], None] = lambda: None) -> int:  # fmt: skip
+        """Exactly new_tokens greedy tokens; an EOS stop and a filled KV cache are the decoder-only loop's."""
+        if eos or depth:
+            raise UnsupportedError("encoder–decoder generation makes exactly --new-tokens tokens from an empty "
+                                   "decoder cache: no --stop-at-eos, no --depths above 0")  # fmt: skip
+        begin()
+        started = time.perf_counter_ns()
+        marks: list[int] = []
+        encoded = lambda: marks.append(time.perf_counter_ns())  # noqa: E731
+        self.generated = self.loop.generate(prepared, new_tokens, stamp, encoded).tokens
+        self.encoder_ms = (marks[0] - started) / 1e6
+        return self.generated.shape[1]
+
+
 COMPUTE_SOURCE = "onnxruntime SessionOptions.optimized_model_filepath: the activation type of each MatMul node"
 SPINNING_ENTRY = "session.intra_op.allow_spinning"  # ORT's default "1": idle pool threads busy-wait for work
 
@@ -259,6 +292,8 @@ class OnnxRuntimeBackend:
         source = request.onnx_past_path if generating else request.onnx_path
         if source is None:
             raise UnsupportedError("no ONNX file for this model (see the export error)")
+        if generating and seq2seq_files(source) is not None:
+            return self._load_seq2seq(source, request, target)
         path, precision, conversion = model_for_precision(source, request.precision)
         options, threads = session_options(request.threads)
         # a device that makes no progress fails here, once, quickly; so does a precision it has no kernels for
@@ -282,6 +317,21 @@ class OnnxRuntimeBackend:
         if target.provider in PLUGINS:
             ort_session.base_facts |= PLUGINS[target.provider].facts() | shaders
         return ort_session
+
+    def _load_seq2seq(self, source: Path, request: LoadRequest, target: Target) -> OrtSeq2Seq:
+        """An encoder–decoder's graphs at the precision; the start token from the layout's config.json."""
+        files, precision, conversion = precision_files(source, request.precision)
+        opened = {
+            path: ort.InferenceSession(str(path), providers=[target.provider])
+            for path in dict.fromkeys((files.encoder, files.decoder, files.decoder_past))
+        }  # merged: once
+        loop = Seq2SeqGreedy((opened[files.encoder], opened[files.decoder], opened[files.decoder_past]),
+                             start_token(source))  # fmt: skip
+        session = OrtSeq2Seq(loop, target.provider, {}, files.decoder)
+        session.precision = precision
+        graphs = {"encoder_model": str(files.encoder), "decoder_past_model": str(files.decoder_past)}
+        session.base_facts |= conversion | graphs
+        return session
 
 
 BACKEND = OnnxRuntimeBackend()

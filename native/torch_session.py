@@ -143,7 +143,9 @@ class TorchSession(HostMemory):
                 pad_token_id=model.generation_config.pad_token_id or model.generation_config.eos_token_id or 0,
             )
         is_decoder_only = prompt is not None and not model.config.is_encoder_decoder
-        start = prompt.shape[-1] if is_decoder_only else 1
+        # an encoder-decoder's output leads with its decoder prompt (T5: the start token; Whisper's generate()
+        # strips it): exactly new_tokens were generated (min = max), so the prompt is what comes before them
+        start = prompt.shape[-1] if is_decoder_only else max(output.shape[-1] - new_tokens, 0)
         self.generated = output[:, start:].cpu().numpy()  # the token ids, stored on the row
         return output.shape[-1] - start
 

@@ -81,16 +81,19 @@ def check_generation_row(db: Path, r: dict, batch: int, tokens: int) -> None:
     assert r["prefill_tokens_per_s"] == pytest.approx(batch * r["seq_len"] * 1000 / r["ttft_ms"])
 
 
-def test_onnx_generation_is_planned_for_decoder_only_models_on_onnxruntime_only() -> None:
+def test_onnx_generation_is_planned_for_models_with_a_cache_export_on_onnxruntime_only() -> None:
     plan = validate(BenchmarkRequest(models=["gpt2-tiny", "t5-tiny"], hardware=["cpu"], modes=["generate"]))
     specs = {spec.name: spec for spec in plan.specs}
     planned = {
         (name, target.engine) for name, spec in specs.items() for target, _ in plan.targets if plan.cases(spec, target)
     }
-    # T5 (encoder-decoder) has no export with past: it generates on torch only
-    assert planned == {("gpt2-tiny", "torch"), ("gpt2-tiny", "onnxruntime"), ("t5-tiny", "torch")}
+    # T5 (encoder-decoder) generates on ONNX Runtime from its encoder + decoders export (issue 35)
+    assert planned == {("gpt2-tiny", "torch"), ("gpt2-tiny", "onnxruntime"), ("t5-tiny", "torch"),
+                       ("t5-tiny", "onnxruntime")}  # fmt: skip
     assert not plan.cases(specs["gpt2-tiny"], Target("cpu", "openvino", "CPU"))  # no decoder loop there
-    assert plan.exports_past(specs["gpt2-tiny"]) and not plan.exports_past(specs["t5-tiny"])
+    assert plan.exports_past(specs["gpt2-tiny"]) and plan.exports_past(specs["t5-tiny"])
+    plan = validate(BenchmarkRequest(models=["bert-tiny"], hardware=["cpu"], modes=["generate"]))
+    assert not plan.exports_past(plan.specs[0])  # no LM head: nothing generates
 
 
 def test_onnxruntime_generate_rows_report_ttft_tpot_and_tokens_per_second(tmp_path: Path) -> None:

@@ -235,7 +235,7 @@ def _check_generation(generation: dict[str, Any], samples: list[float], job: Pag
     # the graph leaves it symbolic
     batch, new_tokens, vocab = job.batch, job.generate.new_tokens, job.generate.vocab_size
     eos = set(job.generate.eos_ids)  # the harness's: --stop-at-eos, else none
-    _check_phases(generation, samples, new_tokens, clock, bool(eos))
+    _check_phases(generation, samples, new_tokens, clock, bool(eos), job.generate.seq2seq is not None)
     logits = _require(generation, "prefill_logits", (dict,), where)
     dims, values = _require(logits, "dims", (list,), where), _require(logits, "values", (list,), where)
     if not all(_COUNT[1](d) for d in dims) or len(values) != math.prod(dims):
@@ -260,7 +260,7 @@ def _check_generation(generation: dict[str, Any], samples: list[float], job: Pag
 
 
 def _check_phases(generation: dict[str, Any], samples: list[float], new_tokens: int, clock: Clock,
-                  stops_at_eos: bool = False) -> None:  # fmt: skip
+                  stops_at_eos: bool = False, encoder_decoder: bool = False) -> None:  # fmt: skip
     """Each timed generation's TTFT and decode steps: durations the page's clock can measure, as many steps
     as the job's tokens give (at most that many where the job stops at EOS), and together no longer than the
     whole generation (its sample: the page's clock runs from the same start past the last step), within one
@@ -284,6 +284,22 @@ def _check_phases(generation: dict[str, Any], samples: list[float], new_tokens: 
     generation["step_samples_ms"] = [
         [clock.duration(s, f"step_samples_ms[{i}][{j}]") for j, s in enumerate(each)] for i, each in enumerate(steps)
     ]
+    if encoder_decoder:  # the encoder's run begins each generation's TTFT: never longer than it
+        encoder = _require(generation, "encoder_samples_ms", (list,), where)
+        if len(encoder) != len(samples):
+            raise PageResultError(f"{where}.encoder_samples_ms needs the encoder's run of each of the "
+                                  f"{len(samples)} generations")  # fmt: skip
+        generation["encoder_samples_ms"] = [
+            clock.duration(e, f"encoder_samples_ms[{i}]") for i, e in enumerate(encoder)
+        ]
+        for i, (run, first) in enumerate(
+            zip(generation["encoder_samples_ms"], generation["ttft_samples_ms"], strict=True)
+        ):
+            if run > first:
+                raise PageResultError(f"encoder_samples_ms[{i}] is {run:g} ms, longer than the TTFT it begins "
+                                      f"({first:g} ms); not a measurement")  # fmt: skip
+    elif "encoder_samples_ms" in generation:
+        raise PageResultError(f"{where}.encoder_samples_ms: this job runs no encoder")
     phases = zip(generation["ttft_samples_ms"], generation["step_samples_ms"], samples, strict=True)
     for i, (first, each, whole) in enumerate(phases):
         if first > whole:

@@ -57,6 +57,18 @@ class ExternalData:
 
 
 @dataclass(frozen=True)
+class Seq2SeqJob:
+    """An encoder–decoder's other graphs (web/page/seq2seq.mjs): the encoder's URL, the later steps' decoder's
+    (None: the job's model is a merged decoder that takes both steps) with its own session options (WebGPU:
+    its present.* kept on the GPU), and the token the decoder starts from."""
+
+    encoder_url: str
+    start_token: int
+    decoder_past_url: str | None = None
+    decoder_past_options: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
 class GenerateJob:
     """A generate job's part (web/page/generate.mjs): new tokens per generation; the logits width the
     answer's token ids are checked against (None: the graph leaves it symbolic); a folder's past heads and
@@ -72,6 +84,7 @@ class GenerateJob:
     eos_ids: list[int] = field(default_factory=list)
     top_k: int = STEP_TOP_K
     depth: int = 0
+    seq2seq: Seq2SeqJob | None = None  # an encoder–decoder's generation
 
 
 @dataclass(frozen=True)
@@ -99,8 +112,9 @@ class PageJob:
 
     @property
     def batch(self) -> int:
-        """The prompt's batch rows (input_ids' first dimension; 1 where the job has no input_ids)."""
-        return next((each.dims[0] for each in self.inputs if each.name == "input_ids"), 1)
+        """The prompt's batch rows (input_ids' first dimension, or an encoder–decoder's log-mel features'; 1
+        where the job has neither)."""
+        return next((each.dims[0] for each in self.inputs if each.name in ("input_ids", "input_features")), 1)
 
     def page_json(self) -> dict[str, Any]:
         """The job as the page reads it: the stop rule's and the generation's fields at the top level, a

@@ -12,13 +12,14 @@ from typing import Any
 import numpy as np
 
 from harness.core.faults import injected_faults
-from harness.core.generation import MEMORY_GROWTH_BOUND_MB, STEP_TOP_K, StepTop, mean_steps
+from harness.core.generation import MEMORY_GROWTH_BOUND_MB, STEP_TOP_K, StepTop, encoder_figures, mean_steps
 from harness.core.parity import compare
 from harness.core.records import Case, Result
 from harness.prepare.folders import past_shape
 from harness.prepare.prepared import PreparedModel
 from harness.prepare.quality import check_generation
-from harness.web.page_job import GenerateJob
+from harness.prepare.seq2seq import Seq2SeqFiles, audio_seconds, precision_files, seq2seq_files, start_token
+from harness.web.page_job import GenerateJob, Seq2SeqJob
 
 # The faults hook's planted kernel bug (tests): the page is served a copy of its graph with one weight matrix
 # scaled by this factor, while the row is checked against the file it names.
@@ -51,32 +52,60 @@ def vocab_size(path: Path) -> int | None:
     return _outputs(path)[0][1]
 
 
-def generate_job(model: Path, case: Case, keeps_on_gpu: bool, eos: tuple[int, ...] = ()) -> GenerateJob:
-    """A page job's generation part: the token count, the EOS ids it stops at (--stop-at-eos; none: it makes
-    exactly new_tokens), the KV-cache depth filled first (untimed), the logits width (the vocabulary its token
-    ids are checked against), a model folder's past heads and head size and, on WebGPU, present.* kept on the
-    GPU (only the logits, the first output, come back to the CPU)."""
+def seq2seq_layout(source: Path | None, precision: str) -> tuple[Seq2SeqFiles, int] | None:
+    """An encoder–decoder's graphs at the precision and its decoder's start token, where `source` (the model's
+    graph for generation, harness.prepare.prepared) is the first decoder step of such a layout."""
+    if source is None or seq2seq_files(source) is None:
+        return None
+    return precision_files(source, precision)[0], start_token(source)
+
+
+def layout_files(name: str, layout: Seq2SeqFiles) -> dict[str, Path]:
+    """The other graphs a page job serves: the encoder and, for a split decoder, the later steps' one."""
+    served = {f"{name}-encoder.onnx": layout.encoder}
+    return served if layout.merged else served | {f"{name}-decoder-past.onnx": layout.decoder_past}
+
+
+def _on_gpu(model: Path) -> dict[str, Any]:
+    """WebGPU's output locations: present.* kept on the GPU, only the logits (the first output) to the CPU."""
+    logits, *presents = graph_outputs(model)
+    return {"preferredOutputLocation": {logits: "cpu"} | dict.fromkeys(presents, "gpu-buffer")}
+
+
+def generate_job(model: Path, case: Case, keeps_on_gpu: bool, layout: tuple[Seq2SeqFiles, int] | None = None,
+                 urls: dict[str, str] | None = None, eos: tuple[int, ...] = ()) -> GenerateJob:  # fmt: skip
+    """A page job's generation part: the token count, the logits width (the vocabulary its token ids are
+    checked against), a model folder's past heads and head size and, on WebGPU, present.* kept on the GPU
+    (only the logits, the first output, come back to the CPU); the EOS ids it stops at (--stop-at-eos), the
+    KV-cache depth filled first and each step's top-k the page returns. An encoder–decoder's names its other graphs'
+    URLs (`urls`, keyed as layout_files names them) and the decoder's start token (web/page/seq2seq.mjs)."""
     assert case.new_tokens is not None  # a generate case always has its count (harness.run.plan)
-    options = None
-    if keeps_on_gpu:
-        logits, *presents = graph_outputs(model)
-        options = {"preferredOutputLocation": {logits: "cpu"} | dict.fromkeys(presents, "gpu-buffer")}
-    shape = past_shape(model)  # a folder's config: the page uses it where the graph is symbolic
+    shape = past_shape(model) if layout is None else None  # a folder's config, where the graph is symbolic
     vocab = vocab_size(model)
     return GenerateJob(
         new_tokens=case.new_tokens,
         vocab_size=vocab,
         past_shape=None if shape is None else list(shape),
-        session_options=options,
+        session_options=_on_gpu(model) if keeps_on_gpu else None,
         depth=case.depth or 0,
         eos_ids=list(eos),
         top_k=STEP_TOP_K if vocab is None else min(STEP_TOP_K, vocab),  # each step's logits the page returns
+        seq2seq=None if layout is None else _seq2seq_job(layout, keeps_on_gpu, urls or {}),
     )
 
 
-def prompt_feeds(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The prompt a generation starts from (the page builds positions and the empty past itself)."""
-    return {name: feeds[name] for name in ("input_ids", "attention_mask")}
+def _seq2seq_job(layout: tuple[Seq2SeqFiles, int], keeps_on_gpu: bool, urls: dict[str, str]) -> Seq2SeqJob:
+    files, start = layout
+    by_suffix = {key.rsplit("-", 1)[-1]: url for key, url in urls.items()}  # encoder.onnx, past.onnx
+    options = _on_gpu(files.decoder_past) if keeps_on_gpu and not files.merged else None
+    return Seq2SeqJob(by_suffix["encoder.onnx"], start, by_suffix.get("past.onnx"), options)
+
+
+def prompt_feeds(feeds: dict[str, np.ndarray], seq2seq: bool = False) -> dict[str, np.ndarray]:
+    """The prompt a generation starts from (the page builds positions and the empty past itself); an
+    encoder–decoder's: its encoder's inputs (log-mel features, or tokens and their mask)."""
+    names = ("input_features",) if seq2seq and "input_features" in feeds else ("input_ids", "attention_mask")
+    return {name: feeds[name] for name in names}
 
 
 def memory_growth(generation: dict[str, Any], details: dict[str, Any]) -> dict[str, Any]:
@@ -147,14 +176,23 @@ def generation_result(prepared: PreparedModel, target: Any, case: Case, answer: 
         "generated_tokens": generation["tokens"],
     }
     details |= memory_growth(generation, details) | {"warmup_generations": 1}
+    if generation.get("encoder_samples_ms"):  # an encoder–decoder: the encoder's phase, speech's real-time factor
+        seconds = audio_seconds(prepared.load_case((case.batch_size, case.seq_len))[0])
+        details |= encoder_figures(generation["encoder_samples_ms"], answer["samples_ms"], seconds) | {
+            "encoder_samples_ms": generation["encoder_samples_ms"],
+            "audio_seconds": seconds,
+        }
     if not generation["tokens_stable"]:
         details["tokens_unstable"] = "the timed generations did not all give the warm-up's tokens"
     feeds, _ = prepared.load_case((case.batch_size, case.seq_len))  # the prompt the page's job carried
-    fields |= prepared.text_fields(feeds["input_ids"], generation["tokens"], details)
+    encoder_decoder = prepared.onnx_past_path is not None and seq2seq_files(prepared.onnx_past_path) is not None
+    if "input_ids" in feeds:  # speech has no prompt tokens
+        fields |= prepared.text_fields(feeds["input_ids"], generation["tokens"], details)
     if model is None or prepared.onnx_past_path is None:
         details["token_parity"] = "not checked: the page's graph is not at hand"
         return prepared.result(target, case, "ok", None, details=details, **extra, **fields)
-    status, error, parity_fields = _parity(generation, model, prepared.onnx_past_path, prompt_feeds(feeds),
+    prompt = prompt_feeds(feeds, encoder_decoder)
+    status, error, parity_fields = _parity(generation, model, prepared.onnx_past_path, prompt,
                                            extra.get("precision") or "fp32", details, case.depth or 0)  # fmt: skip
     return prepared.result(target, case, status, error, details=details, **parity_fields, **extra, **fields)
 

@@ -15,7 +15,7 @@ import os
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -23,7 +23,14 @@ from urllib.parse import urlsplit
 import numpy as np
 import psutil
 
-from harness.browser.generate import generate_job, generation_result, prompt_feeds, served_graph
+from harness.browser.generate import (
+    generate_job,
+    generation_result,
+    layout_files,
+    prompt_feeds,
+    seq2seq_layout,
+    served_graph,
+)
 from harness.core.failures import UNSUPPORTED_OPERATOR
 from harness.core.labels import BROWSER_ENGINE
 from harness.core.options import check, declared, option
@@ -457,21 +464,32 @@ def page_job(
     name = f"{_file_stem(prepared.spec.name)}-{case.precision}"
     stop = stop_rule(request)
     if case.mode == "generate":  # its own file name: the page keeps one session per URL
-        generate = generate_job(model, case, EPS[setting.ep].gpu_adapter, prepared.eos)
+        layout = seq2seq_layout(prepared.onnx_past_path, case.precision)
+        also = {} if layout is None else layout_files(f"{name}-past", layout[0])
+        gpu = EPS[setting.ep].gpu_adapter
+        # its URLs once the job's files are served
+        generate = partial(generate_job, model, case, gpu, layout, eos=prepared.eos)
         served = served_graph(model)  # the model itself, but for the faults hook's planted weight
-        return web_job(files, f"{name}-past", served, prompt_feeds(feeds), setting, stop, case.key, fault, generate)
+        return web_job(files, f"{name}-past", served, prompt_feeds(feeds, layout is not None), setting, stop,
+                       case.key, fault, generate, also)  # fmt: skip
     return web_job(files, name, model, feeds, setting, stop, case.key, fault)
 
 
 def web_job(files: Any, name: str, model: Path, feeds: dict[str, np.ndarray], setting: EpSetting, stop: StopRule,
-            case_key: str, fault: str | None = None, generate: GenerateJob | None = None) -> PageJob:  # fmt: skip
+            case_key: str, fault: str | None = None,
+            generate: GenerateJob | Callable[[dict[str, str]], GenerateJob] | None = None,
+            also: dict[str, Path] | None = None) -> PageJob:  # fmt: skip
     """A page job: the model file, its external data files and the input tensors served to the page, the
     EP setting and the stop rule. Each external file is an `externalData` entry whose path is its location
-    as the .onnx names it and whose data is its URL, which ORT-web fetches itself (streamed above 1 GB)."""
+    as the .onnx names it and whose data is its URL, which ORT-web fetches itself (streamed above 1 GB).
+    `also`: an encoder–decoder's other graphs, served beside the model; a `generate` given as a function is
+    called with their URLs."""
     arrays = {f"{name}.{i}.bin": np.ascontiguousarray(v) for i, v in enumerate(feeds.values())}
     external = {f"{name}.data{i}": location for i, location in enumerate(external_locations(model))}
     served = {f"{name}.onnx": model} | {k: model.parent / location for k, location in external.items()}
-    urls = files.set_job_files(served | {k: v.tobytes() for k, v in arrays.items()})
+    urls = files.set_job_files(served | (also or {}) | {k: v.tobytes() for k, v in arrays.items()})
+    if callable(generate):  # an encoder-decoder's part names its other graphs' URLs
+        generate = generate({key: urls[key] for key in also or {}})
     inputs = [
         PageInput(input_name, urls[key], str(array.dtype), list(array.shape))
         for input_name, (key, array) in zip(feeds, arrays.items(), strict=True)

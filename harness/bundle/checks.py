@@ -66,7 +66,8 @@ def _not_positive_list(column: str) -> str:
 
 LATENCIES = ("latency_mean_ms", "latency_p50_ms", "latency_p90_ms", "latency_p95_ms", "latency_p99_ms",
              "latency_min_ms", "latency_max_ms", "throughput_per_s", "ttft_ms", "tpot_ms", "tpot_p90_ms",
-             "tokens_per_s", "prefill_tokens_per_s", "decode_tokens_per_s")  # fmt: skip
+             "tokens_per_s", "prefill_tokens_per_s", "decode_tokens_per_s", "encoder_ms",
+             "real_time_factor")  # fmt: skip
 IDENTIFIERS = {
     "runs": ("run_id", "run_uuid", "machine_id", "machine_label"),
     "results": ("result_id", "run_id", "device"),

@@ -92,6 +92,10 @@ def generation_note(row: Result) -> list[str]:
     pp, tg = figures["prefill_tokens_per_s"], figures["decode_tokens_per_s"]
     text = f"TTFT {figures['ttft_ms']:.3g} ms, pp {pp:.0f}" if pp else f"TTFT {figures['ttft_ms']:.3g} ms"
     text += f", tg {tg:.1f} tokens/s" if tg else ""
+    if figures.get("encoder_ms") is not None:  # an encoder–decoder: its encoder's share of TTFT
+        text += f", encoder {figures['encoder_ms']:.3g} ms"
+    if figures.get("real_time_factor") is not None:
+        text += f", RTF {figures['real_time_factor']:.3g}x"
     matched = row.details.get("tokens_matched")
     return [text + (f", {matched}/{row.case.new_tokens} tokens = native ORT" if matched is not None else "")]
 

@@ -62,12 +62,31 @@ def generation_figures(batch: int, prompt_tokens: int | None, ttft_ms: Sequence[
     }
 
 
+def encoder_figures(encoder_ms: Sequence[float], samples_ms: Sequence[float],
+                    audio_seconds: float | None) -> dict[str, float | None]:  # fmt: skip
+    """An encoder–decoder generation's own figures: the encoder's run (median ms; it is inside TTFT, which
+    runs from the encoder's start to the first token's logits) and, for speech, the real-time factor: the
+    audio's seconds over the median generation's seconds (above 1: faster than real time). NULL where
+    nothing was measured."""
+    if not encoder_ms:
+        return {}
+    total = float(np.median(samples_ms)) if samples_ms else None
+    rtf = audio_seconds * 1000.0 / total if audio_seconds and total else None
+    return {"encoder_ms": float(np.median(encoder_ms)), "real_time_factor": rtf}
+
+
 def summarize_generation(result: Any) -> dict[str, float | None]:
     """The figures of a generate Result (its case gives the batch and the prompt length)."""
     if result.case.mode != "generate":
         return {}
-    return generation_figures(result.case.batch_size, result.case.seq_len, result.ttft_samples_ms,
-                              result.step_samples_ms)  # fmt: skip
+    details = result.details or {}
+    # speech has no prompt tokens: its case's sequence is the teacher-forced decoder's, which generation never reads
+    prompt = None if details.get("audio_seconds") else result.case.seq_len
+    figures = generation_figures(result.case.batch_size, prompt, result.ttft_samples_ms, result.step_samples_ms)
+    if not figures:
+        return figures
+    encoder = encoder_figures(details.get("encoder_samples_ms") or [], result.samples_ms, details.get("audio_seconds"))
+    return figures | {"encoder_ms": None, "real_time_factor": None} | encoder
 
 
 def step_curve(steps_ms: Sequence[Sequence[float]]) -> list[float]:

@@ -45,7 +45,15 @@ class ExportOutcome:
 # The modules whose code decides what an export and its cached inputs contain. Their source is part
 # of the cache key, so changing how the harness exports (or makes inputs) never reuses a file an
 # older harness wrote: a cache that outlived a bug fix once served TorchScript exports as current.
-EXPORT_CODE = ("export.py", "export_past.py", "workload.py", "weights.py", "inputs.py")
+EXPORT_CODE = (
+    "export.py",
+    "export_past.py",
+    "export_seq2seq.py",
+    "merged_decoder.py",
+    "workload.py",
+    "weights.py",
+    "inputs.py",
+)
 
 
 def _export_code_digest() -> str:

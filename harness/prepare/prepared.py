@@ -237,7 +237,7 @@ def _prepare_from_cache(job: PrepareJob, weights: Weights, case_dir: Path) -> Pr
     onnx = cached_export(export_dir(case_dir.name))  # an earlier run's plain export serves even when not needed
     if onnx is None and not job.plain:
         onnx = ExportOutcome(None, None, False, None, NOT_EXPORTED, None)
-    past = cached_export(export_dir(f"{case_dir.name}-past")) if job.with_past else None
+    past = _cached_past(job.spec, case_dir.name) if job.with_past else None
     if not facts_path.exists() or onnx is None or (job.with_past and past is None):
         return None
     facts = json.loads(facts_path.read_text())
@@ -281,15 +281,45 @@ def _build_and_prepare(job: PrepareJob, case_dir: Path) -> Iterator[Phase | Prep
     prepared = _prepared(job, weights, outcome, parameters, case_files, skipped)
     prepared.failed = failed
     if job.with_past:
-        from harness.prepare.export_past import export_with_past
-
-        yield Phase(spec.name, "exporting ONNX with past key/values")
-        past = export_with_past(spec, module.model, weights)
+        yield Phase(spec.name, "exporting ONNX for generation (with past key/values, or encoder and decoders)")
+        past = _export_past(
+            spec, module.model, weights, make_inputs(replace(spec, prompt=None), config, 2, example_seq)
+        )
         prepared.onnx_past_path, prepared.onnx_past_error = past.path, past.error
         prepared.export["past"] = _export_facts(past)
     facts = {"parameters": parameters, "max_sequence_length": limit}
     write_atomically(case_dir / MODEL_FACTS, lambda file: file.write(json.dumps(facts).encode()))  # for the next run
     yield prepared
+
+
+def _cached_past(spec: ModelSpec, key: str) -> ExportOutcome | None:
+    """An earlier run's export for generation: the graph with past, or an encoder–decoder's layout folder
+    (its first decoder step's file is the path, the encoder and later steps' decoder beside it)."""
+    from harness.prepare.export import cached_export, export_dir
+
+    if not spec.is_seq2seq:
+        return cached_export(export_dir(f"{key}-past"))
+    from harness.prepare.export_seq2seq import DECODER_FILE
+
+    decoder = cached_export(export_dir(f"{key}-{DECODER_FILE.removesuffix('.onnx').replace('_', '-')}"))
+    layout = export_dir(f"{key}-seq2seq") / DECODER_FILE
+    return replace(decoder, path=layout) if decoder is not None and layout.exists() else None
+
+
+def _export_past(spec: ModelSpec, model: Any, weights: Weights, feeds: dict[str, np.ndarray]) -> ExportOutcome:
+    """The export generation runs: the graph with past (decoder-only) or the encoder–decoder layout, whose
+    first decoder step's file stands for it (harness.prepare.seq2seq finds the rest beside it)."""
+    if not spec.is_seq2seq:
+        from harness.prepare.export_past import export_with_past
+
+        return export_with_past(spec, model, weights)
+    from harness.prepare.export import ExportOutcome
+    from harness.prepare.export_seq2seq import DECODER_FILE, export_seq2seq
+
+    made = export_seq2seq(spec, model, weights, feeds)
+    if made.folder is None:
+        return ExportOutcome(None, None, False, None, made.error, None)
+    return replace(made.outcomes[DECODER_FILE], path=made.folder / DECODER_FILE)
 
 
 def _prepared(
@@ -425,16 +455,21 @@ def _reference_generations(prepared: PreparedModel, new_tokens: int, depths: tup
     """Native ORT's greedy generation of every case (cached beside the case's inputs): the tokens, the
     top-1/top-2 margin at each step and the prefill logits the browser's generation is checked against."""
     from harness.prepare.greedy import reference_generation
+    from harness.prepare.seq2seq import reference_seq2seq, seq2seq_files
 
     assert prepared.onnx_past_path is not None
+    layout = seq2seq_files(prepared.onnx_past_path)  # an encoder-decoder's graphs, or None
     for (shape, case_file), depth in itertools.product(prepared.case_files.items(), depths):
         stop = "_eos" + "-".join(map(str, prepared.eos)) if prepared.eos else ""  # where the reference stopped
         deep = f"_d{depth}" if depth else ""
         path = case_file.with_name(f"{case_file.stem}_gen{new_tokens}{stop}{deep}.npz")
         if not path.exists():
             feeds, _ = prepared.load_case(shape)
-            prompt = {name: feeds[name] for name in ("input_ids", "attention_mask")}
-            made = reference_generation(prepared.onnx_past_path, prompt, new_tokens, prepared.eos, depth)
+            if layout is not None:  # an encoder-decoder: no depth, no EOS stop (both refused where it runs)
+                made = reference_seq2seq(layout, feeds, new_tokens)
+            else:
+                prompt = {name: feeds[name] for name in ("input_ids", "attention_mask")}
+                made = reference_generation(prepared.onnx_past_path, prompt, new_tokens, prepared.eos, depth)
             arrays = {"tokens": made.tokens, "margins": made.margins, "prefill_logits": made.prefill_logits}
             write_atomically(path, lambda file, arrays=arrays: np.savez(file, **arrays))
         prepared.generation_files[(shape, new_tokens, depth)] = path

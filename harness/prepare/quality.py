@@ -21,6 +21,7 @@ from harness.core.generation import StepTop, token_check
 from harness.core.records import UnsupportedError
 from harness.prepare.folders import file_precision, past_shape
 from harness.prepare.greedy import cpu_session, forced_logits
+from harness.prepare.seq2seq import forced_seq2seq, seq2seq_files
 from harness.prepare.variants import model_for_precision
 
 # the engine every generation's tokens are checked against, named on the row (token_reference)
@@ -34,7 +35,10 @@ def _session(graph: Path) -> Any:
 
 def forced(graph: Path, prompt: dict[str, np.ndarray], tokens: np.ndarray, depth: int = 0) -> np.ndarray:
     """Native ORT CPU's logits on `graph`, teacher-forced on the prompt then `tokens` (greedy.forced_logits),
-    after a KV cache filled to `depth`."""
+    after a KV cache filled to `depth`; an encoder–decoder's first decoder step: its layout's loop, the prompt
+    its encoder's inputs (harness.prepare.seq2seq.forced_seq2seq)."""
+    if (layout := seq2seq_files(graph)) is not None:
+        return forced_seq2seq(layout, prompt, tokens)
     return forced_logits(_session(graph), prompt, tokens, past_shape(graph), depth)
 
 
@@ -69,7 +73,7 @@ def _sequence_logits(graph: Path, prompt: dict[str, np.ndarray], ids: np.ndarray
     """Logits at every position of the prompt and the generated tokens but the last, whatever positions the
     graph's prefill returns: the first token as a prefill, every later one as a step (a padded prompt: the
     prompt as the prefill; after a filled KV cache: the prompt as the prefill after it)."""
-    if depth or not np.all(prompt["attention_mask"] == 1):
+    if depth or seq2seq_files(graph) is not None or not np.all(prompt["attention_mask"] == 1):
         return forced(graph, prompt, ids, depth)
     sequence = np.concatenate([prompt["input_ids"], ids], axis=1).astype(np.int64)
     first = {"input_ids": sequence[:, :1], "attention_mask": np.ones_like(sequence[:, :1])}

@@ -31,6 +31,7 @@ INPUT_KINDS = (
     "onnx-signature",
 )
 NO_SEQUENCE_KINDS = ("vision", "audio")  # kinds whose inputs have no token axis
+SEQ2SEQ_KINDS = ("seq2seq", "audio-features")  # the encoder–decoder kinds that generate on ONNX Runtime
 VARIANTS = ("base", "tiny")
 
 
@@ -109,9 +110,15 @@ class ModelSpec:
 
     @property
     def has_past_export(self) -> bool:
-        """Decoder-only LMs (GPT-2, LLaMA, Qwen2): they get an ONNX export with past key/values,
-        so ONNX Runtime can generate with a KV-cache loop (harness.prepare.export_past)."""
-        return not self.is_onnx_file and self.architecture.endswith(("LMHeadModel", "ForCausalLM"))
+        """Decoder-only LMs (GPT-2, LLaMA, Qwen2) get an ONNX export with past key/values, encoder–decoders
+        (T5, Whisper) an encoder and decoders with both caches: ONNX Runtime generates with a KV-cache loop
+        (harness.prepare.export_past, harness.prepare.export_seq2seq)."""
+        return not self.is_onnx_file and (self.architecture.endswith(("LMHeadModel", "ForCausalLM")) or self.is_seq2seq)
+
+    @property
+    def is_seq2seq(self) -> bool:
+        """An encoder–decoder with an LM head whose encoder reads tokens (T5) or log-mel features (Whisper)."""
+        return self.architecture.endswith("ForConditionalGeneration") and self.inputs.kind in SEQ2SEQ_KINDS
 
     @property
     def context_length(self) -> int | None:

@@ -131,6 +131,7 @@ MODE_SECTIONS = {
             ("tokens checked on", "token_reference", None),
             ("tg GB/s", "achieved_gbps", 3),  # bytes per decode token x tg tokens/s (docs/measurement.md)
             ("of bandwidth ceiling", "bandwidth_fraction", 3),
+            ("encoder p50 ms", "encoder_ms", 3),
         ],
     ),
     "training": (
@@ -142,6 +143,10 @@ MODE_SECTIONS = {
         ],
     ),
 }
+
+
+# columns only some models measure (an encoder–decoder's encoder): shown where a row of the table has one
+WHERE_MEASURED = ("encoder_ms",)
 
 
 def _target(row: dict[str, Any]) -> str:
@@ -157,6 +162,7 @@ def _mode_sections(results: list[dict[str, Any]]) -> list[str]:
         rows = [r for r in results if r.get("mode") == mode]
         if not rows:
             continue
+        columns = [c for c in columns if c[1] not in WHERE_MEASURED or any(r.get(c[1]) is not None for r in rows)]
         texts = TEXT_COLUMNS if mode == "generate" else ()  # the EOS policy, prompt and output text
         header = ["Model", "Target", "Case", *(name for name, _, _ in columns), "status", *(n for n, _ in texts)]
         cells = [
@@ -165,7 +171,35 @@ def _mode_sections(results: list[dict[str, Any]]) -> list[str]:
             for r in rows
         ]  # fmt: skip
         lines += [f"### {title}", "", *_table(header, cells), ""]
-    return lines
+    return lines + _speech_section(results)
+
+
+SPEECH_COLUMNS = [("audio s", None, 1), ("encoder p50 ms", "encoder_ms", 3), ("TTFT p50 ms", "ttft_ms", 3),
+                  (DECODE_RATE, "decode_tokens_per_s", 1), ("e2e p50 ms", "latency_p50_ms", 3),
+                  ("real-time factor", "real_time_factor", 1)]  # fmt: skip
+
+
+def _speech_section(results: list[dict[str, Any]]) -> list[str]:
+    """Speech-to-text per target: the real-time factor (audio seconds over processing seconds, above 1 faster
+    than real time) beside the phases it comes from."""
+    rows = [r for r in results if r.get("real_time_factor") is not None]
+    if not rows:
+        return []
+    header = ["Model", "Target", "Case", *(name for name, _, _ in SPEECH_COLUMNS), "status"]
+    cells = [[r["model"], target_label(r), case_label(r), _fmt(_details(r).get("audio_seconds"), 1),
+              *(_fmt(r.get(f), d) for _, f, d in SPEECH_COLUMNS[1:]), r["status"]] for r in rows]  # fmt: skip
+    title = "### Speech (audio seconds ÷ processing seconds: the real-time factor; above 1 is faster than real time)"
+    return [title, "", *_table(header, cells), ""]
+
+
+def _details(row: dict[str, Any]) -> dict[str, Any]:
+    details = row.get("details")
+    if isinstance(details, str):
+        try:
+            details = json.loads(details)
+        except ValueError:
+            return {}
+    return details if isinstance(details, dict) else {}
 
 
 def write_markdown(report: RunReport, path: Path) -> None:

@@ -24,7 +24,8 @@ NO_CURVE = "No decode steps to draw (one token, or no measured row)."
 COLUMNS = (("TTFT p50 ms", "ttft_ms", 3), (PREFILL_RATE, "prefill_tokens_per_s", 1),
            (DECODE_RATE, "decode_tokens_per_s", 1), ("TPOT p50 ms", "tpot_ms", 3), ("TPOT p90 ms", "tpot_p90_ms", 3),
            ("e2e p50 ms", "latency_p50_ms", 3), ("top-1 agreement vs fp32", "agreement_top1", 3),
-           ("KL vs fp32", "kl_mean", 4))  # fmt: skip
+           ("KL vs fp32", "kl_mean", 4), ("encoder p50 ms", "encoder_ms", 3),
+           ("real-time factor", "real_time_factor", 1))  # fmt: skip
 
 
 def _fmt(value: float | None, digits: int) -> str:

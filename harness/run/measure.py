@@ -105,6 +105,7 @@ class Measurement:
     tpot_samples_ms: list[float] = field(default_factory=list)
     step_samples_ms: list[list[float]] = field(default_factory=list)  # generate: each generation's decode steps
     generated_tokens: list[list[int]] | None = None  # generate: the first generation's token ids
+    encoder_samples_ms: list[float] = field(default_factory=list)  # generate, encoder–decoders: the encoder's run
     profile: Profile | None = None  # per-operator times, taken after the timed loop
     profile_error: str | None = None  # why a profile asked for is missing
 
@@ -195,6 +196,7 @@ def measure_generation(
     ttft: list[float] = []
     steps: list[list[float]] = []
     tokens: list[list[int]] | None = None
+    encoded: list[float] = []
 
     def one_generation(record: bool) -> float:
         stamps: list[int] = []
@@ -215,6 +217,8 @@ def measure_generation(
         if record:
             ttft.append((stamps[0] - started[0]) / 1e6)
             steps.append(decode_steps(stamps))
+            if (encoder_ms := getattr(session, "encoder_ms", None)) is not None:  # an encoder–decoder's phase
+                encoded.append(encoder_ms)
         return total_ms
 
     def body() -> tuple[float, list[float], Any, Budget]:
@@ -229,6 +233,7 @@ def measure_generation(
     measured = _observe(session, rss, body)
     measured.ttft_samples_ms, measured.step_samples_ms = ttft, steps
     measured.tpot_samples_ms, measured.generated_tokens = mean_steps(steps), tokens
+    measured.encoder_samples_ms = encoded
     return measured
 
 

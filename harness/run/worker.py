@@ -23,6 +23,7 @@ import numpy as np
 
 from harness.core.failures import classify
 from harness.core.faults import injected_faults
+from harness.core.generation import encoder_figures
 from harness.core.parity import compare
 from harness.core.records import Case, Ceiling, Control, Result, Target, UnsupportedError
 from harness.core.threads import split_threads
@@ -30,6 +31,7 @@ from harness.native import capabilities
 from harness.prepare.cache import remove_stale_staging
 from harness.prepare.graph_work import GraphWork, count_graph
 from harness.prepare.prepared import Phase, PreparedModel, PrepareJob, needs_torch, prepare_steps
+from harness.prepare.seq2seq import audio_seconds
 from harness.run.ceilings import Calibration, measure_ceilings, row_work
 from harness.run.control import ControlProbe, control_positions
 from harness.run.isolation import Outcome, run_isolated, start_method
@@ -78,7 +80,11 @@ def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: Pea
         **measured.budget,  # max_time_s, warmup_run, budget_stopped
     }
     details |= load.pop("details")
-    if case.mode == "generate":
+    if measured.encoder_samples_ms:  # an encoder–decoder: its encoder's phase and, for speech, the real-time factor
+        figures = encoder_figures(measured.encoder_samples_ms, measured.samples_ms, audio_seconds(feeds))
+        details |= figures | {"encoder_samples_ms": measured.encoder_samples_ms, "audio_seconds": audio_seconds(feeds)}
+    text: dict[str, Any] = {}
+    if case.mode == "generate" and "input_ids" in feeds:  # speech has no prompt tokens
         text = job.prepared.text_fields(feeds["input_ids"], measured.generated_tokens, details)
     operators = []
     if job.measure.profile_iterations > 0:

@@ -81,7 +81,7 @@ function halfToFloat(h) {
 }
 
 // The last position's logits of one row: a view into the output, no copy (the decode step's clock runs).
-function lastRow(logits, row) {
+export function lastRow(logits, row) {
   const [, positionsKept, vocab] = logits.dims;
   const start = (row * positionsKept + positionsKept - 1) * vocab;
   return logits.data.subarray(start, start + vocab);
@@ -91,7 +91,7 @@ function lastRow(logits, row) {
 // it has one (onnxruntime-common picks): only raw halves are decoded (a copy); numbers are read in place.
 const asNumbers = (values) => (values instanceof Uint16Array ? Float32Array.from(values, halfToFloat) : values);
 
-function argmax(values) {
+export function argmax(values) {
   const numbers = asNumbers(values);
   let best = 0;
   for (let i = 1; i < numbers.length; i++) if (numbers[i] > numbers[best]) best = i;
@@ -99,7 +99,7 @@ function argmax(values) {
 }
 
 // The prefill's last-position logits of every row as numbers, for the parity check (the warm-up's only).
-function prefillLogits(logits, batch) {
+export function prefillLogits(logits, batch) {
   const rows = Array.from({ length: batch }, (_, row) => Array.from(asNumbers(lastRow(logits, row))));
   return { dims: [batch, 1, rows[0].length], values: rows.flat() };
 }
@@ -107,7 +107,7 @@ function prefillLogits(logits, batch) {
 // The k largest logits of one row's last position, best first, as [ids, values] (null for a non-finite value):
 // what the harness checks this step against native ONNX Runtime's (harness.core.generation.token_check).
 // A pass over the vocabulary keeping k, for the warm-up only.
-function topK(values, k) {
+export function topK(values, k) {
   const numbers = asNumbers(values);
   const rank = (i) => (Number.isNaN(numbers[i]) ? Infinity : numbers[i]); // a NaN is kept: the check must see it
   const ids = [];
@@ -121,7 +121,7 @@ function topK(values, k) {
   return [ids, ids.map((i) => (Number.isFinite(numbers[i]) ? numbers[i] : null))];
 }
 
-function disposeAll(feeds, names) {
+export function disposeAll(feeds, names) {
   for (const name of names) feeds[name]?.dispose();
 }
 
@@ -235,17 +235,20 @@ function sameTokens(a, b) {
 // under the usual stop rule (stop.mjs, as runner.mjs's measure): the count and the duration met, capped by
 // max_iterations, stopped by the budget but never below min_iterations. hooks: {fault(step), memory(),
 // loopMark(mark)} from runner.mjs. The page's memory is measured after the warm-up and after the repeats.
-export async function measureGeneration(ort, session, inputs, job, hooks) {
+// once(hook, keepLogits): one generation; an encoder-decoder's (seq2seq.mjs) also says its encoder_ms.
+export async function measureGeneration(ort, session, inputs, job, hooks, once = null) {
   const prompt = { ids: inputs.input_ids, mask: inputs.attention_mask };
-  if (!prompt.ids || !prompt.mask) throw new Error('a generate job needs input_ids and attention_mask');
-  const fill = job.depth > 0 ? await filled(ort, session, prompt, job) : null; // untimed, before the budget too
+  if (!once && (!prompt.ids || !prompt.mask)) throw new Error('a generate job needs input_ids and attention_mask');
+  const fill = !once && job.depth > 0 ? await filled(ort, session, prompt, job) : null; // untimed, before the budget
+  const generate = once ?? ((hook, keepLogits) => generateOnce(ort, session, prompt, job, hook, keepLogits, fill));
   const t0 = performance.now();
   const deadline = job.max_time_ms == null ? Infinity : t0 + job.max_time_ms;
-  const first = await generateOnce(ort, session, prompt, job, null, true, fill);
+  const first = await generate(null, true);
   const memory_before = await hooks.memory();
   const samples = [];
   const ttft = [];
   const steps = [];
+  const encoder = [];
   let tokens_stable = true;
   await hooks.loopMark('start');
   const stop = loopStop(job, deadline);
@@ -258,8 +261,9 @@ export async function measureGeneration(ort, session, inputs, job, hooks) {
       break;
     }
     const hook = n === 0 ? (step) => (step === 1 ? hooks.fault() : null) : null;
-    const one = await generateOnce(ort, session, prompt, job, hook, false, fill);
+    const one = await generate(hook, false);
     samples.push(one.total_ms);
+    if (one.encoder_ms != null) encoder.push(one.encoder_ms);
     ttft.push(one.ttft_ms);
     steps.push(one.steps);
     tokens_stable &&= sameTokens(one.tokens, first.tokens);
@@ -280,6 +284,7 @@ export async function measureGeneration(ort, session, inputs, job, hooks) {
       memory_before,
       memory_after,
       warmup_generations: 1,
+      ...(job.seq2seq && { encoder_samples_ms: encoder }),
     },
     budget: { max_time_s: job.max_time_ms == null ? null : job.max_time_ms / 1000, warmup_run: 1, budget_stopped: loop_stopped },
   };

@@ -3,6 +3,7 @@
 // Everything timed is timed here with performance.now(); Python only sends jobs and reads answers.
 
 import { measureGeneration } from './generate.mjs';
+import { seq2seqOnce } from './seq2seq.mjs';
 import { loopStop } from './stop.mjs';
 
 const ORT_BASE = new URL('../ort/', import.meta.url).href;
@@ -612,7 +613,8 @@ export async function runJob(job) {
 // A generate job (web/page/generate.mjs): the fault hook fires mid-generation, in the first timed one.
 async function generateJob(job, rt, entry, feeds, facts) {
   const hooks = { fault: () => injectFault(job.fault), memory: pageMemory, loopMark };
-  const measured = await measureGeneration(ort, entry.session, feeds, job, hooks);
+  const once = job.seq2seq ? seq2seqOnce(ort, await seq2seqSessions(job, rt, entry), feeds, job) : null;
+  const measured = await measureGeneration(ort, entry.session, feeds, job, hooks, once);
   Object.assign(facts, await runtimeFacts(job, rt), measured.budget, {
     fetch_ms: entry.fetch_ms,
     input_names: entry.session.inputNames,
@@ -625,6 +627,16 @@ async function generateJob(job, rt, entry, feeds, facts) {
   facts.console_warnings = consoleWarnings();
   const { samples: samples_ms, first_run_ms, generation } = measured;
   return { status: 'ok', samples_ms, first_run_ms, load_ms: entry.load_ms, generation, facts };
+}
+
+// An encoder-decoder's other graphs (job.seq2seq): the encoder and the later steps' decoder (a merged decoder's
+// is the job's own session), each one session per URL like the job's model, with its own output locations.
+async function seq2seqSessions(job, rt, entry) {
+  const { encoder_url, decoder_past_url, decoder_past_options } = job.seq2seq;
+  const other = (url, options) => getSession({ ...job, model_url: url, external_data: [], session_options: options }, rt);
+  const encoder = (await other(encoder_url, undefined)).session;
+  const decoderPast = decoder_past_url ? (await other(decoder_past_url, decoder_past_options)).session : entry.session;
+  return { encoder, decoder: entry.session, decoderPast };
 }
 
 // Whether a WebNN context of this device type can be made here (and the browser's words if not).
