@@ -88,6 +88,7 @@ def probe_machine(engines: tuple[str, ...]) -> Iterator[MachineProbe]:
 _probed: dict[str, list[tuple[Target, Availability]]] = {}  # engine → its probed targets, in this process
 _discovered: dict[str, list[dict]] = {}  # engine → the devices its own discovery reported, where it has one
 _gpu_names_found: list[list[str]] = []  # the GPU names, once a probe asked torch for them
+_discovered: dict[str, list[dict]] = {}  # engine → the devices its own discovery reported, in this process
 _PROBE_LOCK = threading.Lock()  # device-group threads plan concurrently: each engine is probed once
 
 
@@ -121,7 +122,7 @@ def machine_probe(engines: tuple[str, ...] = ENGINES) -> MachineProbe:
     Only the engines asked for are probed: a run without torch starts no torch fork server."""
     _probe(engines)
     gpus = _gpu_names_found[0] if _gpu_names_found else None
-    discovered = {e: _discovered[e] for e in engines if e in _discovered}
+    discovered = {e: _discovered[e] for e in engines if e in _discovered}  # `hardware` lists them
     return MachineProbe({e: _probed[e] for e in engines}, gpus, discovered)
 
 
