@@ -55,7 +55,8 @@ def main() -> None:
                "--min-duration", "0", "--timeout", "1800", "--db", str(db), "--output-dir", str(args.out)]  # fmt: skip
     subprocess.run(command, check=True)
     connection = duckdb.connect(str(db), read_only=True)
-    print(f"SmolLM2-135M config, random weights: {parameters / 1e6:.0f} M parameters; b1, prompt 32, tg16")
+    shape = "a smoke Llama" if args.smoke else "SmolLM2-135M's config"
+    print(f"{shape}, random weights: {parameters / 1e6:.2f} M parameters; b1, prompt 32, tg16")
     for row in connection.execute(
         "SELECT hardware, provider, kind, precision, value, spread, error FROM ceilings ORDER BY hardware, kind"
     ).fetchall():
@@ -68,7 +69,7 @@ def main() -> None:
     ).fetchall()
     for hardware, provider, precision, depth, status, tg, moved, gbps, fraction, details in rows:
         weights = json.loads(details).get("weight_bytes", {})
-        by_type = ", ".join(f"{kind} {size / 2**20:.0f} MiB" for kind, size in sorted(weights.items()) if size > 2**20)
+        by_type = ", ".join(f"{kind} {size / 2**20:.2f} MiB" for kind, size in sorted(weights.items()) if size > 2**10)
         if status != "ok" or tg is None:
             print(f"  {hardware}/{provider} {precision} d{depth}: {status}")
             continue
