@@ -111,8 +111,9 @@ def checked_generation(prepared: PreparedModel, result: Result | Control) -> Res
         return replace(result, details=result.details | {"token_parity": why})
     try:
         graph = model_for_precision(source, result.precision)[0]
+        # the prompt, or an encoder-decoder's encoder inputs (speech: its log-mel features)
         prompt = {k: v for k, v in prepared.load_case((result.case.batch_size, result.case.seq_len))[0].items()
-                  if k in ("input_ids", "attention_mask")}  # fmt: skip
+                  if k in ("input_ids", "attention_mask", "input_features")}  # fmt: skip
         agree, facts, _ = check_generation(
             graph, source, prompt, result.generated_tokens, result.precision, "native", depth=result.case.depth or 0
         )
