@@ -88,7 +88,6 @@ def probe_machine(engines: tuple[str, ...]) -> Iterator[MachineProbe]:
 _probed: dict[str, list[tuple[Target, Availability]]] = {}  # engine → its probed targets, in this process
 _discovered: dict[str, list[dict]] = {}  # engine → the devices its own discovery reported, where it has one
 _gpu_names_found: list[list[str]] = []  # the GPU names, once a probe asked torch for them
-_discovered: dict[str, list[dict]] = {}  # engine → the devices its own discovery reported, in this process
 _PROBE_LOCK = threading.Lock()  # device-group threads plan concurrently: each engine is probed once
 
 
