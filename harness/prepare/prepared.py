@@ -281,7 +281,8 @@ def _build_and_prepare(job: PrepareJob, case_dir: Path) -> Iterator[Phase | Prep
     prepared = _prepared(job, weights, outcome, parameters, case_files, skipped)
     prepared.failed = failed
     if job.with_past:
-        yield Phase(spec.name, "exporting ONNX for generation (with past key/values, or encoder and decoders)")
+        layout = "encoder and decoders" if spec.is_seq2seq else "with past key/values"
+        yield Phase(spec.name, f"exporting ONNX {layout}")
         past = _export_past(
             spec, module.model, weights, make_inputs(replace(spec, prompt=None), config, 2, example_seq)
         )
