@@ -18,6 +18,8 @@ import pytest
 # ones hit the cache. Exports are renamed into place, so two workers exporting at once is safe.
 os.environ.setdefault("ACCELHARNESS_CACHE_DIR", tempfile.mkdtemp(prefix="accelharness-test-cache-"))
 os.environ.pop("ACCELHARNESS_INJECT_FAULT", None)
+# Ceilings (harness.run.ceilings) only where a test reads them: test_roofline.py turns them back on.
+os.environ["ACCELHARNESS_NO_CEILINGS"] = "1"
 # A shell without job control starts a background job (`make test &` in a script) with SIGINT
 # ignored, and every process it starts inherits that: the Ctrl-C tests would send SIGINTs that no
 # process hears, and wait out their timeouts. A handler, unlike "ignored", is not inherited across

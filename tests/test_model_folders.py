@@ -214,6 +214,9 @@ def test_onnxruntime_genai_generates_the_folder_with_its_own_kv_handling(genai_f
         genai["generated_tokens"] == ort["generated_tokens"] and len(json.loads(genai["generated_tokens"])[0]) == TOKENS
     )
     assert genai["ttft_ms"] > 0 and genai["details"]["model_file"] == "model.onnx"
+    # checked on the same graph: native ORT CPU teacher-forced on its tokens; no fp32 graph, so no quality
+    assert genai["tokens_matched"] == TOKENS and genai["token_reference"].endswith(f"{genai_folder.name}/model.onnx")
+    assert genai["agreement_top1"] is None and genai["details"]["quality"] == "not measured: no fp32 graph at hand"
     refused = rows["onnxruntime-genai", "fp16"]
     assert refused["status"] == "unsupported" and "a q4 graph; --precision q4 runs it" in refused["error"]
 

@@ -293,8 +293,9 @@ def test_markdown_keeps_generation_and_training_in_their_own_tables() -> None:
     training = base | dict(mode="training", latency_p50_ms=3.0, throughput_per_s=10.0)
     lines = _mode_sections([generate, training, base | {"mode": "inference"}])
     generated = "| gpt2-tiny | cpu/torch | b1 s32 gen8 | 1.234 | 25920.8 | 2000.0 | 0.500 | 0.600 | 5.000 | — |"
-    generated += " — | — | ok | — | — | — |"
-    assert generated in lines  # GB/s and its fraction, EOS policy, prompt and text: not stored (an older row)
+    generated += " — | — | — | — | — | ok | — | — | — |"
+    # agreement, KL, the tokens' reference, GB/s and its fraction, EOS, prompt, text: not stored (an older row)
+    assert generated in lines
     assert "| gpt2-tiny | cpu/torch | b1 s32 training | 3.000 | 10.0 | 500 | ok |" in lines
     assert [line for line in lines if line.startswith("###")] == [
         "### Generation (time to first token, then prefill (pp) and decode (tg) rates, never mixed)",

@@ -17,7 +17,7 @@ from harness.analysis.browser_cost import browser_cost_table, browser_costs
 from harness.analysis.compare import compare_runs, render
 from harness.browser.both import run_both
 from harness.browser.run import WebRequest
-from harness.core.labels import marks
+from harness.core.labels import case_label, marks
 from harness.run.plan import BenchmarkRequest
 
 pytestmark = pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="needs Chromium at /usr/bin/chromium")
@@ -84,7 +84,8 @@ def test_the_report_gives_the_browser_cost_on_the_same_adapter(side_by_side: Any
     assert unpaired == [] and len(paired) == 1  # the page ran llama-tiny's generation only
     (cost,) = paired
     assert cost.same == "adapter google swiftshader 0xc0de" and "WebGPU EP kernels" in cost.kernels
-    assert cost.case == f"b1 s8 gen{TOKENS}" and cost.pair.startswith("webgpu/onnxruntime-web:webgpu ↔ ")
+    assert cost.case == case_label(_row(rows, "llama-tiny", "onnxruntime", "generate"))  # the generation's case
+    assert cost.pair.startswith("webgpu/onnxruntime-web:webgpu ↔ webgpu/onnxruntime:WebGpuExecutionProvider")
     for ratio in (cost.latency_ratio, cost.ttft_ratio, cost.decode_ratio):  # measured on both sides
         assert ratio is not None and ratio > 0
     markdown = (reports / f"{rows[0]['run_id']}.md").read_text()
@@ -126,7 +127,8 @@ def test_a_pair_on_another_adapter_or_thread_count_is_refused() -> None:
     assert browser_costs(threads)[0] == [] and "different thread counts" in browser_costs(threads)[1][0].why
     unknown = _pair_rows(wasm | {"details": {"threads_effective": 1}}, cpu | {"details": {}})
     assert "not recorded" in browser_costs(unknown)[1][0].why
-    paired = _pair_rows(wasm | {"details": {"threads_effective": 1}}, cpu | {"native_threads": 1, "details": {}})
+    threaded = {"provider": "CPUExecutionProvider:threads=1", "native_threads": 1, "details": {}}  # --native-threads 1
+    paired = _pair_rows(wasm | {"details": {"threads_effective": 1}}, cpu | threaded)
     table = browser_cost_table(paired)
     assert table is not None and table.rows[0]["same"] == "1 thread" and table.rows[0]["latency page÷native"] == "2.00x"
 

@@ -4,6 +4,7 @@ and out through the model folder's tokenizer, and the EOS policy a row states.""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -77,29 +78,34 @@ def test_a_prompt_is_tokenized_with_the_folder_s_tokenizer_and_its_chat_template
 
 def test_a_prompt_that_cannot_be_made_is_refused_before_a_run(tmp_path: Path) -> None:
     """--prompt without a tokenizer, ids outside the vocabulary, --chat alone, a prompt for a model without token
-    inputs, a folder's tokenizer linked out of it, its EOS config unreadable: exit 2, the reason, no store."""
-    db = tmp_path / "r.duckdb"
-    refused = [
-        (("--model", "llama-tiny", "--prompt", "hello"), "--prompt needs the model folder's tokenizer.json"),
-        (("--model", "llama-tiny", "--prompt-ids", "5,1000"), "1000 is outside llama-tiny's vocabulary (ids 0 to 999)"),
-        (("--model", "llama-tiny", "--prompt-ids", "5,x"), "--prompt-ids takes comma-separated token ids"),
-        (("--model", "llama-tiny", "--chat"), "--chat applies the folder's chat template to --prompt's text"),
-        (("--model", "vit-tiny", "--prompt-ids", "5"), "vit-tiny takes no token ids (vision inputs)"),
-    ]
+    inputs, a folder's tokenizer linked out of it, its EOS config unreadable: refused with the reason when the
+    request is checked; through the CLI (two of them), exit 2 and no store."""
+    from harness.core.options import RequestError
+    from harness.run.plan import BenchmarkRequest, validate
+
     hostile = tmp_path / "hostile"  # a folder from elsewhere: its tokenizer a link out of it, its configs broken
     hostile.mkdir()
     (hostile / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 128}))
     (hostile / "tokenizer.json").symlink_to(tmp_path / "elsewhere.json")
     (tmp_path / "elsewhere.json").write_text("{}")
     (hostile / "generation_config.json").write_text('{"eos_token_id": ')
-    refused += [
-        (("--model-path", str(hostile), "--prompt", "t1"), "resolves to " + str(tmp_path / "elsewhere.json")),
-        (("--model-path", str(hostile), "--stop-at-eos"), "generation_config.json in " + str(hostile) + " is not JSON"),
+    tiny, path = {"models": ["llama-tiny"]}, {"model_path": hostile}
+    refused = [
+        (tiny | {"prompt": "hello"}, "--prompt needs the model folder's tokenizer.json"),
+        (tiny | {"prompt_ids": ["5", "1000"]}, "1000 is outside llama-tiny's vocabulary (ids 0 to 999)"),
+        (tiny | {"prompt_ids": ["5", "x"]}, "--prompt-ids takes comma-separated token ids"),
+        (tiny | {"chat": True}, "--chat applies the folder's chat template to --prompt's text"),
+        ({"models": ["vit-tiny"], "prompt_ids": [5]}, "vit-tiny takes no token ids (vision inputs)"),
+        (path | {"prompt": "t1"}, "resolves to " + str(tmp_path / "elsewhere.json")),
+        (path | {"stop_at_eos": True}, "generation_config.json in " + str(hostile) + " is not JSON"),
     ]
     for given, message in refused:
+        with pytest.raises(RequestError, match=re.escape(message)):
+            validate(BenchmarkRequest(hardware=["cpu"], modes=["generate"], db_path=tmp_path / "r.duckdb", **given))
+    db = tmp_path / "r.duckdb"
+    for given in (("--model", "llama-tiny", "--prompt", "hello"), ("--model-path", str(hostile), "--prompt", "t1")):
         done = run_cli("native", "--mode", "generate", *given, "--db", str(db))
-        assert done.returncode == 2 and message in done.stderr, done.stderr[-500:]
-        assert "Traceback" not in done.stderr
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-500:]
     assert not db.exists()
 
 
@@ -111,7 +117,8 @@ def test_the_generation_tables_state_the_policy_and_escape_the_model_s_text() ->
     row = dict(model="m", hardware="cpu", engine="onnxruntime", provider="CPUExecutionProvider", batch_size=1,
                seq_len=3, requested_precision="fp32", precision="fp32", new_tokens=4, status="ok", mode="generate",
                prompt_ids="[[5, 6, 7]]", stop_at_eos=False, tokens_matched=None, ttft_ms=1.0, prefill_tokens_per_s=3.0,
-               decode_tokens_per_s=3.0, tpot_ms=1.0, tpot_p90_ms=1.0, latency_p50_ms=4.0)  # fmt: skip
+               decode_tokens_per_s=3.0, tpot_ms=1.0, tpot_p90_ms=1.0, latency_p50_ms=4.0, agreement_top1=None,
+               kl_mean=None, token_reference=None)  # fmt: skip
     hostile = "<script>alert(1)</script> | =cmd" + "x" * SHOWN_CHARS
     html = _table([row | {"output_text": hostile}])
     assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html

@@ -67,6 +67,19 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, Path]
     return db, run_id, run_reports
 
 
+# Where each table sits on the page: whether it scrolls inside its own box, whether it fits the page's main
+# column, and whether its last header cell (the results table's flags) is inside what its box shows.
+TABLE_FIT = """els => els.map(t => {
+  const box = t.parentElement.classList.contains('table-scroll') ? t.parentElement : t;
+  const main = document.querySelector('main').getBoundingClientRect();
+  const last = t.querySelector('tr > th:last-child');
+  return {cls: t.className, scrolls: box !== t && getComputedStyle(box).overflowX === 'auto',
+          fits: box.getBoundingClientRect().right <= main.right + 0.5,
+          last: last ? last.innerText : '',
+          shown: !last || last.getBoundingClientRect().right <= box.getBoundingClientRect().right + 0.5};
+})"""
+
+
 def open_page(html: Path, screenshot: Path) -> dict[str, Any]:
     """Load the file in headless Chromium; return what the test checks, and save a full-page screenshot."""
     from playwright.sync_api import sync_playwright
@@ -99,6 +112,7 @@ def open_page(html: Path, screenshot: Path) -> dict[str, Any]:
                 seen[name] = found.count() > 0 and found.first.is_visible()
                 seen[f"{name}_text"] = " | ".join(found.all_inner_texts())
             seen["omitted"] = page.locator(".omitted").all_inner_texts()
+            seen["tables"] = page.locator("table").evaluate_all(TABLE_FIT)
             seen["error_rows"] = page.locator("tr.error-row").all_inner_texts()
             page.screenshot(path=str(screenshot), full_page=True)
         finally:
@@ -140,6 +154,11 @@ def test_html_report_is_self_contained_plotted_and_marked(measured: tuple[Path, 
     assert seen["error"] and any("NOT_IMPLEMENTED" in row for row in seen["error_rows"])
     assert seen["ep_fallback_cell"] and seen["unsupported_op_cell"] and seen["mismatch_cell"]
     assert screenshot.stat().st_size > 100_000
+    # every table fits the page (a wide one scrolls inside its own box); the results' flags column is shown
+    assert all(table["fits"] for table in seen["tables"]), [t for t in seen["tables"] if not t["fits"]]
+    results = [table for table in seen["tables"] if table["cls"] == "results"]
+    assert results and all(table["scrolls"] for table in results)
+    assert all(table["shown"] for table in results if table["last"] == "flags"), results
 
 
 def test_markdown_links_the_plot_pngs(measured: tuple[Path, str, Path], tmp_path: Path) -> None:
@@ -190,3 +209,25 @@ def test_a_run_without_measurements_gets_notes_not_empty_plots(tmp_path: Path) -
     page = html.read_text()
     assert "<figure" not in page and "<svg" not in page
     assert page.count('class="omitted"') == len(PLOT_KEYS) and "not drawn — no result has timings" in page
+
+
+def test_a_generate_only_run_gets_its_plots(tmp_path: Path) -> None:
+    """A run with generate results only draws TTFT and the decode rate per model and case (issue 32, item 7),
+    not the inference plots' notes that the run has no results."""
+    db = tmp_path / "generate.duckdb"
+    steps = [[2.5, 2.6, 2.4]] * 3
+    with open_store(db) as store:
+        run_id = store.start_run("native", {}, {})
+        for target in (Target("cpu", "onnxruntime", "CPUExecutionProvider"), Target("wasm", "onnxruntime-web", "wasm")):
+            row = Result("gpt2-tiny", "text_generation", "random", target, Case(1, 8, "fp32", "generate", 4), "ok",
+                         samples_ms=[10.0, 11.0, 10.5], ttft_samples_ms=[2.0, 2.1, 2.05], step_samples_ms=steps,
+                         tpot_samples_ms=[2.5] * 3, generated_tokens=[[1, 2, 3, 4]])  # fmt: skip
+            store.add_result(run_id, row, None)
+        store.finish_run(run_id, "completed")
+    html = tmp_path / "generate.html"
+    done = run_cli("report", "--db", str(db), "--format", "html", "--out", str(html))
+    assert done.returncode == 0, done.stderr
+    page = html.read_text()
+    assert "the run has no results" not in page and 'class="omitted"' not in page
+    figures = re.findall(r'<figure class="plot" id="run-[^"]*-(\w+)"', page)
+    assert figures == ["ttft", "decode"]

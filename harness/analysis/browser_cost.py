@@ -19,6 +19,7 @@ from typing import Any
 
 from harness.analysis.tables import Table
 from harness.core.labels import BROWSER_ENGINE, case_label, details_of, mode_of, target_label
+from harness.core.threads import threads_part
 
 # (page hardware, native provider) → the kernels both sides run, and what must be equal for a pair
 PAIRS = {
@@ -87,6 +88,13 @@ def _same(kind: str, page: dict[str, Any], native: dict[str, Any]) -> tuple[str 
     return f"{t_native} thread{'s' if t_native != 1 else ''}", None
 
 
+def base_provider(row: dict[str, Any]) -> str:
+    """The EP a row ran, without the `:threads=N` its provider carries under --native-threads."""
+    provider = row.get("provider") or ""
+    part = threads_part(provider)
+    return provider[: -len(part)] if part else provider
+
+
 def _ratio(page: Any, native: Any) -> float | None:
     return page / native if isinstance(page, int | float) and isinstance(native, int | float) and native else None
 
@@ -99,14 +107,14 @@ def browser_costs(rows: list[dict[str, Any]]) -> tuple[list[BrowserCost], list[U
     """Every page row with its native twin on the same kernels: the pairs, and those the rule refuses."""
     native_by: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for row in rows:
-        if row["engine"] != BROWSER_ENGINE and row.get("provider") in NATIVE_PROVIDERS and row["status"] == "ok":
+        if row["engine"] != BROWSER_ENGINE and base_provider(row) in NATIVE_PROVIDERS and row["status"] == "ok":
             native_by.setdefault(_group(row), []).append(row)
     paired, unpaired = [], []
     for page in rows:
         if page["engine"] != BROWSER_ENGINE or page["status"] != "ok" or page.get("device"):
             continue
         for native in native_by.get(_group(page), []):
-            spec = PAIRS.get((page["hardware"], native["provider"]))
+            spec = PAIRS.get((page["hardware"], base_provider(native)))
             if spec is None:
                 continue
             kernels, kind = spec

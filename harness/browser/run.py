@@ -52,6 +52,7 @@ from harness.run.ceilings import (
     Calibration,
     calibration_feeds,
     calibration_path,
+    ceilings_asked,
     row_work,
     wanted,
 )
@@ -236,15 +237,11 @@ def _check_launch(request: WebRequest) -> None:
             f"--browser-endpoint '{request.browser_endpoint}': need ws://HOST:PORT/… (a Playwright browser server) "
             "or http://HOST:PORT (a Chromium started with --remote-debugging-port)"
         )
-    launch_only = {
-        "--gpu": request.gpu != "auto",
-        "--headed": request.headed,
-        "--browser-arg": bool(request.browser_args),
-        "--browser-path": request.browser_path is not None,
-        "--browser": request.browser != "chromium",
-    }
-    if any(launch_only.values()):
-        named = ", ".join(name for name, given in launch_only.items() if given)
+    options, defaults = declared(WebRequest), WebRequest()
+    launch_only = [options[name].flag for name in ("gpu", "headed", "browser_args", "browser_path", "browser")
+                   if getattr(request, name) != getattr(defaults, name)]  # fmt: skip
+    if launch_only:
+        named = ", ".join(launch_only)
         raise RequestError(
             f"{named}: these set how the harness launches a browser; a remote browser (--browser-endpoint) "
             "runs with the flags it was started with"
@@ -678,7 +675,8 @@ async def _run_ep(
                 if (setting, "start") in controls.get(index - 1, []):
                     emit(await measure_control(files, session, setting, "start", spec.name, timeout_s))
                 # the target's ceilings, measured once per run, before the first job that needs each of them
-                needed = wanted([case.precision], measured.setdefault(setting.target, set()))
+                asked = ceilings_asked(plan.request.no_ceilings)
+                needed = wanted([case.precision], measured.setdefault(setting.target, set()), asked)
                 for ceiling in await measure_page_ceilings(files, session, setting, needed, timeout_s):
                     emit(ceiling)
                 row = await _run_case(files, session, plan, prepared, setting, case, faults.get(setting.provider))

@@ -9,7 +9,7 @@ import typer
 
 from harness.ab.run import AbRequest
 from harness.cli.analysis import emit
-from harness.cli.common import errors, fail, given, request_values, with_options
+from harness.cli.common import ThresholdOption, errors, fail, given, request_values, with_options
 from harness.cli.progress import run_with_progress
 from harness.core.paths import unwritable_file
 
@@ -23,7 +23,7 @@ OPTIONS = ("engines", "batch_sizes", "sequence_lengths", "precision", "warmup", 
 @with_options(AbRequest, OWN + OPTIONS)
 def ab(
     ctx: typer.Context,
-    threshold: Annotated[str, typer.Option(help="Smallest change that counts: 5% or 0.05.")] = "5%",
+    threshold: ThresholdOption = "5%",
     fail_on_regression: Annotated[bool, typer.Option(help="Exit 1 if any case regressed.")] = False,
     fmt: Annotated[str, typer.Option("--format", help="md or json.")] = "md",
     out: Annotated[Path | None, typer.Option("--out", help="Write the verdicts here instead of stdout.")] = None,

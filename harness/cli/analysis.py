@@ -17,6 +17,7 @@ from harness.cli.common import (
     OutputDirOption,
     RunOption,
     RunsOption,
+    ThresholdOption,
     console,
     errors,
     fail,
@@ -220,7 +221,7 @@ def emit(text: str, out: Path | None) -> None:
 def compare_command(
     runs: Annotated[list[str] | None, typer.Argument(help=f"A B, each {RUN_SELECTOR}.")] = None,
     baseline: Annotated[str | None, typer.Option(help="A, e.g. latest-on-main; then pass only B.")] = None,
-    threshold: Annotated[str, typer.Option(help="Smallest change that counts: 5% or 0.05.")] = "5%",
+    threshold: ThresholdOption = "5%",
     quantile: Annotated[float, typer.Option(help="Statistic: 0.5 = median; 0.25 resists load spikes.")] = 0.5,
     fail_on_regression: Annotated[bool, typer.Option(help="Exit 1 if any case regressed or broke.")] = False,
     fmt: AnalysisFormat = "md",

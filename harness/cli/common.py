@@ -27,6 +27,8 @@ OutputDirOption = Annotated[Path, typer.Option("--output-dir", help=OUTPUT_DIR_H
 RUN_SELECTOR = "latest, previous, latest-on-<branch>, a run id or its start, or a suite name"
 RunOption = Annotated[str, typer.Option("--run", help=f"The run: {RUN_SELECTOR}.")]
 RunsOption = Annotated[str, typer.Option("--run", help=f"The run ({RUN_SELECTOR}), RUN,RUN,… for several, or all.")]
+# The verdict's threshold of `compare` and `ab` (harness.analysis.compare.parse_threshold reads it)
+ThresholdOption = Annotated[str, typer.Option("--threshold", help="Smallest change that counts: 5% or 0.05.")]
 
 
 def shown(value: object) -> str:

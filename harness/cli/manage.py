@@ -15,7 +15,7 @@ from harness.store import DEFAULT_DB, StoreError, init_store
 def hardware_command() -> None:
     """List every platform with available yes/no and the reason, plus CPU, memory and GPUs, and the
     devices the engines' own discovery reports (ONNX Runtime's EP devices, plugin EPs registered)."""
-    from harness.run.hardware import detect_platforms, hardware_rows, machine_probe
+    from harness.run.hardware import detect_platforms, machine_probe
     from harness.run.provenance import host_facts
 
     host = host_facts()
@@ -23,7 +23,7 @@ def hardware_command() -> None:
         f"CPU: {host['cpu_model']} — {host['cpu_physical_cores']} cores / {host['cpu_cores']} threads; "
         f"memory {host['memory_gb']} GB"
     )
-    gpus = {r["device_name"] for r in hardware_rows() if r["platform"] in ("cuda", "rocm") and r["device_name"]}
+    gpus = set(machine_probe().gpu_names or [])  # every engine probed: torch among them names the GPUs
     console.print(f"GPUs: {shown(', '.join(sorted(gpus))) or 'none detected'}")
     table = Table()
     for name in ("platform", "available", "reason"):

@@ -145,8 +145,10 @@ def compare(
 LOGIT_TOLERANCES: dict[tuple[str, str], tuple[float, float]] = {
     ("fp32", "browser"): (1e-4, 1e-4),
     ("fp16", "browser"): (1e-2, 1e-2),
-    ("q4", "browser"): (5e-3, 2e-2),
-    ("q4f16", "browser"): (1e-2, 2e-2),
+    # SmolLM2-135M's onnxruntime-genai int4 file, whose MatMulNBits quantize activations to int8 on the CPU
+    # (accuracy level 4) and not in wasm: 0.57 logits off at a step whose largest is 29 (1.9%)
+    ("q4", "browser"): (5e-3, 3e-2),
+    ("q4f16", "browser"): (1e-2, 3e-2),
     ("fp32", "native"): (1e-4, 1e-4),
     ("fp16", "native"): (1e-4, 1e-4),
     ("q4", "native"): (1e-4, 1e-4),

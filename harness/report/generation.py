@@ -83,7 +83,8 @@ def _table(rows: list[dict[str, Any]]) -> str:
         + "</tr>"
         for r in rows
     )
-    return f'<table class="results"><tr>{head}</tr>{body}</table>'
+    # scrolls inside its own box when wider than the page (harness.report.html's .table-scroll)
+    return f'<div class="table-scroll"><table class="results"><tr>{head}</tr>{body}</table></div>'
 
 
 def _curve_svg(curves: list[tuple[str, list[float]]]) -> str:

@@ -54,7 +54,11 @@ tr.failed td { background: #fff6f6; } tr.flagged td { background: #fffbea; }
   background: #fff1dc; font-weight: 600; }
 .mark-precision { color: #0d47a1; border-color: #5c8fd6; background: #e6f0ff; font-weight: 600; }
 .mark-noisy, .mark-budget_stopped { color: #555; border-color: #aaa; background: #f3f3f3; }
-table.results { width: 100%; } table.results td:nth-child(-n+4) { white-space: nowrap; }
+.table-scroll { overflow-x: auto; max-width: 100%; margin: 6px 0 14px; }
+.table-scroll > table { margin: 0; }
+table.results { width: 100%; } table.results td { overflow-wrap: break-word; }
+table.results td.flags { min-width: 170px; overflow-wrap: normal; } table.results td.name { white-space: nowrap; }
+table.ratios { display: block; overflow-x: auto; max-width: 100%; }
 tr.error-row td { color: var(--bad); font-size: 12px; padding-left: 24px; border-top: none; overflow-wrap: anywhere; }
 figure.plot { margin: 18px 0 26px; padding: 12px 14px; border: 1px solid var(--line); border-radius: 6px; }
 figure.plot svg { width: 100%; height: auto; display: block; }
@@ -66,6 +70,12 @@ td.cls { font-weight: 600; min-width: 130px; } td.cls small { font-weight: 400; 
 .cls-oom { background: #f1e4f7; } .cls-timeout { background: #ffe9d6; } .cls-unsupported_op { background: #f9d4d4; }
 .legend li { margin: 2px 0; }
 """
+
+
+def scrolling(table: str) -> str:
+    """A table that scrolls inside its own box when it is wider than the page, rather than overflowing it
+    (or, at the page's edge, cutting its last column off)."""
+    return f'<div class="table-scroll">{table}</div>'
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
@@ -151,19 +161,21 @@ def _results(report: RunReport) -> str:
             kind = "failed" if r["status"] != "ok" else "flagged" if marks(r) else ""
             error = (r["error"] or "").strip()
             body.append(
-                f'<tr class="{kind}"><td>{escape(r["model"])}</td><td>{escape(target_label(r))}{_threads(r)}</td>'
-                f"<td>{escape(case_label(r))}</td><td>{escape(r['precision'])}</td>"
+                f'<tr class="{kind}"><td class="name">{escape(r["model"])}</td>'
+                f"<td>{escape(target_label(r))}{_threads(r)}</td>"
+                f'<td class="name">{escape(case_label(r))}</td><td class="name">{escape(r["precision"])}</td>'
                 f"<td>{_badge(r['status'])}</td>"
                 f'<td class="num">{_fmt(r["latency_p50_ms"])}</td><td class="num">{_fmt(r["latency_p90_ms"])}</td>'
                 f'<td class="num">{_fmt(r["latency_p99_ms"])}</td><td class="num">{_fmt(r["throughput_per_s"], 1)}</td>'
                 f'<td class="num">{_fmt(r["memory_peak_mb"], 1)}</td><td class="num">{_sci(r["max_abs_diff"])}</td>'
-                f"<td>{mark_badges(r)}</td></tr>"
+                f'<td class="flags">{mark_badges(r)}</td></tr>'
             )
             if error:
                 short = escape(error[:400]) + "…" * (len(error) > 400)
                 body.append(f'<tr class="{kind} error-row"><td colspan="12" title="{escape(error)}">{short}</td></tr>')
         title = escape(family.replace("_", " ").title())
-        parts.append(f'<h4>{title}</h4><table class="results"><tr>{header}</tr>{"".join(body)}</table>')
+        table = f'<table class="results"><tr>{header}</tr>{"".join(body)}</table>'
+        parts.append(f"<h4>{title}</h4>{scrolling(table)}")
     return "".join(parts) or '<p class="omitted">The run has no results.</p>'
 
 
@@ -225,8 +237,8 @@ def _plots(report: RunReport, anchor: str) -> str:
     from harness.report.plots import render_plots
 
     parts = []
-    if any(mode_of(r) != "inference" for r in report.results):
-        parts.append('<p class="sub">The plots show inference results; generation and training rows are in the '
+    if any(mode_of(r) not in ("inference", "generate") for r in report.results):
+        parts.append('<p class="sub">The plots show inference and generation results; training rows are in the '
                      "tables above.</p>")  # fmt: skip
     for plot in render_plots(report):
         if plot.figure is None:
@@ -294,7 +306,7 @@ def matrix_html(matrix: dict[str, Any]) -> str:
             + "".join(cell(e["cells"].get(t)) for t in targets) + "</tr>"
             for name, e in rows.items()
         )  # fmt: skip
-        return f"<table>{head}{body}</table>"
+        return scrolling(f"<table>{head}{body}</table>")
 
     thresholds = ", ".join(f"{name} ≥ {value:g}×" for name, value in RATING_THRESHOLDS.items())
     classes = "".join(f'<li><span class="mark cls-{c}">{c}</span> {escape(t)}</li>' for c, t in CLASSES.items())
@@ -326,7 +338,8 @@ def _table_html(table: Table) -> str:
         "<tr>" + "".join(_across_cell(row.get(column)) for column in table.columns) + "</tr>" for row in table.rows
     )
     notes = "".join(f'<p class="sub">{escape(note)}</p>' for note in table.notes)
-    return f'<h2>{escape(table.title)}</h2>{notes}<table class="results"><tr>{head}</tr>{body}</table>'
+    rows = f'<table class="results"><tr>{head}</tr>{body}</table>'
+    return f"<h2>{escape(table.title)}</h2>{notes}{scrolling(rows)}"
 
 
 def _browser_cost(report: RunReport) -> str:

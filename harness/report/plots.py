@@ -370,22 +370,52 @@ def target_colors(report: RunReport) -> dict[str, str]:
     return {t: matplotlib.colors.to_hex(palette[i % len(palette)]) for i, t in enumerate(targets)}
 
 
-def render_plots(report: RunReport) -> list[Plot]:
-    """Every plot of the run's inference results, drawn once (cached on the report for HTML and Markdown).
+def _ttft(report: RunReport, colors: dict[str, str]) -> Figure | None:
+    return _bars(report, colors, lambda r: r["ttft_ms"] if r["status"] in MEASURED else None, "TTFT p50 (ms)")
 
-    Generation and training rows are not comparable with a forward pass; the tables show them.
+
+def _decode(report: RunReport, colors: dict[str, str]) -> Figure | None:
+    return _bars(report, colors, lambda r: r["decode_tokens_per_s"] if r["status"] in MEASURED else None,
+                 "decode tokens/s")  # fmt: skip
+
+
+# A generate run's plots: its rows are not a forward pass (the plots above), but the same bars per model and case.
+GENERATE_DRAW: dict[str, Callable[[RunReport, dict[str, str]], Figure | None]] = {"ttft": _ttft, "decode": _decode}
+GENERATE_TEXTS = {
+    "ttft": ("Time to first token by hardware target", "TTFT p50 per model and case (--mode generate).",
+             "no generate result has a TTFT"),
+    "decode": ("Decode rate by hardware target", "Generated tokens per second after the first (tg), per model and "
+               "case.", "no generate result has a decode rate"),
+}  # fmt: skip
+
+
+def render_plots(report: RunReport) -> list[Plot]:
+    """Every plot of the run, drawn once (cached on the report for HTML and Markdown): the inference results'
+    plots, and a generate run's TTFT and decode rate. A generate row is not a forward pass: it is never in the
+    inference plots. Training rows are in the tables only.
     """
     if "plots" in report.cache:
         return report.cache["plots"]
-    cache = report.cache
-    report = RunReport(report.run, report.hardware, [r for r in report.results if mode_of(r) == "inference"],
-                       report.samples)  # fmt: skip
-    colors = target_colors(report)
+    colors = target_colors(report)  # one colour per target across the inference and the generate plots
+    inference, generate = (
+        RunReport(report.run, report.hardware, [r for r in report.results if mode_of(r) == mode], report.samples)
+        for mode in ("inference", "generate")
+    )
     plots = []
-    for key, draw in DRAW.items():
-        title, caption, no_data = TEXTS[key]
-        figure = draw(report, colors) if report.results else None
+    if inference.results or not generate.results:  # a generate-only run has no inference plots to leave out
+        plots += _draw(inference, DRAW, TEXTS, colors)
+    if generate.results:
+        plots += _draw(generate, GENERATE_DRAW, GENERATE_TEXTS, colors)
+    report.cache["plots"] = plots
+    return plots
+
+
+def _draw(report: RunReport, draw: dict[str, Any], texts: dict[str, tuple[str, ...]],
+          colors: dict[str, str]) -> list[Plot]:  # fmt: skip
+    plots = []
+    for key, drawn in draw.items():
+        title, caption, no_data = texts[key]
+        figure = drawn(report, colors) if report.results else None
         note = None if figure is not None else no_data if report.results else "the run has no results"
         plots.append(Plot(key, title, caption, figure, note))
-    cache["plots"] = plots
     return plots

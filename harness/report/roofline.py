@@ -99,8 +99,9 @@ def _ceiling_rows(ceilings: list[Row]) -> str:
         f"<td>{escape(c['error'] or ('software adapter' if c['software_adapter'] else ''))}</td></tr>"
         for c in ceilings
     )  # fmt: skip
-    return ("<table class='results'><tr><th>target</th><th>ceiling</th><th>class</th><th>measured</th>"
-            f"<th>spread</th><th>runs</th><th>note</th></tr>{body}</table>")  # fmt: skip
+    # scrolls inside its own box when wider than the page (harness.report.html's .table-scroll)
+    return ("<div class='table-scroll'><table class='results'><tr><th>target</th><th>ceiling</th><th>class</th>"
+            f"<th>measured</th><th>spread</th><th>runs</th><th>note</th></tr>{body}</table></div>")  # fmt: skip
 
 
 def _result_rows(rows: list[Row]) -> str:
@@ -115,9 +116,9 @@ def _result_rows(rows: list[Row]) -> str:
     )  # fmt: skip
     if not body:
         return ""
-    return ("<table class='results'><tr><th>model</th><th>target</th><th>case</th><th>precision</th>"
-            "<th>achieved GB/s</th><th>of bandwidth</th><th>achieved GFLOP/s</th><th>of compute</th></tr>"
-            f"{body}</table>")  # fmt: skip
+    return ("<div class='table-scroll'><table class='results'><tr><th>model</th><th>target</th><th>case</th>"
+            "<th>precision</th><th>achieved GB/s</th><th>of bandwidth</th><th>achieved GFLOP/s</th><th>of compute</th>"
+            f"</tr>{body}</table></div>")  # fmt: skip
 
 
 def roofline_html(report: RunReport, inline: Any) -> str:

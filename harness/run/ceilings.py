@@ -141,9 +141,22 @@ def calibration_path(calibration: Calibration) -> Path:
     return path
 
 
-def wanted(precisions: Iterable[str | None], measured: set[tuple[str, str]]) -> list[Calibration]:
+# Set to 1, --no-ceilings is every run's default: a test suite's hundreds of runs each paid its targets'
+# calibration (1-2 s a native target, a few seconds a page setting) though few read a ceiling.
+NO_CEILINGS_ENV = "ACCELHARNESS_NO_CEILINGS"
+
+
+def ceilings_asked(no_ceilings: bool) -> bool:
+    """Whether a run measures its targets' ceilings: unless --no-ceilings, or ACCELHARNESS_NO_CEILINGS=1."""
+    return not no_ceilings and os.environ.get(NO_CEILINGS_ENV) != "1"
+
+
+def wanted(precisions: Iterable[str | None], measured: set[tuple[str, str]], asked: bool = True) -> list[Calibration]:
     """The calibrations a target's cases need that it has not had in this run (`measured`: (kind, class)
-    pairs, updated): the bandwidth, and the compute ceiling of each precision class its rows run in."""
+    pairs, updated): the bandwidth, and the compute ceiling of each precision class its rows run in; none
+    where the run does not measure ceilings (`asked`: ceilings_asked)."""
+    if not asked:
+        return []
     classes = {BANDWIDTH_CLASS} | {precision_class(p) for p in precisions}
     found = [c for c in CALIBRATIONS if c.precision in classes and (c.kind, c.precision) not in measured]
     measured.update((c.kind, c.precision) for c in found)

@@ -86,7 +86,9 @@ def probe_machine(engines: tuple[str, ...]) -> Iterator[MachineProbe]:
 
 
 _probed: dict[str, list[tuple[Target, Availability]]] = {}  # engine → its probed targets, in this process
+_discovered: dict[str, list[dict]] = {}  # engine → the devices its own discovery reported, where it has one
 _gpu_names_found: list[list[str]] = []  # the GPU names, once a probe asked torch for them
+_discovered: dict[str, list[dict]] = {}  # engine → the devices its own discovery reported, in this process
 _PROBE_LOCK = threading.Lock()  # device-group threads plan concurrently: each engine is probed once
 
 
@@ -107,6 +109,7 @@ def _probe_in_worker(missing: tuple[str, ...], run_isolated: Any) -> None:
     outcome = run_isolated(probe_machine, missing, PROBE_TIMEOUT_S, found.append, uses_torch=uses_torch)
     if found:
         _probed.update(found[0].targets)
+        _discovered.update(found[0].discovered)
         if found[0].gpu_names is not None and not _gpu_names_found:
             _gpu_names_found.append(found[0].gpu_names)
         return
@@ -118,7 +121,9 @@ def machine_probe(engines: tuple[str, ...] = ENGINES) -> MachineProbe:
     """The engines' targets, each probed once per process in a worker, and the GPU names if known.
     Only the engines asked for are probed: a run without torch starts no torch fork server."""
     _probe(engines)
-    return MachineProbe({e: _probed[e] for e in engines}, _gpu_names_found[0] if _gpu_names_found else None)
+    gpus = _gpu_names_found[0] if _gpu_names_found else None
+    discovered = {e: _discovered[e] for e in engines if e in _discovered}  # `hardware` lists them
+    return MachineProbe({e: _probed[e] for e in engines}, gpus, discovered)
 
 
 def native_targets(hardware: list[str], engines: list[str]) -> list[tuple[Target, Availability]]:

@@ -16,7 +16,7 @@ from harness.native import capabilities
 from harness.native.base import Availability
 from harness.prepare.prepared import PreparedModel, PrepareJob, unprepared_result
 from harness.prepare.specs import ModelSpec
-from harness.run.ceilings import wanted
+from harness.run.ceilings import ceilings_asked, wanted
 from harness.run.measure import MeasureConfig
 from harness.run.plan import BenchmarkRequest, Plan, validate
 from harness.run.recording import Body, Emit, RunSummary, record_run
@@ -88,7 +88,8 @@ def _run_model(plan: Plan, spec: ModelSpec, emit: Emit, measured: dict[Target, s
                     else (lambda result, prepared=prepared: emit(checked_generation(prepared, result)))
                 )
                 # the target's ceilings, measured once per run, before the first job that needs each of them
-                calibrations = tuple(wanted((c.precision for c in runnable), measured.setdefault(target, set())))
+                asked = ceilings_asked(plan.request.no_ceilings)
+                calibrations = tuple(wanted((c.precision for c in runnable), measured.setdefault(target, set()), asked))
                 run_job(Job(prepared, target, runnable, measure, calibrations), plan.request.timeout_s, checked)
 
 

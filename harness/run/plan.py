@@ -56,6 +56,11 @@ NO_REPORTS_HELP = (
     "Write no reports after the run, only the compatibility matrix in --output-dir (`accelharness report` "
     "writes them later, from the store)."
 )
+NO_CEILINGS_HELP = (
+    "Measure no ceilings (each target's memory bandwidth and compute, a few seconds per target per run): the "
+    "rows keep their bytes and FLOPs, with no fraction of a ceiling. ACCELHARNESS_NO_CEILINGS=1 makes this "
+    "the default (the test suite's)."
+)
 PROFILE_HELP = (
     "After each inference case's timed loop, a few profiled iterations: time per operator (node, op type, "
     "provider), stored with the result (`query --report ops`, the HTML report, `predict`)."
@@ -164,6 +169,8 @@ class RunOptions:
     output_dir: Path | None = option(Path("accelharness-results"), flag="--output-dir", help=OUTPUT_DIR_HELP)
     # --no-reports: a run read from the store only (a script's, a test's) skips drawing its plots (1.5 s a run)
     no_reports: bool = option(False, flag="--no-reports", help=NO_REPORTS_HELP)
+    # --no-ceilings: no calibration before a target's first case (harness.run.ceilings.ceilings_asked)
+    no_ceilings: bool = option(False, flag="--no-ceilings", help=NO_CEILINGS_HELP)
     profile: bool = option(False, flag="--profile", help=PROFILE_HELP)  # profiled iterations after the timed loop
     # names this machine in reports across machines (harness.run.machine)
     machine_label: str | None = option(None, flag="--machine-label", help=MACHINE_LABEL_HELP)

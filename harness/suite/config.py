@@ -24,6 +24,7 @@ from harness.run.hardware import NATIVE_PLATFORMS
 from harness.run.machine import check_machine_label
 from harness.run.plan import BenchmarkRequest, RequestError, RunOptions, check_context
 from harness.web.eps import WEB_HARDWARE
+from harness.web.flags import BROWSERS
 
 DEFAULT_CONFIG = f"""\
 # accelharness suite config. Run: accelharness suite --config THIS_FILE [--check] [--resume]
@@ -62,7 +63,7 @@ include_web_platforms = true
 web_platforms = ["wasm"]               # {", ".join(WEB_HARDWARE)}
 web_threads = [1]
 # native_threads = [1, 2]              # native intra-op threads, a target per count (default: each engine's own)
-browser = "chromium"                   # chrome, chromium, edge
+browser = "chromium"                   # {", ".join(BROWSERS)}
 gpu = "auto"                           # browser: on (real WebGPU), off (software), auto (on with a GPU)
 
 [run]
