@@ -63,7 +63,7 @@ def test_an_encoder_decoder_generates_natively_and_in_the_page(rows: list[dict[s
 def test_an_encoder_decoder_answer_without_its_encoder_phase_is_refused() -> None:
     """The page's encoder runs are one per timed generation and inside its TTFT; a job with no encoder
     takes none."""
-    plain = replace(GENERATE_JOB, generate=GenerateJob(new_tokens=3, vocab_size=8))
+    plain = replace(GENERATE_JOB, generate=GenerateJob(new_tokens=3, vocab_size=8, top_k=2))
     job = replace(plain, generate=replace(plain.generate, seq2seq=Seq2SeqJob("job/e.onnx", 0)))
     good = generated(encoder_samples_ms=[0.25] * 3)
     assert validate_page_result(good, job, TIMEOUT_S)["generation"]["encoder_samples_ms"] == [0.25] * 3
