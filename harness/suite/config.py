@@ -47,6 +47,10 @@ profile = false                  # per-operator profiles after each inference ca
 modes = ["inference"]            # {", ".join(MODES)} (the browser: {", ".join(WEB_MODES)}); as --mode
 # new_tokens = {RunOptions.new_tokens}          # with "generate" in modes: tokens generated per sequence (--new-tokens)
 # depths = [0, 512]              # with "generate" in modes: KV-cache depths filled before each generation (--depths)
+# prompt = "The capital of France is"  # with "generate": the prompt's text (--prompt; chat = true: --chat)
+# prompt_ids = [1, 2, 3]         # with "generate": the prompt as token ids (--prompt-ids)
+# stop_at_eos = true             # with "generate": stop at the model's EOS id (--stop-at-eos; default: EOS ignored)
+# no_ceilings = true             # measure no target's bandwidth and compute ceilings (--no-ceilings)
 
 # family -> models (`accelharness models` lists them; the -tiny variants build in seconds)
 [model_families]
@@ -113,6 +117,11 @@ class SuiteConfig:
     depths: list[int] = field(default_factory=lambda: [0])  # generate: KV-cache depths (the key only with generate)
     machine_label: str | None = None  # names this machine in reports across machines
     native_threads: list[int] | None = None  # --native-threads: None, each engine's own count
+    prompt: str | None = None  # generate: the prompt's text (--prompt), tokenized with each model's tokenizer.json
+    chat: bool = False  # --chat: the prompt as one user message of each model's chat template
+    prompt_ids: list[int] | None = None  # --prompt-ids: the prompt as token ids
+    stop_at_eos: bool = False  # --stop-at-eos: generations stop at the model's EOS id
+    no_ceilings: bool = False  # --no-ceilings: no target's ceilings measured
     source: Path | None = None  # the file it came from, for messages
 
     @property
@@ -126,7 +135,8 @@ SECTIONS = {"hardware", "run"}  # TOML tables that only group keys; JSON may use
 OPTION_FIELDS: dict[type, tuple[str, ...]] = {
     RunOptions: ("batch_sizes", "sequence_lengths", "warmup", "iterations", "min_duration_s", "max_time_s",
                  "min_iterations", "timeout_s", "prepare_timeout_s", "precision", "profile", "modes", "new_tokens",
-                 "depths", "db_path", "output_dir", "machine_label"),
+                 "depths", "prompt", "chat", "prompt_ids", "stop_at_eos", "no_ceilings", "db_path", "output_dir",
+                 "machine_label"),
     BenchmarkRequest: ("hardware", "engines", "native_threads"),
     WebRequest: ("hardware", "browser", "threads", "gpu"),
 }  # fmt: skip

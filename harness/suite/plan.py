@@ -127,6 +127,11 @@ def suite_requests(
         modes=config.modes,
         new_tokens=config.new_tokens,
         depths=config.depths,
+        prompt=config.prompt,
+        chat=config.chat,
+        prompt_ids=config.prompt_ids,
+        stop_at_eos=config.stop_at_eos,
+        no_ceilings=config.no_ceilings,
         db_path=config.db,
         output_dir=None,  # the suite writes its reports once, after both halves
     )
