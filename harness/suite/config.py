@@ -291,20 +291,26 @@ def load_config(path: Path) -> SuiteConfig:
     if not config.models:
         raise ConfigError(f'{path}: model_families names no model; e.g. embedding = ["bert-tiny"]')
     _check_platforms(path, config)
-    _check_modes(path, config, "new_tokens" in data or "depths" in data)
+    _check_modes(path, config, [key for key in GENERATE_KEYS if key in data])
     return config
 
 
-def _check_modes(path: Path, config: SuiteConfig, tokens_given: bool) -> None:
+# the keys a config may give only with "generate" in modes (each would do nothing without it)
+GENERATE_KEYS = ("new_tokens", "depths", "prompt", "chat", "prompt_ids", "stop_at_eos")
+
+
+def _check_modes(path: Path, config: SuiteConfig, generate_keys: list[str]) -> None:
     """modes and new_tokens as --mode and --new-tokens are checked: a mode each half can run, new_tokens
     only with generate (it would do nothing), and each prompt plus its new tokens within every model's context."""
     if not config.modes:
         raise ConfigError(f"{path}: key 'modes' is empty; valid: {', '.join(MODES)}")
     config.modes = list(dict.fromkeys(config.modes))
-    if tokens_given and "generate" not in config.modes:
+    if generate_keys and "generate" not in config.modes:
+        named = " and ".join(f"'{key}'" for key in generate_keys)
+        verb = "applies" if len(generate_keys) == 1 else "apply"
         raise ConfigError(
-            f"{path}: keys 'new_tokens' and 'depths' apply to generate only (modes = {config.modes}); "
-            'add "generate" to modes or drop them'
+            f"{path}: key{'s' if len(generate_keys) > 1 else ''} {named} {verb} to generate only "
+            f'(modes = {config.modes}); add "generate" to modes or drop {"it" if len(generate_keys) == 1 else "them"}'
         )
     if config.include_web_platforms and not set(config.modes) & set(WEB_MODES):
         raise ConfigError(
