@@ -121,6 +121,20 @@ export function topK(values, k) {
   return [ids, ids.map((i) => (Number.isFinite(numbers[i]) ? numbers[i] : null))];
 }
 
+// One step's logits read on the CPU: each row's greedy token, and (the warm-up's `stepTop`, else null) each
+// row's top job.top_k ids and logits appended; the one reading of a step, decoder-only and encoder-decoder alike.
+export function readStep(logits, batch, job, stepTop) {
+  const next = Array.from({ length: batch }, (_, row) => argmax(lastRow(logits, row)));
+  if (stepTop) {
+    for (let row = 0; row < batch; row++) {
+      const [ids, values] = topK(lastRow(logits, row), job.top_k);
+      stepTop.ids[row].push(ids);
+      stepTop.values[row].push(values);
+    }
+  }
+  return next;
+}
+
 export function disposeAll(feeds, names) {
   for (const name of names) feeds[name]?.dispose();
 }
@@ -192,15 +206,8 @@ async function generateOnce(ort, session, prompt, job, hook, keepLogits = false,
     if (step === 0) ttft_ms = now - started;
     else steps.push(now - last);
     last = now;
-    const next = Array.from({ length: batch }, (_, row) => argmax(lastRow(out[logitsName], row)));
+    const next = readStep(out[logitsName], batch, job, step_top);
     if (step === 0 && keepLogits) prefill_logits = prefillLogits(out[logitsName], batch);
-    if (step_top) {
-      for (let row = 0; row < batch; row++) {
-        const [ids, values] = topK(lastRow(out[logitsName], row), job.top_k);
-        step_top.ids[row].push(ids);
-        step_top.values[row].push(values);
-      }
-    }
     out[logitsName].dispose();
     if (!(fill && step === 0)) disposeAll(feeds, pasts); // the old past: a cache not freed here grows every step
     next.forEach((token, row) => tokens[row].push(token));

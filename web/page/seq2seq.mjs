@@ -7,7 +7,7 @@
 // TTFT runs from the encoder's start to the first step's logits on the CPU; each decode step from one step's
 // logits to the next's (under WebGPU the harness keeps present.* on the GPU, so only logits come back).
 
-import { argmax, disposeAll, lastRow, prefillLogits, topK } from './generate.mjs';
+import { disposeAll, prefillLogits, readStep } from './generate.mjs';
 
 const PAST_ARRAYS = { float32: Float32Array, float16: Uint16Array };
 const FILLED = ['input_ids', 'attention_mask', 'input_features', 'encoder_attention_mask', 'encoder_hidden_states',
@@ -78,15 +78,8 @@ export function seq2seqOnce(ort, sessions, inputs, job) {
       else steps.push(now - last);
       last = now;
       const [logitsName, ...presents] = session.outputNames;
-      const next = Array.from({ length: batch }, (_, row) => argmax(lastRow(out[logitsName], row)));
+      const next = readStep(out[logitsName], batch, job, step_top);
       if (step === 0 && keepLogits) prefill_logits = prefillLogits(out[logitsName], batch);
-      if (step_top) {
-        for (let row = 0; row < batch; row++) {
-          const [ids, values] = topK(lastRow(out[logitsName], row), job.top_k);
-          step_top.ids[row].push(ids);
-          step_top.values[row].push(values);
-        }
-      }
       out[logitsName].dispose();
       disposeAll(selfPast, Object.keys(selfPast)); // the old self-attention past: not freed, it grows every step
       selfPast = {};
