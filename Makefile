@@ -32,8 +32,9 @@ setup-extras: $(EXTRAS)
 # Debian's Chromium runs the browser half (never `playwright install`: it downloads, and fails offline);
 # Xvfb gives `--headed` a display on a machine without one.
 browser:
-	@command -v chromium >/dev/null && command -v Xvfb >/dev/null || { $(SUDO) apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium xvfb; }
+	@command -v chromium >/dev/null && command -v Xvfb >/dev/null && command -v espeak-ng >/dev/null || { \
+		$(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium xvfb espeak-ng; }
 
 # onnxruntime-web from npm, served locally to the benchmark page (never from a CDN).
 $(WEB_STAMP): web/package.json web/package-lock.json

@@ -272,6 +272,11 @@ MIGRATIONS: dict[int, list[str]] = {
         "ALTER TABLE results ADD COLUMN IF NOT EXISTS encoder_ms DOUBLE",
         "ALTER TABLE results ADD COLUMN IF NOT EXISTS real_time_factor DOUBLE",
     ],
+    12: [
+        # issue 35: a speech generation's audio length (--audio-seconds, part of result_key); NULL: the encoder's
+        # whole window, or not speech
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS audio_seconds INTEGER",
+    ],
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 # Tables a migration created: a read-only open of an older file shows them empty.
@@ -580,6 +585,7 @@ class Store:
             "cpu_percent": result.cpu_percent,
             "energy_j_per_item": result.energy_j_per_item,
             "depth": result.case.depth,
+            "audio_seconds": result.case.audio_seconds,
             **{name: getattr(result, name) for name in WORK_FIELDS},
             "generated_tokens": None if result.generated_tokens is None else json.dumps(result.generated_tokens),
             "tokens_matched": result.details.get("tokens_matched"),

@@ -49,12 +49,13 @@ from harness.core.records import MEASURED
 from harness.core.roofline import limit_fraction
 from harness.store import Store, StoreError, open_store
 
-KEY = ("model", *TARGET_FIELDS, "batch_size", "seq_len", "precision", "mode", "new_tokens", "depth")
+KEY = ("model", *TARGET_FIELDS, "batch_size", "seq_len", "precision", "mode", "new_tokens", "depth",
+       "audio_seconds")  # fmt: skip
 
 
 def case_fields(row: dict[str, Any]) -> dict[str, Any]:
     """What identifies a case across runs: KEY's values (generate rows differ by their new tokens and KV-cache
-    depth too; a row stored before depths existed started at depth 0)."""
+    depth too, and speech by its audio length; a row stored before depths existed started at depth 0)."""
     depth = row.get("depth") if row.get("depth") is not None or mode_of(row) != "generate" else 0
     return {k: row.get(k) for k in KEY} | {"mode": mode_of(row), "depth": depth}
 
@@ -85,6 +86,7 @@ class ComparisonRow:
     mode: str
     new_tokens: int | None
     depth: int | None  # generate: the KV-cache depth the decode started at
+    audio_seconds: int | None  # generate, speech: the audio's length (--audio-seconds); None: the encoder's window
     target: str
     case: str
     status_a: str | None

@@ -177,14 +177,14 @@ def generation_result(prepared: PreparedModel, target: Any, case: Case, answer: 
     }
     details |= memory_growth(generation, details) | {"warmup_generations": 1}
     if generation.get("encoder_samples_ms"):  # an encoder–decoder: the encoder's phase, speech's real-time factor
-        seconds = audio_seconds(prepared.load_case((case.batch_size, case.seq_len))[0])
+        seconds = audio_seconds(prepared.load_case((case.batch_size, case.seq_len))[0], case.audio_seconds)
         details |= encoder_figures(generation["encoder_samples_ms"], answer["samples_ms"], seconds) | {
             "encoder_samples_ms": generation["encoder_samples_ms"],
             "audio_seconds": seconds,
         }
     if not generation["tokens_stable"]:
         details["tokens_unstable"] = "the timed generations did not all give the warm-up's tokens"
-    feeds, _ = prepared.load_case((case.batch_size, case.seq_len))  # the prompt the page's job carried
+    feeds, _ = prepared.load_case((case.batch_size, case.seq_len), case.audio_seconds)  # what the page's job carried
     encoder_decoder = prepared.onnx_past_path is not None and seq2seq_files(prepared.onnx_past_path) is not None
     if "input_ids" in feeds:  # speech has no prompt tokens
         fields |= prepared.text_fields(feeds["input_ids"], generation["tokens"], details)

@@ -32,6 +32,7 @@ from harness.browser.generate import (
     served_graph,
 )
 from harness.core.failures import UNSUPPORTED_OPERATOR
+from harness.core.faults import injected_faults
 from harness.core.labels import BROWSER_ENGINE
 from harness.core.options import check, declared, option
 from harness.core.parity import compare
@@ -39,7 +40,7 @@ from harness.core.profiles import PROFILE_ITERATIONS
 from harness.core.records import Case, Ceiling, Control, Result, Target, UnsupportedError, result_key
 from harness.core.threads import threads_option, with_threads
 from harness.prepare.external import external_data_problem, external_locations, model_bytes
-from harness.prepare.prepared import PreparedModel, PrepareJob, unprepared_result
+from harness.prepare.prepared import PreparedModel, PrepareJob, audio_lengths, unprepared_result
 from harness.prepare.specs import ModelSpec
 from harness.prepare.variants import model_for_precision
 from harness.run.ceilings import (
@@ -84,6 +85,9 @@ from harness.web.flags import BROWSERS, GPU_MODES, GpuProfile
 from harness.web.page_job import ExternalData, GenerateJob, PageInput, PageJob, StopRule
 
 ENGINE = BROWSER_ENGINE
+# The faults hook's planted input bug (tests): a speech case's page is fed the whole window's features, not its
+# --audio-seconds length's, while its row is checked against native ORT on the case's own.
+WINDOW_AUDIO_FAULT = "page-window-audio"
 WEB_MODES = ("inference", "generate")  # training needs a backward pass ORT-web's inference build lacks
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 THREADS_HELP = "Comma-separated wasm thread counts (webgpu/webnn use the first)."
@@ -453,8 +457,9 @@ def page_job(
     model: Path | None = None,
 ) -> PageJob:
     """Hand the page the case's ONNX file (the export, or `model`: its precision's conversion) and input
-    tensors (from the PreparedModel's npz), and describe the page job."""
-    feeds, _ = prepared.load_case((case.batch_size, case.seq_len))
+    tensors (from the PreparedModel's npz; a speech generation's at its audio length), and describe the page job."""
+    audio = None if WINDOW_AUDIO_FAULT in injected_faults() else case.audio_seconds
+    feeds, _ = prepared.load_case((case.batch_size, case.seq_len), audio)
     model = model or case_model(prepared, case)[0]
     assert model is not None
     # the page keeps one session per model URL: each precision's file has its own name
@@ -620,7 +625,8 @@ def prepare_spec(plan: Any, spec: ModelSpec) -> Prepared:
     depths = tuple(sorted({c.depth or 0 for c in cases if c.mode == "generate"})) or (0,)
     plain = any(c.mode != "generate" for c in cases)  # the page generates from the graph with past alone
     job = PrepareJob(spec, shapes, with_past=generates and spec.has_past_export, reference_tokens=tokens, plain=plain,
-                     stop_at_eos=plan.request.stop_at_eos, reference_depths=depths)  # fmt: skip
+                     stop_at_eos=plan.request.stop_at_eos, reference_depths=depths,
+                     audio_seconds=audio_lengths(cases))  # fmt: skip
     prepared, outcome = prepare_isolated(job, plan.request.prepare_timeout_s)
     if prepared:
         return spec, prepared, ""

@@ -17,7 +17,15 @@ from pathlib import Path
 import duckdb
 
 from harness.bundle.fmt import BundleError
-from harness.core.bounds import MAX_BATCH, MAX_DEPTH, MAX_ITERATIONS, MAX_NEW_TOKENS, MAX_ROUNDS, MAX_SEQUENCE
+from harness.core.bounds import (
+    MAX_AUDIO_SECONDS,
+    MAX_BATCH,
+    MAX_DEPTH,
+    MAX_ITERATIONS,
+    MAX_NEW_TOKENS,
+    MAX_ROUNDS,
+    MAX_SEQUENCE,
+)
 from harness.core.precision import MEANINGS
 from harness.core.records import MEASURED, MODES, STATUSES, VARIANTS, WORK_FIELDS
 from harness.core.roofline import BANDWIDTH_CLASS, CEILING_KINDS, precision_class
@@ -121,6 +129,9 @@ RULES = [
     Rule("controls", "samples_ms", f"len(samples_ms) > {MAX_ITERATIONS}", f"at most {MAX_ITERATIONS:,} samples"),
     Rule("controls", "median_ms", _not_positive("median_ms"), f"NULL or {POSITIVE}"),
     Rule("results", "depth", _outside("depth", 0, MAX_DEPTH), f"NULL or 0 to {MAX_DEPTH:,}"),
+    Rule(
+        "results", "audio_seconds", _outside("audio_seconds", 1, MAX_AUDIO_SECONDS), f"NULL or 1 to {MAX_AUDIO_SECONDS}"
+    ),
     *(Rule("results", c, _not_positive(c), f"NULL or {POSITIVE}") for c in WORK_FIELDS),
     Rule("ceilings", "kind", f"kind NOT IN {_one_of(CEILING_KINDS)}", f"one of {', '.join(CEILING_KINDS)}"),
     Rule(

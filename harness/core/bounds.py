@@ -65,3 +65,11 @@ MAX_TOKENIZER_BYTES = 64 * 2**20  # a tokenizer.json read
 MAX_PROMPT_CHARS = 1_000_000  # characters of --prompt text
 MAX_PROMPT_IDS = 4096  # token ids in --prompt-ids (one comma-separated list)
 MAX_TEMPLATE_CHARS = 256 * 1024  # a chat template's source
+# Speech input (harness.prepare.audio): a WAV from elsewhere (--audio) is data, bounded from its header before
+# its samples are read; --audio-seconds is bounded by the longest window of today's speech models (Whisper's
+# 30 s: the encoder reads 3000 log-mel frames whatever the clip's length), each model's own window checked too.
+MAX_AUDIO_SECONDS = 30  # --audio-seconds: the audio a speech case is fed, in whole seconds
+MAX_AUDIO_FILE_SECONDS = 600  # a --audio file's duration (its first window is used; ten minutes is generous)
+MAX_AUDIO_BYTES = 256 * 2**20  # a --audio file's size: ten minutes of 8 channels of 24-bit 48 kHz is 207 MiB
+MAX_AUDIO_CHANNELS = 8  # channels of a --audio file (mixed to mono, as Whisper's processor takes one)
+MIN_AUDIO_RATE, MAX_AUDIO_RATE = 8_000, 192_000  # a --audio file's sampling rate (Hz), resampled to the model's

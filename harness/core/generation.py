@@ -66,13 +66,14 @@ def encoder_figures(encoder_ms: Sequence[float], samples_ms: Sequence[float],
                     audio_seconds: float | None) -> dict[str, float | None]:  # fmt: skip
     """An encoder–decoder generation's own figures: the encoder's run (median ms; it is inside TTFT, which
     runs from the encoder's start to the first token's logits) and, for speech, the real-time factor: the
-    audio's seconds over the median generation's seconds (above 1: faster than real time). NULL where
-    nothing was measured."""
-    if not encoder_ms:
+    audio's seconds over the median generation's seconds, the encoder's and every decoder step's (above 1:
+    faster than real time; an engine that times no encoder apart, torch's generate(), has the factor alone).
+    NULL where nothing was measured."""
+    if not encoder_ms and not audio_seconds:
         return {}
     total = float(np.median(samples_ms)) if samples_ms else None
     rtf = audio_seconds * 1000.0 / total if audio_seconds and total else None
-    return {"encoder_ms": float(np.median(encoder_ms)), "real_time_factor": rtf}
+    return {"encoder_ms": float(np.median(encoder_ms)) if encoder_ms else None, "real_time_factor": rtf}
 
 
 def summarize_generation(result: Any) -> dict[str, float | None]:

@@ -75,7 +75,8 @@ def case_label(row: Mapping[str, Any]) -> str:
     label = f"b{row['batch_size']}" + (f" s{row['seq_len']}" if row["seq_len"] else "")
     mode = row.get("mode") or "inference"
     if mode == "generate":
-        return f"{label} {generation_label(row['new_tokens'], row.get('depth'))}"
+        audio = f" @ {row['audio_seconds']} s audio" if row.get("audio_seconds") is not None else ""
+        return f"{label} {generation_label(row['new_tokens'], row.get('depth'))}{audio}"
     return label if mode == "inference" else f"{label} {mode}"
 
 
@@ -134,7 +135,7 @@ def case_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
     """What a baseline is matched on: the same model, the same inputs and the same mode, on the same
     machine (rows read with their run's machine_id: a speedup never divides one machine by another)."""
     return (row["model"], row["batch_size"], row["seq_len"] or 0, mode_of(row), row.get("new_tokens"),
-            row.get("depth") or 0, row.get("machine_id"))  # fmt: skip
+            row.get("depth") or 0, row.get("audio_seconds"), row.get("machine_id"))  # fmt: skip
 
 
 def baselines(rows: list[dict[str, Any]]) -> dict[tuple[Any, ...], dict[str, Any]]:

@@ -66,12 +66,15 @@ class Case:
     new_tokens: int | None = None  # generate mode: exactly this many tokens per sequence
     # generate mode: tokens of KV cache filled (untimed) before the prompt (llama-bench's -d); None: not planned
     depth: int | None = None
+    # generate mode, speech: the seconds of audio fed (--audio-seconds); None: the encoder's whole window
+    audio_seconds: int | None = None
 
     @property
     def key(self) -> str:
         key = f"b{self.batch_size}" + (f"_s{self.seq_len}" if self.seq_len else "") + f"_{self.precision}"
-        if self.mode == "generate":  # depth 0 keeps the key runs made before --depths stored
-            return f"{key}_gen{self.new_tokens}" + (f"_d{self.depth}" if self.depth else "")
+        if self.mode == "generate":  # depth 0 and the whole window keep the keys runs made before stored
+            audio = f"_a{self.audio_seconds}" if self.audio_seconds is not None else ""
+            return f"{key}_gen{self.new_tokens}" + (f"_d{self.depth}" if self.depth else "") + audio
         return key if self.mode == "inference" else f"{key}_{self.mode}"
 
 

@@ -1,6 +1,7 @@
 """Deterministic model inputs, per input kind, named as the module's forward() arguments.
 
-Every array comes from a numpy generator seeded with (model, batch, seq), so every backend —
+Every array comes from a numpy generator seeded with (model, batch, seq) (Whisper's log-mel features from speech:
+harness.prepare.audio), so every backend —
 native or browser — runs on exactly the same tensors. Shapes follow what each model's forward
 (and its processor or feature extractor) produces; `seq` is always the number of text tokens.
 """
@@ -135,9 +136,12 @@ def _pixel_values(spec: ModelSpec, config: Any, rng: np.random.Generator, batch:
 def _log_mel_features(spec: ModelSpec, config: Any, rng: np.random.Generator, batch: int) -> np.ndarray:
     audio = sub_config(config, "audio_config")
     if hasattr(audio, "max_source_positions"):
-        # Whisper: [batch, mel bins, frames]; its encoder requires exactly 2 × max_source_positions
-        # frames (30 s), what WhisperFeatureExtractor pads every clip to.
-        return rng.standard_normal((batch, audio.num_mel_bins, 2 * audio.max_source_positions), dtype=np.float32)
+        # Whisper: [batch, mel bins, frames]; its encoder requires exactly 2 × max_source_positions frames (30 s),
+        # what WhisperFeatureExtractor pads every clip to: the window of speech (--audio or espeak-ng's passage)
+        from harness.prepare.audio import speech_features, speech_input
+
+        shape = (batch, audio.num_mel_bins, 2 * audio.max_source_positions)
+        return speech_features(speech_input(spec.audio), shape)
     # CLAP: [batch, 1, frames, mel bins], one channel without fusion (ClapFeatureExtractor, rand_trunc)
     frames = spec.inputs.audio_frames or 1001
     return rng.standard_normal((batch, 1, frames, audio.num_mel_bins), dtype=np.float32)

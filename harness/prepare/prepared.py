@@ -54,6 +54,10 @@ class PreparedModel:
     generation_files: dict[tuple[CaseShape, int, int], Path] = field(default_factory=dict)
     eos: tuple[int, ...] = ()  # the ids generation stops at (--stop-at-eos and the model states some), else ()
     eos_asked: bool = False  # --stop-at-eos
+    # speech (Whisper): what its audio is cut from, that audio's own seconds and the encoder's window in seconds
+    # (harness.prepare.audio), and each (case, --audio-seconds) length's input_features, cut from it
+    speech: tuple[str, float, float] | None = None
+    audio_files: dict[tuple[CaseShape, int], Path] = field(default_factory=dict)
 
     def text_fields(self, input_ids: np.ndarray, generated: list[list[int]] | None,
                     details: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
@@ -70,6 +74,8 @@ class PreparedModel:
             "export": self.export,
             "parameters": self.parameters,
         } | dict(fields.pop("details", {}))
+        if self.speech is not None and case.mode == "generate":
+            details["audio_input"] = self.audio_input(case)
         return Result(
             model=self.spec.name,
             family=self.spec.family,
@@ -90,11 +96,24 @@ class PreparedModel:
             return "unsupported", self.skipped[shape]
         return self.failed.get(shape)
 
-    def load_case(self, shape: CaseShape) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+    def audio_input(self, case: Case) -> str:
+        """What a speech case's audio is: its source and the length it was fitted to."""
+        from harness.prepare.audio import describe
+
+        assert self.speech is not None
+        source, seconds, window = self.speech
+        return describe(source, seconds, window if case.audio_seconds is None else case.audio_seconds)
+
+    def load_case(self, shape: CaseShape, audio_seconds: int | None = None) -> tuple[dict[str, np.ndarray], list]:
+        """A case's inputs and reference outputs; a speech generation's at an --audio-seconds length has that
+        length's input_features (its reference outputs are the window's: a generation never reads them)."""
         with np.load(self.case_files[shape]) as data:
             feeds = {k[3:]: data[k] for k in data.files if k.startswith("in:")}
             count = sum(k.startswith("ref:") for k in data.files)
             reference = [data[f"ref:{i}"] for i in range(count)]
+        if audio_seconds is not None:
+            with np.load(self.audio_files[(shape, audio_seconds)]) as data:
+                feeds["input_features"] = data["in:input_features"]
         return feeds, reference
 
     def load_generation(self, shape: CaseShape, new_tokens: int, depth: int = 0) -> Greedy | None:
@@ -122,6 +141,7 @@ class PrepareJob:
     # which then serves alone (a first run of a real model exported it twice, inside the job's timeout)
     plain: bool = True
     stop_at_eos: bool = False  # --stop-at-eos: generations (and the reference's) stop at the model's EOS id
+    audio_seconds: tuple[int, ...] = ()  # speech: the --audio-seconds lengths its generations are fed
 
 
 @dataclass(frozen=True)
@@ -221,11 +241,17 @@ DRAWN_PROMPTS = "drawn2"
 
 
 def case_file_name(spec: ModelSpec, batch: int, seq: int | None) -> str:
-    """A case's .npz name: its shape and its prompt (the given ids' digest, or the drawing rule)."""
+    """A case's .npz name: its shape, its prompt (the given ids' digest, or the drawing rule) and, for speech,
+    its audio's (harness.prepare.audio: a new clip or passage, new files)."""
+    speech = ""
+    if spec.takes_speech:
+        from harness.prepare.audio import speech_input
+
+        speech = f"_{speech_input(spec.audio).digest}"
     if spec.prompt is None:
-        return f"b{batch}_s{seq}_{DRAWN_PROMPTS}.npz"
+        return f"b{batch}_s{seq}_{DRAWN_PROMPTS}{speech}.npz"
     digest = hashlib.sha256(json.dumps(list(spec.prompt)).encode()).hexdigest()[:16]
-    return f"b{batch}_s{seq}_p{digest}.npz"
+    return f"b{batch}_s{seq}_p{digest}{speech}.npz"
 
 
 def _prepare_from_cache(job: PrepareJob, weights: Weights, case_dir: Path) -> PreparedModel | None:
@@ -441,6 +467,8 @@ def prepare_steps(job: PrepareJob) -> Iterator[Phase | PreparedModel]:
         from harness.prepare.prompts import model_eos_ids
 
         prepared.eos, prepared.eos_asked = model_eos_ids(job.spec), True
+    if job.spec.takes_speech:
+        _speech_cases(prepared, job.audio_seconds)
     if job.reference_tokens and prepared.onnx_past_path is not None:
         yield Phase(job.spec.name, "native ONNX Runtime's reference tokens")
         _reference_generations(prepared, job.reference_tokens, job.reference_depths)
@@ -450,6 +478,28 @@ def prepare_steps(job: PrepareJob) -> Iterator[Phase | PreparedModel]:
 def prepare_model(job: PrepareJob) -> Iterator[PreparedModel]:
     """prepare_steps without its phases: the PreparedModel alone."""
     yield from (step for step in prepare_steps(job) if isinstance(step, PreparedModel))
+
+
+def audio_lengths(cases: list[Case]) -> tuple[int, ...]:
+    """The --audio-seconds lengths a model's cases are fed (PrepareJob.audio_seconds)."""
+    return tuple(sorted({c.audio_seconds for c in cases if c.audio_seconds is not None}))
+
+
+def _speech_cases(prepared: PreparedModel, lengths: tuple[int, ...]) -> None:
+    """A speech model's source, and each case's input_features at every --audio-seconds length (cached beside the
+    case's inputs, from the same speech and extractor): what native engines and the page are both fed."""
+    from harness.prepare.audio import speech_features, speech_input, window_seconds
+
+    speech = speech_input(prepared.spec.audio)
+    for shape, case_file in prepared.case_files.items():
+        window = prepared.load_case(shape)[0]["input_features"].shape
+        prepared.speech = (speech.source, speech.seconds, window_seconds(window[-1]))
+        for seconds in lengths:
+            path = case_file.with_name(f"{case_file.stem}_a{seconds}.npz")
+            if not path.exists():
+                arrays = {"in:input_features": speech_features(speech, window, seconds)}
+                write_atomically(path, lambda file, arrays=arrays: np.savez(file, **arrays))
+            prepared.audio_files[(shape, seconds)] = path
 
 
 def _reference_generations(prepared: PreparedModel, new_tokens: int, depths: tuple[int, ...]) -> None:

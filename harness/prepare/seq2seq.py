@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from harness.core.records import UnsupportedError
+from harness.prepare.audio import window_seconds
 from harness.prepare.folder_checks import FolderError, read_config
 from harness.prepare.folders import folder_root
 from harness.prepare.greedy import PAST_DTYPES, Greedy
@@ -81,13 +82,13 @@ def start_token(graph: Path) -> int:
     return value
 
 
-WHISPER_HOP_S = 0.01  # Whisper's log-mel frames: a 160-sample hop at 16 kHz (3000 frames: its 30 s window)
-
-
-def audio_seconds(feeds: dict[str, np.ndarray]) -> float | None:
-    """The seconds of audio a speech case's log-mel features cover (None: not speech)."""
+def audio_seconds(feeds: dict[str, np.ndarray], case_seconds: int | None = None) -> float | None:
+    """The seconds of audio a speech case is fed: its --audio-seconds length (Case.audio_seconds), else the
+    encoder's window its log-mel features span (None: not speech)."""
     features = feeds.get("input_features")
-    return None if features is None else features.shape[-1] * WHISPER_HOP_S
+    if features is None:
+        return None
+    return float(case_seconds) if case_seconds is not None else window_seconds(features.shape[-1])
 
 
 def _names(session: Any) -> list[str]:

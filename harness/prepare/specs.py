@@ -91,6 +91,9 @@ class ModelSpec:
     # every case's input_ids, its length the sequence length; None: a prompt drawn per case. Not in the
     # fingerprint: one export serves every prompt.
     prompt: tuple[int, ...] | None = None
+    # the WAV a speech model's input is cut from where the run gives one (--audio: harness.prepare.audio); None:
+    # espeak-ng's passage. Not in the fingerprint: one export serves every clip.
+    audio: Path | None = None
 
     def case_shapes(self, batch_sizes: list[int], sequence_lengths: list[int]) -> list[tuple[int, int | None]]:
         """The (batch, seq) cases the request's sizes become for this model: an .onnx file with fixed
@@ -119,6 +122,12 @@ class ModelSpec:
     def is_seq2seq(self) -> bool:
         """An encoder–decoder with an LM head whose encoder reads tokens (T5) or log-mel features (Whisper)."""
         return self.architecture.endswith("ForConditionalGeneration") and self.inputs.kind in SEQ2SEQ_KINDS
+
+    @property
+    def takes_speech(self) -> bool:
+        """An encoder–decoder whose encoder reads log-mel features of speech (Whisper): its input is cut from a
+        spoken passage or a given WAV (harness.prepare.audio), its length a generation axis (--audio-seconds)."""
+        return self.is_seq2seq and self.inputs.kind == "audio-features"
 
     @property
     def context_length(self) -> int | None:

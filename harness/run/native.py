@@ -14,7 +14,7 @@ from harness.core.profiles import PROFILE_ITERATIONS
 from harness.core.records import Case, Control, Result, Target
 from harness.native import capabilities
 from harness.native.base import Availability
-from harness.prepare.prepared import PreparedModel, PrepareJob, unprepared_result
+from harness.prepare.prepared import PreparedModel, PrepareJob, audio_lengths, unprepared_result
 from harness.prepare.specs import ModelSpec
 from harness.run.ceilings import ceilings_asked, wanted
 from harness.run.measure import MeasureConfig
@@ -24,9 +24,10 @@ from harness.run.worker import Job, prepare_isolated, run_job
 
 
 def _prepare(plan: Plan, spec: ModelSpec) -> tuple[PreparedModel | None, str | None, str]:
-    shapes = sorted({(c.batch_size, c.seq_len) for c in plan.cases(spec)}, key=str)
+    cases = plan.cases(spec)
+    shapes = sorted({(c.batch_size, c.seq_len) for c in cases}, key=str)
     job = PrepareJob(spec, shapes, with_past=plan.exports_past(spec), plain=plan.exports_plain(spec),
-                     stop_at_eos=plan.request.stop_at_eos)  # fmt: skip
+                     stop_at_eos=plan.request.stop_at_eos, audio_seconds=audio_lengths(cases))  # fmt: skip
     prepared, outcome = prepare_isolated(job, plan.request.prepare_timeout_s)
     if prepared:
         return prepared, None, "ok"
@@ -112,8 +113,9 @@ def checked_generation(prepared: PreparedModel, result: Result | Control) -> Res
     try:
         graph = model_for_precision(source, result.precision)[0]
         # the prompt, or an encoder-decoder's encoder inputs (speech: its log-mel features)
-        prompt = {k: v for k, v in prepared.load_case((result.case.batch_size, result.case.seq_len))[0].items()
-                  if k in ("input_ids", "attention_mask", "input_features")}  # fmt: skip
+        case = result.case
+        feeds, _ = prepared.load_case((case.batch_size, case.seq_len), case.audio_seconds)
+        prompt = {k: v for k, v in feeds.items() if k in ("input_ids", "attention_mask", "input_features")}
         agree, facts, _ = check_generation(
             graph, source, prompt, result.generated_tokens, result.precision, "native", depth=result.case.depth or 0
         )

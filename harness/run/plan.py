@@ -9,7 +9,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from harness.core.bounds import MAX_BATCH, MAX_DEPTH, MAX_ITERATIONS, MAX_NEW_TOKENS, MAX_SEQUENCE, out_of_range
+from harness.core.bounds import (
+    MAX_AUDIO_SECONDS,
+    MAX_BATCH,
+    MAX_DEPTH,
+    MAX_ITERATIONS,
+    MAX_NEW_TOKENS,
+    MAX_SEQUENCE,
+    out_of_range,
+)
 from harness.core.options import (
     DB_HELP,
     MAX_TIMEOUT_S,
@@ -28,6 +36,7 @@ from harness.core.records import MODES, PRECISIONS, Case, Target, result_key
 from harness.core.threads import threaded_target, threads_option
 from harness.native import DEFAULT_ENGINES, ENGINES, capabilities
 from harness.native.base import Availability
+from harness.prepare.audio import AudioError, speech_window, wav_speech
 from harness.prepare.folders import own_precision
 from harness.prepare.greedy import generates_with_past
 from harness.prepare.prompts import PromptError, given_prompt, model_eos_ids
@@ -88,6 +97,17 @@ STOP_AT_EOS_HELP = (
     "--mode generate: stop a sequence at the tokenizer's or config's EOS id (default: EOS ignored, exactly "
     "--new-tokens tokens for fixed-length timing). Each row states which policy ran."
 )
+AUDIO_HELP = (
+    "A WAV file (PCM, mono or up to 8 channels, 8 to 192 kHz, at most 10 minutes) a speech model (Whisper) hears "
+    "instead of espeak-ng's spoken passage: mixed to mono, resampled to 16 kHz, made log-mel features by the "
+    "model's own feature extractor; the same features natively and in the page."
+)
+AUDIO_SECONDS_HELP = (
+    "--mode generate, speech models (Whisper): comma-separated seconds of audio, one case each (rows "
+    f"`tg16 @ d0 @ 5 s audio`): the speech trimmed or padded with silence to that length, at most the model's "
+    f"window ({MAX_AUDIO_SECONDS} s for Whisper, whose encoder always reads the whole window). The real-time factor "
+    "divides it by the generation's time. Default: the whole window."
+)
 MACHINE_LABEL_HELP = (
     "Name this machine in reports across machines (default: ACCELHARNESS_MACHINE_LABEL); letters, "
     "digits, '.', '_', '-', at most 64."
@@ -135,6 +155,11 @@ class RunOptions:
     chat: bool = option(False, flag="--chat", help=CHAT_HELP)
     prompt_ids: list[int] | None = option(None, flag="--prompt-ids", many=True, help=PROMPT_IDS_HELP)
     stop_at_eos: bool = option(False, flag="--stop-at-eos", help=STOP_AT_EOS_HELP)
+    # speech (Whisper): the clip its input is cut from (None: espeak-ng's passage) and the lengths, an axis of cases
+    audio: Path | None = option(None, flag="--audio", help=AUDIO_HELP)
+    audio_seconds: list[int] | None = option(
+        None, flag="--audio-seconds", many=True, low=1, high=MAX_AUDIO_SECONDS, help=AUDIO_SECONDS_HELP
+    )
     warmup: int = option(
         5, flag="--warmup", key="warmup_iterations", low=0, high=MAX_ITERATIONS,
         help="Untimed runs after the first run.",
@@ -261,8 +286,11 @@ def plan_cases(request: RunOptions, spec: ModelSpec, plans: Callable[[str, bool]
             continue
         tokens = request.new_tokens if mode == "generate" else None
         depths = list(dict.fromkeys(items(request.depths))) if mode == "generate" else [None]
+        audio = mode == "generate" and spec.takes_speech and request.audio_seconds is not None
+        lengths = list(dict.fromkeys(items(request.audio_seconds or []))) if audio else [None]
         # grouped by precision: a worker loads once per precision
-        cases += [Case(b, s, p, mode, tokens, d) for p in precisions(request) for b, s in shapes for d in depths]
+        cases += [Case(b, s, p, mode, tokens, d, a) for p in precisions(request) for b, s in shapes for d in depths
+                  for a in lengths]  # fmt: skip
     return cases
 
 
@@ -313,9 +341,19 @@ def per_thread_count(
 def check_generation(request: RunOptions, specs: list[ModelSpec], modes: list[str]) -> None:
     """--new-tokens within its bound, and every prompt plus its new tokens within each generative model's
     context: refused here, before anything is prepared, rather than failing inside the model."""
-    check(request, declared(RunOptions), ("new_tokens", "depths"))
+    check(request, declared(RunOptions), ("new_tokens", "depths", "audio_seconds"))
     if "generate" in modes:
         check_context(specs, request.sequence_lengths, request.new_tokens, depths=items(request.depths))
+        check_audio_seconds(specs, items(request.audio_seconds or []))
+
+
+def check_audio_seconds(specs: list[ModelSpec], lengths: list[int], name: str = "--audio-seconds") -> None:
+    """Every audio length within each speech model's window (the seconds its encoder hears at once)."""
+    for spec in specs:
+        window = speech_window(spec) if spec.takes_speech else None
+        if window is not None and lengths and max(lengths) > window:
+            raise RequestError(f"{spec.name} hears at most {window:g} s (its encoder's window): {name} "
+                               f"{max(lengths)} is longer; give 1 to {window:g}")  # fmt: skip
 
 
 def check_context(
@@ -377,7 +415,22 @@ def check_selection(request: RunOptions) -> list[ModelSpec]:
         raise RequestError(str(exc)) from exc
     if not specs:
         raise RequestError("the model selection is empty: check --model / --model-families")
-    return [with_prompt(request, spec) for spec in specs]
+    return [with_audio(request, with_prompt(request, spec)) for spec in specs]
+
+
+def with_audio(request: RunOptions, spec: ModelSpec) -> ModelSpec:
+    """The spec carrying the --audio file its speech is cut from, the file read and checked now (a WAV from
+    elsewhere, bounded: harness.prepare.audio); unchanged when the run gives none."""
+    if request.audio is None:
+        return spec
+    if not spec.takes_speech:
+        raise RequestError(f"{spec.name} takes no speech (only Whisper-style speech models do); drop --audio")
+    path = Path(request.audio)
+    try:
+        wav_speech(path)
+    except AudioError as exc:
+        raise RequestError(f"--audio {path.name}: {exc}; nothing was run") from None
+    return replace(spec, audio=path.resolve())
 
 
 def with_prompt(request: RunOptions, spec: ModelSpec) -> ModelSpec:

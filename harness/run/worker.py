@@ -66,7 +66,7 @@ def _run_mode(job: Job, session: Any, case: Case, feeds: dict[str, np.ndarray], 
 
 
 def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: PeakRss) -> Result:
-    feeds, reference = job.prepared.load_case((case.batch_size, case.seq_len))
+    feeds, reference = job.prepared.load_case((case.batch_size, case.seq_len), case.audio_seconds)
     eos = job.prepared.eos if case.mode == "generate" else ()  # the ids --stop-at-eos stops at, or ()
     measured = _run_mode(job, session, case, feeds, rss, eos)
     items = (1 + measured.budget["warmup_run"] + len(measured.samples_ms)) * case.batch_size
@@ -80,9 +80,10 @@ def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: Pea
         **measured.budget,  # max_time_s, warmup_run, budget_stopped
     }
     details |= load.pop("details")
-    if measured.encoder_samples_ms:  # an encoder–decoder: its encoder's phase and, for speech, the real-time factor
-        figures = encoder_figures(measured.encoder_samples_ms, measured.samples_ms, audio_seconds(feeds))
-        details |= figures | {"encoder_samples_ms": measured.encoder_samples_ms, "audio_seconds": audio_seconds(feeds)}
+    seconds = audio_seconds(feeds, case.audio_seconds) if case.mode == "generate" else None
+    if measured.encoder_samples_ms or seconds:  # an encoder–decoder's encoder phase; speech's real-time factor
+        figures = encoder_figures(measured.encoder_samples_ms, measured.samples_ms, seconds)
+        details |= figures | {"encoder_samples_ms": measured.encoder_samples_ms or None, "audio_seconds": seconds}
     text: dict[str, Any] = {}
     if case.mode == "generate" and "input_ids" in feeds:  # speech has no prompt tokens
         text = job.prepared.text_fields(feeds["input_ids"], measured.generated_tokens, details)
