@@ -289,6 +289,10 @@ def rename_run(tables: Tables, run_id: str) -> None:
 INVALID = {
     "status": (lambda t: set_cell(t, "results", "status", 0, "bogus"), "results.parquet row 1, column status: 'bogus'"),
     "batch": (lambda t: set_cell(t, "results", "batch_size", 0, -5), "column batch_size: '-5' is not valid"),
+    "audio": (  # --audio-seconds past Whisper's window (harness.core.bounds.MAX_AUDIO_SECONDS)
+        lambda t: set_cell(t, "results", "audio_seconds", 0, 31, pa.int32()),
+        "column audio_seconds: '31' is not valid (valid: NULL or 1 to 30)",
+    ),
     "nan": (lambda t: set_cell(t, "samples", "latency_ms", 2, math.nan), "samples.parquet row 3, column latency_ms"),
     "negative": (lambda t: set_cell(t, "samples", "latency_ms", 0, -1.0), "samples.parquet row 1, column latency_ms"),
     "inf": (lambda t: set_cell(t, "samples", "latency_ms", 4, math.inf), "samples.parquet row 5, column latency_ms"),

@@ -74,7 +74,7 @@ class PreparedModel:
             "export": self.export,
             "parameters": self.parameters,
         } | dict(fields.pop("details", {}))
-        if self.speech is not None and case.mode == "generate":
+        if self.speech is not None:  # what a speech model heard, for every row of it
             details["audio_input"] = self.audio_input(case)
         return Result(
             model=self.spec.name,
