@@ -102,6 +102,23 @@ def test_a_bad_wav_or_a_length_past_the_window_exits_2_and_writes_nothing(tmp_pa
     assert other.returncode == 2 and "bert-tiny takes no speech" in other.stderr + other.stdout and not db.exists()
 
 
+def test_a_length_past_a_models_own_window_is_refused() -> None:
+    """The option's bound is Whisper's 30 s; a model whose encoder hears less (max_source_positions 750: 15 s)
+    refuses a length past its own window, naming it."""
+    from dataclasses import replace
+
+    from harness.core.options import RequestError
+    from harness.prepare.specs import select_specs
+    from harness.run.plan import check_audio_seconds
+
+    (spec,) = select_specs(["whisper-tiny"], None, False)
+    check_audio_seconds([spec], [5, 30])
+    narrow = replace(spec, name="whisper-narrow", config=spec.config | {"max_source_positions": 750})
+    with pytest.raises(RequestError, match=r"whisper-narrow hears at most 15 s \(its encoder's window\): "
+                                           r"--audio-seconds 20 is longer; give 1 to 15"):  # fmt: skip
+        check_audio_seconds([narrow], [5, 20])
+
+
 def test_without_espeak_ng_the_input_is_noise_and_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # no espeak-ng on it
     assert espeak_speech(tmp_path) is None
