@@ -85,8 +85,8 @@ from harness.web.flags import BROWSERS, GPU_MODES, GpuProfile
 from harness.web.page_job import ExternalData, GenerateJob, PageInput, PageJob, StopRule
 
 ENGINE = BROWSER_ENGINE
-# The faults hook's planted input bug (tests): a speech case's page is fed the whole window's features, not its
-# --audio-seconds length's, while its row is checked against native ORT on the case's own.
+# The faults hook's planted input bug (tests): `page-window-audio:N` feeds the page of a speech case of N seconds
+# the whole window's features, not its own, while its row is checked against native ORT on the case's own.
 WINDOW_AUDIO_FAULT = "page-window-audio"
 WEB_MODES = ("inference", "generate")  # training needs a backward pass ORT-web's inference build lacks
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -458,7 +458,8 @@ def page_job(
 ) -> PageJob:
     """Hand the page the case's ONNX file (the export, or `model`: its precision's conversion) and input
     tensors (from the PreparedModel's npz; a speech generation's at its audio length), and describe the page job."""
-    audio = None if WINDOW_AUDIO_FAULT in injected_faults() else case.audio_seconds
+    planted = f"{WINDOW_AUDIO_FAULT}:{case.audio_seconds}" in injected_faults()
+    audio = None if planted else case.audio_seconds
     feeds, _ = prepared.load_case((case.batch_size, case.seq_len), audio)
     model = model or case_model(prepared, case)[0]
     assert model is not None
