@@ -12,6 +12,7 @@ the input is seeded white noise, and every row says so (`audio_input`): never a 
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
 import wave
@@ -75,7 +76,9 @@ def read_wav(path: Path) -> tuple[np.ndarray, int, int]:
         size = path.stat().st_size
     except OSError as exc:
         raise AudioError(f"cannot read it ({exc.strerror or exc})") from None
-    if not path.is_file() or size > MAX_AUDIO_BYTES:
+    if not path.is_file():
+        raise AudioError("not a file; a WAV file is valid")
+    if size > MAX_AUDIO_BYTES:
         raise AudioError(f"a WAV file of at most {MAX_AUDIO_BYTES // 2**20} MiB is valid (got {size:,} bytes)")
     try:
         with wave.open(str(path), "rb") as file:
@@ -148,7 +151,7 @@ def espeak_speech(folder: Path) -> Speech | None:
     wav = folder / f"espeak-{digest}.wav"
     if not wav.exists():
         folder.mkdir(parents=True, exist_ok=True)
-        partial = wav.with_name(f".{wav.name}.{id(wav)}.tmp")
+        partial = wav.with_name(f".{wav.name}.{os.getpid()}.tmp")  # two preparers at once: each its own
         subprocess.run([binary, "-v", VOICE, "-w", str(partial), PASSAGE], check=True, capture_output=True,
                        timeout=ESPEAK_TIMEOUT_S)  # fmt: skip
         partial.replace(wav)
