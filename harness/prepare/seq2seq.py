@@ -12,7 +12,7 @@ exactly new_tokens tokens, EOS ignored. web/page/seq2seq.mjs runs the same steps
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,9 @@ class Seq2SeqFiles:
     encoder: Path
     decoder: Path
     decoder_past: Path
+    # the layout's own first decoder step (beside its config.json, whose start token begins the decoder) where
+    # these are conversions of its graphs cached elsewhere; None: `decoder` is it
+    origin: Path | None = field(default=None, compare=False)
 
     @property
     def merged(self) -> bool:
@@ -204,7 +207,7 @@ def precision_files(decoder: Path, precision: str) -> tuple[Seq2SeqFiles, str, d
     encoder, encoder_ran, _ = model_for_precision(layout.encoder, asked["encoder"])
     first, ran, facts = model_for_precision(layout.decoder, asked["decoder"])
     later = first if layout.merged else model_for_precision(layout.decoder_past, asked["decoder"])[0]
-    files, ran_by_graph = Seq2SeqFiles(encoder, first, later), {"encoder": encoder_ran, "decoder": ran}
+    files, ran_by_graph = Seq2SeqFiles(encoder, first, later, decoder), {"encoder": encoder_ran, "decoder": ran}
     facts = facts | {"graph_files": files.names(), "graph_precision": ran_by_graph}
     return files, graph_label(ran_by_graph), facts
 
@@ -213,7 +216,7 @@ def load_seq2seq(files: Seq2SeqFiles, open_session: Callable[[Path], Any]) -> Se
     """The loop over a layout's graphs, each opened by open_session (a merged decoder once)."""
     encoder, decoder = open_session(files.encoder), open_session(files.decoder)
     past = decoder if files.merged else open_session(files.decoder_past)
-    return Seq2SeqGreedy((encoder, decoder, past), start_token(files.decoder))
+    return Seq2SeqGreedy((encoder, decoder, past), start_token(files.origin or files.decoder))
 
 
 def cpu_session(path: Path) -> Any:
