@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.bounds import MAX_CONFIG_BYTES
+from harness.prepare.folder_layouts import seq2seq_decoder
 
 FAMILIES = ("embedding", "text_generation", "vision", "audio", "multimodal")
 # How inputs are generated (harness/prepare/inputs.py): token ids, images, waveforms, log-mel features,
@@ -128,6 +129,12 @@ class ModelSpec:
         """An encoder–decoder whose encoder reads log-mel features of speech (Whisper): its input is cut from a
         spoken passage or a given WAV (harness.prepare.audio), its length a generation axis (--audio-seconds)."""
         return self.is_seq2seq and self.inputs.kind == "audio-features"
+
+    @property
+    def is_encoder_decoder(self) -> bool:
+        """An encoder–decoder that generates on ONNX graphs: T5, Whisper, or a folder's layout given by
+        --model-path (its graph the encoder, a decoder beside it): the models a per-graph precision names."""
+        return self.is_seq2seq or (self.is_onnx_file and seq2seq_decoder(self.local_path) is not None)
 
     @property
     def context_length(self) -> int | None:
