@@ -80,6 +80,9 @@ def test_a_transformers_js_whisper_folder_runs_an_fp32_encoder_and_a_q4_decoder(
         assert row["token_reference"] == f"onnxruntime CPUExecutionProvider on {FILES['encoder']} + {FILES['decoder']}"
         assert row["agreement_top1"] is not None  # beside the fp32 graphs: both fp32 files of the folder
         assert row["details"]["quality_reference"].endswith("onnx/decoder_model_merged.onnx (fp32)")
+        # the folder's encoder hears speech as a spec model's does (harness.prepare.audio), and says which
+        assert row["details"]["audio_input"].startswith(("espeak-ng (", "synthetic white noise, not speech"))
+        assert row["details"]["audio_seconds"] == 30.0 and row["real_time_factor"] > 0
     assert json.loads(page["generated_tokens"]) == json.loads(native["generated_tokens"])
     assert page["tokens_matched"] == 4 and page["details"]["encoder_ms"] > 0
     computed = native["details"]["graph_compute_precision"]  # read from the graphs ORT optimized, If branches too

@@ -216,6 +216,18 @@ def describe(source: str, own_seconds: float, seconds: float) -> str:
     return f"{source}; {how} to {seconds:g} s"
 
 
+@cache
+def takes_log_mel(encoder: Path) -> bool:
+    """Whether an ONNX encoder (a folder's, given by --model-path) reads Whisper's log-mel features: a 3-D
+    `input_features` [batch, mel bins, frames] (its proto read without weights, once per file)."""
+    import onnx
+
+    for value in onnx.load(str(encoder), load_external_data=False).graph.input:
+        if value.name == "input_features":
+            return len(value.type.tensor_type.shape.dim) == 3
+    return False
+
+
 WHISPER_POSITIONS = 1500  # WhisperConfig's default max_source_positions: 3000 frames, a 30 s window
 
 

@@ -427,6 +427,10 @@ def _prepare_onnx_file(job: PrepareJob) -> PreparedModel:
 
     def build(batch: int, seq: int | None) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
         feeds = make_signature_inputs(signature, spec.name, batch, seq, tables, vocab, spec.prompt)
+        if spec.takes_speech:  # a folder's Whisper encoder: the window of speech, as a spec model's (inputs.py)
+            from harness.prepare.audio import speech_features, speech_input
+
+            feeds["input_features"] = speech_features(speech_input(spec.audio), feeds["input_features"].shape)
         if past:  # the prompt with an empty past (a prefill)
             feeds = prefill_feeds(session, feeds, past_shape(spec.local_path))
         return feeds, list(session.run(None, feeds)) if session is not None else []

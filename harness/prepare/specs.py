@@ -126,8 +126,13 @@ class ModelSpec:
 
     @property
     def takes_speech(self) -> bool:
-        """An encoder–decoder whose encoder reads log-mel features of speech (Whisper): its input is cut from a
-        spoken passage or a given WAV (harness.prepare.audio), its length a generation axis (--audio-seconds)."""
+        """An encoder–decoder whose encoder reads log-mel features of speech (Whisper, or a folder's layout whose
+        encoder takes them): its input is cut from a spoken passage or a given WAV (harness.prepare.audio), its
+        length a generation axis (--audio-seconds)."""
+        if self.is_onnx_file:
+            from harness.prepare.audio import takes_log_mel
+
+            return self.is_encoder_decoder and takes_log_mel(Path(str(self.local_path)))
         return self.is_seq2seq and self.inputs.kind == "audio-features"
 
     @property
