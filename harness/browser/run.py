@@ -40,6 +40,7 @@ from harness.core.records import Case, Ceiling, Control, Result, Target, Unsuppo
 from harness.core.threads import threads_option, with_threads
 from harness.prepare.external import external_data_problem, external_locations, model_bytes
 from harness.prepare.prepared import PreparedModel, PrepareJob, unprepared_result
+from harness.prepare.seq2seq import precision_files, seq2seq_files
 from harness.prepare.specs import ModelSpec
 from harness.prepare.variants import model_for_precision
 from harness.run.ceilings import (
@@ -66,6 +67,7 @@ from harness.run.control import (
     control_model_path,
     control_positions,
 )
+from harness.run.hardware import PlatformStatus
 from harness.run.plan import (
     RequestError,
     RunOptions,
@@ -419,15 +421,21 @@ def browser_problem(model: Path) -> tuple[str, str] | None:
 @cache
 def precision_model(onnx_path: Path, precision: str) -> tuple[Path | None, str, dict[str, Any]]:
     """(model file, precision it runs in, conversion facts) — the same file native ORT runs for that
-    precision (cached as <key>-<precision> next to the export) — or (None, precision, {'why': …,
-    'status': …}) when it has no such file or the browser cannot take it (browser_problem)."""
+    precision (cached as <key>-<precision> next to the export; an encoder–decoder's first decoder step, its
+    other graphs beside it at their own precisions: harness.prepare.seq2seq.precision_files) — or (None,
+    precision, {'why': …, 'status': …}) when it has no such file or the browser cannot take it (browser_problem)."""
     try:
-        model, ran, facts = model_for_precision(onnx_path, precision)
+        if seq2seq_files(onnx_path) is not None:  # an encoder–decoder's graphs, each at its own precision
+            files, ran, facts = precision_files(onnx_path, precision)
+            model, graphs = files.decoder, list(dict.fromkeys((files.encoder, files.decoder, files.decoder_past)))
+        else:
+            (model, ran, facts), graphs = model_for_precision(onnx_path, precision), []
     except UnsupportedError as exc:
         return None, precision, {"why": str(exc), "status": "unsupported"}
-    if (problem := browser_problem(model)) is not None:
+    graphs = graphs or [model]
+    if (problem := next(filter(None, map(browser_problem, graphs)), None)) is not None:
         return None, precision, {"why": problem[1], "status": problem[0]}
-    return model, ran, facts | {"model_bytes": model_bytes(model)}
+    return model, ran, facts | {"model_bytes": sum(model_bytes(graph) for graph in graphs)}
 
 
 def stop_rule(request: WebRequest) -> StopRule:
@@ -665,6 +673,7 @@ async def _run_ep(
     measured: dict[Target, set[tuple[str, str]]] = {}  # each target's ceilings measured in this run
     controls = _control_points(jobs)
     timeout_s = plan.request.timeout_s
+    seen = False  # this EP's platform, as its own browser sees it, is stored once (the hardware table)
     try:
         for index, (spec, prepared, why, setting, case) in enumerate(jobs):
             row = not_runnable(spec, prepared, why, setting, case)
@@ -680,6 +689,8 @@ async def _run_ep(
                 for ceiling in await measure_page_ceilings(files, session, setting, needed, timeout_s):
                     emit(ceiling)
                 row = await _run_case(files, session, plan, prepared, setting, case, faults.get(setting.provider))
+                if not seen and session.browser is not None:
+                    seen = await platform_seen(session, setting, emit)
             emit(row)
             for each, position in controls.get(index, []):
                 if session is not None and position != "start":
@@ -687,6 +698,17 @@ async def _run_ep(
     finally:
         if session is not None:
             await session.close()
+
+
+async def platform_seen(session: Any, setting: EpSetting, emit: Emit) -> bool:
+    """Store the EP's platform as the browser that ran it sees it; False when the probe page could not answer
+    (the platform is then not stored: not probed is not unavailable)."""
+    try:
+        verdict = await session.platform_verdict(setting.ep, setting.device_type)
+    except Exception:  # a browser that died mid-run: its rows say why; the next job's browser is asked
+        return False
+    emit(PlatformStatus(*verdict))
+    return True
 
 
 def _control_points(jobs: list[tuple[Any, ...]]) -> dict[int, list[tuple[EpSetting, str]]]:
