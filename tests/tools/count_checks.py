@@ -68,15 +68,19 @@ def is_run(call: ast.Call, constants: dict[str, list[str]]) -> bool:
     return command in BENCHMARKS and not NOT_MEASURING & set(words)
 
 
-def parametrize_cases(decorators: list[ast.expr]) -> tuple[int, str | None]:
-    """(the product of the parametrize cases, the fixture scope if this is a fixture)."""
+def parametrize_cases(decorators: list[ast.expr], lengths: dict[str, int]) -> tuple[int, str | None]:
+    """(the product of the parametrize cases, the fixture scope if this is a fixture); `lengths`: the module's
+    list constants by name (parametrize("models", KIND_SUBSETS))."""
     cases, scope = 1, None
     for decorator in decorators:
         call = decorator if isinstance(decorator, ast.Call) else None
         name = ast.unparse(call.func if call else decorator)
         if name.endswith("parametrize") and call and len(call.args) > 1:
             values = call.args[1]
-            cases *= len(values.elts) if isinstance(values, ast.List | ast.Tuple) else 1
+            if isinstance(values, ast.List | ast.Tuple):
+                cases *= len(values.elts)
+            elif isinstance(values, ast.Name):
+                cases *= lengths.get(values.id, 1)
         if name.endswith("fixture"):
             scope = "function"
             for keyword in call.keywords if call else []:
@@ -90,12 +94,18 @@ def parametrize_cases(decorators: list[ast.expr]) -> tuple[int, str | None]:
 def read_module(path: Path) -> dict[str, Function]:
     tree = ast.parse(path.read_text(encoding="utf-8"))
     constants = list_constants([n for n in tree.body if isinstance(n, ast.Assign)], {})  # NATIVE = [...]
+    lengths = {
+        node.targets[0].id: len(node.value.elts)
+        for node in tree.body
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+        if isinstance(node.value, ast.List | ast.Tuple)
+    }
     functions: dict[str, Function] = {}
     for node in tree.body:  # module-level functions; a class's methods together as one helper named for it
         if isinstance(node, ast.FunctionDef):
-            functions[node.name] = read_function(node, constants)
+            functions[node.name] = read_function(node, constants, lengths)
         elif isinstance(node, ast.ClassDef):
-            methods = [read_function(m, constants) for m in node.body if isinstance(m, ast.FunctionDef)]
+            methods = [read_function(m, constants, lengths) for m in node.body if isinstance(m, ast.FunctionDef)]
             runner = Function(node.name, runs=sum(m.runs for m in methods), asserts=sum(m.asserts for m in methods))
             runner.calls = [c for m in methods for c in m.calls]
             functions[node.name] = runner
@@ -116,9 +126,9 @@ def list_constants(body: list[ast.stmt], outer: dict[str, list[str]]) -> dict[st
     return constants
 
 
-def read_function(node: ast.FunctionDef, module_constants: dict[str, list[str]]) -> Function:
+def read_function(node: ast.FunctionDef, module_constants: dict[str, list[str]], lengths: dict[str, int]) -> Function:
     constants = list_constants(node.body, module_constants)
-    cases, scope = parametrize_cases(node.decorator_list)
+    cases, scope = parametrize_cases(node.decorator_list, lengths)
     function = Function(node.name, cases=cases, fixture=scope, arguments=[a.arg for a in node.args.args])
     for inner in ast.walk(node):
         if isinstance(inner, ast.Assert):
