@@ -20,7 +20,7 @@ from harness.prepare.specs import load_specs
 QUICK = ["--iterations", "3", "--warmup", "1", "--min-duration", "0", "--sequence-lengths", "16"]
 # One tiny model per input kind added for the key classes (DETR: the vision kind with a backbone), in two
 # runs of about equal cost, so that pytest -n's two workers share them (one run of all six was CI's slowest test).
-KIND_SUBSETS = [["llava-next-tiny", "t5-tiny"], ["whisper-tiny", "llava-tiny", "detr-tiny", "xclip-tiny"]]
+KIND_SUBSETS = [["llava-next-tiny", "t5-tiny", "xclip-tiny"], ["whisper-tiny", "llava-tiny", "detr-tiny"]]
 KEY_CLASSES = [
     "BertModel",
     "T5ForConditionalGeneration",
@@ -71,7 +71,7 @@ def check_torch_and_ort(results: list[dict], models: list[str]) -> None:
             assert ort_row["status"] in ("ok", "mismatch"), (model, ort_row["error"])
 
 
-@pytest.mark.parametrize("models", KIND_SUBSETS, ids=["next-t5", "whisper-llava-detr-xclip"])
+@pytest.mark.parametrize("models", KIND_SUBSETS, ids=["next-t5-xclip", "whisper-llava-detr"])
 def test_one_model_per_new_input_kind_runs_on_torch_and_onnxruntime(tmp_path: Path, models: list[str]) -> None:
     results = run_models(tmp_path, models, "--engines", "torch,onnxruntime")
     check_torch_and_ort(results, models)
