@@ -43,7 +43,7 @@ def modes_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "--sequence-lengths",
         "8",
         "--mode",
-        "generate,training",  # inference rows are test_native_run.py's; no test here reads one
+        "inference,generate,training",  # its plain exports serve the with_past fixture below
         "--new-tokens",
         "6",
         *QUICK,
