@@ -33,6 +33,7 @@ from scipy import stats
 
 from harness.analysis.compare import ALPHA, case_fields, case_key
 from harness.analysis.drift import control_ms, run_controls
+from harness.analysis.options import HISTORY_FORMATS
 from harness.analysis.tables import AnalysisError, Table, render_table
 from harness.core.bounds import MAX_BATCH, MAX_WINDOW, out_of_range
 from harness.core.escaping import markdown_text
@@ -41,7 +42,7 @@ from harness.core.records import MEASURED
 from harness.core.stats import nearest_rank
 from harness.store import Store, open_store
 
-FORMATS = ("md", "json")
+FORMATS = HISTORY_FORMATS  # declared with --format (harness.analysis.options), light to import
 SAMPLE_METRICS = ("throughput_per_s",)  # plus every latency_* column
 NUMERIC_TYPES = ("DOUBLE", "INTEGER", "BIGINT", "FLOAT")
 SAMPLE_QUANTILE = re.compile(r"^latency_p(\d{1,2})_ms$")
