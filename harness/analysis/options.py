@@ -15,7 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.analysis.query import EXPORT_FORMATS, EXPORT_TABLES, REPORTS
 from harness.analysis.tables import FORMATS as TABLE_FORMATS
 from harness.core.bounds import MAX_BATCH, MAX_WINDOW
 from harness.core.options import DEFAULT_OUTPUT_DIR, option, reuse
@@ -26,6 +25,10 @@ from harness.store import DEFAULT_DB
 COMPARE_FORMATS = ("md", "json", "html")  # compare's and ab's verdict (harness.analysis.compare.render)
 HISTORY_FORMATS = ("md", "json")  # harness.analysis.history.render
 REPORT_FORMATS = ("json", "md", "csv", "html")  # a run's report files (harness.report.FORMATS)
+# query --report's canned reports, export's tables and file formats (harness.analysis.query runs them)
+REPORTS = ("latest", "best-hardware", "compatibility", "regressions", "ops", "machines")
+EXPORT_TABLES = ("runs", "hardware", "results", "samples", "operators", "controls")
+EXPORT_FORMATS = ("parquet", "csv")
 METHOD_CHOICES = ("any", "operators")  # predict --method (harness.analysis.predict_model)
 AB_FORMATS = ("md", "json")  # ab's verdict
 SEVERAL_RUNS = "RUN,RUN,… for several, or all."
@@ -38,6 +41,7 @@ class Shared:
 
     model: str | None = option(flag="--model", help="The model, by its stored name (an .onnx file's stem).")
     batch_size: int | None = option(flag="--batch-size", low=1, high=MAX_BATCH, help="The batch size.")
+    model_family: str | None = option(flag="--model-family", help="A model family.")
     machine: str | None = option(
         flag="--machine",
         help="Learn from this machine's runs only: an exact machine id, a unique id prefix of at least 8 characters, "
@@ -66,7 +70,7 @@ class Matrix:
 class Predict:
     model: str | None = reuse(Shared, "model", default=None, note="Or a model spec (`accelharness models`).")
     model_path: Path | None = reuse(Everywhere, "model_path", default=None)
-    model_family: str | None = option(None, flag="--model-family", help="The family of a --model-path model.")
+    model_family: str | None = reuse(Shared, "model_family", default=None, note="That of a --model-path model.")
     hardware: str | None = reuse(Everywhere, "hardware", default=None, note="Comma-separated.")
     engines: str | None = option(None, flag="--engines", help="Only these engines, comma-separated.")
     precision: str = option(
@@ -94,7 +98,7 @@ class Predict:
 @dataclass(frozen=True)
 class Recommend:
     model: str | None = reuse(Shared, "model", default=None)
-    model_family: str | None = option(None, flag="--model-family", help="Model family (uses its measured models).")
+    model_family: str | None = reuse(Shared, "model_family", default=None, note="Its measured models.")
     task: str | None = option(None, flag="--task", help="HF task, e.g. text-generation (maps to a family).")
     batch_size: int = reuse(Shared, "batch_size", default=1, note="Recommend for it.")
     mode: str = option(
@@ -127,7 +131,7 @@ class AbVerdict:
 
 @dataclass(frozen=True)
 class Compare:
-    baseline: str | None = reuse(Everywhere, "baseline", default=None, note="A, e.g. latest-on-main; then pass only B.")
+    baseline: str | None = reuse(Everywhere, "baseline", default=None, note="It is A (latest-on-main…): pass only B.")
     threshold: str = reuse(Everywhere, "threshold", default="5%")
     quantile: float = option(0.5, flag="--quantile", help="Statistic: 0.5 = median; 0.25 resists load spikes.")
     fail_on_regression: bool = reuse(Everywhere, "fail_on_regression", default=False)
