@@ -81,7 +81,7 @@ class Predict:
         False, flag="--evaluate", help="Print each method's leave-one-model-out latency MAPE per target."
     )
     method: str = option(
-        "any", flag="--method", choices=METHOD_CHOICES,
+        "any", flag="--method", choices=METHOD_CHOICES, noun="method",
         help="any: each target by the best method it has; operators: that method's targets only.",
     )  # fmt: skip
     max_error: str | None = option(

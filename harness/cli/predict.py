@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 
 from harness.analysis.machines import one_machine
-from harness.analysis.options import METHOD_CHOICES, Predict
+from harness.analysis.options import Predict
 from harness.analysis.tables import AnalysisError
 from harness.cli.common import (
     console,
@@ -125,8 +125,7 @@ def _error_bound(method: str, max_error: str | None) -> float | None:
     """--max-error as a fraction (None: no bound), after checking --method."""
     from harness.analysis.compare import parse_threshold
 
-    if method not in METHOD_CHOICES:
-        raise fail(f"unknown --method '{method}'; valid: {', '.join(METHOD_CHOICES)}")
+    refuse_bad(Predict, method=method)
     if max_error is None:
         return None
     try:
