@@ -1,11 +1,13 @@
 """The options of the commands that read the store (report, matrix, predict, recommend, compare, history, query,
-export) and of `ab`'s verdict, each declared once (harness.core.options): one dataclass per command, whose
-fields are its options in --help order; harness.cli builds each command from its dataclass (with_options).
+export), of those that manage it (models, db init, import, merge) and of `ab`'s verdict, each declared once
+(harness.core.options): one dataclass per command, whose fields are its options in --help order; harness.cli
+builds each command from its dataclass (with_options).
 
 An option more than one command takes is declared once, on `Shared` here or harness.core.options.Shared
 (those the suite and the benchmarks take too), and each command's field reuses it with its own default and
 its choices narrowed to the table that owns them. The tables of choices whose modules are heavy to import
-(compare's scipy, the report's plots) are here, so `accelharness --help` imports none of them.
+(compare's scipy, the report's plots) or that would close a cycle (query's) are here, and those modules read
+them from here, so `accelharness --help` imports none of them.
 
 Never built: a command's values go to the analysis functions, which check them as the Python API's caller's.
 """
