@@ -216,8 +216,7 @@ def compare_command(
     if len(runs) > (1 if baseline else 2):
         raise fail("compare takes two runs A B, or --baseline A and one run B")
     a, b = (baseline, runs[0] if runs else "latest") if baseline else [*runs, *("previous", "latest")[len(runs) :]]
-    if fmt not in compare.FORMATS:
-        raise fail(f"unknown format '{fmt}'; valid: {', '.join(compare.FORMATS)}")
+    refuse_bad(declared.Compare, fmt=fmt)
     try:
         if plot_comparison is not None:
             compare.check_plot_path(plot_comparison)
@@ -258,9 +257,8 @@ def history_command(
     from harness.analysis.tables import AnalysisError
 
     filters = {"hardware": hardware, "engine": engine, "batch_size": batch_size}
+    refuse_bad(declared.History, fmt=fmt)
     try:
-        if fmt not in history.FORMATS:
-            raise AnalysisError(f"unknown format '{fmt}'; valid: {', '.join(history.FORMATS)}")
         result = history.history(db_path, model, metric, filters, parse_threshold(threshold), window)
     except (AnalysisError, StoreError) as exc:
         raise fail(str(exc)) from None
@@ -277,9 +275,8 @@ def query_command(
 
     if (report is None) == (sql is None):
         raise fail("query takes either --report NAME or --sql 'SELECT …'")
+    refuse_bad(declared.Query, fmt=fmt)
     try:
-        if fmt not in tables.FORMATS:
-            raise tables.AnalysisError(f"unknown format '{fmt}'; valid: {', '.join(tables.FORMATS)}")
         if sql is not None:
             table = query.run_sql(db_path, sql)
         else:
