@@ -462,6 +462,8 @@ class Store:
             )
 
     def add_hardware(self, run_id: str, rows: list[dict[str, Any]]) -> None:
+        if not rows:  # a browser-only run probes no native platform
+            return
         self.connection.executemany(
             "INSERT INTO hardware VALUES (?, ?, ?, ?, ?, ?)",
             [

@@ -161,3 +161,54 @@ def bert_tiny_export() -> Path:
     export = prepared("bert-tiny").onnx_path
     assert export is not None
     return export
+
+
+def test_a_rows_count_is_remembered_per_file_content_and_recounted_when_either_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """harness.prepare.work_memo: the same file at the same case is counted once; an edited file, another case
+    or a damaged entry is counted afresh (never trusted)."""
+    import harness.run.ceilings as ceilings
+    from harness.core.records import Case
+    from harness.prepare.work_memo import MEMO_DIR
+
+    monkeypatch.setenv("ACCELHARNESS_CACHE_DIR", str(tmp_path / "cache"))
+    weight = np.ones((16, 32), np.float32)
+    path = save(tmp_path, [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+                [value("x", ["batch", 16])], [value("y", ["batch", 32])], {"w": weight})  # fmt: skip
+    counts: list[Case] = []
+    real_count = ceilings._count
+
+    def counting(model: Path, case: Case, shapes: dict) -> tuple:
+        counts.append(case)
+        return real_count(model, case, shapes)
+
+    monkeypatch.setattr(ceilings, "_count", counting)
+    case = Case(batch_size=2, seq_len=None, precision="fp32")
+    first = ceilings.row_work(path, case, {"x": [2, 16]})
+    assert first[0]["flops_per_item"] == 2 * 16 * 32 and len(counts) == 1
+    assert ceilings.row_work(path, case, {"x": [2, 16]}) == first and len(counts) == 1  # remembered
+    ceilings.row_work(path, Case(batch_size=4, seq_len=None, precision="fp32"), {"x": [4, 16]})
+    assert len(counts) == 2  # another workload
+    assert len(list((tmp_path / "cache" / MEMO_DIR).glob("*.json"))) == 2
+    for damaged in (b"[1, 2", b'"not a pair"', b"x" * (2 << 20)):
+        for memo in (tmp_path / "cache" / MEMO_DIR).glob("*.json"):
+            memo.write_bytes(damaged)
+        assert ceilings.row_work(path, case, {"x": [2, 16]}) == first  # recounted, the same answer
+    before = len(counts)
+    save(tmp_path, [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+         [value("x", ["batch", 16])], [value("y", ["batch", 64])], {"w": np.ones((16, 64), np.float32)})  # fmt: skip
+    assert ceilings.row_work(path, case, {"x": [2, 16]})[0]["flops_per_item"] == 2 * 16 * 64
+    assert len(counts) == before + 1  # the file's bytes changed: counted afresh
+
+
+def test_onnx_runtimes_symbolic_inference_loads_without_torch() -> None:
+    """onnxruntime.tools' __init__ imports torch when installed: the counting worker loads the one file instead."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from harness.core.graph_cost import _symbolic_shape_inference as s; "
+            "assert s().__name__ == 'SymbolicShapeInference'; print('torch' in sys.modules)")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"

@@ -245,14 +245,14 @@ def test_the_calling_process_never_imports_torch(tmp_path: Path) -> None:
         "    with open_store(Path(db), read_only=True) as store:\n"
         "        platforms = sorted(r['platform'] for r in store.hardware_rows(summary.run_id))\n"
         "    print(summary.counts, platforms, fs._forkserver._forkserver_pid is not None)\n"
-        "run(['torch'], 'torch.duckdb')\n"  # also exports bert-tiny if no earlier test has
+        "run(['torch', 'onnxruntime'], 't.duckdb')\n"  # also exports bert-tiny if no earlier test has
         "fs._forkserver._stop()\n"
-        "run(['onnxruntime'], 'ort.duckdb')\nrun(['torch', 'onnxruntime'], 't.duckdb')\n"
+        "run(['onnxruntime'], 'ort.duckdb')\nrun(['torch'], 'torch.duckdb')\n"
         "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
     )
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
-    torch_only, ort_only, both, imported = done.stdout.strip().splitlines()[-4:]
+    both, ort_only, torch_only, imported = done.stdout.strip().splitlines()[-4:]
     assert torch_only == "{'ok': 1} ['cpu', 'cuda', 'mps', 'rocm'] True", done.stdout
     assert ort_only.startswith("{'ok': 1} ['cpu', 'cuda', 'directml', 'mps', 'openvino'") and ort_only.endswith(
         "] False"

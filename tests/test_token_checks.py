@@ -90,3 +90,15 @@ def test_recommend_gives_the_fastest_generation_above_an_agreement(planted: Any)
             "recommend", "--model", "llama-tiny", "--mode", mode, "--min-agreement", value, "--db", str(planted[0])
         )
         assert refused.returncode == 2 and why in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_the_browser_platform_stored_is_the_one_the_run_drove(planted: Any) -> None:
+    """The hardware table's browser rows come from the page of the browser that ran (no second launch to ask):
+    a wasm-only run stores wasm, as that browser saw it, and no webgpu or webnn row (not probed)."""
+    import duckdb
+
+    with duckdb.connect(str(planted[0]), read_only=True) as connection:
+        found = dict(connection.execute("SELECT platform, reason FROM hardware").fetchall())
+    assert "wasm" in found and "webgpu" not in found and "webnn" not in found, found
+    assert found["wasm"].startswith("chromium ") and "/chromium" in found["wasm"], found["wasm"]  # its binary
+    assert "crossOriginIsolated=true" in found["wasm"]

@@ -56,6 +56,8 @@ LOOP_MARK = "accelharnessLoopMark"  # the binding the page calls at its timed lo
 
 T = TypeVar("T")
 
+Verdict = tuple[str, bool, str, str | None]  # a browser platform: (platform, available, reason, device)
+
 
 class BrowserNotFound(RuntimeError):
     """No usable browser binary; the message names every name and path looked for."""
@@ -390,6 +392,14 @@ class BrowserSession:
             self._memory.stop()
             self._memory = None
 
+    async def platform_verdict(self, platform: str, device_type: str | None) -> Verdict:
+        """`platform` as this browser's own page sees it (the probe page in this context): what a run stores
+        for the browser that ran, not for another one launched to ask."""
+        page = await self.page(self.files.page_url, "platform-probe")
+        probing = page.evaluate("d => window.accelharness.probe(d)", device_type or "gpu")
+        facts = await asyncio.wait_for(probing, PROBE_TIMEOUT_S)
+        return next(v for v in verdicts_from(facts | self.facts()) if v[0] == platform)
+
     async def webgpu_adapter(self) -> dict[str, Any]:
         """The page's adapterReport() (adapter.info, features, limits), once per browser start."""
         if self._adapter is None:
@@ -546,12 +556,24 @@ def _webgpu_verdict(facts: dict[str, Any]) -> tuple[bool, str, str | None]:
     return True, f"adapter '{name}' (hardware)", name
 
 
-def platform_verdicts(browser: str = "chromium") -> list[tuple[str, bool, str, str | None]]:
+def platform_verdicts(browser: str = "chromium") -> list[Verdict]:
     """(platform, available, reason, device) for wasm, webgpu and webnn, from one probe page."""
     facts = probe_browser(browser)
     if not facts.get("ok"):
         return [(p, False, facts["error"], None) for p in ("webnn", "webgpu", "wasm")]
-    where = f"{facts['browser']} {facts['browser_version']} ({facts['browser_binary']}, --gpu {facts['gpu_profile']})"
+    return verdicts_from(facts)
+
+
+def _where(facts: dict[str, Any]) -> str:
+    """Which browser answered: its kind and version, its binary or (a remote one) its endpoint, its GPU profile."""
+    origin = facts.get("browser_binary") or facts.get("browser_endpoint") or "?"
+    profile = f", --gpu {facts['gpu_profile']}" if facts.get("gpu_profile") else ""
+    return f"{facts.get('browser')} {facts.get('browser_version')} ({origin}{profile})"
+
+
+def verdicts_from(facts: dict[str, Any]) -> list[Verdict]:
+    """The verdicts of one probe page's facts (window.accelharness.probe) with its browser's facts."""
+    where = _where(facts)
     isolated = facts.get("cross_origin_isolated")
     wasm_reason = f"{where}: WebAssembly, crossOriginIsolated={str(isolated).lower()}" + (
         ", threads available" if isolated and facts.get("shared_array_buffer") else ", single thread only"

@@ -552,5 +552,4 @@ def run_ab(request: AbRequest, on_result: Callable[[Result, str], None] | None =
         on_result,
         request.outputs,
         machine_label=request.machine_label,
-        browser=plan.web is not None,
     )

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.ab.rounds import CaseFailure, schedule
-from harness.browser.run import EpSetting, WebPlan, build_result, page_refusal, precision_model, web_job
+from harness.browser.run import EpSetting, WebPlan, build_result, page_refusal, platform_seen, precision_model, web_job
 from harness.core.records import VARIANTS, Case, Result
 from harness.prepare.prepared import PreparedModel
 from harness.run.recording import Emit
@@ -132,9 +132,12 @@ async def run_web_pairs(plan: WebPlan, request: Any, sides: dict[str, WebSide], 
         async with async_playwright() as playwright:
             for ep in dict.fromkeys(s.ep for s in plan.settings):
                 session = BrowserSession(playwright, plan.browser_source(ep), files)
+                seen = False  # the EP's platform as this browser sees it: stored once
                 try:
                     for setting in (s for s in plan.settings if s.ep == ep):
                         await ab_setting(files, session, plan, request, sides, setting, emit)
+                        if not seen and session.browser is not None:
+                            seen = await platform_seen(session, setting, emit)
                 finally:
                     await session.close()
     finally:

@@ -66,6 +66,7 @@ from harness.run.control import (
     control_model_path,
     control_positions,
 )
+from harness.run.hardware import PlatformStatus
 from harness.run.plan import (
     RequestError,
     RunOptions,
@@ -665,6 +666,7 @@ async def _run_ep(
     measured: dict[Target, set[tuple[str, str]]] = {}  # each target's ceilings measured in this run
     controls = _control_points(jobs)
     timeout_s = plan.request.timeout_s
+    seen = False  # this EP's platform, as its own browser sees it, is stored once (the hardware table)
     try:
         for index, (spec, prepared, why, setting, case) in enumerate(jobs):
             row = not_runnable(spec, prepared, why, setting, case)
@@ -680,6 +682,8 @@ async def _run_ep(
                 for ceiling in await measure_page_ceilings(files, session, setting, needed, timeout_s):
                     emit(ceiling)
                 row = await _run_case(files, session, plan, prepared, setting, case, faults.get(setting.provider))
+                if not seen and session.browser is not None:
+                    seen = await platform_seen(session, setting, emit)
             emit(row)
             for each, position in controls.get(index, []):
                 if session is not None and position != "start":
@@ -687,6 +691,17 @@ async def _run_ep(
     finally:
         if session is not None:
             await session.close()
+
+
+async def platform_seen(session: Any, setting: EpSetting, emit: Emit) -> bool:
+    """Store the EP's platform as the browser that ran it sees it; False when the probe page could not answer
+    (the platform is then not stored: not probed is not unavailable)."""
+    try:
+        verdict = await session.platform_verdict(setting.ep, setting.device_type)
+    except Exception:  # a browser that died mid-run: its rows say why; the next job's browser is asked
+        return False
+    emit(PlatformStatus(*verdict))
+    return True
 
 
 def _control_points(jobs: list[tuple[Any, ...]]) -> dict[int, list[tuple[EpSetting, str]]]:

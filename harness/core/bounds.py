@@ -31,6 +31,7 @@ MAX_MANIFEST_BYTES = 16 * 2**20  # its manifest.json (parsed in memory)
 MAX_BUNDLE_ROWS = 10_000_000  # rows of one table of a bundle
 MAX_RUNS = 100_000  # runs named by one manifest
 MAX_ID_CHARS = 128  # a run, result, machine or device id (harness.store.IDENTIFIER)
+MAX_PLATFORM_REASON_CHARS = 4096  # a platform's reason (a browser's words) arriving from another machine
 
 
 def out_of_range(name: str, values: int | Sequence[int], low: int, high: int) -> str | None:

@@ -17,7 +17,9 @@ fits its own cost per op class on top of them, so only consistency matters.
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -175,16 +177,33 @@ def graph_cost(onnx_path: Path, input_shapes: Mapping[str, Sequence[int]]) -> Gr
     tensors = _tensor_infos(inferred)
     inference = "onnx.shape_inference (data_prop)"
     if _unknown_outputs(inferred.graph, tensors):
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
         try:
-            symbolic = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+            symbolic = _symbolic_shape_inference().infer_shapes(model, auto_merge=True)
         except Exception as exc:  # keep onnx's shapes; the nodes it left unknown stay uncounted
             inference += f"; onnxruntime symbolic inference failed: {type(exc).__name__}: {exc}"
         else:
             tensors = _tensor_infos(symbolic) | {k: v for k, v in tensors.items() if v.shape is not None}
             inference += " + onnxruntime symbolic shape inference"
     return _costs(inferred.graph, tensors, inference)
+
+
+@cache
+def _symbolic_shape_inference() -> Any:
+    """ONNX Runtime's SymbolicShapeInference, loaded from its file alone: `import onnxruntime.tools....` runs
+    the package's __init__, which imports torch whenever it is installed (pytorch_export_helpers) — seconds of
+    every worker that counts a row, and torch in a process that must not hold it."""
+    spec = importlib.util.find_spec("onnxruntime")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("onnxruntime is not installed")
+    source = Path(next(iter(spec.submodule_search_locations))) / "tools" / "symbolic_shape_infer.py"
+    name = "_accelharness_ort_symbolic_shape_infer"
+    module_spec = importlib.util.spec_from_file_location(name, source)
+    if module_spec is None or module_spec.loader is None:
+        raise ImportError(f"cannot load {source}")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module  # its dataclasses and pickling look themselves up by module name
+    module_spec.loader.exec_module(module)
+    return module.SymbolicShapeInference
 
 
 def _costs(graph: onnx.GraphProto, tensors: dict[str, TensorInfo], inference: str) -> GraphCost:

@@ -192,15 +192,30 @@ def row_work(model: Path | None, case: Case, input_shapes: dict[str, list[int]])
     cannot be counted leaves the fields NULL and says why, never a guess."""
     if model is None:
         return {}, {"work_counted": "not counted: no ONNX file known to have run (an engine building its own model)"}
+    from harness.prepare.work_memo import remembered_work
+
+    if case.mode not in ("generate", "inference"):
+        return {}, {}
+    try:
+        return remembered_work(model, _workload(model, case, input_shapes), lambda: _count(model, case, input_shapes))
+    except Exception as exc:  # the graph's own words are the reason
+        return {}, {"work_counted": f"not counted: {type(exc).__name__}: {exc}"}
+
+
+def _workload(model: Path, case: Case, input_shapes: dict[str, list[int]]) -> dict[str, Any]:
+    """Everything a count depends on besides the file's bytes (harness.prepare.work_memo's key)."""
+    from harness.prepare.folders import past_shape
+
+    shape = past_shape(model) if case.mode == "generate" else None
+    return {"mode": case.mode, "batch": case.batch_size, "prompt": case.seq_len, "depth": case.depth,
+            "new_tokens": case.new_tokens, "input_shapes": input_shapes, "past_shape": shape}  # fmt: skip
+
+
+def _count(model: Path, case: Case, input_shapes: dict[str, list[int]]) -> Work:
     from harness.core.graph_cost import generation_work, inference_work
     from harness.prepare.folders import past_shape
 
-    try:
-        if case.mode == "generate":
-            return generation_work(model, case.batch_size, case.seq_len or 1, case.depth or 0, case.new_tokens or 1,
-                                   past_shape(model))  # fmt: skip
-        if case.mode == "inference":
-            return inference_work(model, input_shapes, case.batch_size)
-    except Exception as exc:  # the graph's own words are the reason
-        return {}, {"work_counted": f"not counted: {type(exc).__name__}: {exc}"}
-    return {}, {}
+    if case.mode == "generate":
+        return generation_work(model, case.batch_size, case.seq_len or 1, case.depth or 0, case.new_tokens or 1,
+                               past_shape(model))  # fmt: skip
+    return inference_work(model, input_shapes, case.batch_size)

@@ -165,18 +165,21 @@ def web_platforms() -> list[PlatformStatus]:
     return [PlatformStatus(*verdict) for verdict in platform_verdicts()]
 
 
-def hardware_rows(browser: bool = True, engines: tuple[str, ...] | None = None) -> list[dict]:
+def hardware_rows(engines: tuple[str, ...] | None = None) -> list[dict]:
     """Rows for the store's hardware table: one per native platform the engines serve (`engines`; None:
     the engines this process has probed, which a run's planning did for its own engines), as they find
-    it, and the browser platforms only if `browser`. A GPU platform's device is torch's name for it, where
-    a probe asked torch (else NULL)."""
+    it. A GPU platform's device is torch's name for it, where a probe asked torch (else NULL). (A browser
+    platform's row comes from the browser that ran it: harness.browser.run.)"""
     engines = tuple(e for e in ENGINES if e in _probed) if engines is None else engines
-    statuses = probed_platforms(engines) + (web_platforms() if browser else [])
     gpus = machine_probe(engines).gpu_names
     rows = []
-    for status in statuses:
+    for status in probed_platforms(engines):
         device = ", ".join(gpus) if status.platform in GPU_PLATFORMS and gpus else status.device_name
-        rows.append(
-            {"platform": status.platform, "available": status.available, "reason": status.reason, "device_name": device}
-        )
+        rows.append(platform_row(status, device))
     return rows
+
+
+def platform_row(status: PlatformStatus, device: str | None = None) -> dict[str, Any]:
+    """A hardware-table row of a platform's status (`device`: a name found elsewhere, else the status's own)."""
+    return {"platform": status.platform, "available": status.available, "reason": status.reason,
+            "device_name": device or status.device_name}  # fmt: skip

@@ -18,7 +18,7 @@ from harness.prepare.prepared import PreparedModel, PrepareJob, unprepared_resul
 from harness.prepare.specs import ModelSpec
 from harness.run.ceilings import ceilings_asked, wanted
 from harness.run.measure import MeasureConfig
-from harness.run.plan import BenchmarkRequest, Plan, validate
+from harness.run.plan import BenchmarkRequest, Plan, check_engines, validate
 from harness.run.recording import Body, Emit, RunSummary, record_run
 from harness.run.worker import Job, prepare_isolated, run_job
 
@@ -160,5 +160,5 @@ def run_native(
         None,
         resume_run_id,
         request.machine_label,
-        browser=False,
+        tuple(check_engines(request.engines, request.hardware)),  # this run's, not every engine this process probed
     )

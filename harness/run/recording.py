@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.records import Ceiling, Control, Result
-from harness.run.hardware import hardware_rows
+from harness.run.hardware import PlatformStatus, hardware_rows, platform_row
 from harness.run.machine import machine_facts
 from harness.run.outputs import Outputs, write_outputs
 from harness.run.provenance import host_facts
 from harness.store import StoreError, StoreWriteError, open_store
 
-Emit = Callable[[Result | Control | Ceiling], None]  # a case's result, a drift-control measurement, or a ceiling
+# a case's result, a drift-control measurement, a ceiling, or a browser platform as the browser that ran sees it
+Emit = Callable[[Result | Control | Ceiling | PlatformStatus], None]
 Body = Callable[[Emit], None]
 
 
@@ -58,14 +59,16 @@ def record_run(
     suite_id: str | None = None,
     resume_run_id: str | None = None,
     machine_label: str | None = None,
-    browser: bool = True,
+    engines: tuple[str, ...] | None = None,
 ) -> RunSummary:
     """Run each body under one run id; on_result(result, result_id) follows every commit.
 
     resume_run_id continues that run (its bodies must skip the keys it holds); bodies may emit
     from several threads (parallel device groups), so commits are serialised here. machine_label (else
-    ACCELHARNESS_MACHINE_LABEL) names the machine in reports across machines; `browser`: the run
-    drives a browser, so the hardware table probes the browser platforms too."""
+    ACCELHARNESS_MACHINE_LABEL) names the machine in reports across machines. The hardware table holds the
+    native platforms the run's engines serve (`engines`; None: those this process probed), probed at its
+    start, and each browser platform the run drove, as that browser's own page saw it (emitted by the
+    browser body; a platform not run is not probed)."""
     host = host_facts()
     counts: Counter[str] = Counter()
     commit_lock = threading.Lock()  # every write: each result, closing the run, closing the file
@@ -73,13 +76,20 @@ def record_run(
         if resume_run_id is None:
             machine = machine_facts(machine_label, store.machine_salt())
             run_id = store.start_run(command, arguments, host, suite_id, machine)
-            store.add_hardware(run_id, hardware_rows(browser))
+            store.add_hardware(run_id, hardware_rows(engines))
         else:
             run_id = resume_run_id
             store.reopen_run(run_id)
         closed = threading.Event()
+        platforms = {row["platform"] for row in store.hardware_rows(run_id)}  # one row each, resumed or not
 
-        def emit(result: Result | Control | Ceiling) -> None:
+        def emit(result: Result | Control | Ceiling | PlatformStatus) -> None:
+            if isinstance(result, PlatformStatus):
+                with commit_lock:
+                    if not closed.is_set() and result.platform not in platforms:
+                        platforms.add(result.platform)
+                        store.add_hardware(run_id, [platform_row(result)])
+                return
             if isinstance(result, Control | Ceiling):
                 with commit_lock:
                     if not closed.is_set():  # a late control or ceiling is not worth failing a body for

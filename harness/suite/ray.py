@@ -25,14 +25,17 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.browser.run import WebPlan, execute_web
+from harness.core.bounds import MAX_PLATFORM_REASON_CHARS
 from harness.core.failures import classify
 from harness.core.records import Case, Ceiling, Control, Result, Target, result_key
 from harness.prepare.prepared import unprepared_result
 from harness.prepare.specs import ModelSpec
+from harness.run.hardware import PlatformStatus
 from harness.run.native import execute_native
 from harness.run.plan import Plan, RequestError
 from harness.run.recording import Body, Emit
 from harness.suite.plan import HOST, SuitePlan, device_group
+from harness.web.eps import WEB_HARDWARE
 
 INSTALL_HINT = "pip install 'accelharness[ray]'"
 # Resources Ray defines on every node itself; everything else a node offers is a custom resource.
@@ -213,7 +216,7 @@ def run_job_streaming(job: Job) -> Iterator[Result | Control]:
     while (item := items.get()) is not None:
         if isinstance(item, BaseException):
             raise item
-        if isinstance(item, Control | Ceiling):  # the drift control or a ceiling: no case of the job
+        if isinstance(item, Control | Ceiling | PlatformStatus):  # a drift control, a ceiling, a browser platform
             yield item
             continue
         item.details["ray_node"] = node
@@ -297,6 +300,13 @@ class _Tracked:
         return row
 
 
+def _well_formed(status: PlatformStatus) -> bool:
+    """A node's browser platform arrived unpickled: a known platform, typed fields, a bounded reason."""
+    typed = isinstance(status.available, bool) and isinstance(status.device_name, str | None)
+    reason = isinstance(status.reason, str) and len(status.reason) <= MAX_PLATFORM_REASON_CHARS
+    return status.platform in WEB_HARDWARE and typed and reason
+
+
 def _take_next(ray: Any, generator: Any, tracked: _Tracked, emit: Emit) -> bool:
     """Emit the generator's next Result, checked again here; False once its task has ended (its
     leftovers recorded) or sent something that is not one of its cases' results (then it is stopped)."""
@@ -310,6 +320,9 @@ def _take_next(ray: Any, generator: Any, tracked: _Tracked, emit: Emit) -> bool:
         tracked.finish(emit, f"the Ray task for {label} failed: {failure_text(exc)}")
         return False
     if isinstance(result, Control | Ceiling) and isinstance(result.target, Target):  # its drift control, a ceiling
+        emit(result)
+        return True
+    if isinstance(result, PlatformStatus) and _well_formed(result):  # a browser platform as the node's browser saw it
         emit(result)
         return True
     if (unknown := tracked.unknown(result)) is not None:

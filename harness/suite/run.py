@@ -44,5 +44,4 @@ def run_suite(
         config.name,
         plan.resume_run_id,
         config.machine_label,
-        browser=plan.web is not None,
     )
