@@ -5,6 +5,7 @@ are declared aliases of those fields; and the one check() refuses a bad value fr
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import subprocess
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from harness.browser.serve import ServeRequest, ServeSwitch, validate_serve
 from harness.cli import app
 from harness.cli.common import request_values, with_options
 from harness.cli.predict import CASES
-from harness.cli.reference import commands
+from harness.cli.reference import commands as build_commands
 from harness.cli.suite import OVERRIDES
 from harness.core.options import Opt, RequestError, Shared, check, declared, option, problem
 from harness.core.parity import TOLERANCES
@@ -41,6 +42,12 @@ SHARED = (
     | {name: declared(WebRequest)[name] for name in LAUNCH}
 )
 BENCHMARKS = ("native", "web", "run", "ab", "suite")
+
+
+@functools.cache
+def commands() -> dict[str, Any]:
+    """The app's commands, built once for the module (each build walks every command's signature)."""
+    return build_commands()
 
 
 @dataclass(frozen=True)
