@@ -13,7 +13,6 @@ from rich.table import Table
 from harness.analysis import options as declared
 from harness.analysis.options import REPORT_FORMATS
 from harness.cli.common import (
-    RUN_SELECTOR,
     console,
     errors,
     fail,
@@ -24,6 +23,7 @@ from harness.cli.common import (
     split_list,
     with_options,
 )
+from harness.core.options import RUN_SELECTOR
 from harness.store import StoreError
 
 # Every option of these commands is a field of its dataclass in harness.analysis.options (flag, help, default,

@@ -12,15 +12,13 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from harness.core.options import OPTION, RUN_SELECTOR, Opt, declared, default_of, problem
+from harness.core.options import OPTION, Opt, declared, default_of, problem
 from harness.core.terminal import terminal_lines, terminal_text
 
 console = Console()
 if not console.is_terminal:  # logs and CI: rich would fold every table to 80 columns
     console.width = 160
 errors = Console(stderr=True)
-
-__all__ = ["RUN_SELECTOR"]  # the run-selector grammar's words, for an argument's help (compare's A B)
 
 
 def shown(value: object) -> str:
