@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from harness.core.precision import compute_facts
+from harness.core.precision import compute_facts, graph_compute_facts
 from harness.core.profiles import Profile, ort_trace_ops, timed_runs
 from harness.core.records import Target
 from harness.native import webgpu_ep
@@ -42,7 +42,7 @@ from harness.native.base import (
 from harness.prepare.folders import past_shape
 from harness.prepare.graph_precision import matmul_compute
 from harness.prepare.greedy import greedy, prefill_feeds
-from harness.prepare.seq2seq import Seq2SeqGreedy, precision_files, seq2seq_files, start_token
+from harness.prepare.seq2seq import Seq2SeqFiles, Seq2SeqGreedy, precision_files, seq2seq_files, start_token
 from harness.prepare.variants import model_for_precision
 
 PROVIDERS = [
@@ -166,12 +166,24 @@ class OrtSeq2Seq(OrtSession):
     from too): the encoder once, then decoder steps over both caches. Its own session is the first decoder
     step's, whose file the row names; encoder_ms is the last generation's encoder run (its output on the host)."""
 
-    def __init__(self, loop: Seq2SeqGreedy, provider: str, placement: dict[str, int], path: Path | None) -> None:
-        super().__init__(loop.decoder, provider, placement, path)
-        self.loop = loop
+    def __init__(self, loop: Seq2SeqGreedy, provider: str, placement: dict[str, int], files: Seq2SeqFiles) -> None:
+        super().__init__(loop.decoder, provider, placement, files.decoder)
+        self.loop, self.files = loop, files
         self.generated: np.ndarray | None = None
         self.encoder_ms: float | None = None
         self.base_facts["onnx_graph"] = "encoder once, then decoder steps with self- and cross-attention caches"
+
+    @functools.cached_property
+    def facts(self) -> dict[str, Any]:  # type: ignore[override]
+        """What each graph's MatMuls computed in (the encoder's and the first decoder step's, read from the graph
+        ORT optimizes for the EP), per graph and summed, against each graph's own precision."""
+        try:
+            computed = {"encoder": optimized_compute(self.files.encoder, self.provider),
+                        "decoder": optimized_compute(self.files.decoder, self.provider)}  # fmt: skip
+        except Exception as exc:  # e.g. an EP that compiles nodes: ORT cannot write that graph out
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            return self.base_facts | {"compute_precision": None, "compute_precision_source": f"not read: {reason}"}
+        return self.base_facts | graph_compute_facts(self.precision, computed, COMPUTE_SOURCE)
 
     def prepare(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {i.name: feeds[i.name] for i in self.loop.encoder.get_inputs()}
@@ -327,8 +339,8 @@ class OnnxRuntimeBackend:
         }  # merged: once
         loop = Seq2SeqGreedy((opened[files.encoder], opened[files.decoder], opened[files.decoder_past]),
                              start_token(source))  # fmt: skip
-        session = OrtSeq2Seq(loop, target.provider, {}, files.decoder)
-        session.precision = precision
+        session = OrtSeq2Seq(loop, target.provider, {}, files)
+        session.precision = precision  # per graph where they differ: encoder=fp32,decoder=q4
         graphs = {"encoder_model": str(files.encoder), "decoder_past_model": str(files.decoder_past)}
         session.base_facts |= conversion | graphs
         return session

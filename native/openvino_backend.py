@@ -21,7 +21,7 @@ except ImportError as missing:  # a machine with only some engines (a GPU image 
     ov = None  # unavailable with the reason, and the other engines run (a declared dependency otherwise)
     NOT_INSTALLED = f"openvino is not installed here ({missing}); pip install openvino"
 
-from harness.core.precision import INT4_PRECISIONS, MEANINGS, compute_facts
+from harness.core.precision import INT4_PRECISIONS, MEANINGS, compute_facts, per_graph
 from harness.core.profiles import OpTime, Profile
 from harness.core.records import Target
 from harness.native.base import (
@@ -174,6 +174,9 @@ class OpenVinoBackend:
     def load(self, request: LoadRequest, target: Target) -> OpenVinoSession:
         if request.onnx_path is None:
             raise UnsupportedError("no ONNX file for this model (see the export error)")
+        if per_graph(request.precision) is not None:  # its hint is one precision for the one graph it compiles
+            raise UnsupportedError(f"openvino: --precision {request.precision} names an encoder–decoder's graphs "
+                                   "apart; OpenVINO compiles one graph at one precision")  # fmt: skip
         if request.precision == "int8":
             raise UnsupportedError(
                 "openvino: int8 needs a statically quantized model (NNCF post-training quantization with "

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from harness.core.precision import INT4_PRECISIONS
+from harness.core.precision import INT4_PRECISIONS, per_graph
 from harness.core.records import Target, UnsupportedError
 from harness.native.base import Availability, Capabilities, DeviceByHardware, LoadRequest
 
@@ -62,6 +62,9 @@ class TorchBackend(DeviceByHardware):
                 "and no library the harness keeps runs int4 weights in torch on this target (torchao is not a "
                 "dependency)"
             )
+        if per_graph(request.precision) is not None:  # one module, one dtype
+            raise UnsupportedError(f"torch: --precision {request.precision} names an encoder–decoder's ONNX graphs "
+                                   "apart; torch casts the one module to one precision")  # fmt: skip
         if request.precision not in PRECISIONS:
             raise UnsupportedError(f"torch backend has no precision '{request.precision}' yet")
         from harness.native.torch_session import load_session

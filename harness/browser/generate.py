@@ -17,7 +17,7 @@ from harness.core.parity import compare
 from harness.core.records import Case, Result
 from harness.prepare.folders import past_shape
 from harness.prepare.prepared import PreparedModel
-from harness.prepare.quality import check_generation
+from harness.prepare.quality import Graphs, check_generation
 from harness.prepare.seq2seq import Seq2SeqFiles, audio_seconds, precision_files, seq2seq_files, start_token
 from harness.web.page_job import GenerateJob, Seq2SeqJob
 
@@ -192,12 +192,14 @@ def generation_result(prepared: PreparedModel, target: Any, case: Case, answer: 
         details["token_parity"] = "not checked: the page's graph is not at hand"
         return prepared.result(target, case, "ok", None, details=details, **extra, **fields)
     prompt = prompt_feeds(feeds, encoder_decoder)
-    status, error, parity_fields = _parity(generation, model, prepared.onnx_past_path, prompt,
+    layout = seq2seq_layout(prepared.onnx_past_path, case.precision) if encoder_decoder else None
+    graphs = model if layout is None else layout[0]  # an encoder–decoder's: every graph the page ran
+    status, error, parity_fields = _parity(generation, graphs, prepared.onnx_past_path, prompt,
                                            extra.get("precision") or "fp32", details, case.depth or 0)  # fmt: skip
     return prepared.result(target, case, status, error, details=details, **parity_fields, **extra, **fields)
 
 
-def _parity(generation: dict[str, Any], model: Path, source: Path, prompt: dict[str, np.ndarray], precision: str,
+def _parity(generation: dict[str, Any], model: Graphs, source: Path, prompt: dict[str, np.ndarray], precision: str,
             details: dict[str, Any], depth: int = 0) -> tuple[str, str | None, dict[str, Any]]:  # fmt: skip
     """(status, error, fields): the prefill logits within the precision's tolerance of native ORT's on the same
     file, then every step's top-k and the tokens (harness.core.generation.token_check)."""

@@ -40,6 +40,7 @@ from harness.core.records import Case, Ceiling, Control, Result, Target, Unsuppo
 from harness.core.threads import threads_option, with_threads
 from harness.prepare.external import external_data_problem, external_locations, model_bytes
 from harness.prepare.prepared import PreparedModel, PrepareJob, unprepared_result
+from harness.prepare.seq2seq import precision_files, seq2seq_files
 from harness.prepare.specs import ModelSpec
 from harness.prepare.variants import model_for_precision
 from harness.run.ceilings import (
@@ -420,15 +421,21 @@ def browser_problem(model: Path) -> tuple[str, str] | None:
 @cache
 def precision_model(onnx_path: Path, precision: str) -> tuple[Path | None, str, dict[str, Any]]:
     """(model file, precision it runs in, conversion facts) — the same file native ORT runs for that
-    precision (cached as <key>-<precision> next to the export) — or (None, precision, {'why': …,
-    'status': …}) when it has no such file or the browser cannot take it (browser_problem)."""
+    precision (cached as <key>-<precision> next to the export; an encoder–decoder's first decoder step, its
+    other graphs beside it at their own precisions: harness.prepare.seq2seq.precision_files) — or (None,
+    precision, {'why': …, 'status': …}) when it has no such file or the browser cannot take it (browser_problem)."""
     try:
-        model, ran, facts = model_for_precision(onnx_path, precision)
+        if seq2seq_files(onnx_path) is not None:  # an encoder–decoder's graphs, each at its own precision
+            files, ran, facts = precision_files(onnx_path, precision)
+            model, graphs = files.decoder, list(dict.fromkeys((files.encoder, files.decoder, files.decoder_past)))
+        else:
+            (model, ran, facts), graphs = model_for_precision(onnx_path, precision), []
     except UnsupportedError as exc:
         return None, precision, {"why": str(exc), "status": "unsupported"}
-    if (problem := browser_problem(model)) is not None:
+    graphs = graphs or [model]
+    if (problem := next(filter(None, map(browser_problem, graphs)), None)) is not None:
         return None, precision, {"why": problem[1], "status": problem[0]}
-    return model, ran, facts | {"model_bytes": model_bytes(model)}
+    return model, ran, facts | {"model_bytes": sum(model_bytes(graph) for graph in graphs)}
 
 
 def stop_rule(request: WebRequest) -> StopRule:

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from harness.core.precision import MEANINGS
+from harness.core.precision import MEANINGS, per_graph
 
 # Names of software rasterizers as they appear in an adapter's info (vendor, architecture, device,
 # description, driver), with what each is.
@@ -62,8 +62,10 @@ def classify_adapter(info: dict[str, Any] | None) -> AdapterClass | None:
 
 
 def computes_fp16(precision: str) -> bool:
-    """Whether a precision's activations are fp16 (fp16, and q4f16's), so its WebGPU kernels need shader-f16."""
-    return MEANINGS.get(precision, ("", ""))[1] == "fp16"
+    """Whether a precision's activations are fp16 (fp16, and q4f16's), so its WebGPU kernels need shader-f16; a
+    per-graph precision's where any graph's are (encoder=fp32,decoder=q4f16)."""
+    parts = per_graph(precision)
+    return any(MEANINGS.get(one, ("", ""))[1] == "fp16" for one in (parts.values() if parts else [precision]))
 
 
 def f16_refusal(name: str, has_f16: bool | None, precision: str, engine: str) -> str | None:

@@ -11,7 +11,7 @@ generates their signatures), its key in the suite config, and its check runs whe
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,9 @@ class Opt:
     noun: str = "value"
     zero_is_none: bool = False  # the command line's 0 means None (--max-time 0: no budget)
     repeat: bool = False  # a list given as the flag once per value (--browser-arg X --browser-arg Y)
+    # a many-valued option whose items form values of their own (--precision encoder=fp32,decoder=q4): its one
+    # parse, raising ValueError with what is valid; checked in place of `choices`, which then name the plain values
+    parse: Callable[[list[str]], Any] | None = None
 
     def prefixed(self, prefix: str | None) -> Opt:
         """The option in a command that has a native and a browser half, where the browser's name would
@@ -107,6 +110,12 @@ def problem(name: str, opt: Opt, value: Any, noun: str | None = None, empty_ok: 
     """What is wrong with one option's value (`name`: its flag or config key), or None. The suite config names
     a wrong choice a `noun` "value" and takes empty lists (`empty_ok`: hardware_types = [] runs no native half)."""
     if value is None:
+        return None
+    if opt.parse is not None:
+        try:
+            opt.parse(items(value))
+        except ValueError as exc:
+            return f"{name}: {exc}"
         return None
     if opt.choices is not None:
         given = items(value) if opt.many else [value]

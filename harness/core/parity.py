@@ -7,11 +7,13 @@ counts them. The differences and the tolerance's scale come from the elements fi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+
+from harness.core.precision import per_graph
 
 # (absolute, relative-to-the-reference's-largest-magnitude) tolerance per precision actually used.
 TOLERANCES: dict[str, tuple[float, float]] = {
@@ -127,7 +129,7 @@ def compare(
         finite_want = want[np.isfinite(want)]
         if finite_want.size:
             scale = max(scale, float(np.max(np.abs(finite_want))))
-    atol, rtol = TOLERANCES.get(precision, TOLERANCES["fp32"])
+    atol, rtol = loosest(precision, lambda one: TOLERANCES.get(one, TOLERANCES["fp32"]))
     tolerance = atol + rtol * scale
     if non_finite:
         return Parity(None, None, tolerance, False, tuple(non_finite))
@@ -159,4 +161,12 @@ LOGIT_TOLERANCES: dict[tuple[str, str], tuple[float, float]] = {
 def logit_tolerance(precision: str, side: str) -> tuple[float, float]:
     """A precision's same-graph logit tolerance on a side (LOGIT_TOLERANCES); a precision not measured there
     (int8, bf16) takes its output tolerance against the fp32 model, the loosest the harness holds it to."""
-    return LOGIT_TOLERANCES.get((precision, side)) or TOLERANCES.get(precision, TOLERANCES["fp32"])
+    return loosest(precision, lambda one: LOGIT_TOLERANCES.get((one, side)) or TOLERANCES.get(one, TOLERANCES["fp32"]))
+
+
+def loosest(precision: str, tolerance: Callable[[str], tuple[float, float]]) -> tuple[float, float]:
+    """A precision's tolerance; a per-graph one's (encoder=fp32,decoder=q4) the loosest of its graphs': the
+    output carries the error of every graph it went through."""
+    parts = per_graph(precision)
+    found = [tolerance(one) for one in (parts.values() if parts is not None else [precision])]
+    return max(atol for atol, _ in found), max(rtol for _, rtol in found)

@@ -24,6 +24,15 @@ def tensors(graph: Any) -> Iterator[Any]:
                 yield from tensors(sub)
 
 
+def nodes(graph: Any) -> Iterator[Any]:
+    """Every node, subgraphs' (If / Loop bodies: a merged decoder's branches) included."""
+    for node in graph.node:
+        yield node
+        for attribute in node.attribute:
+            for sub in [attribute.g, *attribute.graphs] if attribute.type in (5, 10) else []:
+                yield from nodes(sub)
+
+
 def _external_spans(path: Path) -> dict[str, list[tuple[str, int]]]:
     """Per external file (its location as written in the .onnx): (tensor, end offset) of each tensor in it."""
     import onnx

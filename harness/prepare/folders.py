@@ -3,8 +3,14 @@ precision, and what the graph leaves to the config (the past key/values' heads a
 
   onnxruntime-genai  genai_config.json + the decoder file it names (model.onnx [+ model.onnx.data])
   transformers.js    config.json + onnx/model.onnx, onnx/model_fp16.onnx, onnx/model_q4.onnx, …: the
-                     precision picks the file by its suffix
-  optimum            config.json + model.onnx or decoder_model_merged.onnx (use_cache_branch)
+                     precision picks the file by its suffix; an encoder–decoder (Whisper, T5):
+                     onnx/encoder_model{,_fp16,_int8,_quantized,_q4,_q4f16}.onnx + onnx/decoder_model_merged{…}.onnx
+  optimum            config.json + model.onnx or decoder_model_merged.onnx (use_cache_branch); an
+                     encoder–decoder: encoder_model.onnx + decoder_model_merged.onnx, or decoder_model.onnx +
+                     decoder_with_past_model.onnx
+
+An encoder–decoder folder's graph is its encoder (inference runs it; generation runs its decoder beside it:
+harness.prepare.folder_layouts). The file names are harness.prepare.folder_layouts's tables.
 
 A folder with none of these is a Hugging Face checkpoint (harness.prepare.specs). Imports no torch.
 """
@@ -15,7 +21,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from harness.core.precision import graph_label
 from harness.core.terminal import terminal_text
+from harness.prepare.external import nodes
 from harness.prepare.folder_checks import (
     FolderError,
     check_external_data,
@@ -26,11 +34,20 @@ from harness.prepare.folder_checks import (
     read_config,
     size_problem,
 )
+from harness.prepare.folder_layouts import (
+    DECODER_MERGED,
+    DECODER_SPLIT,
+    ENCODER,
+    SUFFIXES,
+    TRANSFORMERS_JS_SUFFIXES,
+    layout_decoder,
+    layout_encoder,
+    present,
+    seq2seq_graphs,
+    split_name,
+)
 
 GENAI_CONFIG = "genai_config.json"
-# transformers.js's file suffixes for the harness's precisions (onnx/model<suffix>.onnx); its uint8 and
-# bnb4 files are precisions the harness does not name, so never picked
-TRANSFORMERS_JS_SUFFIXES = {"fp32": "", "fp16": "_fp16", "int8": "_int8", "q4": "_q4", "q4f16": "_q4f16"}
 OPTIMUM_FILES = ("model.onnx", "decoder_model_merged.onnx")
 
 
@@ -42,13 +59,38 @@ def folder_graph(folder: Path) -> Path | None:
         return _genai_graph(folder)
     onnx_dir = folder / "onnx"
     if onnx_dir.is_dir():
-        found = [onnx_dir / f"model{suffix}.onnx" for suffix in TRANSFORMERS_JS_SUFFIXES.values()]
-        present = [path for path in found if path.is_file() or path.is_symlink()]
-        if not present:
-            raise FolderError(f"{onnx_dir} holds none of {', '.join(p.name for p in found)}")
-        return _checked(folder, present)[0]
-    present = [folder / name for name in OPTIMUM_FILES if (folder / name).is_file() or (folder / name).is_symlink()]
-    return _checked(folder, present)[0] if present else None
+        found = [onnx_dir / f"model{suffix}.onnx" for suffix in SUFFIXES]
+        if kept := [path for path in found if present(path)]:
+            return _checked(folder, kept)[0]
+        if (encoder := _seq2seq_graph(folder, onnx_dir)) is not None:
+            return encoder
+        raise FolderError(f"{onnx_dir} holds none of {', '.join(p.name for p in found)}, nor an encoder–decoder's "
+                          f"{ENCODER}.onnx + {DECODER_MERGED}.onnx")  # fmt: skip
+    if (encoder := _seq2seq_graph(folder, folder)) is not None:
+        return encoder
+    kept = [folder / name for name in OPTIMUM_FILES if present(folder / name)]
+    return _checked(folder, kept)[0] if kept else None
+
+
+def _seq2seq_graph(folder: Path, where: Path) -> Path | None:
+    """An encoder–decoder layout's encoder in `where` (folder/onnx, or the folder itself), every file of the layout
+    checked (inside the folder, its external data too) and config.json's sizes bounded; None where `where` holds
+    no encoder_model*.onnx. An encoder without a decoder, or without config.json (its decoder_start_token_id
+    starts generation), is refused by name."""
+    graphs = seq2seq_graphs(where)
+    if not any(split_name(graph)[0] == ENCODER for graph in graphs):
+        return None
+    here = "onnx/" if where != folder else ""
+    if layout_decoder(where) is None:
+        raise FolderError(
+            f"{here}{ENCODER}.onnx has no decoder beside it: an encoder–decoder folder needs "
+            f"{here}{DECODER_MERGED}.onnx (or {here}{DECODER_SPLIT[0]}.onnx with {here}{DECODER_SPLIT[1]}.onnx), "
+            f"each name with its precision suffix where it has one ({', '.join(s for s in SUFFIXES if s)})"
+        )
+    if not present(folder / "config.json"):
+        raise FolderError("an encoder–decoder folder needs config.json (its decoder_start_token_id starts generation)")
+    _checked(folder, graphs)
+    return layout_encoder(where)
 
 
 def _genai_graph(folder: Path) -> Path:
@@ -92,14 +134,17 @@ def folder_root(graph: Path) -> Path | None:
 
 
 def precision_file(graph: Path, precision: str) -> Path | None:
-    """A folder's own file for a precision: transformers.js's onnx/model_<suffix>.onnx beside the graph,
-    or the graph itself when it already is that precision (an onnxruntime-genai int4 model is q4)."""
+    """A folder's own file for a precision: transformers.js's onnx/<stem><suffix>.onnx beside the graph (an
+    encoder–decoder's graphs each by its own stem; a _quantized file only where it reads as int8), or the graph
+    itself when it already is that precision (an onnxruntime-genai int4 model is q4)."""
     if folder_root(graph) is None:
         return None
     if graph.parent.name == "onnx" and precision in TRANSFORMERS_JS_SUFFIXES:
-        sibling = graph.parent / f"model{TRANSFORMERS_JS_SUFFIXES[precision]}.onnx"
-        if sibling.is_file():
-            return sibling
+        stem = split_name(graph)[0]
+        for suffix in TRANSFORMERS_JS_SUFFIXES[precision]:
+            sibling = graph.parent / f"{stem}{suffix}.onnx"
+            if sibling.is_file() and (suffix != "_quantized" or file_precision(sibling) == precision):
+                return sibling
     return graph if file_precision(graph) == precision else None
 
 
@@ -110,7 +155,7 @@ def file_precision(graph: Path) -> str:
     import onnx
 
     model = onnx.load(str(graph), load_external_data=False)
-    ops = {node.op_type for node in model.graph.node}
+    ops = {node.op_type for node in nodes(model.graph)}  # a merged decoder's are in its If's branches
     half = model.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
     if "MatMulNBits" in ops:
         return "q4f16" if half else "q4"
@@ -159,7 +204,21 @@ def own_precision(path: Path) -> str | None:
     refuse it, by name, when the run is validated). What runs when --precision is not given."""
     try:
         graph = folder_graph(path) if path.is_dir() else None
+        if graph is not None and split_name(graph)[0] == ENCODER:  # an encoder–decoder's: each graph's
+            return _seq2seq_precision(graph.parent)
         onnx_files = list((path / "onnx").glob("model*.onnx")) if (path / "onnx").is_dir() else [graph]
         return file_precision(graph) if graph is not None and len(onnx_files) == 1 else None
     except Exception:  # anything unreadable is refused by name where the model path is checked
         return None
+
+
+def _seq2seq_precision(where: Path) -> str | None:
+    """An encoder–decoder folder's one precision per graph (encoder=fp32,decoder=q4, or one name), where it holds
+    one file of each graph (a merged or split decoder); None where it holds several."""
+    graphs = seq2seq_graphs(where)
+    encoders = [g for g in graphs if split_name(g)[0] == ENCODER]
+    decoders = {split_name(g)[1]: g for g in graphs if split_name(g)[0] != ENCODER}
+    decoder = layout_decoder(where)
+    if len(encoders) != 1 or len(decoders) != 1 or decoder is None:
+        return None
+    return graph_label({"encoder": file_precision(encoders[0]), "decoder": file_precision(decoder)})

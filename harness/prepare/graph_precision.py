@@ -58,12 +58,22 @@ def _accuracy_level(node: Any) -> int:
 
 def matmul_compute(model: Any) -> dict[str, int]:
     """Weight MatMul nodes per compute precision (fp32, fp16, bf16, int8; 'unknown' when the graph
-    does not say) in an ONNX model, e.g. {'fp32': 1} for ORT's optimized fp16 MatMul on x86."""
-    graph = model.graph
-    types, producers = _types(graph), _producers(graph)
-    initializers = {tensor.name for tensor in graph.initializer}
+    does not say) in an ONNX model, e.g. {'fp32': 1} for ORT's optimized fp16 MatMul on x86; an If's or a
+    Loop's branches counted too (a merged decoder's MatMuls are there, its weights in the outer graph)."""
     counts: Counter[str] = Counter()
+    _count(model.graph, {}, {}, set(), counts)
+    return dict(counts)
+
+
+def _count(graph: Any, types: dict[str, int], producers: dict[str, Any], initializers: set[str],
+           counts: Counter[str]) -> None:  # fmt: skip
+    """matmul_compute's counts of one graph, which sees its outer graphs' names (types, producers, weights)."""
+    types, producers = types | _types(graph), producers | _producers(graph)
+    initializers = initializers | {tensor.name for tensor in graph.initializer}
     for node in graph.node:
+        for attribute in node.attribute:
+            for sub in [attribute.g, *attribute.graphs] if attribute.type in (5, 10) else []:  # GRAPH, GRAPHS
+                _count(sub, types, producers, initializers, counts)
         if len(node.input) < 2 or not _is_constant(node.input[1], initializers, producers):
             continue
         if node.op_type in INTEGER_MATMULS or (
@@ -73,4 +83,3 @@ def matmul_compute(model: Any) -> dict[str, int]:
         elif node.op_type in FLOAT_MATMULS:
             element = _element_type(node.input[0], types, producers)
             counts[ELEMENT_PRECISIONS.get(element, "unknown") if element else "unknown"] += 1
-    return dict(counts)

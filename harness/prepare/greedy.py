@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from harness.core.records import UnsupportedError
+from harness.prepare.folder_layouts import seq2seq_decoder
 from harness.prepare.folders import past_shape
 
 PAST_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
@@ -55,8 +56,11 @@ def onnx_takes_past(path: Path) -> bool:
 
 def generates_with_past(spec: Any) -> bool:
     """Whether a model generates on ONNX graphs with past key/values: a decoder-only spec (its `-past`
-    export) or an .onnx file whose graph takes past key/values."""
-    return spec.has_past_export or (spec.is_onnx_file and onnx_takes_past(spec.local_path))
+    export), an .onnx file whose graph takes past key/values, or a folder's encoder–decoder layout (its graph
+    the encoder, a decoder beside it: harness.prepare.folder_layouts)."""
+    if spec.has_past_export:
+        return True
+    return spec.is_onnx_file and (onnx_takes_past(spec.local_path) or seq2seq_decoder(spec.local_path) is not None)
 
 
 def positions(mask: np.ndarray, length: int) -> np.ndarray:

@@ -359,6 +359,7 @@ def _prepare_onnx_file(job: PrepareJob) -> PreparedModel:
     import onnxruntime as ort
 
     from harness.prepare.external import content_key
+    from harness.prepare.folder_layouts import seq2seq_decoder
     from harness.prepare.folders import file_precision, past_shape
     from harness.prepare.graph_tables import index_tables
     from harness.prepare.greedy import prefill_feeds, takes_past
@@ -392,12 +393,15 @@ def _prepare_onnx_file(job: PrepareJob) -> PreparedModel:
     tables = index_tables(spec.local_path)  # integer inputs stay inside the tables they index
     rows = tables.get("input_ids") or _logits_width(session)
     vocab = vocabulary(tokenizer_folder(spec.local_path), rows) if rows else None
-    if session is not None and takes_past([i.name for i in session.get_inputs()], prepared.output_names):
+    past = session is not None and takes_past([i.name for i in session.get_inputs()], prepared.output_names)
+    if past:
         prepared.onnx_past_path = spec.local_path  # a graph with past key/values: it generates
+    else:  # a folder's encoder–decoder: the file is its encoder, generation runs the decoder beside it
+        prepared.onnx_past_path = seq2seq_decoder(spec.local_path)
 
     def build(batch: int, seq: int | None) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
         feeds = make_signature_inputs(signature, spec.name, batch, seq, tables, vocab, spec.prompt)
-        if prepared.onnx_past_path is not None:  # the prompt with an empty past (a prefill)
+        if past:  # the prompt with an empty past (a prefill)
             feeds = prefill_feeds(session, feeds, past_shape(spec.local_path))
         return feeds, list(session.run(None, feeds)) if session is not None else []
 

@@ -21,8 +21,11 @@ from harness.core.generation import StepTop, token_check
 from harness.core.records import UnsupportedError
 from harness.prepare.folders import file_precision, past_shape
 from harness.prepare.greedy import cpu_session, forced_logits
-from harness.prepare.seq2seq import forced_seq2seq, seq2seq_files
+from harness.prepare.seq2seq import Seq2SeqFiles, forced_seq2seq, graph_name, precision_files, seq2seq_files
 from harness.prepare.variants import model_for_precision
+
+# What a generation ran: its graph with past, or an encoder–decoder's graphs (each at its own precision)
+Graphs = Path | Seq2SeqFiles
 
 # the engine every generation's tokens are checked against, named on the row (token_reference)
 REFERENCE_ENGINE = "onnxruntime CPUExecutionProvider"
@@ -33,18 +36,26 @@ def _session(graph: Path) -> Any:
     return cpu_session(graph)
 
 
-def forced(graph: Path, prompt: dict[str, np.ndarray], tokens: np.ndarray, depth: int = 0) -> np.ndarray:
+def forced(graph: Graphs, prompt: dict[str, np.ndarray], tokens: np.ndarray, depth: int = 0) -> np.ndarray:
     """Native ORT CPU's logits on `graph`, teacher-forced on the prompt then `tokens` (greedy.forced_logits),
-    after a KV cache filled to `depth`; an encoder–decoder's first decoder step: its layout's loop, the prompt
-    its encoder's inputs (harness.prepare.seq2seq.forced_seq2seq)."""
-    if (layout := seq2seq_files(graph)) is not None:
-        return forced_seq2seq(layout, prompt, tokens)
+    after a KV cache filled to `depth`; an encoder–decoder's graphs: their loop, the prompt the encoder's inputs
+    (harness.prepare.seq2seq.forced_seq2seq)."""
+    if isinstance(graph, Seq2SeqFiles):
+        return forced_seq2seq(graph, prompt, tokens)
     return forced_logits(_session(graph), prompt, tokens, past_shape(graph), depth)
 
 
-def graph_name(graph: Path) -> str:
-    """A graph as a row names it: its folder and file name (the cache's folder says the export and precision)."""
-    return f"{graph.parent.name}/{graph.name}"
+def ran_graphs(source: Path, precision: str) -> Graphs:
+    """The graphs a generation of `source` (the model's graph for generation) ran at a precision: the file
+    model_for_precision gives, or each graph of an encoder–decoder's layout at its own precision."""
+    if seq2seq_files(source) is not None:
+        return precision_files(source, precision)[0]
+    return model_for_precision(source, precision)[0]
+
+
+def graphs_name(graph: Graphs) -> str:
+    """The graphs as a row names them: the file, or an encoder–decoder's files joined by '+'."""
+    return graph.label() if isinstance(graph, Seq2SeqFiles) else graph_name(graph)
 
 
 @dataclass(frozen=True)
@@ -69,33 +80,35 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
-def _sequence_logits(graph: Path, prompt: dict[str, np.ndarray], ids: np.ndarray, depth: int = 0) -> np.ndarray:
+def _sequence_logits(graph: Graphs, prompt: dict[str, np.ndarray], ids: np.ndarray, depth: int = 0) -> np.ndarray:
     """Logits at every position of the prompt and the generated tokens but the last, whatever positions the
     graph's prefill returns: the first token as a prefill, every later one as a step (a padded prompt: the
     prompt as the prefill; after a filled KV cache: the prompt as the prefill after it)."""
-    if depth or seq2seq_files(graph) is not None or not np.all(prompt["attention_mask"] == 1):
+    if depth or isinstance(graph, Seq2SeqFiles) or not np.all(prompt["attention_mask"] == 1):
         return forced(graph, prompt, ids, depth)
     sequence = np.concatenate([prompt["input_ids"], ids], axis=1).astype(np.int64)
     first = {"input_ids": sequence[:, :1], "attention_mask": np.ones_like(sequence[:, :1])}
     return forced(graph, first, sequence[:, 1:])
 
 
-def fp32_graph(source: Path) -> Path | None:
+def fp32_graph(source: Path) -> Graphs | None:
     """The fp32 graph of a generation's model where it is at hand (the export, an fp32 file given, a folder
-    that ships one), or None (a genai int4 folder)."""
+    that ships one; an encoder–decoder's, every graph's), or None (a genai int4 folder)."""
     try:
-        graph, ran, _ = model_for_precision(source, "fp32")
+        graph = ran_graphs(source, "fp32")
     except UnsupportedError:
         return None
-    return graph if ran == "fp32" and file_precision(graph) == "fp32" else None
+    files = [graph.encoder, graph.decoder, graph.decoder_past] if isinstance(graph, Seq2SeqFiles) else [graph]
+    return graph if all(file_precision(file) == "fp32" for file in files) else None
 
 
 Checked = tuple[bool, dict[str, Any], np.ndarray]  # (agree, facts for the row, native's logits per step)
 
 
-def check_generation(graph: Path, source: Path, prompt: dict[str, np.ndarray], tokens: list[list[int]],
+def check_generation(graph: Graphs, source: Path, prompt: dict[str, np.ndarray], tokens: list[list[int]],
                      precision: str, side: str, top: StepTop | None = None, depth: int = 0) -> Checked:  # fmt: skip
-    """A generation that ran `graph` (the file `source`'s precision gave) checked: token_check against native
+    """A generation that ran `graph` (the file `source`'s precision gave, or an encoder–decoder's files)
+    checked: token_check against native
     ORT CPU teacher-forced on the same graph and, at a precision other than fp32 with the fp32 graph of
     `source` at hand, agreement_top1 and kl_mean on the same sequence; with native's logits at each
     generated step [batch, N, vocab]. depth: the KV cache the generation filled first (--depths)."""
@@ -103,12 +116,12 @@ def check_generation(graph: Path, source: Path, prompt: dict[str, np.ndarray], t
     logits = forced(graph, prompt, ids, depth)
     steps = logits[:, -ids.shape[1] :]
     agree, facts = token_check(ids, steps, precision, side, top)
-    facts["token_reference"] = f"{REFERENCE_ENGINE} on {graph_name(graph)}"
+    facts["token_reference"] = f"{REFERENCE_ENGINE} on {graphs_name(graph)}"
     reference = fp32_graph(source) if precision != "fp32" else None
     if reference is None or reference == graph:
         facts["quality"] = "not measured: " + ("the row is fp32" if precision == "fp32" else "no fp32 graph at hand")
         return agree, facts, steps
     found = quality(*(_sequence_logits(g, prompt, ids, depth) for g in (reference, graph)))
     facts |= {"agreement_top1": found.agreement_top1, "kl_mean": found.kl_mean, "quality_positions": found.positions,
-              "quality_reference": f"{REFERENCE_ENGINE} on {graph_name(reference)} (fp32)"}  # fmt: skip
+              "quality_reference": f"{REFERENCE_ENGINE} on {graphs_name(reference)} (fp32)"}  # fmt: skip
     return agree, facts, steps

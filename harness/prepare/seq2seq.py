@@ -12,21 +12,20 @@ exactly new_tokens tokens, EOS ignored. web/page/seq2seq.mjs runs the same steps
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from harness.core.precision import GRAPHS, graph_label, graph_precision
 from harness.core.records import UnsupportedError
 from harness.prepare.folder_checks import FolderError, read_config
+from harness.prepare.folder_layouts import DECODER_MERGED, DECODER_SPLIT, encoder_beside, split_name
 from harness.prepare.folders import folder_root
 from harness.prepare.greedy import PAST_DTYPES, Greedy
 
-ENCODER = "encoder_model"
-DECODER_SPLIT = ("decoder_model", "decoder_with_past_model")
-DECODER_MERGED = "decoder_model_merged"
 # The inputs the loop fills besides the caches; any other one is refused by name.
 FILLED = ("input_ids", "attention_mask", "input_features", "encoder_attention_mask", "encoder_hidden_states",
           "use_cache_branch")  # fmt: skip
@@ -40,23 +39,42 @@ class Seq2SeqFiles:
     encoder: Path
     decoder: Path
     decoder_past: Path
+    # the layout's own first decoder step (beside its config.json, whose start token begins the decoder) where
+    # these are conversions of its graphs cached elsewhere; None: `decoder` is it
+    origin: Path | None = field(default=None, compare=False)
 
     @property
     def merged(self) -> bool:
         return self.decoder == self.decoder_past
 
+    def names(self) -> dict[str, str]:
+        """Each graph's file as a row names it (graph_name): the encoder, the decoder and, split, the later steps'."""
+        found = {"encoder": graph_name(self.encoder), "decoder": graph_name(self.decoder)}
+        return found if self.merged else found | {"decoder_past": graph_name(self.decoder_past)}
 
-def seq2seq_files(decoder: Path, suffix: str = "", encoder_suffix: str | None = None) -> Seq2SeqFiles | None:
-    """The layout `decoder` belongs to (its first decoder step's file), the encoder found beside it with the
-    given transformers.js suffix (_q4, _fp16, …; the decoder's own where None), or None: not such a layout."""
-    folder = decoder.parent
-    encoder = folder / f"{ENCODER}{suffix if encoder_suffix is None else encoder_suffix}.onnx"
-    if not encoder.is_file():
+    def label(self) -> str:
+        """The files as one line: 'onnx/encoder_model.onnx + onnx/decoder_model_merged_q4.onnx'."""
+        return " + ".join(self.names().values())
+
+
+def graph_name(graph: Path) -> str:
+    """A graph as a row names it: its folder and file name (a transformers.js folder's onnx/model_q4.onnx; the
+    cache's folder says the export and precision)."""
+    return f"{graph.parent.name}/{graph.name}"
+
+
+def seq2seq_files(decoder: Path) -> Seq2SeqFiles | None:
+    """The layout `decoder` belongs to (its first decoder step's file, any transformers.js suffix: _q4, _fp16, …),
+    with the encoder beside it (at the decoder's suffix, else the layout's: harness.prepare.folder_layouts), or
+    None: not such a layout."""
+    stem, suffix = split_name(decoder)
+    encoder = encoder_beside(decoder)
+    if encoder is None or not decoder.is_file():
         return None
-    if decoder.name == f"{DECODER_MERGED}{suffix}.onnx":
+    if stem == DECODER_MERGED:
         return Seq2SeqFiles(encoder, decoder, decoder)
-    past = folder / f"{DECODER_SPLIT[1]}{suffix}.onnx"
-    if decoder.name == f"{DECODER_SPLIT[0]}{suffix}.onnx" and past.is_file():
+    past = decoder.parent / f"{DECODER_SPLIT[1]}{suffix}.onnx"
+    if stem == DECODER_SPLIT[0] and past.is_file():
         return Seq2SeqFiles(encoder, decoder, past)
     return None
 
@@ -176,24 +194,29 @@ class Seq2SeqGreedy:
 
 
 def precision_files(decoder: Path, precision: str) -> tuple[Seq2SeqFiles, str, dict[str, Any]]:
-    """Each graph of the layout `decoder` belongs to at the precision (a folder's own file or the harness's
-    conversion, harness.prepare.variants), the precision they run in and the decoder's conversion facts."""
+    """Each graph of the layout `decoder` belongs to at its precision (a plain precision every graph's; a
+    per-graph one, encoder=fp32,decoder=q4, each its own): a folder's own file or the harness's conversion of
+    that graph (harness.prepare.variants); the precision they ran in (a per-graph label where they differ) and
+    the facts: the decoder's conversion, each graph's file and precision (graph_files, graph_precision)."""
     from harness.prepare.variants import model_for_precision
 
     layout = seq2seq_files(decoder)
     if layout is None:
         raise UnsupportedError(f"{decoder.name} has no encoder_model.onnx and later-step decoder beside it")
-    encoder, _, _ = model_for_precision(layout.encoder, precision)
-    first, ran, facts = model_for_precision(layout.decoder, precision)
-    later = first if layout.merged else model_for_precision(layout.decoder_past, precision)[0]
-    return Seq2SeqFiles(encoder, first, later), ran, facts
+    asked = {graph: graph_precision(precision, graph) for graph in GRAPHS}
+    encoder, encoder_ran, _ = model_for_precision(layout.encoder, asked["encoder"])
+    first, ran, facts = model_for_precision(layout.decoder, asked["decoder"])
+    later = first if layout.merged else model_for_precision(layout.decoder_past, asked["decoder"])[0]
+    files, ran_by_graph = Seq2SeqFiles(encoder, first, later, decoder), {"encoder": encoder_ran, "decoder": ran}
+    facts = facts | {"graph_files": files.names(), "graph_precision": ran_by_graph}
+    return files, graph_label(ran_by_graph), facts
 
 
 def load_seq2seq(files: Seq2SeqFiles, open_session: Callable[[Path], Any]) -> Seq2SeqGreedy:
     """The loop over a layout's graphs, each opened by open_session (a merged decoder once)."""
     encoder, decoder = open_session(files.encoder), open_session(files.decoder)
     past = decoder if files.merged else open_session(files.decoder_past)
-    return Seq2SeqGreedy((encoder, decoder, past), start_token(files.decoder))
+    return Seq2SeqGreedy((encoder, decoder, past), start_token(files.origin or files.decoder))
 
 
 def cpu_session(path: Path) -> Any:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.bounds import MAX_CONFIG_BYTES
+from harness.prepare.folder_layouts import seq2seq_decoder
 
 FAMILIES = ("embedding", "text_generation", "vision", "audio", "multimodal")
 # How inputs are generated (harness/prepare/inputs.py): token ids, images, waveforms, log-mel features,
@@ -119,6 +120,12 @@ class ModelSpec:
     def is_seq2seq(self) -> bool:
         """An encoder–decoder with an LM head whose encoder reads tokens (T5) or log-mel features (Whisper)."""
         return self.architecture.endswith("ForConditionalGeneration") and self.inputs.kind in SEQ2SEQ_KINDS
+
+    @property
+    def is_encoder_decoder(self) -> bool:
+        """An encoder–decoder that generates on ONNX graphs: T5, Whisper, or a folder's layout given by
+        --model-path (its graph the encoder, a decoder beside it): the models a per-graph precision names."""
+        return self.is_seq2seq or (self.is_onnx_file and seq2seq_decoder(self.local_path) is not None)
 
     @property
     def context_length(self) -> int | None:

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.core.precision import per_graph
 from harness.core.records import UnsupportedError
 from harness.prepare.cache import cache_root
-from harness.prepare.external import content_key, external_locations, save_model
+from harness.prepare.external import content_key, external_locations, nodes, save_model
 from harness.prepare.folders import file_precision, folder_root, model_file, precision_file
 
 # MatMulNBits as ORT's quantizer writes it: 4-bit weights in blocks of 32 along K, one scale per block
@@ -36,9 +37,12 @@ class VariantOutcome:
 
 
 def _variant_key(onnx_path: Path) -> str:
-    """The fp32 export's cache key, or the content key of an ONNX file given by --model-path."""
+    """The fp32 export's cache key (with the file's stem where its folder holds several graphs: an
+    encoder–decoder's encoder_model.onnx and decoder_model.onnx each have their own conversion), or the content
+    key of an ONNX file given by --model-path."""
     if onnx_path.parent.parent == cache_root() / "onnx":
-        return onnx_path.parent.name
+        stem = "" if onnx_path.name == "model.onnx" else f"-{onnx_path.stem}"
+        return f"{onnx_path.parent.name}{stem}"
     return content_key(onnx_path)
 
 
@@ -57,7 +61,7 @@ def _quantize_int8(source: Path, target: Path) -> dict[str, Any]:
     large = bool(external_locations(source))  # a large source: its conversion keeps the weights outside too
     quantize_dynamic(source, target, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"], per_channel=True,
                      use_external_data_format=large)  # fmt: skip
-    quantized = sum(n.op_type == "MatMulInteger" for n in onnx.load(str(target), load_external_data=False).graph.node)
+    quantized = sum(n.op_type == "MatMulInteger" for n in nodes(onnx.load(str(target), load_external_data=False).graph))
     tool = f"onnxruntime {onnxruntime.__version__} quantization.quantize_dynamic (MatMul, QInt8 per-channel weights)"
     return {"tool": tool, "quantized_matmuls": quantized, "external_data": external_locations(target)}
 
@@ -90,7 +94,7 @@ def _int4_model(source: Path) -> tuple[Any, dict[str, Any]]:
         "block_size": Q4_BLOCK_SIZE,
         "is_symmetric": Q4_SYMMETRIC,
         "accuracy_level": None,  # unset: the MatMul computes in its activations' type
-        "quantized_matmuls": sum(n.op_type == "MatMulNBits" for n in model.graph.node),
+        "quantized_matmuls": sum(n.op_type == "MatMulNBits" for n in nodes(model.graph)),  # If branches too
     }
     return model, info
 
@@ -143,7 +147,11 @@ def model_for_precision(onnx_path: Path, precision: str) -> tuple[Path, str, dic
     """(model file, precision it runs in, conversion facts): the fp32 export, or its int8 / fp16 / q4 /
     q4f16 conversion; a model folder's own file for the precision where it has one
     (harness.prepare.folders). ORT has no bf16 conversion to offer, and a conversion that fails is the reason
-    the precision is unsupported."""
+    the precision is unsupported; so is a per-graph precision (encoder=fp32,decoder=q4): one graph has one
+    (harness.prepare.seq2seq.precision_files gives each graph its own)."""
+    if per_graph(precision) is not None:
+        raise UnsupportedError(f"--precision {precision} names an encoder–decoder's graphs apart; it runs "
+                               "encoder–decoder generation on ONNX Runtime and in the page only")  # fmt: skip
     if (folder_facts := _folder_file(onnx_path, precision)) is not None:
         return folder_facts
     if precision in ("fp32", "auto"):

@@ -101,8 +101,7 @@ def checked_generation(prepared: PreparedModel, result: Result | Control) -> Res
         return result  # a drift control's measurement, or a row with nothing to check
     if not result.generated_tokens:
         return result
-    from harness.prepare.quality import check_generation
-    from harness.prepare.variants import model_for_precision
+    from harness.prepare.quality import check_generation, ran_graphs
 
     source = prepared.onnx_past_path
     assert source is not None  # a generate row of an engine that runs the graph with past ran it
@@ -110,7 +109,7 @@ def checked_generation(prepared: PreparedModel, result: Result | Control) -> Res
         why = f"not checked: native ORT CPU is the reference, and no tolerance is measured for {result.target.hardware}"
         return replace(result, details=result.details | {"token_parity": why})
     try:
-        graph = model_for_precision(source, result.precision)[0]
+        graph = ran_graphs(source, result.precision)  # an encoder–decoder's: each graph at its own precision
         # the prompt, or an encoder-decoder's encoder inputs (speech: its log-mel features)
         prompt = {k: v for k, v in prepared.load_case((result.case.batch_size, result.case.seq_len))[0].items()
                   if k in ("input_ids", "attention_mask", "input_features")}  # fmt: skip

@@ -23,7 +23,7 @@ from harness.core.options import (
     seconds_problem,
 )
 from harness.core.paths import unwritable_directory, unwritable_file
-from harness.core.precision import INT4_PRECISIONS
+from harness.core.precision import INT4_PRECISIONS, PER_GRAPH_HELP, parse_precisions, per_graph
 from harness.core.records import MODES, PRECISIONS, Case, Target, result_key
 from harness.core.threads import threaded_target, threads_option
 from harness.native import DEFAULT_ENGINES, ENGINES, capabilities
@@ -42,7 +42,7 @@ PRECISION_HELP = (
     f"Comma-separated: {', '.join(PRECISIONS)}. fp32 is forced everywhere, int8 is dynamic quantization, "
     f"{' and '.join(INT4_PRECISIONS)} int4 weight-only MatMuls, auto the engine's default; the browser runs "
     "the converted ONNX files native ONNX Runtime runs (fp16 on webgpu needs shader-f16). Each row records "
-    "the precision that ran. Default: a model folder's own precision where it holds one, else fp32."
+    "the precision that ran. Default: a model folder's own precision where it holds one, else fp32. " + PER_GRAPH_HELP
 )
 MODE_HELP = (
     "Comma-separated: inference, generate (greedy decoding, TTFT/TPOT, pp and tg tokens/s: GPT-2, LLaMA, Qwen2, "
@@ -114,8 +114,9 @@ class RunOptions:
     )  # fmt: skip
     # one precision, a list, or a comma-separated string
     precision: str | list[str] | None = option(
-        None, flag="--precision", many=True, choices=PRECISIONS, noun="precision", help=PRECISION_HELP
-    )
+        None, flag="--precision", many=True, choices=PRECISIONS, noun="precision", help=PRECISION_HELP,
+        parse=parse_precisions,
+    )  # fmt: skip
     modes: list[str] = option(
         factory=lambda: ["inference"], flag="--mode", many=True, choices=MODES, noun="mode", help=MODE_HELP
     )
@@ -271,7 +272,7 @@ def precisions(request: RunOptions) -> list[str]:
     a model folder's own precision where it holds one (an onnxruntime-genai int4 folder runs q4), else fp32."""
     if request.precision is None:
         return [(request.model_path and own_precision(Path(request.model_path))) or "fp32"]
-    return list(dict.fromkeys(items(request.precision)))
+    return parse_precisions(items(request.precision))
 
 
 def check_count(name: str, values: int | list[int], high: int, low: int = 1) -> None:
@@ -377,7 +378,22 @@ def check_selection(request: RunOptions) -> list[ModelSpec]:
         raise RequestError(str(exc)) from exc
     if not specs:
         raise RequestError("the model selection is empty: check --model / --model-families")
+    check_graph_precisions(request, specs)
     return [with_prompt(request, spec) for spec in specs]
+
+
+def check_graph_precisions(request: RunOptions, specs: list[ModelSpec]) -> None:
+    """A per-graph precision (encoder=fp32,decoder=q4) only for encoder–decoders: another model has one graph."""
+    if request.precision is None:  # checked already (check_measuring): it parses
+        return
+    named = next((p for p in precisions(request) if per_graph(p) is not None), None)
+    others = [spec.name for spec in specs if not spec.is_encoder_decoder]
+    if named is not None and others:
+        raise RequestError(
+            f"--precision {named} names an encoder–decoder's graphs apart, and {', '.join(others[:3])} is no "
+            "encoder–decoder (T5, Whisper, or a folder with encoder_model.onnx and a decoder); give it a plain "
+            f"precision ({', '.join(PRECISIONS)})"
+        )
 
 
 def with_prompt(request: RunOptions, spec: ModelSpec) -> ModelSpec:
