@@ -102,14 +102,15 @@ def genai_row(folder: Path, threads: int) -> Loop:
     return run
 
 
-def timed(loop: Loop, ids: np.ndarray, new_tokens: int) -> tuple[float, float]:
-    """(TTFT ms, decode tokens/s) of one generation."""
+def timed(loop: Loop, ids: np.ndarray, new_tokens: int) -> tuple[float, float, float]:
+    """(TTFT ms, decode tokens/s, the 1-minute load average right after) of one generation: the machine is
+    shared, so each figure carries the load it was measured under."""
     stamps: list[float] = []
     start = time.perf_counter()
     loop(ids, new_tokens, lambda: stamps.append(time.perf_counter()))
     ttft = (stamps[0] - start) * 1000
     decode = (len(stamps) - 1) / (stamps[-1] - stamps[0])
-    return ttft, decode
+    return ttft, decode, os.getloadavg()[0]
 
 
 def rounds(loops: dict[str, Loop], ids: np.ndarray, new_tokens: int, count: int) -> dict[str, list[tuple]]:
@@ -133,7 +134,8 @@ def summary(found: dict[str, list[tuple]], title: str) -> None:
         decode = statistics.median(s[1] for s in samples)
         medians[name] = (ttft, decode)
         spread = f"{min(s[1] for s in samples):.0f}-{max(s[1] for s in samples):.0f}"
-        print(f"  {name:10s} TTFT {ttft:7.1f} ms   decode {decode:6.1f} tok/s (rounds {spread})")
+        loads = f"{min(s[2] for s in samples):.1f}-{max(s[2] for s in samples):.1f}"
+        print(f"  {name:10s} TTFT {ttft:7.1f} ms   decode {decode:6.1f} tok/s (rounds {spread}; load {loads})")
     base = medians["genai"]
     for name in medians:
         if name != "genai":
@@ -159,12 +161,13 @@ def harness_rows(folder: Path, threads: int, prompt: int, new_tokens: int) -> No
             print(f"\naccelharness run failed ({done.returncode}): {done.stderr.strip()[-500:]}")
             return
         found = duckdb.connect(str(db), read_only=True).execute(
-            "SELECT engine, provider, status, ttft_ms, decode_tokens_per_s FROM results ORDER BY engine, provider"
+            "SELECT engine, provider, status, ttft_ms, decode_tokens_per_s, load_avg_1m FROM results "
+            "ORDER BY engine, provider"
         )
         print("\nthe harness's rows (accelharness run, one busy core: no)")
-        for engine, provider, status, ttft, decode in found.fetchall():
+        for engine, provider, status, ttft, decode, load in found.fetchall():
             figures = f"TTFT {ttft:7.1f} ms   decode {decode:6.1f} tok/s" if ttft is not None else ""
-            print(f"  {engine}:{provider} {status} {figures}")
+            print(f"  {engine}:{provider} {status} {figures} (load {load:.1f})")
 
 
 def main() -> None:

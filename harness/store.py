@@ -272,6 +272,13 @@ MIGRATIONS: dict[int, list[str]] = {
         "ALTER TABLE results ADD COLUMN IF NOT EXISTS encoder_ms DOUBLE",
         "ALTER TABLE results ADD COLUMN IF NOT EXISTS real_time_factor DOUBLE",
     ],
+    12: [
+        # issue 32: every batch row's decoded output text, a JSON list of strings (output_text, v9, holds the
+        # first row's alone and keeps it, so older readers and bundles read what they did; not a content column:
+        # no stored hash changes). NULL on an older row (read-only views show it so too): readers fall back to
+        # output_text, the one text such a row stored.
+        "ALTER TABLE results ADD COLUMN IF NOT EXISTS output_texts JSON",
+    ],
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 # Tables a migration created: a read-only open of an older file shows them empty.
@@ -589,6 +596,7 @@ class Store:
             "spinning": result.details.get("spinning"),
             "prompt_ids": None if result.prompt_ids is None else json.dumps(result.prompt_ids),
             "output_text": result.output_text,
+            "output_texts": None if result.output_texts is None else json.dumps(result.output_texts),
             "stop_at_eos": result.stop_at_eos,
             "token_reference": result.details.get("token_reference"),
             "agreement_top1": result.details.get("agreement_top1"),

@@ -283,19 +283,22 @@ def test_a_genai_folder_reaching_outside_itself_is_refused_by_key(
 def test_a_genai_folder_runs_its_own_precision_when_none_is_asked(genai_folder: Path, tmp_path: Path) -> None:
     """Issue 30: a request that names no precision (the API's default) runs the folder's own, q4 as read from its
     MatMulNBits graph, and the row says q4; an asked fp32 stays `unsupported` with the reason
-    (test_a_genai_folder_generates_natively_and_on_wasm)."""
+    (test_a_genai_folder_generates_natively_and_on_wasm). At batch 2, every row's output text is stored, each
+    its own tokens through the folder's tokenizer (issue 32)."""
     from harness.run.native import run_native
     from harness.run.plan import BenchmarkRequest
 
     db = tmp_path / "own.duckdb"
     request = BenchmarkRequest(model_path=genai_folder, hardware=["cpu"], engines=["onnxruntime"], modes=["generate"],
-                               new_tokens=2, sequence_lengths=[8], iterations=2, min_iterations=1, warmup=0,
-                               min_duration_s=0, db_path=db, output_dir=None)  # fmt: skip
+                               new_tokens=2, sequence_lengths=[8], batch_sizes=[2], iterations=2, min_iterations=1,
+                               warmup=0, min_duration_s=0, db_path=db, output_dir=None)  # fmt: skip
     run_native(request)
     rows = rows_of(db)
     assert list(rows) == [("onnxruntime", "q4")]
     row = rows["onnxruntime", "q4"]
     assert (row["status"], row["precision"], row["details"]["model_file"]) == ("ok", "q4", "model.onnx"), row["error"]
+    texts = [" ".join(f"t{token}" for token in tokens) for tokens in json.loads(row["generated_tokens"])]
+    assert len(texts) == 2 and json.loads(row["output_texts"]) == texts and row["output_text"] == texts[0]
 
 
 def test_one_model_draws_one_prompt_in_every_layout_and_its_text_comes_back(genai_folder: Path, tmp_path: Path) -> None:

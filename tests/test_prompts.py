@@ -64,7 +64,7 @@ def test_a_prompt_is_tokenized_with_the_folder_s_tokenizer_and_its_chat_template
     folder = tokenizer_folder_with(tmp_path, template)
     assert encode(folder, "t5 t6 t7", chat=False) == [5, 6, 7]
     assert encode(folder, "t5 t6 t7", chat=True) == [3, 5, 6, 7, 4]  # the template's turn markers around it
-    assert decode(folder, [5, 6, 2]) == "t5 t6 t2" and eos_ids(folder) == (2,)
+    assert decode(folder, [[5, 6, 2], [7]]) == ["t5 t6 t2", "t7"] and eos_ids(folder) == (2,)
     assert vocabulary(folder, 128).special == (0, 2)  # unk and eos: never drawn into a prompt
     escape = "{{ ''.__class__.__mro__[1].__subclasses__() }}"  # the template is data from elsewhere
     (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": escape}))
@@ -127,6 +127,11 @@ def test_the_generation_tables_state_the_policy_and_escape_the_model_s_text() ->
     assert "&lt;script&gt;" in line and r"\| =cmd" in line and "<script>" not in line
     stopped = _table([row | {"stop_at_eos": True, "output_text": None}])
     assert "stopped at EOS" in stopped
+    # every batch row's text, numbered (issue 32); a stored list that is not one of strings: output_text alone
+    batch = row | {"batch_size": 2, "output_text": "t5", "output_texts": json.dumps(["t5", "<b>t6"])}
+    assert "[1] t5 [2] &lt;b&gt;t6</td>" in _table([batch])
+    for odd in ("not json", "[1, 2]", '{"a": 1}', "[]"):
+        assert '<td class="gen-text">t5</td>' in _table([batch | {"output_texts": odd}]), odd
 
 
 def test_the_table_an_id_input_indexes_is_read_through_casts_and_a_shared_quantized_embedding(tmp_path: Path) -> None:

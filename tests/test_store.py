@@ -228,3 +228,45 @@ def test_a_directory_as_db_is_refused_by_name(tmp_path: Path, command: list[str]
     assert done.returncode == 2, done.stdout + done.stderr
     assert "Traceback" not in done.stderr and f"--db {directory}" in done.stderr, done.stderr
     assert list(directory.iterdir()) == []
+
+
+def test_every_batch_row_s_output_text_is_stored_and_an_older_store_keeps_what_it_held(tmp_path: Path) -> None:
+    """Issue 32: output_texts (v12) holds every batch row's text, output_text the first's as before. A v11 file
+    reads (read-only, then migrated) with its output_text as it was and output_texts NULL (a second row's text was
+    never stored: not made up); no content hash changes."""
+    from harness.store import MIGRATIONS, SCHEMA, hash_results_sql
+
+    db = tmp_path / "v11.duckdb"
+    connection = duckdb.connect(str(db))
+    connection.execute(SCHEMA)
+    for version in range(2, 12):
+        for statement in MIGRATIONS[version]:
+            connection.execute(statement)
+    connection.execute("INSERT INTO schema_version VALUES (11, now())")
+    connection.execute("INSERT INTO runs (run_id, started_at, status, command) VALUES ('old', now(), 'completed', 'x')")
+    for result_id, batch in (("one", 1), ("two", 2)):
+        connection.execute(
+            "INSERT INTO results (result_id, run_id, created_at, model, family, weights, hardware, engine, batch_size, "
+            "requested_precision, precision, status, result_key, mode, output_text) VALUES (?, 'old', now(), 'm', "
+            "'llm', 'random', 'cpu', 'onnxruntime', ?, 'fp32', 'fp32', 'ok', ?, 'generate', 'first text')",
+            [result_id, batch, result_id],
+        )
+    connection.execute(hash_results_sql())
+    hashes = connection.execute("SELECT result_id, content_hash FROM results ORDER BY result_id").fetchall()
+    connection.close()
+    sql = "SELECT result_id, output_text, output_texts, content_hash FROM results ORDER BY result_id"
+    expected = [("one", "first text", None, hashes[0][1]), ("two", "first text", None, hashes[1][1])]
+    with open_store(db, read_only=True) as store:
+        assert [tuple(r.values()) for r in store.query(sql)] == expected
+    with open_store(db) as store:
+        assert [tuple(r.values()) for r in store.query(sql)] == expected
+        store.connection.execute(hash_results_sql("result_id IS NOT NULL"))  # recomputed: the same hashes
+        assert store.query("SELECT result_id, content_hash FROM results ORDER BY result_id") == [
+            {"result_id": r, "content_hash": h} for r, h in hashes
+        ]
+        run_id = store.start_run("test", {}, {"git_sha": "abc"})
+        result = _result([1.0])
+        result.output_texts, result.output_text = ["a", "b"], "a"
+        store.add_result(run_id, result, "abc")
+        [row] = store.results(run_id)
+        assert json.loads(row["output_texts"]) == ["a", "b"] and row["output_text"] == "a"

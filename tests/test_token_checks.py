@@ -20,12 +20,12 @@ QUICK = ("--iterations", "2", "--warmup", "0", "--min-duration", "0", "--new-tok
 
 
 @pytest.fixture(scope="module")
-def planted(web_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[tuple[str, str], Any]]:  # noqa: F811
+def planted(web_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, dict]:  # noqa: F811
     out = tmp_path_factory.mktemp("token-checks")
     db = out / "t.duckdb"
     fault = {"ACCELHARNESS_INJECT_FAULT": SCALED_WEIGHT_FAULT}
-    done = run_cli("run", "--mode", "generate", "--model", "llama-tiny", "--precision", "fp32,q4", "--engines",
-                   "onnxruntime", "--hardware", "cpu", "--web-hardware", "wasm", *QUICK, "--db", str(db),
+    done = run_cli("run", "--mode", "inference,generate", "--model", "llama-tiny", "--precision", "fp32,q4",
+                   "--engines", "onnxruntime", "--hardware", "cpu", "--web-hardware", "wasm", *QUICK, "--db", str(db),
                    "--output-dir", str(out / "reports"), env=fault)  # fmt: skip
     assert done.returncode == 0, done.stderr
     import duckdb
@@ -34,7 +34,9 @@ def planted(web_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[
         cursor = connection.execute("SELECT * FROM results")
         names = [d[0] for d in cursor.description]
         rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
-    return db, {(r["engine"], r["precision"]): r | {"details": json.loads(r["details"])} for r in rows}
+    by_mode = {mode: {(r["engine"], r["precision"]): r | {"details": json.loads(r["details"])}
+                      for r in rows if r["mode"] == mode} for mode in ("generate", "inference")}  # fmt: skip
+    return db, by_mode["generate"], by_mode["inference"]
 
 
 @pytest.mark.parametrize("precision", ["fp32", "q4"])
@@ -43,6 +45,21 @@ def test_a_page_served_a_weight_scaled_by_1_05_is_a_mismatch(planted: Any, preci
     assert page["status"] == "mismatch", page["details"].get("token_parity")
     assert "logit differs from native ORT's by" in page["error"]  # the step's top-k, native teacher-forced
     assert page["details"]["step_logit_max_diff"] > page["details"]["step_logit_tolerance"][0]
+
+
+def test_inference_on_the_export_with_past_is_held_against_torch_and_the_planted_weight_is_a_mismatch(
+    planted: Any,
+) -> None:
+    """Issue 32: inference beside generation runs the export with past (a past of length 0), checked against
+    torch's outputs made apart from the graph: native ORT's rows hold at fp32 and q4, the fp32 page served the
+    graph with a weight scaled by 1.05 is a mismatch. (q4's tolerance against the fp32 reference is wide enough
+    to excuse it: inference has no same-graph check; generation's catches it, above.)"""
+    for precision in ("fp32", "q4"):
+        native = planted[2]["onnxruntime", precision]
+        assert native["status"] == "ok", native["error"]
+        assert native["details"]["input_shapes"]["past_key_0"][2] == 0
+    page = planted[2]["onnxruntime-web", "fp32"]
+    assert page["status"] == "mismatch" and page["max_abs_diff"] > page["details"]["parity_tolerance"]
 
 
 def test_the_reference_is_the_same_graph_file_and_named_on_the_row(planted: Any) -> None:

@@ -39,7 +39,7 @@ from harness.core.profiles import PROFILE_ITERATIONS
 from harness.core.records import Case, Ceiling, Control, Result, Target, UnsupportedError, result_key
 from harness.core.threads import threads_option, with_threads
 from harness.prepare.external import external_data_problem, external_locations, model_bytes
-from harness.prepare.prepared import PreparedModel, PrepareJob, unprepared_result
+from harness.prepare.prepared import PreparedModel, PrepareJob, inference_on_past, unprepared_result
 from harness.prepare.seq2seq import precision_files, seq2seq_files
 from harness.prepare.specs import ModelSpec
 from harness.prepare.variants import model_for_precision
@@ -462,7 +462,7 @@ def page_job(
 ) -> PageJob:
     """Hand the page the case's ONNX file (the export, or `model`: its precision's conversion) and input
     tensors (from the PreparedModel's npz), and describe the page job."""
-    feeds, _ = prepared.load_case((case.batch_size, case.seq_len))
+    feeds, _ = prepared.load_case((case.batch_size, case.seq_len), on_graph=case.mode == "inference")
     model = model or case_model(prepared, case)[0]
     assert model is not None
     # the page keeps one session per model URL: each precision's file has its own name
@@ -477,7 +477,7 @@ def page_job(
         served = served_graph(model)  # the model itself, but for the faults hook's planted weight
         return web_job(files, f"{name}-past", served, prompt_feeds(feeds, layout is not None), setting, stop,
                        case.key, fault, generate, also)  # fmt: skip
-    return web_job(files, name, model, feeds, setting, stop, case.key, fault)
+    return web_job(files, name, served_graph(model), feeds, setting, stop, case.key, fault)
 
 
 def web_job(files: Any, name: str, model: Path, feeds: dict[str, np.ndarray], setting: EpSetting, stop: StopRule,
@@ -610,7 +610,7 @@ async def _run_case(
         "precision": precision,
         "details": details | conversion | {"input_shapes": page.input_shapes},
     }
-    _, reference = prepared.load_case((case.batch_size, case.seq_len))
+    _, reference = prepared.load_case((case.batch_size, case.seq_len), on_graph=case.mode == "inference")
     return build_result(prepared, setting, case, answer, extra, reference, model)
 
 
@@ -626,9 +626,12 @@ def prepare_spec(plan: Any, spec: ModelSpec) -> Prepared:
     generates = any(c.mode == "generate" for c in cases)  # the graph with past, and native ORT's tokens
     tokens = plan.request.new_tokens if generates else 0
     depths = tuple(sorted({c.depth or 0 for c in cases if c.mode == "generate"})) or (0,)
-    plain = any(c.mode != "generate" for c in cases)  # the page generates from the graph with past alone
-    job = PrepareJob(spec, shapes, with_past=generates and spec.has_past_export, reference_tokens=tokens, plain=plain,
-                     stop_at_eos=plan.request.stop_at_eos, reference_depths=depths)  # fmt: skip
+    # the page generates from the graph with past alone, and runs inference on it too where native does
+    prefill = inference_on_past(spec, plan.request.modes) and any(c.mode == "inference" for c in cases)
+    plain = any(c.mode != "generate" for c in cases) and not prefill
+    job = PrepareJob(spec, shapes, with_past=(generates or prefill) and spec.has_past_export, reference_tokens=tokens,
+                     plain=plain, stop_at_eos=plan.request.stop_at_eos, reference_depths=depths,
+                     prefill=prefill)  # fmt: skip
     prepared, outcome = prepare_isolated(job, plan.request.prepare_timeout_s)
     if prepared:
         return spec, prepared, ""

@@ -124,7 +124,7 @@ def _answer_bytes(prepared: PreparedModel, case: Case, request: ServeRequest) ->
     top-k."""
     shape = (case.batch_size, case.seq_len)
     if case.mode != "generate":
-        return sum(r.nbytes for r in prepared.load_case(shape)[1])
+        return sum(r.nbytes for r in prepared.load_case(shape, on_graph=True)[1])
     made = prepared.load_generation(shape, case.new_tokens or 1)
     logits = made.prefill_logits.nbytes if made is not None and made.prefill_logits is not None else 0
     logits = logits or sum(r.nbytes for r in prepared.load_case(shape)[1])  # no reference: the whole output's size
@@ -295,7 +295,8 @@ class ServedJobs:
         found = self._jobs[job.key]
         details = device_details(device, page, job.lost) | found.conversion
         details["input_shapes"] = found.page.input_shapes
-        _, reference = found.prepared.load_case((found.case.batch_size, found.case.seq_len))
+        shape, inference = (found.case.batch_size, found.case.seq_len), found.case.mode == "inference"
+        _, reference = found.prepared.load_case(shape, on_graph=inference)
         extra = {"precision": found.precision, "details": details}
         model = case_model(found.prepared, found.case)[0]  # the file the page ran, its tokens checked on it
         result = build_result(found.prepared, found.setting, found.case, answer, extra, reference, model)

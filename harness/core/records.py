@@ -113,10 +113,12 @@ class Result:
     # produced (one list per batch row), for token-level parity (harness.core.generation)
     step_samples_ms: list[list[float]] = field(default_factory=list)
     generated_tokens: list[list[int]] | None = None
-    # generate mode: the prompt's ids (one list per batch row), the first row's generated tokens as the model's
-    # tokenizer decodes them (None: it has none), and whether the generation stopped at EOS (the policy that ran)
+    # generate mode: the prompt's ids (one list per batch row), every row's generated tokens as the model's
+    # tokenizer decodes them (output_texts; output_text the first's; None: it has none), and whether the
+    # generation stopped at EOS (the policy that ran)
     prompt_ids: list[list[int]] | None = None
     output_text: str | None = None
+    output_texts: list[str] | None = None
     stop_at_eos: bool | None = None
     compile_ms: float | None = None  # JIT engines: compile time, kept out of the latency samples
     energy_j_per_item: float | None = None  # only from a real sensor (RAPL, NVML)

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from harness.prepare.export import ExportOutcome, export_cached, export_dir, export_key
+from harness.prepare.greedy import positions
 from harness.prepare.specs import ModelSpec
 from harness.prepare.weights import Weights
 
@@ -58,6 +59,20 @@ class WithPast(torch.nn.Module):
         )
         presents = output.past_key_values.layers
         return (output.logits, *(t for layer in presents for t in (layer.keys, layer.values)))
+
+
+def prefill_case(model: Any, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+    """A prompt's inference case on this export (harness.prepare.prepared.inference_on_past): its inputs as the
+    graph takes them, with a past of length 0 per layer, and torch's outputs for them in the graph's order (the
+    last position's logits, then each layer's present key and value), as WithPast computes them from no cache."""
+    ids, mask = feeds["input_ids"], feeds["attention_mask"]
+    graph = {"input_ids": ids, "attention_mask": mask, "position_ids": positions(mask, ids.shape[1])}
+    with torch.inference_mode():
+        output = model(**{k: torch.from_numpy(v) for k, v in graph.items()}, use_cache=True, logits_to_keep=1)
+    presents = [t.float().numpy() for layer in output.past_key_values.layers for t in (layer.keys, layer.values)]
+    empty = {name: np.zeros((t.shape[0], t.shape[1], 0, t.shape[3]), dtype=np.float32)
+             for name, t in zip(past_names("past", len(presents) // 2), presents, strict=True)}  # fmt: skip
+    return graph | empty, [output.logits.float().numpy(), *presents]
 
 
 def _example(model: Any) -> tuple[int, dict[str, np.ndarray]]:

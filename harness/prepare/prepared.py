@@ -12,7 +12,7 @@ import itertools
 import json
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -50,6 +50,9 @@ class PreparedModel:
     onnx_past_path: Path | None = None  # the export with past key/values, for ONNX generation
     onnx_past_error: str | None = None  # why there is none when it was asked for
     output_names: tuple[str, ...] = ()  # the reference outputs' names, in order (parity messages name them)
+    # inference on the export with past (onnx_path is it; inference_on_past): each case's inputs as that graph
+    # takes them (a past of length 0) and torch's outputs for them, beside case_files (the module's own case)
+    prefill_files: dict[CaseShape, Path] = field(default_factory=dict)
     # generate in the browser: native ORT's greedy generation per (case, new tokens, depth), the tokens checked against
     generation_files: dict[tuple[CaseShape, int, int], Path] = field(default_factory=dict)
     eos: tuple[int, ...] = ()  # the ids generation stops at (--stop-at-eos and the model states some), else ()
@@ -90,8 +93,11 @@ class PreparedModel:
             return "unsupported", self.skipped[shape]
         return self.failed.get(shape)
 
-    def load_case(self, shape: CaseShape) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
-        with np.load(self.case_files[shape]) as data:
+    def load_case(self, shape: CaseShape, on_graph: bool = False) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+        """A case's inputs and reference outputs: the module's (torch, JAX and the prompt of a generation), or with
+        on_graph the inference case as onnx_path takes it (its prefill case where that is the export with past)."""
+        path = self.prefill_files.get(shape) if on_graph else None
+        with np.load(path or self.case_files[shape]) as data:
             feeds = {k[3:]: data[k] for k in data.files if k.startswith("in:")}
             count = sum(k.startswith("ref:") for k in data.files)
             reference = [data[f"ref:{i}"] for i in range(count)]
@@ -122,6 +128,20 @@ class PrepareJob:
     # which then serves alone (a first run of a real model exported it twice, inside the job's timeout)
     plain: bool = True
     stop_at_eos: bool = False  # --stop-at-eos: generations (and the reference's) stop at the model's EOS id
+    # Inference runs on the export with past (inference_on_past): each case's prefill inputs and torch's
+    # reference for them are made, and the plain export is made only if the export with past fails
+    prefill: bool = False
+
+
+def inference_on_past(spec: ModelSpec, modes: list[str] | tuple[str, ...]) -> bool:
+    """Whether a model's inference cases run on its export with past key/values, fed a past of length 0 (the
+    generation's first step: the prompt's last-position logits and its presents), rather than on the plain
+    export: a decoder-only model (spec.has_past_export) in a run that also generates, so one export serves both
+    modes (a first run of a 135M model exported it twice). The one rule native and browser plans both follow,
+    so a run's inference rows ran one graph on every side. Encoders, vision models and encoder–decoders keep
+    the plain export."""
+    decoder_only = spec.has_past_export and not spec.is_seq2seq  # an encoder–decoder's layout has no such step
+    return decoder_only and "inference" in modes and "generate" in modes
 
 
 @dataclass(frozen=True)
@@ -234,26 +254,40 @@ def _prepare_from_cache(job: PrepareJob, weights: Weights, case_dir: Path) -> Pr
     from harness.prepare.export import ExportOutcome, cached_export, export_dir
 
     facts_path = case_dir / MODEL_FACTS
-    onnx = cached_export(export_dir(case_dir.name))  # an earlier run's plain export serves even when not needed
-    if onnx is None and not job.plain:
-        onnx = ExportOutcome(None, None, False, None, NOT_EXPORTED, None)
     past = _cached_past(job.spec, case_dir.name) if job.with_past else None
+    if job.prefill:  # the export with past serves inference: an earlier plain export is not what runs
+        onnx = past
+    else:  # an earlier run's plain export serves even when not needed
+        onnx = cached_export(export_dir(case_dir.name))
+        if onnx is None and not job.plain:
+            onnx = ExportOutcome(None, None, False, None, NOT_EXPORTED, None)
     if not facts_path.exists() or onnx is None or (job.with_past and past is None):
         return None
     facts = json.loads(facts_path.read_text())
     case_files, skipped = _case_paths(job, case_dir, facts["max_sequence_length"])
-    if not all(path.exists() for path in case_files.values()):
+    prefills = _prefill_paths(case_files) if job.prefill else {}
+    if not all(path.exists() for path in [*case_files.values(), *prefills.values()]):
         return None
     prepared = _prepared(job, weights, onnx, facts["parameters"], case_files, skipped)
+    prepared.prefill_files = prefills
     if past is not None:
         prepared.onnx_past_path, prepared.export["past"] = past.path, _export_facts(past)
+    if job.prefill:
+        prepared.export["inference_graph"] = INFERENCE_ON_PAST
     return prepared
+
+
+INFERENCE_ON_PAST = "the export with past key/values, fed a past of length 0: the prompt's last-position logits"
+
+
+def _prefill_paths(case_files: dict[CaseShape, Path]) -> dict[CaseShape, Path]:
+    """Each case's prefill file (the inference case on the export with past), beside the module's case file."""
+    return {shape: path.with_name(f"{path.stem}_prefill.npz") for shape, path in case_files.items()}
 
 
 def _build_and_prepare(job: PrepareJob, case_dir: Path) -> Iterator[Phase | PreparedModel]:
     import torch
 
-    from harness.prepare.export import ExportOutcome, export_onnx
     from harness.prepare.workload import build_module, make_inputs, max_sequence_length
 
     spec = job.spec
@@ -271,26 +305,61 @@ def _build_and_prepare(job: PrepareJob, case_dir: Path) -> Iterator[Phase | Prep
         return feeds, [o.float().numpy() for o in outputs]
 
     failed = _build_cases(case_files, build)  # references first: exporting traces the module and may change it
-    example_seq = 16 if spec.inputs.uses_sequence else None
-    outcome = ExportOutcome(None, None, False, None, NOT_EXPORTED, None)
-    if job.plain:
-        yield Phase(spec.name, "exporting ONNX")
-        # the export's example: a drawn prompt of its own length (a given prompt is one case's length)
-        example = make_inputs(replace(spec, prompt=None), config, 2, example_seq)
-        outcome = export_onnx(spec, module, weights, example)
+    prefills = _prefill_paths(case_files) if job.prefill else {}
+    failed |= _build_prefills(module.model, case_files, prefills)
+    # the exports' example: a drawn prompt of its own length (a given prompt is one case's length)
+    example = make_inputs(replace(spec, prompt=None), config, 2, 16 if spec.inputs.uses_sequence else None)
+    outcome, past = yield from _exports(job, module, weights, example, bool(prefills))
     prepared = _prepared(job, weights, outcome, parameters, case_files, skipped)
     prepared.failed = failed
-    if job.with_past:
-        layout = "encoder and decoders" if spec.is_seq2seq else "with past key/values"
-        yield Phase(spec.name, f"exporting ONNX {layout}")
-        past = _export_past(
-            spec, module.model, weights, make_inputs(replace(spec, prompt=None), config, 2, example_seq)
-        )
+    if outcome is past:  # one export serves both modes
+        prepared.prefill_files, prepared.export["inference_graph"] = prefills, INFERENCE_ON_PAST
+    if past is not None:
         prepared.onnx_past_path, prepared.onnx_past_error = past.path, past.error
         prepared.export["past"] = _export_facts(past)
     facts = {"parameters": parameters, "max_sequence_length": limit}
     write_atomically(case_dir / MODEL_FACTS, lambda file: file.write(json.dumps(facts).encode()))  # for the next run
     yield prepared
+
+
+def _build_prefills(model: Any, case_files: dict[CaseShape, Path], prefills: dict[CaseShape, Path]) -> dict:
+    """Each missing prefill file: the module's case as the export with past takes it, and torch's outputs for it
+    (harness.prepare.export_past.prefill_case); a case whose prefill fails is returned as _build_cases does."""
+    if not prefills:
+        return {}
+    from harness.prepare.export_past import prefill_case
+
+    def build(batch: int, seq: int | None) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+        with np.load(case_files[(batch, seq)]) as data:
+            return prefill_case(model, {k[3:]: data[k] for k in data.files if k.startswith("in:")})
+
+    return _build_cases(prefills, build)
+
+
+def _exports(
+    job: PrepareJob, module: Any, weights: Weights, example: dict[str, np.ndarray], on_past: bool
+) -> Generator[Phase, None, tuple[ExportOutcome, ExportOutcome | None]]:
+    """The exports a job asks for, a Phase before each, returning (the graph inference runs, the export with
+    past or None). on_past: inference runs the export with past, so the plain export is made only if that one
+    failed (one export serves both modes)."""
+    from harness.prepare.export import ExportOutcome, export_onnx
+
+    spec = job.spec
+    outcome = ExportOutcome(None, None, False, None, NOT_EXPORTED, None)
+    if job.plain:
+        yield Phase(spec.name, "exporting ONNX")
+        outcome = export_onnx(spec, module, weights, example)
+    past = None
+    if job.with_past:
+        layout = "encoder and decoders" if spec.is_seq2seq else "with past key/values"
+        yield Phase(spec.name, f"exporting ONNX {layout}")
+        past = _export_past(spec, module.model, weights, example)
+    if on_past and past is not None and past.path is not None:
+        return past, past
+    if on_past and outcome.path is None:  # the export with past failed: inference runs the plain export
+        yield Phase(spec.name, "exporting ONNX")
+        outcome = export_onnx(spec, module, weights, example)
+    return outcome, past
 
 
 def _cached_past(spec: ModelSpec, key: str) -> ExportOutcome | None:

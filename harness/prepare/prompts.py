@@ -191,11 +191,11 @@ def _token_text(token: Any) -> str:
     return content if isinstance(content, str) else ""
 
 
-def decode(folder: Path | None, ids: list[int]) -> str | None:
-    """Token ids as the folder's tokenizer writes them (special tokens kept: what the model made), or None
-    where the model has no tokenizer."""
+def decode(folder: Path | None, rows: list[list[int]]) -> list[str] | None:
+    """Each batch row's token ids as the folder's tokenizer writes them (special tokens kept: what the model
+    made), the tokenizer read once; None where the model has no tokenizer."""
     tokenizer = load_tokenizer(folder) if folder is not None else None
-    return None if tokenizer is None else tokenizer.decode(ids, skip_special_tokens=False)
+    return None if tokenizer is None else [tokenizer.decode(ids, skip_special_tokens=False) for ids in rows]
 
 
 def eos_ids(folder: Path | None) -> tuple[int, ...]:
@@ -292,18 +292,20 @@ def model_eos_ids(spec: Any) -> tuple[int, ...]:
 
 def text_fields(spec: Any, input_ids: np.ndarray, generated: list[list[int]] | None, eos: tuple[int, ...],
                 asked: bool, details: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
-    """A generate row's prompt ids, its output text (the first row's tokens through the model's tokenizer) and
-    its EOS policy (`eos`: the ids it stopped at, () when it ran to --new-tokens; `asked`: --stop-at-eos); why
-    a text is NULL, and a policy asked of a model that states no EOS id, go to `details`."""
+    """A generate row's prompt ids, its output texts (every batch row's tokens through the model's tokenizer;
+    output_text: the first's, as stores before v12 hold it) and its EOS policy (`eos`: the ids it stopped at, ()
+    when it ran to --new-tokens; `asked`: --stop-at-eos); why a text is NULL, and a policy asked of a model that
+    states no EOS id, go to `details`."""
     try:
-        text = decode(tokenizer_folder(spec.local_path), generated[0]) if generated else None
+        texts = decode(tokenizer_folder(spec.local_path), generated) if generated else None
         why = "no tokens were kept" if not generated else f"the model has no {TOKENIZER_FILE}"
     except PromptError as exc:  # a tokenizer that cannot be read costs the row its text, not its measurement
-        text, why = None, str(exc)
-    if text is None:
+        texts, why = None, str(exc)
+    if texts is None:
         details["output_text"] = f"not decoded: {why}"
     if asked and not eos:
         details["eos_policy"] = "--stop-at-eos asked, but the model states no EOS id: ran to --new-tokens"
     else:
         details["eos_policy"] = f"stop at EOS ({', '.join(map(str, eos))})" if eos else "EOS ignored"
-    return {"prompt_ids": np.asarray(input_ids).astype(int).tolist(), "output_text": text, "stop_at_eos": bool(eos)}
+    return {"prompt_ids": np.asarray(input_ids).astype(int).tolist(), "output_text": texts[0] if texts else None,
+            "output_texts": texts, "stop_at_eos": bool(eos)}  # fmt: skip

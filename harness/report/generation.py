@@ -40,6 +40,7 @@ def _parity(row: dict[str, Any]) -> str:
 
 SHOWN_IDS = 8  # prompt ids a table shows (then the count)
 SHOWN_CHARS = 200  # characters of output text a table shows (then …); the store keeps all of it
+SHOWN_TEXTS = 8  # batch rows' output texts a table shows (then the count); the store keeps every one
 
 
 def eos_text(row: dict[str, Any]) -> str:
@@ -61,11 +62,25 @@ def prompt_text(row: dict[str, Any]) -> str:
 
 
 def output_text(row: dict[str, Any]) -> str:
-    """The decoded output, cut at SHOWN_CHARS; plain text for the caller to escape (it is model output)."""
-    text = row.get("output_text")
-    if not isinstance(text, str):
+    """Every batch row's decoded output, each cut at SHOWN_CHARS and numbered where there are several; plain
+    text for the caller to escape (it is model output). A store before v12 (or a batch-1 row) has one text."""
+    texts = _texts(row)
+    if not texts:
         return "—"
-    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "…"
+    cut = [t if len(t) <= SHOWN_CHARS else t[:SHOWN_CHARS] + "…" for t in texts[:SHOWN_TEXTS]]
+    more = f" (+{len(texts) - SHOWN_TEXTS} rows)" if len(texts) > SHOWN_TEXTS else ""
+    return cut[0] if len(cut) == 1 else " ".join(f"[{i}] {t}" for i, t in enumerate(cut, 1)) + more
+
+
+def _texts(row: dict[str, Any]) -> list[str]:
+    """output_texts as the JSON list of strings it should be (a value from elsewhere that is not: output_text)."""
+    try:
+        texts = json.loads(row.get("output_texts") or "null")
+    except (TypeError, ValueError, RecursionError):
+        texts = None
+    if isinstance(texts, list) and texts and all(isinstance(t, str) for t in texts):
+        return texts
+    return [row["output_text"]] if isinstance(row.get("output_text"), str) else []
 
 
 TEXT_COLUMNS = (("EOS", eos_text), ("prompt", prompt_text), ("output text", output_text))
@@ -147,7 +162,8 @@ def generation_html(report: RunReport) -> str:
             "tg: decode tokens ÷ the sum of the decode steps; never a rate over both phases. Tokens: the common "
             "prefix with native ONNX Runtime's greedy tokens on the same graph. EOS: the policy that ran (EOS ignored: "
             "exactly the new tokens asked, for fixed-length timing; --stop-at-eos stops at the model's EOS id). "
-            "Prompt: the first batch row's ids; output text: its tokens through the model's tokenizer.</p>"
+            "Prompt: the first batch row's ids; output text: each batch row's tokens through the model's tokenizer, "
+            "numbered where the batch has several.</p>"
             f"{_table(rows)}<figure>{figure}<figcaption>Median decode-step time per generated position, per "
             "target.</figcaption></figure>"
         )

@@ -14,7 +14,7 @@ from harness.core.profiles import PROFILE_ITERATIONS
 from harness.core.records import Case, Control, Result, Target
 from harness.native import capabilities
 from harness.native.base import Availability
-from harness.prepare.prepared import PreparedModel, PrepareJob, unprepared_result
+from harness.prepare.prepared import PreparedModel, PrepareJob, inference_on_past, unprepared_result
 from harness.prepare.specs import ModelSpec
 from harness.run.ceilings import ceilings_asked, wanted
 from harness.run.measure import MeasureConfig
@@ -25,8 +25,9 @@ from harness.run.worker import Job, prepare_isolated, run_job
 
 def _prepare(plan: Plan, spec: ModelSpec) -> tuple[PreparedModel | None, str | None, str]:
     shapes = sorted({(c.batch_size, c.seq_len) for c in plan.cases(spec)}, key=str)
+    prefill = inference_on_past(spec, plan.request.modes) and plan.exports_past(spec)
     job = PrepareJob(spec, shapes, with_past=plan.exports_past(spec), plain=plan.exports_plain(spec),
-                     stop_at_eos=plan.request.stop_at_eos)  # fmt: skip
+                     stop_at_eos=plan.request.stop_at_eos, prefill=prefill)  # fmt: skip
     prepared, outcome = prepare_isolated(job, plan.request.prepare_timeout_s)
     if prepared:
         return prepared, None, "ok"

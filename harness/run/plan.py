@@ -30,6 +30,7 @@ from harness.native import DEFAULT_ENGINES, ENGINES, capabilities
 from harness.native.base import Availability
 from harness.prepare.folders import own_precision
 from harness.prepare.greedy import generates_with_past
+from harness.prepare.prepared import inference_on_past
 from harness.prepare.prompts import PromptError, given_prompt, model_eos_ids
 from harness.prepare.specs import FAMILIES, ModelSpec, SpecError, check_families, select_specs, spec_from_path
 from harness.run.hardware import DEFAULT_NATIVE_PLATFORMS, NATIVE_PLATFORMS, native_targets
@@ -219,18 +220,23 @@ class Plan:
         return plan_cases(self.request, spec, capabilities(target.engine).plans)
 
     def exports_past(self, spec: ModelSpec) -> bool:
-        """Whether preparing the spec needs its export with past key/values: an available target
-        generates with it."""
+        """Whether preparing the spec needs its export with past key/values: an available target generates
+        with it, or loads an ONNX file for inference where that export serves inference (inference_on_past)."""
+        on_past = inference_on_past(spec, self.request.modes)
         return any(
-            case.mode == "generate"
+            (case.mode == "generate" and can.generate_needs_past_export)
+            or (case.mode == "inference" and can.needs_onnx and on_past)
             for target, availability in self.targets
-            if capabilities(target.engine).generate_needs_past_export and availability.ok
+            if availability.ok and (can := capabilities(target.engine))
             for case in self.cases(spec, target)
         )
 
     def exports_plain(self, spec: ModelSpec) -> bool:
         """Whether preparing the spec needs its plain export: an available target loads the ONNX file for a
-        case that does not generate from the export with past (which alone serves generation)."""
+        case that does not generate from the export with past, which alone serves generation, and inference
+        too where the run also generates on a decoder-only model (inference_on_past)."""
+        if inference_on_past(spec, self.request.modes):
+            return False
         for target, availability in self.targets:
             can = capabilities(target.engine)
             cases = self.cases(spec, target) if availability.ok and can.needs_onnx else []

@@ -66,7 +66,7 @@ def _run_mode(job: Job, session: Any, case: Case, feeds: dict[str, np.ndarray], 
 
 
 def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: PeakRss) -> Result:
-    feeds, reference = job.prepared.load_case((case.batch_size, case.seq_len))
+    feeds, reference = job.prepared.load_case((case.batch_size, case.seq_len), on_graph=_on_graph(job, case.mode))
     eos = job.prepared.eos if case.mode == "generate" else ()  # the ids --stop-at-eos stops at, or ()
     measured = _run_mode(job, session, case, feeds, rss, eos)
     items = (1 + measured.budget["warmup_run"] + len(measured.samples_ms)) * case.batch_size
@@ -89,7 +89,8 @@ def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: Pea
     operators = []
     if job.measure.profile_iterations > 0:
         error = measured.profile_error or (None if case.mode == "inference" else "profiles cover inference only")
-        model_file = getattr(session, "path", None) or job.prepared.onnx_path  # the file the session ran
+        # the file the session ran, else the export the engine's module matches (not the export with past's)
+        model_file = getattr(session, "path", None) or (None if job.prepared.prefill_files else job.prepared.onnx_path)
         operators, profiled = profiled_fields(model_file, details["input_shapes"], measured.profile, error)
         details |= profiled
     model_file = _ran_file(job, session, case)
@@ -133,15 +134,24 @@ def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: Pea
     )
 
 
+def _on_graph(job: Job, mode: str) -> bool:
+    """Whether the job's inference runs the model's ONNX graph (its case as that graph takes it: a prefill where
+    it is the export with past), not a module the engine builds itself (torch, JAX: the module's own case)."""
+    return mode == "inference" and capabilities(job.target.engine).needs_onnx
+
+
 def _ran_file(job: Job, session: Any, case: Case) -> Any:
     """The ONNX file the session ran (its own path), else the model's fp32 export where the engine ran the model
     in fp32 (from that export, or its own module of the same weights: the same reads and FLOPs per token);
     None where no file says what ran (another precision, built by the engine itself)."""
     if (path := getattr(session, "path", None)) is not None:
         return path
-    if session.precision == "fp32":
-        return job.prepared.onnx_past_path if case.mode == "generate" else job.prepared.onnx_path
-    return None
+    if session.precision != "fp32":
+        return None
+    if case.mode == "generate":
+        return job.prepared.onnx_past_path
+    # the export with past computes the last position's logits only: not what the module's inference computed
+    return None if job.prepared.prefill_files else job.prepared.onnx_path
 
 
 GRANDCHILD_MARK = "accelharness-fault-grandchild"  # in the grandchild fault's command line, for tests to find it
@@ -208,7 +218,7 @@ def _case_results(job: Job, backend: Any) -> Iterator[Result]:
     for (precision, mode), group in groupby(job.cases, key=lambda c: (c.precision, c.mode)):
         cases = list(group)
         first = cases[0]
-        example, _ = job.prepared.load_case((first.batch_size, first.seq_len))
+        example, _ = job.prepared.load_case((first.batch_size, first.seq_len), on_graph=_on_graph(job, mode))
         past = job.prepared.onnx_past_path if mode == "generate" else None  # ONNX generation's graph
         target, threads = split_threads(job.target)  # the engine sees its own provider and the count apart
         request = LoadRequest(
