@@ -202,3 +202,11 @@ def test_architecture_lists_every_arrow_between_parts(graph) -> None:
     short = {p.removeprefix("harness.") or "harness": {t.removeprefix("harness.") or "harness" for t in ts}
              for p, ts in part_graph(graph).items()}  # fmt: skip
     assert documented_arrows() == {p: ts for p, ts in short.items() if ts}
+
+
+def test_ab_is_a_part_of_its_own(graph) -> None:
+    """`ab`'s modules live in harness/ab/, not in run/ (which once held four ab*.py), and only the CLI and the
+    public API reach them."""
+    assert sorted(p.name for p in (ROOT / "harness" / "run").glob("ab*.py")) == []
+    importers = {part(m) for m, targets in graph.items() if any(t.startswith("harness.ab") for t in targets)}
+    assert importers - {"harness.ab"} <= {"harness.cli", "harness"}

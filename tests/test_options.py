@@ -4,11 +4,13 @@ are declared aliases of those fields; and the one check() refuses a bad value fr
 
 from __future__ import annotations
 
+import ast
+import functools
 import json
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import duckdb
 import pytest
@@ -16,20 +18,22 @@ import typer
 from conftest import CLI
 from typer.testing import CliRunner
 
+import harness.analysis.options as store_commands
 from harness.ab.run import AbRequest, validate_ab
 from harness.browser.run import LAUNCH, WebRequest, validate_web
-from harness.browser.serve import ServeRequest, validate_serve
+from harness.browser.serve import ServeRequest, ServeSwitch, validate_serve
 from harness.cli import app
 from harness.cli.common import request_values, with_options
 from harness.cli.predict import CASES
-from harness.cli.reference import commands
+from harness.cli.reference import commands as build_commands
 from harness.cli.suite import OVERRIDES
-from harness.core.options import Opt, RequestError, check, declared, option, problem
+from harness.core.options import Opt, RequestError, Shared, check, declared, option, problem
 from harness.core.parity import TOLERANCES
 from harness.core.precision import MEANINGS
 from harness.core.records import PRECISIONS
 from harness.run.plan import BenchmarkRequest, RunOptions, validate
 from harness.suite.config import OPTION_KEYS, ConfigError, SuiteConfig, load_config
+from harness.suite.options import SuiteCommand
 
 # Every request field that more than one command takes under its own name: its one declaration.
 SHARED = (
@@ -38,22 +42,62 @@ SHARED = (
     | {name: declared(WebRequest)[name] for name in LAUNCH}
 )
 BENCHMARKS = ("native", "web", "run", "ab", "suite")
-# The requests each command's options are generated from (harness.cli), with the prefix of a browser option in
-# a command that has a native half too (`run --web-hardware` is WebRequest's --hardware).
-# a command that takes a few fields only (predict: the cases; its --precision is the one it predicts for)
-BUILT_FROM: dict[str, list[tuple[type, str | None, tuple[str, ...] | None]]] = {
-    "native": [(BenchmarkRequest, None, None)],
-    "web": [(WebRequest, None, None), (ServeRequest, None, None)],
-    "run": [(BenchmarkRequest, None, None), (WebRequest, "web", ("hardware",)), (WebRequest, None, LAUNCH)],
-    "ab": [(AbRequest, None, None)],
-    "predict": [(RunOptions, None, CASES)],
+
+
+@functools.cache
+def commands() -> dict[str, Any]:
+    """The app's commands, built once for the module (each build walks every command's signature)."""
+    return build_commands()
+
+
+@dataclass(frozen=True)
+class From:
+    """Some of a command's options, generated from a dataclass (harness.cli.common.with_options): `names` (None:
+    all it declares), `prefix`ed in a command with a native and a browser half (`run --web-hardware` is
+    WebRequest's --hardware), `overrides` of the suite config's keys (their help says so)."""
+
+    request: type
+    names: tuple[str, ...] | None = None
+    prefix: str | None = None
+    overrides: bool = False
+
+
+RESUME = From(Shared, ("resume",))
+# Every command and the dataclasses its options are generated from: nothing else (tests below).
+BUILT_FROM: dict[str, list[From]] = {
+    "native": [From(BenchmarkRequest), RESUME],
+    "web": [From(WebRequest), From(ServeRequest), From(ServeSwitch), RESUME],
+    "run": [From(BenchmarkRequest), From(WebRequest, ("hardware",), "web"), From(WebRequest, LAUNCH), RESUME],
+    "ab": [From(AbRequest), From(store_commands.AbVerdict)],
+    "hardware": [],
+    "models": [From(store_commands.Models)],
+    "db init": [From(store_commands.DbInit)],
+    "report": [From(store_commands.Report)],
+    "matrix": [From(store_commands.Matrix)],
+    # the cases to predict are the run options' (its --precision is the one it predicts for: its own)
+    "predict": [From(RunOptions, CASES), From(store_commands.Predict)],
+    "recommend": [From(store_commands.Recommend)],
+    "compare": [From(store_commands.Compare)],
+    "history": [From(store_commands.History)],
+    "query": [From(store_commands.Query)],
+    "export": [From(store_commands.Export)],
+    "import": [From(store_commands.Import)],
+    "merge": [From(store_commands.Merge)],
+    "suite": [From(SuiteCommand), From(RunOptions, OVERRIDES, overrides=True)],
 }
-# What a benchmark command takes that no request declares: its own switches, and ab's verdict after the run.
-OWN = {
-    "native": {"resume"},
-    "web": {"serve", "resume"},
-    "run": {"resume"},
-    "ab": {"threshold", "fail_on_regression", "fmt", "out"},
+# The options several commands take, each declared once: every part's (harness.core.options.Shared) and the
+# store's commands' (harness.analysis.options.Shared); a command's field reuses one, its help the declared one's
+# followed by that command's choices and note (Opt.narrowed).
+SHARED_DECLARATIONS = declared(Shared) | {f"store {k}": v for k, v in declared(store_commands.Shared).items()}
+# A flag that means different things in different commands: one declaration per meaning, and why.
+FLAG_MEANINGS = {
+    "--hardware": ("native platforms to run on", "browser EPs to run on", "a filter of the rows read or run"),
+    "--model": ("models to run", "the one model whose rows are read (predict: or a spec)"),
+    "--mode": ("modes to run", "recommend: the one mode to rank"),
+    "--precision": ("precisions to run", "predict: the one precision to predict for"),
+    "--engines": ("native engines to run", "predict: a filter of its targets"),
+    "--timeout": ("a case's worker or page", "predict: the graph's export and count"),
+    "--plot-comparison": ("compare: the plot's file", "suite: the two runs to plot"),
 }
 
 
@@ -84,29 +128,124 @@ def test_every_command_shows_a_shared_option_as_its_one_definition(name: str) ->
     assert len(defaults) <= 1, f"{opt.flag} defaults differ: {defaults}"
 
 
-def fields_of(command: str) -> dict[str, Opt]:
-    """The options a command is built from, by the parameter names with_options gives them."""
+def fields_of(sources: list[From]) -> dict[str, Opt]:
+    """The options a command is built from, by the parameter names with_options gives them, as it shows them."""
     found: dict[str, Opt] = {}
-    for request, prefix, names in BUILT_FROM[command]:
-        for name, opt in declared(request).items():
-            if names is None or name in names:
-                found[f"{prefix}_{name}" if prefix else name] = opt.prefixed(prefix)
+    for source in sources:
+        for name, opt in declared(source.request).items():
+            if source.names is None or name in source.names:
+                opt = opt.prefixed(source.prefix)
+                if source.overrides:
+                    opt = Opt(opt.flag, f"{opt.help} Default: the config's {opt.key or name}.")
+                found[f"{source.prefix}_{name}" if source.prefix else name] = opt
     return found
+
+
+def typed_in_cli(command: Any, sources: list[From]) -> list[str]:
+    """The options `command` shows that are not a declared field of what it is built from, with that field's
+    flag and help: each one typed in cli/ (an argument, which has no flag, is the command's own)."""
+    fields = fields_of(sources)
+    return [
+        param.opts[0]
+        for param in command.params
+        if param.param_type_name == "option"
+        and (
+            param.name not in fields
+            or (param.opts[0], param.help) != (fields[param.name].flag, fields[param.name].help)
+        )
+    ]
 
 
 @pytest.mark.parametrize("command", sorted(BUILT_FROM))
 def test_no_option_is_typed_in_the_cli(command: str) -> None:
-    """Every option of a benchmark command is a declared field of a request it is built from, shown with that
-    field's flag and help; only the command's own switches (OWN) are typed in cli/. A choice option's help
-    names every choice (its table's)."""
-    fields = fields_of(command)
-    for param in commands()[command].params:
-        if param.name in fields:
-            opt = fields[param.name]
-            assert (param.opts[0], param.help) == (opt.flag, opt.help), (command, param.name)
-            assert all(choice in opt.help for choice in opt.choices or ()), (opt.flag, opt.help)
-        elif command in OWN:
-            assert param.name in OWN[command], f"{command} types {param.opts} itself: declare it on its request"
+    """Every option of every command is a declared field of a dataclass it is built from (its request, or its
+    options' dataclass: harness.analysis.options for the store's commands), shown with that field's flag and
+    help. A choice option's help names every choice (its table's)."""
+    assert typed_in_cli(commands()[command], BUILT_FROM[command]) == [], f"{command}: declare it (option/reuse)"
+    for opt in fields_of(BUILT_FROM[command]).values():
+        assert all(choice in opt.help for choice in opt.choices or ()), (opt.flag, opt.help)
+
+
+def test_every_command_is_checked_for_typed_options() -> None:
+    assert set(BUILT_FROM) == set(commands())
+
+
+def test_a_typed_option_is_found() -> None:
+    """The check above fails on a flag typed in a command: planted beside a declared one."""
+    planted = typer.Typer()
+
+    @planted.command()
+    @with_options(store_commands.Query, ("fmt",))
+    def query(*, fmt: str, limit: Annotated[int, typer.Option("--limit", help="Rows.")] = 10) -> None: ...
+
+    @planted.command()
+    def other() -> None: ...  # two commands: a group, whose commands carry no completion options
+
+    command = typer.main.get_command(planted).commands["query"]  # type: ignore[attr-defined]
+    assert typed_in_cli(command, [From(store_commands.Query, ("fmt",))]) == ["--limit"]
+    assert typed_in_cli(command, [From(store_commands.Query, ("fmt", "out"))]) == ["--limit"]
+
+
+def typer_options_in(source: str) -> list[int]:
+    """The lines of `source` that make a typer.Option (typer.Option(...), or Option imported from typer)."""
+    tree = ast.parse(source)
+    return sorted(
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and (
+            (isinstance(node.func, ast.Attribute) and node.func.attr == "Option")
+            or (isinstance(node.func, ast.Name) and node.func.id == "Option")
+        )
+    )
+
+
+def test_cli_makes_a_typer_option_in_one_place() -> None:
+    """No module of harness/cli/ writes a typer.Option but with_options' (common._parameter), from a declared
+    field; the scan finds a planted one."""
+    cli = Path(__file__).resolve().parent.parent / "harness" / "cli"
+    found = {path.name: typer_options_in(path.read_text()) for path in sorted(cli.glob("*.py"))}
+    assert {name: lines for name, lines in found.items() if lines and name != "common.py"} == {}
+    assert len(found["common.py"]) == 1
+    assert typer_options_in('x: Annotated[str, typer.Option("--x", help="X.")] = "a"\n') == [1]
+
+
+def base_of(opt: Opt) -> tuple[str, str]:
+    """The declaration an option shown by a command comes from: a shared one whose flag it has and whose help its
+    help begins with (a narrowed reuse), else its own."""
+    for shared in SHARED_DECLARATIONS.values():
+        if opt.flag == shared.flag and opt.help.startswith(shared.help):
+            return shared.flag, shared.help
+    return opt.flag, opt.help
+
+
+def test_a_flag_of_several_commands_is_one_declaration() -> None:
+    """Across every command, the options shown under one flag come from one declaration, unless the flag means
+    different things (FLAG_MEANINGS: one declaration per meaning)."""
+    bases: dict[str, set[str]] = {}
+    for sources in BUILT_FROM.values():
+        for opt in fields_of(sources).values():
+            flag, help_text = base_of(opt)
+            bases.setdefault(flag, set()).add(help_text.split(" Default: the config's")[0])
+    several = {flag: len(helps) for flag, helps in bases.items() if len(helps) > 1}
+    assert several == {flag: len(meanings) for flag, meanings in FLAG_MEANINGS.items()}
+
+
+@pytest.mark.parametrize("name", sorted(SHARED_DECLARATIONS))
+def test_every_command_shows_a_shared_declaration_as_declared(name: str) -> None:
+    """A shared declaration (--db, --run, --format, --out, --fail-on-regression, --threshold, …) is shown by two
+    commands or more, each with its flag and its help followed only by the command's own choices and note."""
+    opt = SHARED_DECLARATIONS[name]
+    taking = {
+        command: param
+        for command, sources in BUILT_FROM.items()
+        for param in commands()[command].params
+        if param.param_type_name == "option" and base_of(fields_of(sources).get(param.name, Opt("", ""))) == (
+            opt.flag, opt.help)
+    }  # fmt: skip
+    assert len(taking) >= 2, f"{opt.flag}: declared as shared, taken by {sorted(taking)}"
+    for command, param in taking.items():
+        assert param.opts == [opt.flag] and (param.help or "").startswith(opt.help), (command, param.help)
 
 
 def test_an_option_taken_under_another_flag_is_the_same_declaration() -> None:
@@ -114,7 +253,8 @@ def test_an_option_taken_under_another_flag_is_the_same_declaration() -> None:
     web --serve's fields reuse the declaring request's option: flag, help, choices and bound alike."""
     native, browser = declared(BenchmarkRequest)["hardware"], declared(WebRequest)["hardware"]
     assert declared(AbRequest)["hardware"] is native
-    assert declared(AbRequest)["web_hardware"] == fields_of("run")["web_hardware"] == browser.prefixed("web")
+    run_fields = fields_of(BUILT_FROM["run"])
+    assert declared(AbRequest)["web_hardware"] == run_fields["web_hardware"] == browser.prefixed("web")
     assert browser.prefixed("web").flag == "--web-hardware" and browser.prefixed("web").choices == browser.choices
     assert declared(ServeRequest)["hardware"] is browser
     assert declared(AbRequest)["threads"] is declared(WebRequest)["threads"]

@@ -199,28 +199,34 @@ def test_max_time_stops_the_page_loop_after_min_iterations(bert_tiny: Any) -> No
     assert (facts["max_time_s"], facts["warmup_run"], facts["budget_stopped"]) == (0.001, 0, True)
 
 
-def test_faults_leave_rows_and_the_run_goes_on(web_cache: Path, tmp_path: Path) -> None:
-    """A page that throws, a hung page and a killed browser, one per wasm thread setting; the 4th runs."""
+WEB_FAULTS = ("throw", "hang", "kill", "frozen_timer", "bad_facts")  # the wasm settings 1 to 5; the 6th is fine
+
+
+@pytest.fixture(scope="module")
+def faulted(web_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, dict, dict, dict]:
+    """One run, a fault planted in each wasm thread setting but the last: a page that throws, a hung page, a
+    killed browser, a page whose clock stands still (0 ms samples) and one whose facts are malformed."""
+    out = tmp_path_factory.mktemp("web-faults")
     request = WebRequest(
-        models=["bert-tiny"],
-        hardware=["wasm"],
-        threads=[1, 2, 3, 4],
-        timeout_s=10,
-        db_path=tmp_path / "f.duckdb",
-        output_dir=None,
-        **QUICK,
-    )
-    faults = {"wasm:threads=1": "throw", "wasm:threads=2": "hang", "wasm:threads=3": "kill"}
+        models=["bert-tiny"], hardware=["wasm"], threads=[1, 2, 3, 4, 5, 6], timeout_s=10, db_path=out / "f.duckdb",
+        output_dir=None, **QUICK,
+    )  # fmt: skip
+    faults = {f"wasm:threads={n}": fault for n, fault in enumerate(WEB_FAULTS, 1)}
     summary = run_web(request, faults=faults)
-    assert summary.counts == {"error": 2, "timeout": 1, "ok": 1}
-    _, rows, samples = stored(request.db_path)
-    thrown, hung, killed, fine = (rows[f"wasm:threads={n}"] for n in (1, 2, 3, 4))
+    return (summary, *stored(request.db_path))
+
+
+def test_faults_leave_rows_and_the_run_goes_on(faulted: tuple) -> None:
+    """A page that throws, a hung page and a killed browser: each its row, and the later settings run."""
+    summary, run, rows, samples = faulted
+    assert summary.counts == {"error": 4, "timeout": 1, "ok": 1} and run["status"] == "completed"
+    thrown, hung, killed, fine = (rows[f"wasm:threads={n}"] for n in (1, 2, 3, 6))
     assert thrown["status"] == "error" and "the page threw" in thrown["error"]
     assert hung["status"] == "timeout" and "--timeout 10s" in hung["error"] and "restarted" in hung["error"]
     assert killed["status"] == "error" and "is gone" in killed["error"], killed["error"]
-    assert fine["status"] == "ok" and len(samples["wasm:threads=4"]) >= 5
+    assert fine["status"] == "ok" and len(samples["wasm:threads=6"]) >= 5
     assert fine["details"]["browser_restarts"] == 2  # once after the hang, once after the kill
-    assert fine["details"]["threads_effective"] == 4
+    assert fine["details"]["threads_effective"] == 6
 
 
 @pytest.mark.parametrize("fault", ["device_stall", "device_hang"])
@@ -265,24 +271,18 @@ def test_a_webgpu_device_that_makes_no_progress_fails_its_setting_once(
         assert controls[position]["error"].startswith(said) and controls[position]["iterations"] == 0
 
 
-def test_bad_answers_fail_their_row_only(web_cache: Path, tmp_path: Path) -> None:
+def test_bad_answers_fail_their_row_only(faulted: tuple) -> None:
     """A page whose clock stands still (0 ms samples) and one whose facts are malformed: each row an
     `error` saying why, nothing of its numbers stored, and the run goes on (issue 11, items 3 and 11)."""
-    request = WebRequest(
-        models=["bert-tiny"], hardware=["wasm"], threads=[1, 2, 3], db_path=tmp_path / "a.duckdb", output_dir=None,
-        **QUICK,
-    )  # fmt: skip
-    summary = run_web(request, faults={"wasm:threads=1": "frozen_timer", "wasm:threads=2": "bad_facts"})
-    assert summary.counts == {"error": 2, "ok": 1}
-    run, rows, samples = stored(request.db_path)
+    _, run, rows, samples = faulted
     assert run["status"] == "completed"
-    frozen, malformed, fine = (rows[f"wasm:threads={n}"] for n in (1, 2, 3))
+    frozen, malformed, fine = (rows[f"wasm:threads={n}"] for n in (4, 5, 6))
     assert "is 0 ms: a timer fault, performance.now() did not advance" in frozen["error"], frozen["error"]
     assert "result.facts.node_placement must be an object of node counts" in malformed["error"], malformed["error"]
     for failed in (frozen, malformed):
         assert failed["status"] == "error" and failed["iterations"] is None and failed["throughput_per_s"] is None
         assert samples[failed["provider"]] == []
-    assert fine["status"] == "ok" and all(s > 0 for s in samples["wasm:threads=3"])
+    assert fine["status"] == "ok" and all(s > 0 for s in samples["wasm:threads=6"])
     assert fine["details"]["load_measured_with"] == "b1_s32_fp32"  # the page's session was loaded for this case
 
 

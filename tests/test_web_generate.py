@@ -76,11 +76,20 @@ def test_the_reports_name_the_phase_of_every_rate(side_by_side: list[dict[str, A
     assert "wasm/onnxruntime-web (generate)" in matrix and "cpu/onnxruntime (generate)" in matrix
 
 
-def test_webgpu_generates_on_swiftshader_and_says_it_is_software(web_cache: Path, tmp_path: Path) -> None:  # noqa: F811
-    request = WebRequest(models=["gpt2-tiny"], hardware=["webgpu"], db_path=tmp_path / "w.duckdb", output_dir=None,
-                         **GENERATE)  # fmt: skip
-    assert run_web(request).counts == {"ok": 1}
-    [row] = results(tmp_path / "w.duckdb")
+@pytest.fixture(scope="module")
+def webgpu_and_crash(web_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:  # noqa: F811
+    """gpt2-tiny generating in the page's WebGPU and in two wasm settings, the first's page crashing: one run."""
+    db = tmp_path_factory.mktemp("generate-faults") / "f.duckdb"
+    request = WebRequest(models=["gpt2-tiny"], hardware=["webgpu", "wasm"], threads=[1, 2], db_path=db,
+                         output_dir=None, **GENERATE)  # fmt: skip
+    summary = run_web(request, faults={"wasm:threads=1": "throw"})
+    assert summary.counts == {"error": 1, "ok": 2}
+    return {r["provider"]: r for r in results(db)}
+
+
+def test_webgpu_generates_on_swiftshader_and_says_it_is_software(webgpu_and_crash: dict[str, dict[str, Any]]) -> None:
+    row = webgpu_and_crash["webgpu"]
+    assert row["status"] == "ok", row["error"]
     assert row["details"]["adapter_class"] == "software" and row["details"]["fallback_adapter"] is True
     assert row["tokens_matched"] == TOKENS and row["decode_tokens_per_s"] > 0
     locations = row["details"]["output_locations"]  # present.* stay on the GPU, only logits come back
@@ -112,16 +121,10 @@ def test_new_tokens_past_the_context_are_refused_before_anything_runs(tmp_path: 
 
 
 def test_a_page_that_crashes_mid_generation_leaves_an_error_row_and_the_run_goes_on(
-    web_cache: Path,  # noqa: F811
-    tmp_path: Path,
+    webgpu_and_crash: dict[str, dict[str, Any]],
 ) -> None:
-    request = WebRequest(models=["gpt2-tiny"], hardware=["wasm"], threads=[1, 2], db_path=tmp_path / "f.duckdb",
-                         output_dir=None, **GENERATE)  # fmt: skip
-    summary = run_web(request, faults={"wasm:threads=1": "throw"})
-    assert summary.counts == {"error": 1, "ok": 1}
-    by_provider = {r["provider"]: r for r in results(tmp_path / "f.duckdb")}
-    assert "fault injected by the test suite" in by_provider["wasm:threads=1"]["error"]
-    assert by_provider["wasm:threads=2"]["tokens_matched"] == TOKENS
+    assert "fault injected by the test suite" in webgpu_and_crash["wasm:threads=1"]["error"]
+    assert webgpu_and_crash["wasm:threads=2"]["tokens_matched"] == TOKENS
 
 
 def test_resume_runs_only_the_missing_generate_cases(web_cache: Path, tmp_path: Path) -> None:  # noqa: F811

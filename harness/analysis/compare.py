@@ -43,6 +43,7 @@ from scipy import stats
 from harness.analysis.browser_cost import BrowserCost, Unpaired, browser_costs, cost_table
 from harness.analysis.drift import case_spread, control_drift, drift_verdict, spread_note
 from harness.analysis.machines import machine_name
+from harness.analysis.options import COMPARE_FORMATS
 from harness.analysis.tables import AnalysisError, Table, render_table
 from harness.core.labels import TARGET_FIELDS, case_label, mode_of, target_label
 from harness.core.records import MEASURED
@@ -64,7 +65,7 @@ def case_key(row: dict[str, Any]) -> tuple:
     return tuple(case_fields(row).values())
 
 
-FORMATS = ("md", "json", "html")
+FORMATS = COMPARE_FORMATS  # declared with --format (harness.analysis.options), light to import
 ALPHA = 0.05
 CI_WIDTH_FACTOR = 4.0
 MIN_SAMPLES = 5

@@ -31,17 +31,20 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from harness.analysis import options as options_of
 from harness.analysis.compare import ALPHA, case_fields, case_key
 from harness.analysis.drift import control_ms, run_controls
+from harness.analysis.options import HISTORY_FORMATS
 from harness.analysis.tables import AnalysisError, Table, render_table
-from harness.core.bounds import MAX_BATCH, MAX_WINDOW, out_of_range
 from harness.core.escaping import markdown_text
 from harness.core.labels import case_label, target_label
+from harness.core.options import declared
+from harness.core.options import problem as bad_value
 from harness.core.records import MEASURED
 from harness.core.stats import nearest_rank
 from harness.store import Store, open_store
 
-FORMATS = ("md", "json")
+FORMATS = HISTORY_FORMATS  # declared with --format (harness.analysis.options), light to import
 SAMPLE_METRICS = ("throughput_per_s",)  # plus every latency_* column
 NUMERIC_TYPES = ("DOUBLE", "INTEGER", "BIGINT", "FLOAT")
 SAMPLE_QUANTILE = re.compile(r"^latency_p(\d{1,2})_ms$")
@@ -172,9 +175,10 @@ def history(
 ) -> History:
     """The metric over runs for every series of `model` matching `filters` (hardware, engine, batch_size…)."""
     filters = {k: v for k, v in (filters or {}).items() if v is not None}
-    problem = out_of_range("--window", window, 1, MAX_WINDOW)
+    options = declared(options_of.History)  # the bounds the command's --window and --batch-size declare
+    problem = bad_value("--window", options["window"], window)
     if "batch_size" in filters:  # a filter past the INT32 column is refused, not a DuckDB conversion error
-        problem = problem or out_of_range("--batch-size", filters["batch_size"], 1, MAX_BATCH)
+        problem = problem or bad_value("--batch-size", options["batch_size"], filters["batch_size"])
     if problem:
         raise AnalysisError(problem)
     with open_store(Path(db_path), read_only=True) as store:

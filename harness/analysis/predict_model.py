@@ -182,7 +182,7 @@ def compare_methods(db_path: Path) -> list[MethodErrors]:
 
 
 # --- predict --method / --max-error: only what a user can act on -------------------------------------------
-METHOD_CHOICES = ("any", OPERATORS)
+# the choices of --method: harness.analysis.options.METHOD_CHOICES
 
 
 def believable(

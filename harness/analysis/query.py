@@ -15,6 +15,7 @@ from typing import Any
 import duckdb
 
 from harness.analysis.machines import machines_table
+from harness.analysis.options import EXPORT_FORMATS, EXPORT_TABLES, REPORTS  # declared with their options
 from harness.analysis.tables import AnalysisError, Table
 from harness.core.escaping import CSV_FORMULA_STARTS
 from harness.core.labels import case_label, target_label
@@ -22,9 +23,6 @@ from harness.core.paths import unwritable_directory
 from harness.core.records import MEASURED, STATUSES
 from harness.store import open_store
 
-REPORTS = ("latest", "best-hardware", "compatibility", "regressions", "ops", "machines")
-EXPORT_TABLES = ("runs", "hardware", "results", "samples", "operators", "controls")
-EXPORT_FORMATS = ("parquet", "csv")
 # a column per status, the measured ones first
 COMPATIBILITY_COLUMNS = (*MEASURED, *(s for s in STATUSES if s not in MEASURED))
 READ_TYPES = (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN)

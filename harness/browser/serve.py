@@ -55,6 +55,17 @@ DEFAULT_MAX_DEVICES = 32  # devices one run takes unless told (--max-devices)
 ServeEvent = Callable[[str, Any, Any], None]  # (kind, harness.web.device_server.Device, ServeJob | None)
 
 
+@dataclass(frozen=True)
+class ServeSwitch:
+    """The switch that makes `web` a ServeRequest (whose own options, SERVING, need it)."""
+
+    serve: bool = option(
+        False, flag="--serve",
+        help="Serve the jobs to any browser that opens the printed URL (a phone, a laptop, another browser): each "
+        "device becomes a target of the run. See the manual's \"Your users' devices\" (docs/devices.md).",
+    )  # fmt: skip
+
+
 class ServeIncomplete(RuntimeError):
     """--serve-timeout passed before --devices devices finished: the run is kept, resumable."""
 

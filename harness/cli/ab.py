@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 
 from harness.ab.run import AbRequest
+from harness.analysis.options import AbVerdict
 from harness.cli.analysis import emit
-from harness.cli.common import ThresholdOption, errors, fail, given, request_values, with_options
+from harness.cli.common import errors, fail, given, refuse_bad, request_values, with_options
 from harness.cli.progress import run_with_progress
 from harness.core.paths import unwritable_file
 
@@ -20,14 +21,11 @@ OWN = ("a", "b", "hardware", "web_hardware", "threads", "a_precision", "b_precis
 OPTIONS = ("engines", "batch_sizes", "sequence_lengths", "precision", "warmup", "timeout_s", "db_path", "machine_label")
 
 
+# ...and the verdict after the rounds (harness.analysis.options.AbVerdict: compare's options, ab's formats).
+@with_options(AbVerdict)
 @with_options(AbRequest, OWN + OPTIONS)
 def ab(
-    ctx: typer.Context,
-    threshold: ThresholdOption = "5%",
-    fail_on_regression: Annotated[bool, typer.Option(help="Exit 1 if any case regressed.")] = False,
-    fmt: Annotated[str, typer.Option("--format", help="md or json.")] = "md",
-    out: Annotated[Path | None, typer.Option("--out", help="Write the verdicts here instead of stdout.")] = None,
-    **options: Any,
+    ctx: typer.Context, *, threshold: str, fail_on_regression: bool, fmt: str, out: Path | None, **options: Any
 ) -> None:
     """Did B get slower than A? Both measured interleaved in one run (ABBA rounds), a paired verdict."""
     from harness.ab.run import run_ab, validate_ab
@@ -36,8 +34,7 @@ def ab(
     from harness.analysis.tables import AnalysisError
     from harness.run.plan import RequestError
 
-    if fmt not in ("md", "json"):
-        raise fail(f"unknown format '{fmt}'; valid: md, json")
+    refuse_bad(AbVerdict, fmt=fmt)
     if not options["web_hardware"] and given(ctx, "threads"):
         raise fail(
             f"--threads {options['threads']}: wasm thread counts of the browser half, which runs only with "

@@ -10,51 +10,38 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from harness.analysis import options as declared
+from harness.analysis.options import REPORT_FORMATS
 from harness.cli.common import (
-    RUN_SELECTOR,
-    DbOption,
-    MachineOption,
-    OutputDirOption,
-    RunOption,
-    RunsOption,
-    ThresholdOption,
     console,
     errors,
     fail,
     given,
+    refuse_bad,
     say,
     shown,
     split_list,
+    with_options,
 )
-from harness.core.bounds import MAX_BATCH, out_of_range
-from harness.store import DEFAULT_DB, StoreError
+from harness.core.options import RUN_SELECTOR
+from harness.store import StoreError
 
-AnalysisFormat = Annotated[str, typer.Option("--format", help="md, json or html.")]
-OutOption = Annotated[Path | None, typer.Option("--out", help="Write here instead of stdout.")]
+# Every option of these commands is a field of its dataclass in harness.analysis.options (flag, help, default,
+# bound and choices written there once); with_options() makes them the parameters below, which name them only.
 
 
-def report(
-    run: RunsOption = "latest",
-    db: DbOption = DEFAULT_DB,
-    output_dir: OutputDirOption = Path("accelharness-results"),
-    fmt: Annotated[
-        str | None, typer.Option("--format", help="Comma-separated: html,md,json,csv (default all).")
-    ] = None,
-    out: Annotated[Path | None, typer.Option("--out", help="The output file, when one --format is given.")] = None,
-) -> None:
+@with_options(declared.Report)
+def report(*, run: str, db_path: Path, output_dir: Path, fmt: str | None, out: Path | None) -> None:
     """Regenerate a run's reports from the DuckDB store (HTML with inline SVG plots; Markdown links PNGs)."""
-    from harness.report import FORMATS, write_reports
-
+    refuse_bad(declared.Report, fmt=fmt)
     formats = split_list(fmt)
-    unknown = [f for f in formats or [] if f not in FORMATS]
-    if unknown:
-        raise fail(f"unknown report format '{unknown[0]}'; valid: {', '.join(FORMATS)}")
-    if out is not None and len(formats or FORMATS) != 1:
+    if out is not None and len(formats or REPORT_FORMATS) != 1:
         raise fail("--out is a file path and needs exactly one --format (use --output-dir for several)")
     from harness.core.paths import UnsafePathError
+    from harness.report import write_reports
 
     try:
-        paths = write_reports(db, run, output_dir, formats, out=out)
+        paths = write_reports(db_path, run, output_dir, formats, out=out)
     except (StoreError, UnsafePathError) as exc:
         raise fail(str(exc)) from None
     for path in paths:
@@ -66,19 +53,13 @@ def report(
         console.print(Markdown(markdown.read_text()))
 
 
-def matrix(
-    db: DbOption = DEFAULT_DB,
-    output_dir: OutputDirOption = Path("accelharness-results"),
-    run: RunsOption = "all",
-    update_matrix_only: Annotated[
-        bool, typer.Option(help="Only rebuild the files from the DB (no table printed); nothing is run.")
-    ] = False,
-) -> None:
+@with_options(declared.Matrix)
+def matrix(*, db_path: Path, output_dir: Path, run: str, update_matrix_only: bool) -> None:
     """Write compatibility_matrix.json/.md from measured results: model (family) x hardware target."""
     from harness.analysis.matrix import build_matrix, cell_text, load_rows, write_matrix
 
     try:
-        built = build_matrix(load_rows(db, run))
+        built = build_matrix(load_rows(db_path, run))
     except StoreError as exc:
         raise fail(str(exc)) from None
     for path in write_matrix(built, output_dir):
@@ -118,25 +99,21 @@ def _generation(model: str, batch_size: int, min_agreement: float | None, machin
         console.print(f"excluded: {shown(line)}")
 
 
+@with_options(declared.Recommend)
 def recommend(
-    model: Annotated[str | None, typer.Option(help="Model name.")] = None,
-    model_family: Annotated[str | None, typer.Option(help="Model family (uses its measured models).")] = None,
-    task: Annotated[str | None, typer.Option(help="HF task, e.g. text-generation (maps to a family).")] = None,
-    batch_size: Annotated[int, typer.Option(help="Batch size to recommend for.")] = 1,
-    mode: Annotated[str, typer.Option(help="inference, training or generate (by decode tokens/s).")] = "inference",
-    min_agreement: Annotated[
-        float | None,
-        typer.Option(help="generate: only targets whose top-1 agreement with the fp32 model is at least this (0-1)."),
-    ] = None,
-    hardware: Annotated[str | None, typer.Option(help="The hardware you have (comma-separated).")] = None,
-    weights: Annotated[str, typer.Option(help="latency,throughput,memory,compatibility weights.")] = "0.4,0.3,0.1,0.2",
-    create_map: Annotated[Path | None, typer.Option(help="Write the selection map JSON here.")] = None,
-    one_line: Annotated[
-        bool,
-        typer.Option("--one-line", help="One sentence: the model's fastest target here and the browser's fastest."),
-    ] = False,
-    machine: MachineOption = None,
-    db: DbOption = DEFAULT_DB,
+    *,
+    model: str | None,
+    model_family: str | None,
+    task: str | None,
+    batch_size: int,
+    mode: str,
+    min_agreement: float | None,
+    hardware: str | None,
+    weights: str,
+    create_map: Path | None,
+    one_line: bool,
+    machine: str | None,
+    db_path: Path,
 ) -> None:
     """Recommend hardware for a model, family or task from measured rows (or marked predictions)."""
     from harness.analysis.machines import one_machine
@@ -149,22 +126,19 @@ def recommend(
         score_weights = ScoreWeights(*values)
     except (ValueError, TypeError):
         raise fail(f"--weights takes four numbers latency,throughput,memory,compatibility (got '{weights}')") from None
-    if mode not in ("inference", "training", "generate"):
-        raise fail(f"unknown --mode '{mode}'; valid: inference, training, generate")
-    if problem := out_of_range("--batch-size", batch_size, 1, MAX_BATCH):
-        raise fail(problem)
+    refuse_bad(declared.Recommend, mode=mode, batch_size=batch_size)
     if min_agreement is not None and mode != "generate":
         raise fail("--min-agreement ranks generate targets: give it with --mode generate")
     if mode == "generate":
         if not model or model_family or task or hardware or create_map or one_line:
             raise fail("--mode generate takes --model, --batch-size, --min-agreement, --machine and --db")
-        return _generation(model, batch_size, min_agreement, machine, db)
+        return _generation(model, batch_size, min_agreement, machine, db_path)
     if one_line:
         if model_family or task or hardware or create_map:
             raise fail("--one-line takes --model, --batch-size, --mode and --db; the ranking's options do nothing")
-        return _one_line(model, batch_size, mode, db)
+        return _one_line(model, batch_size, mode, db_path)
     try:
-        with one_machine(db, machine) as scoped:
+        with one_machine(db_path, machine) as scoped:
             if create_map is not None:
                 create_map.write_text(json.dumps(selection_map(scoped, score_weights), indent=2))
                 console.print(f"selection map: {shown(create_map)}")
@@ -218,19 +192,19 @@ def emit(text: str, out: Path | None) -> None:
     console.print(f"wrote {shown(out)}")
 
 
+@with_options(declared.Compare)
 def compare_command(
     runs: Annotated[list[str] | None, typer.Argument(help=f"A B, each {RUN_SELECTOR}.")] = None,
-    baseline: Annotated[str | None, typer.Option(help="A, e.g. latest-on-main; then pass only B.")] = None,
-    threshold: ThresholdOption = "5%",
-    quantile: Annotated[float, typer.Option(help="Statistic: 0.5 = median; 0.25 resists load spikes.")] = 0.5,
-    fail_on_regression: Annotated[bool, typer.Option(help="Exit 1 if any case regressed or broke.")] = False,
-    fmt: AnalysisFormat = "md",
-    out: OutOption = None,
-    plot_comparison: Annotated[Path | None, typer.Option(help="Write a before/after plot (.png or .svg).")] = None,
-    across_machines: Annotated[
-        bool, typer.Option(help="Compare runs of two hardware classes (refused otherwise); the table says so.")
-    ] = False,
-    db: DbOption = DEFAULT_DB,
+    *,
+    baseline: str | None,
+    threshold: str,
+    quantile: float,
+    fail_on_regression: bool,
+    fmt: str,
+    out: Path | None,
+    plot_comparison: Path | None,
+    across_machines: bool,
+    db_path: Path,
 ) -> None:
     """Compare run B with run A (default: previous vs latest): ratio, bootstrap CI, Mann-Whitney p, verdict.
     One `ab` run alone: its paired analysis (B against A, round by round)."""
@@ -242,16 +216,17 @@ def compare_command(
     if len(runs) > (1 if baseline else 2):
         raise fail("compare takes two runs A B, or --baseline A and one run B")
     a, b = (baseline, runs[0] if runs else "latest") if baseline else [*runs, *("previous", "latest")[len(runs) :]]
-    if fmt not in compare.FORMATS:
-        raise fail(f"unknown format '{fmt}'; valid: {', '.join(compare.FORMATS)}")
+    refuse_bad(declared.Compare, fmt=fmt)
     try:
         if plot_comparison is not None:
             compare.check_plot_path(plot_comparison)
         limit = compare.parse_threshold(threshold)
-        if not baseline and len(runs) == 1 and is_ab_run(db, runs[0], Path.cwd()):
-            result = compare_pair(db, runs[0], limit, cwd=Path.cwd())
+        if not baseline and len(runs) == 1 and is_ab_run(db_path, runs[0], Path.cwd()):
+            result = compare_pair(db_path, runs[0], limit, cwd=Path.cwd())
         else:
-            result = compare.compare_runs(db, a, b, limit, quantile, cwd=Path.cwd(), across_machines=across_machines)
+            result = compare.compare_runs(
+                db_path, a, b, limit, quantile, cwd=Path.cwd(), across_machines=across_machines
+            )
     except (AnalysisError, StoreError) as exc:
         raise fail(str(exc)) from None
     emit(compare.render(result, fmt), out)
@@ -262,19 +237,19 @@ def compare_command(
         raise typer.Exit(1)
 
 
+@with_options(declared.History)
 def history_command(
-    model: Annotated[str, typer.Option(help="Model name as stored (an .onnx file's stem).")],
-    metric: Annotated[str, typer.Option(help="A numeric results column, or latency_pNN_ms from the samples.")] = (
-        "latency_p50_ms"
-    ),
-    hardware: Annotated[str | None, typer.Option(help="Only this hardware platform.")] = None,
-    engine: Annotated[str | None, typer.Option(help="Only this engine.")] = None,
-    batch_size: Annotated[int | None, typer.Option(help="Only this batch size.")] = None,
-    threshold: Annotated[str, typer.Option(help="Smallest step that counts: 10% or 0.1.")] = "10%",
-    window: Annotated[int, typer.Option(help="Previous points whose median is the baseline.")] = 5,
-    fmt: Annotated[str, typer.Option("--format", help="md or json.")] = "md",
-    out: OutOption = None,
-    db: DbOption = DEFAULT_DB,
+    *,
+    model: str,
+    metric: str,
+    hardware: str | None,
+    engine: str | None,
+    batch_size: int | None,
+    threshold: str,
+    window: int,
+    fmt: str,
+    out: Path | None,
+    db_path: Path,
 ) -> None:
     """A metric over runs (ordered by start time) per case, with step changes flagged."""
     from harness.analysis import history
@@ -282,27 +257,17 @@ def history_command(
     from harness.analysis.tables import AnalysisError
 
     filters = {"hardware": hardware, "engine": engine, "batch_size": batch_size}
+    refuse_bad(declared.History, fmt=fmt)
     try:
-        if fmt not in history.FORMATS:
-            raise AnalysisError(f"unknown format '{fmt}'; valid: {', '.join(history.FORMATS)}")
-        result = history.history(db, model, metric, filters, parse_threshold(threshold), window)
+        result = history.history(db_path, model, metric, filters, parse_threshold(threshold), window)
     except (AnalysisError, StoreError) as exc:
         raise fail(str(exc)) from None
     emit(history.render(result, fmt), out)
 
 
+@with_options(declared.Query)
 def query_command(
-    report: Annotated[
-        str | None, typer.Option(help="latest, best-hardware, compatibility, regressions or ops (--profile runs).")
-    ] = None,
-    sql: Annotated[
-        str | None, typer.Option(help="One read-only SELECT over runs/hardware/results/samples/operators.")
-    ] = None,
-    run: RunOption = "latest",
-    threshold: Annotated[str, typer.Option(help="Threshold for the regressions report: 5% or 0.05.")] = "5%",
-    fmt: Annotated[str, typer.Option("--format", help="md, csv, json or html.")] = "md",
-    out: OutOption = None,
-    db: DbOption = DEFAULT_DB,
+    *, report: str | None, sql: str | None, run: str, threshold: str, fmt: str, out: Path | None, db_path: Path
 ) -> None:
     """Canned reports, or read-only ad-hoc SQL, over the store."""
     from harness.analysis import query, tables
@@ -310,35 +275,29 @@ def query_command(
 
     if (report is None) == (sql is None):
         raise fail("query takes either --report NAME or --sql 'SELECT …'")
+    refuse_bad(declared.Query, fmt=fmt)
     try:
-        if fmt not in tables.FORMATS:
-            raise tables.AnalysisError(f"unknown format '{fmt}'; valid: {', '.join(tables.FORMATS)}")
         if sql is not None:
-            table = query.run_sql(db, sql)
+            table = query.run_sql(db_path, sql)
         else:
-            table = query.run_report(db, report or "", run, parse_threshold(threshold))
+            table = query.run_report(db_path, report or "", run, parse_threshold(threshold))
     except (tables.AnalysisError, StoreError) as exc:
         raise fail(str(exc)) from None
     emit(tables.render_table(table, fmt), out)
 
 
+@with_options(declared.Export)
 def export_command(
     ctx: typer.Context,
-    out: Annotated[Path | None, typer.Option("--out", help="Directory for <table>.parquet / <table>.csv.")] = None,
-    fmt: Annotated[str, typer.Option("--format", help="parquet or csv.")] = "parquet",
-    table: Annotated[str, typer.Option(help="results, samples, runs, hardware, operators or all.")] = "all",
-    bundle: Annotated[
-        Path | None,
-        typer.Option(help="One file another store can `import`: the runs' rows as Parquet and a manifest."),
-    ] = None,
-    run: Annotated[
-        str | None, typer.Option("--run", help=f"--bundle: the runs ({RUN_SELECTOR}, RUN,RUN,…, or all; default all).")
-    ] = None,
-    since: Annotated[str | None, typer.Option(help="--bundle: the runs started at or after this date (UTC).")] = None,
-    redact: Annotated[
-        str | None, typer.Option(help="--bundle: public drops hostnames, user names, paths, addresses, user agents.")
-    ] = None,
-    db: DbOption = DEFAULT_DB,
+    *,
+    out: Path | None,
+    fmt: str,
+    table: str,
+    bundle: Path | None,
+    run: str | None,
+    since: str | None,
+    redact: str | None,
+    db_path: Path,
 ) -> None:
     """Export store tables to Parquet or CSV, or runs as a bundle (--bundle) for `import` (read-only)."""
     from harness.analysis.query import export_tables
@@ -348,14 +307,14 @@ def export_command(
     if bundle is not None:
         if tables_only := given(ctx, "out", "fmt", "table"):
             raise fail(f"{', '.join(tables_only)}: options of a table export; a --bundle holds every table")
-        export_bundle_command(db, bundle, run, since, redact)
+        export_bundle_command(db_path, bundle, run, since, redact)
         return
     if bundle_only := given(ctx, "run", "since", "redact"):
         raise fail(f"{', '.join(bundle_only)}: options of --bundle; add --bundle FILE or drop them")
     if out is None:
         raise fail("export needs --out DIR (one file per table) or --bundle FILE (one file for `import`)")
     try:
-        paths = export_tables(db, out, fmt, table)
+        paths = export_tables(db_path, out, fmt, table)
     except (AnalysisError, StoreError) as exc:
         raise fail(str(exc)) from None
     for path in paths:

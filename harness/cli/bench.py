@@ -6,15 +6,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 from rich.markup import escape
 
 from harness.browser.run import LAUNCH, WebRequest
-from harness.browser.serve import SERVING, ServeRequest
+from harness.browser.serve import SERVING, ServeRequest, ServeSwitch
 from harness.cli.common import (
-    ResumeOption,
     console,
     errors,
     fail,
@@ -24,7 +23,7 @@ from harness.cli.common import (
 )
 from harness.cli.progress import print_summary, run_with_progress
 from harness.cli.stops import interrupted, stopped
-from harness.core.options import check, declared
+from harness.core.options import Shared, check, declared
 from harness.run.native import run_native
 from harness.run.plan import BenchmarkRequest, RequestError, RunOptions, validate
 from harness.run.recording import resume_point
@@ -34,6 +33,7 @@ from harness.store import StoreError, StoreWriteError
 # and choices written there once), in field order. A field added there is an option of native, web and run.
 SHARED = tuple(declared(RunOptions))
 NATIVE = ("hardware", "engines", "native_threads")  # BenchmarkRequest's own
+RESUME = ("resume",)  # every benchmark command's (and suite's) --resume: harness.core.options.Shared's
 # WebRequest's own: how the browser is launched or reached, on `web` and `run` alike (--hardware is the browser
 # EPs: `web --hardware`, `run --web-hardware`)
 BROWSER = LAUNCH
@@ -53,7 +53,8 @@ def shared_values(ctx: typer.Context, options: dict[str, Any]) -> dict[str, Any]
 
 
 @with_options(BenchmarkRequest, NATIVE + SHARED)
-def native(ctx: typer.Context, resume: ResumeOption = False, **options: Any) -> None:
+@with_options(Shared, RESUME)
+def native(ctx: typer.Context, *, resume: bool, **options: Any) -> None:
     """Benchmark models on native backends (torch, ONNX Runtime, OpenVINO)."""
     request = BenchmarkRequest(**request_values(BenchmarkRequest, pick(options, NATIVE)), **shared_values(ctx, options))
     try:
@@ -66,19 +67,9 @@ def native(ctx: typer.Context, resume: ResumeOption = False, **options: Any) -> 
 
 @with_options(ServeRequest, SERVING)
 @with_options(WebRequest, ("hardware", *SHARED, *BROWSER))
-def web(
-    ctx: typer.Context,
-    serve: Annotated[
-        bool,
-        typer.Option(
-            "--serve",
-            help="Serve the jobs to any browser that opens the printed URL (a phone, a laptop, another browser): "
-            "each device becomes a target of the run. See the manual's \"Your users' devices\" (docs/devices.md).",
-        ),
-    ] = False,
-    resume: ResumeOption = False,
-    **options: Any,
-) -> None:
+@with_options(Shared, RESUME)
+@with_options(ServeSwitch)
+def web(ctx: typer.Context, *, serve: bool, resume: bool, **options: Any) -> None:
     """Benchmark the same ONNX files and inputs in Chromium via onnxruntime-web (wasm, webgpu, webnn): launched
     here (headless, or --headed; --gpu profile), remote (--browser-endpoint), or in any browser that opens the
     URL --serve prints."""
@@ -141,7 +132,8 @@ def serve_devices(request: Any, resume: bool) -> None:
 @with_options(WebRequest, BROWSER)
 @with_options(WebRequest, ("hardware",), prefix="web")
 @with_options(BenchmarkRequest, NATIVE + SHARED)
-def run(ctx: typer.Context, resume: ResumeOption = False, **options: Any) -> None:
+@with_options(Shared, RESUME)
+def run(ctx: typer.Context, *, resume: bool, **options: Any) -> None:
     """Native backends and the browser as one run: one report with both side by side."""
     from harness.browser.both import both_arguments, run_both
     from harness.browser.run import validate_web

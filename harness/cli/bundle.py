@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from harness.cli.common import DbOption, console, fail, shown
-from harness.store import DEFAULT_DB, StoreError
+from harness.analysis.options import Import, Merge
+from harness.cli.common import console, fail, shown, with_options
+from harness.store import StoreError
 
 if TYPE_CHECKING:
     from harness.bundle.importer import ImportCount
@@ -42,24 +43,24 @@ def export_bundle_command(db: Path, bundle: Path, run: str | None, since: str | 
     )
 
 
+@with_options(Import)
 def import_command(
-    bundles: Annotated[list[Path], typer.Argument(help="Bundle files from `export --bundle`.")],
-    db: DbOption = DEFAULT_DB,
+    bundles: Annotated[list[Path], typer.Argument(help="Bundle files from `export --bundle`.")], *, db_path: Path
 ) -> None:
     """Add bundles' runs to the store, all or nothing: rows already here are skipped, a key with other
     content is refused."""
     from harness.bundle.importer import import_bundles
 
     try:
-        counts = import_bundles(db, bundles)
+        counts = import_bundles(db_path, bundles)
     except StoreError as exc:
         raise fail(str(exc)) from None
-    _print_counts(counts, db)
+    _print_counts(counts, db_path)
 
 
+@with_options(Merge)
 def merge_command(
-    stores: Annotated[list[Path], typer.Argument(help="Store files to merge (read only).")],
-    db: Annotated[Path, typer.Option("--db", help="The store they are merged into (created if missing).")],
+    stores: Annotated[list[Path], typer.Argument(help="Store files to merge (read only).")], *, db_path: Path
 ) -> None:
     """Merge stores into --db through the same path as import: no duplicates, conflicts refused."""
     from harness.bundle.importer import merge_stores
@@ -67,10 +68,10 @@ def merge_command(
     if len(stores) < 2:
         raise fail("merge takes two or more stores: accelharness merge A.duckdb B.duckdb --db OUT.duckdb")
     try:
-        counts = merge_stores(stores, db)
+        counts = merge_stores(stores, db_path)
     except StoreError as exc:
         raise fail(str(exc)) from None
-    _print_counts(counts, db)
+    _print_counts(counts, db_path)
 
 
 def _print_counts(counts: list[ImportCount], db: Path) -> None:

@@ -5,30 +5,20 @@ from __future__ import annotations
 import inspect
 import typing
 from collections.abc import Callable, Iterable
-from dataclasses import fields
-from pathlib import Path
+from dataclasses import MISSING, fields
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from harness.core.options import DB_HELP, MODEL_PATH_HELP, OPTION, OUTPUT_DIR_HELP, Opt, default_of
+from harness.core.options import OPTION, Opt, declared, default_of, problem
 from harness.core.terminal import terminal_lines, terminal_text
 
 console = Console()
 if not console.is_terminal:  # logs and CI: rich would fold every table to 80 columns
     console.width = 160
 errors = Console(stderr=True)
-
-DbOption = Annotated[Path, typer.Option("--db", help=DB_HELP)]
-OutputDirOption = Annotated[Path, typer.Option("--output-dir", help=OUTPUT_DIR_HELP)]
-# The one run-selector grammar (harness.store.Store.resolve_run), for every option that names a run.
-RUN_SELECTOR = "latest, previous, latest-on-<branch>, a run id or its start, or a suite name"
-RunOption = Annotated[str, typer.Option("--run", help=f"The run: {RUN_SELECTOR}.")]
-RunsOption = Annotated[str, typer.Option("--run", help=f"The run ({RUN_SELECTOR}), RUN,RUN,… for several, or all.")]
-# The verdict's threshold of `compare` and `ab` (harness.analysis.compare.parse_threshold reads it)
-ThresholdOption = Annotated[str, typer.Option("--threshold", help="Smallest change that counts: 5% or 0.05.")]
 
 
 def shown(value: object) -> str:
@@ -69,39 +59,24 @@ def int_list(option: str, value: str, low: int = 1) -> list[int]:
         raise fail(f"{option} takes comma-separated integers >= {low}, e.g. {low},4 (got '{value}')") from None
 
 
-# The run options (harness.run.plan.RunOptions and the requests) are not written here: each is a field of its
-# request, and with_options() makes them the command's parameters.
-ModelPathOption = Annotated[Path | None, typer.Option("--model-path", help=MODEL_PATH_HELP)]
-ResumeOption = Annotated[
-    bool,
-    typer.Option(
-        "--resume",
-        help="Continue the latest run of this command with the same options if it did not complete "
-        "(Ctrl-C, kill -9): only the results it lacks are run.",
-    ),
-]
-MachineOption = Annotated[
-    str | None,
-    typer.Option(
-        "--machine",
-        help="Learn from this machine's runs only: an exact machine id, a unique id prefix of at least 8 characters, "
-        "or an exact label (`query --report machines`).",
-    ),
-]
+# No option is written here or in any command module: each is a field of a request or of a command's options
+# dataclass (harness.run.plan, harness.analysis.options, harness.suite.options, …), declared with option() once,
+# and with_options() makes those fields the command's parameters (tests/test_options.py fails on a typed one).
 
 
 # --- commands built from the request dataclasses (harness.core.options) ---------------------------------
 
 
 def with_options(
-    request: type, names: Iterable[str], *, overrides: bool = False, prefix: str | None = None
+    request: type, names: Iterable[str] | None = None, *, overrides: bool = False, prefix: str | None = None
 ) -> Callable[[Any], Any]:
     """Add the options `names` (fields of `request`) to a command's parameters, after its own: each field's
     flag, help and default, written once on the field. The command takes them as **options, parsed by
     request_values(), or as parameters of the same name (typed only here). `overrides`: each defaults to None,
     "the config's" (suite). `prefix`: in a command with a native and a browser half, the browser's option
-    (Opt.prefixed: `run --web-hardware` is WebRequest's --hardware), its parameter named `{prefix}_{name}`."""
-    names = tuple(names)
+    (Opt.prefixed: `run --web-hardware` is WebRequest's --hardware), its parameter named `{prefix}_{name}`.
+    No `names`: every option `request` declares (a command's own options dataclass)."""
+    names = tuple(declared(request) if names is None else names)
 
     def wrap(command: Any) -> Any:
         signature = inspect.signature(command, eval_str=True)  # typer reads a __signature__ as it is
@@ -123,6 +98,8 @@ def _parameter(request: type, name: str, overrides: bool, prefix: str | None) ->
     opt: Opt = found.metadata[OPTION].prefixed(prefix)
     kind, default = _command_line_form(opt, typing.get_type_hints(request)[name], default_of(found))
     help_text = opt.help
+    if default is MISSING:  # declared without a default: the command requires it (history --model)
+        default = inspect.Parameter.empty
     if overrides:
         kind, default = kind | None, None
         help_text += f" Default: the config's {opt.key or name}."
@@ -166,3 +143,12 @@ def request_values(request: type, options: dict[str, Any], prefix: str | None = 
             value = value or None
         values[name] = value
     return values
+
+
+def refuse_bad(request: type, **values: Any) -> None:
+    """The one check (harness.core.options.problem) of a command's option values, by their declared bound and
+    choices: the first wrong one exits 2 naming its flag."""
+    options = declared(request)
+    for name, value in values.items():
+        if found := problem(options[name].flag, options[name], value):
+            raise fail(found)

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
 
-import typer
 from rich.table import Table
 
-from harness.cli.common import DbOption, console, fail, shown
-from harness.store import DEFAULT_DB, StoreError, init_store
+from harness.analysis.options import DbInit, Models
+from harness.cli.common import console, fail, shown, with_options
+from harness.store import StoreError, init_store
 
 
 def hardware_command() -> None:
@@ -73,20 +72,21 @@ def engine_statuses(db: Path) -> dict[str, str]:
     return {m: "; ".join(f"{e}: {' '.join(s)}" for e, s in by_engine.items()) for m, by_engine in cells.items()}
 
 
-def models(db: DbOption = DEFAULT_DB) -> None:
+@with_options(Models)
+def models(*, db_path: Path) -> None:
     """List the model specs: family, variant, architecture, inputs, parameters (counted on the meta
     device, nothing allocated) and, from --db if it exists, each engine's statuses in its latest run."""
     from harness.prepare.specs import load_specs
     from harness.prepare.workload import count_parameters
 
     try:
-        statuses = engine_statuses(db)
+        statuses = engine_statuses(db_path)
     except StoreError as exc:
         raise fail(str(exc)) from None
     table = Table()
     for name in ("model", "family", "variant", "architecture", "inputs", "parameters"):
         table.add_column(name, no_wrap=True)
-    table.add_column(f"engines ({db.name})", overflow="fold")
+    table.add_column(f"engines ({db_path.name})", overflow="fold")
     for spec in sorted(load_specs().values(), key=lambda s: (s.family, s.name)):
         try:
             parameters = f"{count_parameters(spec):,}"
@@ -97,13 +97,11 @@ def models(db: DbOption = DEFAULT_DB) -> None:
     console.print(table)
 
 
-def db_init(
-    db: DbOption = DEFAULT_DB,
-    overwrite: Annotated[bool, typer.Option(help="Delete the existing file first.")] = False,
-) -> None:
+@with_options(DbInit)
+def db_init(*, db_path: Path, overwrite: bool) -> None:
     """Create the schema (idempotent)."""
     try:
-        init_store(db, overwrite)
+        init_store(db_path, overwrite)
     except StoreError as exc:
         raise fail(str(exc)) from None
-    console.print(f"schema ready in {shown(db)}")
+    console.print(f"schema ready in {shown(db_path)}")

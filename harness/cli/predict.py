@@ -6,19 +6,17 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
-import typer
 from rich.table import Table
 
 from harness.analysis.machines import one_machine
+from harness.analysis.options import Predict
 from harness.analysis.tables import AnalysisError
 from harness.cli.common import (
-    DbOption,
-    MachineOption,
-    ModelPathOption,
     console,
     fail,
+    refuse_bad,
     request_values,
     say,
     shown,
@@ -27,7 +25,7 @@ from harness.cli.common import (
 )
 from harness.core.options import check, declared
 from harness.run.plan import MAX_TIMEOUT_S, RequestError, RunOptions, check_seconds
-from harness.store import DEFAULT_DB, StoreError
+from harness.store import StoreError
 
 if TYPE_CHECKING:
     from harness.prepare.graph_work import GraphWork
@@ -41,36 +39,26 @@ METHODS = {
 
 # The run options predict takes (harness.run.plan.RunOptions): the cases to predict, each written once on its field.
 CASES = ("batch_sizes", "sequence_lengths")
-PRECISION = declared(RunOptions)["precision"]  # its choices: the one precision table
 
 
+# predict's own options: harness.analysis.options.Predict (its --precision the one it predicts for)
 @with_options(RunOptions, CASES)
+@with_options(Predict)
 def predict(
-    model: Annotated[str | None, typer.Option(help="A model spec (`accelharness models`) or a measured model.")] = None,
-    model_path: ModelPathOption = None,
-    model_family: Annotated[str | None, typer.Option(help="The family of a --model-path model.")] = None,
-    hardware: Annotated[str | None, typer.Option(help="Only these hardware platforms.")] = None,
-    engines: Annotated[str | None, typer.Option(help="Only these engines.")] = None,
-    precision: Annotated[
-        str, typer.Option(help=f"The precision to predict for: one of {', '.join(PRECISION.choices or ())}.")
-    ] = "fp32",
-    evaluate: Annotated[
-        bool, typer.Option("--evaluate", help="Print each method's leave-one-model-out latency MAPE per target.")
-    ] = False,
-    method: Annotated[
-        str, typer.Option(help="any: each target by the best method it has; operators: that method's targets only.")
-    ] = "any",
-    max_error: Annotated[
-        str | None,
-        typer.Option(
-            help="Leave out targets whose held-out error is unknown or above this (e.g. 50%); none left: "
-            "one line says why instead of a table."
-        ),
-    ] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds the graph's export and count may take.")] = 900.0,
-    machine: MachineOption = None,
-    db: DbOption = DEFAULT_DB,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    *,
+    model: str | None,
+    model_path: Path | None,
+    model_family: str | None,
+    hardware: str | None,
+    engines: str | None,
+    precision: str,
+    evaluate: bool,
+    method: str,
+    max_error: str | None,
+    timeout: float,
+    machine: str | None,
+    db_path: Path,
+    as_json: bool,
     **options: Any,
 ) -> None:
     """Predict latency (and, by the log-linear fit, throughput and memory) for untested combinations, even
@@ -80,21 +68,22 @@ def predict(
         if model or model_path:
             raise fail("--evaluate scores the predictors on the whole store; it takes no --model or --model-path")
         try:
-            with one_machine(db, machine) as scoped:
+            with one_machine(db_path, machine) as scoped:
                 return _evaluate(scoped, as_json)
         except (StoreError, AnalysisError) as exc:
             raise fail(str(exc)) from None
     if (model is None) == (model_path is None):
         raise fail("give one of --model (a spec or a measured model) or --model-path (an .onnx file or HF directory)")
-    cases = RunOptions(**request_values(RunOptions, options), precision=precision)
+    cases = RunOptions(**request_values(RunOptions, options))
+    refuse_bad(Predict, precision=precision)
     try:
-        check(cases, declared(RunOptions), (*CASES, "precision"))
+        check(cases, declared(RunOptions), CASES)
         check_seconds("--timeout", timeout, positive=True, limit=MAX_TIMEOUT_S)
     except RequestError as exc:
         raise fail(str(exc)) from None
     batches, seqs = cases.batch_sizes, cases.sequence_lengths
-    if not db.exists():
-        raise fail(f"no store at {db}: run benchmarks first (accelharness native ...)")
+    if not db_path.exists():
+        raise fail(f"no store at {db_path}: run benchmarks first (accelharness native ...)")
     error_bound = _error_bound(method, max_error)
     from harness.analysis.op_predict import MIN_MODELS
     from harness.analysis.predict import InsufficientData
@@ -108,7 +97,7 @@ def predict(
         [(b, s) for b in batches for s in seqs], precision, split_list(hardware), split_list(engines),
     )  # fmt: skip
     try:
-        with one_machine(db, machine) as scoped:
+        with one_machine(db_path, machine) as scoped:
             fits = operator_fits(scoped, asked)
             if method == OPERATORS and not fits:
                 why = (
@@ -135,10 +124,8 @@ def predict(
 def _error_bound(method: str, max_error: str | None) -> float | None:
     """--max-error as a fraction (None: no bound), after checking --method."""
     from harness.analysis.compare import parse_threshold
-    from harness.analysis.predict_model import METHOD_CHOICES
 
-    if method not in METHOD_CHOICES:
-        raise fail(f"unknown --method '{method}'; valid: {', '.join(METHOD_CHOICES)}")
+    refuse_bad(Predict, method=method)
     if max_error is None:
         return None
     try:

@@ -6,19 +6,18 @@ import dataclasses
 import re
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from harness.cli.common import RUN_SELECTOR, console, fail, given, say, split_list, with_options
+from harness.cli.common import console, fail, given, say, split_list, with_options
 from harness.cli.progress import run_with_progress
 from harness.core.options import declared, problem
 from harness.run.machine import check_machine_label
 from harness.run.plan import RequestError, RunOptions
 from harness.store import StoreError
+from harness.suite.options import SuiteCommand
 
-DEFAULT_CONFIG_PATH = Path("accelharness-suite.toml")
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)([dhm])$")
 UNITS = {"d": "days", "h": "hours", "m": "minutes"}
 MAX_AGE = timedelta(days=100 * 365)  # further back than any stored result; beyond it dates overflow
@@ -145,38 +144,31 @@ def override_problem(name: str, value: object) -> str | None:
     return problem(opt.flag, OPTION_KEYS[opt.key or name][0], value)
 
 
+# suite's own options: harness.suite.options.SuiteCommand (those it shares, reused from harness.core.options.Shared)
 @with_options(RunOptions, OVERRIDES, overrides=True)
+@with_options(SuiteCommand)
 def suite(
     ctx: typer.Context,
-    config: Annotated[Path, typer.Option(help="The suite config (.toml, or .json).")] = DEFAULT_CONFIG_PATH,
-    create_config: Annotated[bool, typer.Option(help="Write a commented default config to --config.")] = False,
-    check: Annotated[bool, typer.Option(help="Verify prerequisites and print the plan; run nothing.")] = False,
-    models: Annotated[str | None, typer.Option(help="Only these families or models, comma-separated.")] = None,
-    hardware: Annotated[str | None, typer.Option(help="Only these hardware types, comma-separated.")] = None,
-    resume: Annotated[bool, typer.Option(help="Continue the suite's unfinished run (only missing results).")] = False,
-    older_than: Annotated[
-        str | None, typer.Option(help="A new run of only what the suite measured longer ago, e.g. 30d.")
-    ] = None,
-    plot_only: Annotated[str | None, typer.Option(help=f"Only write RUN's HTML report ({RUN_SELECTOR}).")] = None,
-    update_matrix_only: Annotated[bool, typer.Option(help="Only rebuild the compatibility matrix.")] = False,
-    aggregate: Annotated[str | None, typer.Option(help="Only write one report over RUN,RUN,… (or all).")] = None,
-    plot_comparison: Annotated[tuple[str, str] | None, typer.Option(help="Only plot run B against run A.")] = None,
-    baseline: Annotated[
-        str | None, typer.Option(help=f"After the run, compare it with this run: {RUN_SELECTOR}.")
-    ] = None,
-    threshold: Annotated[str, typer.Option(help="With --baseline: the smallest change that counts.")] = "5%",
-    fail_on_regression: Annotated[bool, typer.Option(help="With --baseline: exit 1 if a case regressed.")] = False,
-    ray_address: Annotated[
-        str | None,
-        typer.Option(
-            help="Run each (model, hardware) job as a Ray task on the cluster at auto|HOST:PORT "
-            "(needs accelharness\\[ray])."
-        ),
-    ] = None,
-    max_time_s: float | None = None,
-    db_path: Path | None = None,
-    output_dir: Path | None = None,
-    machine_label: str | None = None,
+    *,
+    config: Path,
+    create_config: bool,
+    check: bool,
+    models: str | None,
+    hardware: str | None,
+    resume: bool,
+    older_than: str | None,
+    plot_only: str | None,
+    update_matrix_only: bool,
+    aggregate: str | None,
+    plot_comparison: tuple[str, str] | None,
+    baseline: str | None,
+    threshold: str,
+    fail_on_regression: bool,
+    ray_address: str | None,
+    max_time_s: float | None,
+    db_path: Path | None,
+    output_dir: Path | None,
+    machine_label: str | None,
 ) -> None:
     """Run a benchmark suite from a config file; resumable, independent devices side by side."""
     from harness.suite.config import ConfigError, load_config, write_default_config

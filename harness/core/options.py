@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields, replace
+from pathlib import Path
 from typing import Any
 
 from harness.core.bounds import out_of_range
@@ -20,10 +21,9 @@ from harness.core.bounds import out_of_range
 OPTION = "option"  # the key of a field's metadata that holds its Opt
 # The longest duration (--timeout, --max-time): beyond it a case is a hang, and asyncio/JS timers stop being exact.
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
-# The helps of options that commands outside the run options take too (predict's --model-path, the reports' --db).
-DB_HELP = "DuckDB file."
-OUTPUT_DIR_HELP = "Where the reports and the matrix go."
-MODEL_PATH_HELP = "A local HF model directory or an .onnx file."
+DEFAULT_OUTPUT_DIR = Path("accelharness-results")  # where a run's and a command's reports go, unless --output-dir
+# The one run-selector grammar (harness.store.Store.resolve_run), in the help of every option that names a run.
+RUN_SELECTOR = "latest, previous, latest-on-<branch>, a run id or its start, or a suite name"
 
 
 class RequestError(ValueError):
@@ -55,16 +55,37 @@ class Opt:
         collide with the native one (`run`, `ab`: --web-hardware is WebRequest's --hardware)."""
         return self if prefix is None else replace(self, flag=f"--{prefix}-{self.flag.removeprefix('--')}")
 
+    def narrowed(self, choices: tuple[str, ...] | None = None, many: bool | None = None, note: str = "") -> Opt:
+        """The option in one command, whose values come from that command's own table (`--format`: compare's
+        FORMATS, export's EXPORT_FORMATS): the declared help, then the choices, then what only this command adds
+        (`note`). Flag, bound and the help's stem stay the declaration's."""
+        many = self.many if many is None else many
+        listed = f" {'Comma-separated, of' if many else 'One of'}: {', '.join(choices)}." if choices else ""
+        help_text = f"{self.help}{listed}{f' {note}' if note else ''}"
+        return replace(self, choices=choices or self.choices, many=many, help=help_text)
+
 
 def option(default: Any = MISSING, *, factory: Any = MISSING, **declared: Any) -> Any:
     """A dataclass field that is an option (`declared` are Opt's fields)."""
     return field(default=default, default_factory=factory, metadata={OPTION: Opt(**declared)})
 
 
-def reuse(request: Any, name: str, *, prefix: str | None = None, **default: Any) -> Any:
+def reuse(
+    request: Any,
+    name: str,
+    *,
+    prefix: str | None = None,
+    choices: tuple[str, ...] | None = None,
+    many: bool | None = None,
+    note: str = "",
+    **default: Any,
+) -> Any:
     """A field of another request declared by `request`'s field `name`: the same option (flag, help, bound,
-    choices; its flag `prefixed`), with this request's own default (`default=` or `factory=`)."""
+    choices; its flag `prefixed`, its choices `narrowed` to this command's table), with this request's own
+    default (`default=` or `factory=`; neither: the option is required)."""
     opt = declared(request)[name].prefixed(prefix)
+    if choices is not None or many is not None or note:
+        opt = opt.narrowed(choices, many, note)
     return field(default=default.get("default", MISSING), default_factory=default.get("factory", MISSING),
                  metadata={OPTION: opt})  # fmt: skip
 
@@ -125,3 +146,34 @@ def check(request: Any, options: Mapping[str, Opt], names: Iterable[str] | None 
         found = problem(options[name].flag, options[name], getattr(request, name, None)) if name in options else None
         if found:
             raise RequestError(found)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Shared:
+    """The options that commands of more than one part take (a benchmark's --db is a report's, suite's
+    --fail-on-regression is compare's and ab's), each declared once here. Never built: a command's or a
+    request's field takes one with `reuse(Shared, name, default=…)`, its choices narrowed to its own table; a
+    switch (False unless given) is taken as it is (`with_options(Shared, ("resume",))`)."""
+
+    db_path: Path = option(flag="--db", key="db", help="DuckDB file.")
+    output_dir: Path | None = option(flag="--output-dir", help="Where the reports and the matrix go.")
+    model_path: Path | None = option(flag="--model-path", help="A local HF model directory or an .onnx file.")
+    resume: bool = option(
+        False,
+        flag="--resume",
+        help="Continue the latest run of this command (suite: of this config) with the same options if it did "
+        "not complete (Ctrl-C, kill -9): only the results it lacks are run.",
+    )
+    run: str = option(flag="--run", help=f"The run: {RUN_SELECTOR}.")
+    baseline: str | None = option(flag="--baseline", help=f"The run to compare with: {RUN_SELECTOR}.")
+    threshold: str = option(flag="--threshold", help="The smallest change that counts: 5% or 0.05.")
+    fail_on_regression: bool = option(False, flag="--fail-on-regression", help="Exit 1 if any case regressed or broke.")
+    fmt: str = option(flag="--format", noun="format", help="The output's format.")
+    out: Path | None = option(flag="--out", help="Write the output here.")
+    update_matrix_only: bool = option(
+        False,
+        flag="--update-matrix-only",
+        help="Only rebuild the compatibility matrix files from the store; nothing is run.",
+    )
+    # a filter of what is read or run (analysis, suite); the benchmarks' --hardware is the platforms they run on
+    hardware: str | None = option(flag="--hardware", help="Only these hardware platforms.")

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from harness.analysis.machines import across, machine_name
+from harness.analysis.options import REPORT_FORMATS
 from harness.analysis.tables import render_table
 from harness.core.labels import details_of
 from harness.core.paths import inside, safe_name
@@ -14,7 +15,8 @@ from harness.report.formats import write_csv, write_json, write_markdown
 from harness.report.html import write_html, write_html_page
 from harness.store import ALL_RUNS
 
-FORMATS = {"json": write_json, "md": write_markdown, "csv": write_csv, "html": write_html}
+# the names declared with report --format (harness.analysis.options), each with its writer
+FORMATS = dict(zip(REPORT_FORMATS, (write_json, write_markdown, write_csv, write_html), strict=True))
 ALL_RUNS_STEM = "all-runs"
 
 

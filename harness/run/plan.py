@@ -19,15 +19,15 @@ from harness.core.bounds import (
     out_of_range,
 )
 from harness.core.options import (
-    DB_HELP,
+    DEFAULT_OUTPUT_DIR,
     MAX_TIMEOUT_S,
-    MODEL_PATH_HELP,
-    OUTPUT_DIR_HELP,
     RequestError,
+    Shared,
     check,
     declared,
     items,
     option,
+    reuse,
     seconds_problem,
 )
 from harness.core.paths import unwritable_directory, unwritable_file
@@ -125,7 +125,7 @@ class RunOptions:
     )
     model_families: list[str] | None = option(None, flag="--model-families", many=True, help=",".join(FAMILIES))
     small_models: bool = option(False, flag="--small-models", help="Use the tiny variant of each selected family.")
-    model_path: Path | None = option(None, flag="--model-path", help=MODEL_PATH_HELP)
+    model_path: Path | None = reuse(Shared, "model_path", default=None)
     batch_sizes: list[int] = option(
         factory=lambda: [1], flag="--batch-sizes", many=True, low=1, high=MAX_BATCH, help="Comma-separated batch sizes."
     )
@@ -192,8 +192,8 @@ class RunOptions:
         DEFAULT_PREPARE_TIMEOUT_S, flag="--prepare-timeout", key="prepare_timeout", seconds=(True, MAX_TIMEOUT_S),
         help=PREPARE_TIMEOUT_HELP,
     )  # fmt: skip
-    db_path: Path = option(DEFAULT_DB, flag="--db", key="db", help=DB_HELP)
-    output_dir: Path | None = option(Path("accelharness-results"), flag="--output-dir", help=OUTPUT_DIR_HELP)
+    db_path: Path = reuse(Shared, "db_path", default=DEFAULT_DB)
+    output_dir: Path | None = reuse(Shared, "output_dir", default=DEFAULT_OUTPUT_DIR)
     # --no-reports: a run read from the store only (a script's, a test's) skips drawing its plots (1.5 s a run)
     no_reports: bool = option(False, flag="--no-reports", help=NO_REPORTS_HELP)
     # --no-ceilings: no calibration before a target's first case (harness.run.ceilings.ceilings_asked)
