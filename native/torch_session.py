@@ -7,9 +7,11 @@ before the clock stops; CPU runs are synchronous already.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -131,7 +133,7 @@ class TorchSession(HostMemory):
         # decoder_* inputs are for single-pass inference; generate() builds the decoder's own.
         inputs = {n: t for n, t in zip(self.names, prepared, strict=True) if not n.startswith("decoder_")}
         prompt = inputs.get("input_ids")
-        with torch.inference_mode():
+        with torch.inference_mode(), self._encoder_timed(model):
             output = model.generate(
                 **inputs,
                 max_new_tokens=new_tokens,
@@ -148,6 +150,33 @@ class TorchSession(HostMemory):
         start = prompt.shape[-1] if is_decoder_only else max(output.shape[-1] - new_tokens, 0)
         self.generated = output[:, start:].cpu().numpy()  # the token ids, stored on the row
         return output.shape[-1] - start
+
+    @contextlib.contextmanager
+    def _encoder_timed(self, model: Any) -> Iterator[None]:
+        """encoder_ms: an encoder–decoder's encoder run inside generate() (hooks on its encoder module, from its
+        first input to its output, the device synchronized), as ORT's and the page's rows time their encoder
+        run; None for a decoder-only model."""
+        self.encoder_ms: float | None = None
+        encoder = model.get_encoder() if getattr(model.config, "is_encoder_decoder", False) else None
+        if encoder is None:
+            yield
+            return
+        started: list[int] = []
+
+        def before(*_: Any) -> None:
+            started.append(time.perf_counter_ns())
+
+        def after(*_: Any) -> None:
+            self.synchronize()
+            if self.encoder_ms is None and started:  # generate() runs the encoder once; the first run counts
+                self.encoder_ms = (time.perf_counter_ns() - started[0]) / 1e6
+
+        hooks = [encoder.register_forward_pre_hook(before), encoder.register_forward_hook(after)]
+        try:
+            yield
+        finally:
+            for hook in hooks:
+                hook.remove()
 
     def prepare_training(self, feeds: dict[str, np.ndarray]) -> tuple[torch.Tensor, ...]:
         self.module.train()

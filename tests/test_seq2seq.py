@@ -58,6 +58,8 @@ def test_an_encoder_decoder_generates_natively_and_in_the_page(rows: list[dict[s
         assert (details["audio_seconds"] == 30.0) if speech else details["audio_seconds"] is None
         assert (row["prefill_tokens_per_s"] is None) == speech  # speech has no prompt tokens
     assert "decoder_with_past" in native["details"]["decoder_past_model"]
+    # torch's encoder run inside generate(), timed by hooks on its encoder module
+    assert 0 < torch_row["details"]["encoder_ms"] <= torch_row["ttft_ms"]
 
 
 def test_an_encoder_decoder_answer_without_its_encoder_phase_is_refused() -> None:
