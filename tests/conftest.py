@@ -68,3 +68,19 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 @pytest.fixture
 def db(tmp_path: Path) -> Path:
     return tmp_path / "bench.duckdb"
+
+
+def store_at_version(path: Path, version: int) -> Any:
+    """An open DuckDB connection to a new store as accelharness wrote it at schema `version` (an older store, for
+    the tests of migrating and reading one); the caller adds its rows and closes it."""
+    import duckdb
+
+    from harness.store import MIGRATIONS, SCHEMA
+
+    connection = duckdb.connect(str(path))
+    connection.execute(SCHEMA)
+    for each in range(2, version + 1):
+        for statement in MIGRATIONS[each]:
+            connection.execute(statement)
+    connection.execute("INSERT INTO schema_version VALUES (?, now())", [version])
+    return connection

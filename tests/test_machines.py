@@ -8,13 +8,12 @@ import json
 import re
 from pathlib import Path
 
-import duckdb
 import pytest
-from conftest import run_cli
+from conftest import run_cli, store_at_version
 
 from harness.core.records import Case, Result, Target
 from harness.run.machine import LABEL_ENV, check_machine_label, machine_facts
-from harness.store import MIGRATIONS, SCHEMA, open_store
+from harness.store import open_store
 
 
 def result(model: str = "m", samples: tuple[float, ...] = (1.0, 2.0, 3.0)) -> Result:
@@ -67,12 +66,7 @@ def test_runs_and_results_carry_their_identity(db: Path) -> None:
 
 def v6_store(path: Path) -> None:
     """A store as accelharness wrote it before issue 26 (schema 6), with one run and one result."""
-    connection = duckdb.connect(str(path))
-    connection.execute(SCHEMA)
-    for version in range(2, 7):
-        for statement in MIGRATIONS[version]:
-            connection.execute(statement)
-    connection.execute("INSERT INTO schema_version VALUES (6, now())")
+    connection = store_at_version(path, 6)
     connection.execute(
         "INSERT INTO runs (run_id, started_at, status, command, hostname, cpu_model, memory_gb) "
         "VALUES ('old', TIMESTAMP '2026-01-02 03:04:05', 'completed', 'native', 'h', 'Old CPU', 7.8)"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from conftest import run_cli
+from conftest import run_cli, store_at_version
 
 from harness.core.records import Case, Result, ResultError, Target
 from harness.store import SCHEMA_VERSION, TABLES, StoreError, init_store, open_store
@@ -234,15 +234,10 @@ def test_every_batch_row_s_output_text_is_stored_and_an_older_store_keeps_what_i
     """Issue 32: output_texts (v12) holds every batch row's text, output_text the first's as before. A v11 file
     reads (read-only, then migrated) with its output_text as it was and output_texts NULL (a second row's text was
     never stored: not made up); no content hash changes."""
-    from harness.store import MIGRATIONS, SCHEMA, hash_results_sql
+    from harness.store import hash_results_sql
 
     db = tmp_path / "v11.duckdb"
-    connection = duckdb.connect(str(db))
-    connection.execute(SCHEMA)
-    for version in range(2, 12):
-        for statement in MIGRATIONS[version]:
-            connection.execute(statement)
-    connection.execute("INSERT INTO schema_version VALUES (11, now())")
+    connection = store_at_version(db, 11)
     connection.execute("INSERT INTO runs (run_id, started_at, status, command) VALUES ('old', now(), 'completed', 'x')")
     for result_id, batch in (("one", 1), ("two", 2)):
         connection.execute(
