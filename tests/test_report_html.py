@@ -197,16 +197,20 @@ def test_run_all_reports_every_run_and_out_needs_one_format(measured: tuple[Path
     assert unknown.returncode == 2 and "html" in unknown.stderr
 
 
+def html_report(db: Path, html: Path) -> str:
+    """The HTML page `accelharness report` writes of the store's latest run."""
+    done = run_cli("report", "--db", str(db), "--format", "html", "--out", str(html))
+    assert done.returncode == 0, done.stderr
+    return html.read_text()
+
+
 def test_a_run_without_measurements_gets_notes_not_empty_plots(tmp_path: Path) -> None:
     db = tmp_path / "failed.duckdb"
     with open_store(db) as store:
         run_id = store.start_run("web", {}, {})
         store.add_result(run_id, seeded_results()[-1], None)  # an error: no timings, no samples
         store.finish_run(run_id, "completed")
-    html = tmp_path / "failed.html"
-    done = run_cli("report", "--db", str(db), "--format", "html", "--out", str(html))
-    assert done.returncode == 0, done.stderr
-    page = html.read_text()
+    page = html_report(db, tmp_path / "failed.html")
     assert "<figure" not in page and "<svg" not in page
     assert page.count('class="omitted"') == len(PLOT_KEYS) and "not drawn — no result has timings" in page
 
@@ -224,10 +228,7 @@ def test_a_generate_only_run_gets_its_plots(tmp_path: Path) -> None:
                          tpot_samples_ms=[2.5] * 3, generated_tokens=[[1, 2, 3, 4]])  # fmt: skip
             store.add_result(run_id, row, None)
         store.finish_run(run_id, "completed")
-    html = tmp_path / "generate.html"
-    done = run_cli("report", "--db", str(db), "--format", "html", "--out", str(html))
-    assert done.returncode == 0, done.stderr
-    page = html.read_text()
+    page = html_report(db, tmp_path / "generate.html")
     assert "the run has no results" not in page and 'class="omitted"' not in page
     figures = re.findall(r'<figure class="plot" id="run-[^"]*-(\w+)"', page)
     assert figures == ["ttft", "decode"]
