@@ -201,6 +201,7 @@ def test_any_onnx_file_runs_with_inputs_from_its_signature(tmp_path: Path) -> No
         *QUICK,
         "--db",
         str(db),
+        "--no-reports",  # no report is read here (each costs seconds)
         "--output-dir",
         str(tmp_path / "o"),
     )
@@ -234,6 +235,7 @@ def test_local_model_directory_is_pretrained(tmp_path: Path) -> None:
         *QUICK,
         "--db",
         str(db),
+        "--no-reports",  # no report is read here (each costs seconds)
         "--output-dir",
         str(tmp_path / "o"),
     )
@@ -338,6 +340,6 @@ def test_a_machine_without_an_engines_library_runs_the_others(tmp_path: Path) ->
     db = tmp_path / "h.duckdb"
     done = run_cli("native", "--model", "bert-tiny", "--engines", "onnxruntime", "--hardware", "cpu",
                    "--batch-sizes", "1", "--sequence-lengths", "8", *QUICK, "--db", str(db),
-                   "--output-dir", str(tmp_path / "out"), env=env)  # fmt: skip
+                   "--no-reports", "--output-dir", str(tmp_path / "out"), env=env)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "ok" in done.stdout and "Traceback" not in done.stderr
