@@ -100,11 +100,14 @@ def run_cli_in_process(
     from harness.cli import app
 
     here = Path.cwd()
+    handlers = {each: signal.getsignal(each) for each in (signal.SIGINT, signal.SIGTERM)}
     os.chdir(cwd or here)
     try:
         result = CliRunner().invoke(app, list(args), env=env, catch_exceptions=True)
     finally:
         os.chdir(here)
+        for each, handler in handlers.items():  # the app takes SIGINT and SIGTERM as a CLI process does
+            signal.signal(each, handler)
     stderr = result.stderr
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         stderr += "".join(traceback.format_exception(result.exception))
