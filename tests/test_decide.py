@@ -60,8 +60,16 @@ def seed(
                     store.add_result(run_id, result, None)
 
 
-def test_reported_mape_is_leave_one_model_out(db: Path) -> None:
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One store of MODELS on TARGETS (~2 s of CPU to write), shared by the tests that only read it."""
+    db = tmp_path_factory.mktemp("seeded") / "seeded.duckdb"
     seed(db, MODELS)
+    return db
+
+
+def test_reported_mape_is_leave_one_model_out(seeded: Path) -> None:
+    db = seeded
     rows = training_rows(db)
     predictor = Predictor(rows)
     # Recompute independently: fit on the other models, predict the held-out model's rows.
@@ -76,8 +84,8 @@ def test_reported_mape_is_leave_one_model_out(db: Path) -> None:
     assert predictor.mape["latency_p50_ms"] < 0.25  # the power law is learnable
 
 
-def test_prediction_for_an_untested_model_is_close_and_labelled(db: Path) -> None:
-    seed(db, MODELS)
+def test_prediction_for_an_untested_model_is_close_and_labelled(seeded: Path) -> None:
+    db = seeded
     target = Target("cpu", "onnxruntime", "CPUExecutionProvider")
     result = predict(
         db,
@@ -118,14 +126,14 @@ def test_too_little_data_is_refused(db: Path) -> None:
     assert done.returncode == 2 and "too little data" in done.stderr
 
 
-def test_predict_model_path_counts_the_folders_own_model(db: Path, tmp_path: Path) -> None:
+def test_predict_model_path_counts_the_folders_own_model(seeded: Path, tmp_path: Path) -> None:
     """An HF folder's parameter count is its config.json's, also once its export is cached (it was
     bert-base's, the spec it takes inputs from); a config whose graph cannot be built is refused with
     the reason, not "no measured target matches"."""
     import torch
     from transformers import BertConfig, BertModel
 
-    seed(db, MODELS)
+    db = seeded
     torch.manual_seed(1)
     tiny = BertModel(
         BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vocab_size=500)
@@ -147,8 +155,8 @@ def test_predict_model_path_counts_the_folders_own_model(db: Path, tmp_path: Pat
     assert "not a multiple of the number of attention heads" in reason, reason
 
 
-def test_recommend_honours_the_hardware_the_user_has(db: Path) -> None:
-    seed(db, MODELS)
+def test_recommend_honours_the_hardware_the_user_has(seeded: Path) -> None:
+    db = seeded
     best = recommend(db, model="m3", batch_size=4)
     assert best.primary is not None and best.primary.target == "cpu/onnxruntime:CPUExecutionProvider"
     assert best.primary.source == "measured" and len(best.primary.evidence) == 1
@@ -158,8 +166,8 @@ def test_recommend_honours_the_hardware_the_user_has(db: Path) -> None:
     assert any("not in --hardware openvino" in line for line in only_openvino.excluded)
 
 
-def test_recommend_follows_the_weights(db: Path) -> None:
-    seed(db, MODELS)
+def test_recommend_follows_the_weights(seeded: Path) -> None:
+    db = seeded
     by_memory = recommend(db, model="m3", batch_size=4, weights=ScoreWeights(0, 0, 1, 0))
     assert by_memory.primary.target == "openvino/openvino:CPU"  # smallest memory
     by_latency = recommend(db, model="m3", batch_size=4, weights=ScoreWeights(1, 0, 0, 0))
@@ -178,8 +186,8 @@ def test_unmeasured_target_is_backed_by_a_marked_prediction(db: Path) -> None:
     assert predicted.source == "predicted" and "leave-one-model-out MAPE" in predicted.evidence[0]
 
 
-def test_recommend_cli_prints_primary_and_backing(db: Path, tmp_path: Path) -> None:
-    seed(db, MODELS)
+def test_recommend_cli_prints_primary_and_backing(seeded: Path, tmp_path: Path) -> None:
+    db = seeded
     done = run_cli("recommend", "--model", "m2", "--batch-size", "2", "--hardware", "cpu", "--db", str(db))
     assert done.returncode == 0, done.stderr
     assert "primary: cpu/onnxruntime:CPUExecutionProvider" in done.stdout and "measured:" in done.stdout
