@@ -336,15 +336,23 @@ def _listening(pid: int) -> list[str]:
 def test_remote_browser_over_cdp_gets_everything_through_routing(
     remote_chromium: tuple[subprocess.Popen, str, str], tmp_path: Path
 ) -> None:
+    """The CLI against a Chromium reached over CDP, the harness never listening: the page, ORT-web's threads,
+    and a model with external data (the graph as ranges, mm.onnx.data as the externalData URL ORT-web
+    fetches) all arrive through Playwright's routes; fp32 and q4 both match."""
+    from int4_models import matmul_model
+
     _, endpoint, version = remote_chromium
+    model = matmul_model(tmp_path / "mm.onnx", external=True)
     db = tmp_path / "remote.duckdb"
     cli = str(Path(sys.executable).parent / "accelharness")
     command = [cli, "web", "--browser-endpoint", endpoint, "--hardware", "wasm", "--threads", "2"]
     process = subprocess.Popen(
         [
             *command,
-            "--model",
-            "bert-tiny",
+            "--model-path",
+            str(model),
+            "--precision",
+            "fp32,q4",
             *QUICK_CLI,
             "--db",
             str(db),
@@ -371,7 +379,8 @@ def test_remote_browser_over_cdp_gets_everything_through_routing(
     assert process.returncode == 0, output
     assert not listening, listening
     run, rows = rows_of(db)
-    assert run["status"] == "completed" and len(rows) == 1
+    assert run["status"] == "completed" and len(rows) == 2
+    assert {r["requested_precision"] for r in rows} == {"fp32", "q4"}
     for row in rows:
         details = row["details"]
         assert row["status"] == "ok", row["error"]
@@ -385,27 +394,6 @@ def test_remote_browser_over_cdp_gets_everything_through_routing(
         assert details["cross_origin_isolated"] is True  # COOP/COEP arrive through route.fulfill too
         assert row["memory_peak_mb"] is None and "remote" in details["memory_covers"]
         assert details["threads_effective"] == 2  # ORT's wasm worker threads load through the routes too
-
-
-@needs_chromium
-def test_remote_browser_loads_a_model_with_external_data_through_routing(
-    remote_chromium: tuple[subprocess.Popen, str, str], tmp_path: Path
-) -> None:
-    """The .onnx and its mm.onnx.data reach the remote page through Playwright's routes: the graph as
-    ranges, the data as the externalData URL ORT-web fetches; fp32 and q4 both match."""
-    from int4_models import matmul_model
-
-    _, endpoint, _ = remote_chromium
-    model = matmul_model(tmp_path / "mm.onnx", external=True)
-    request = WebRequest(model_path=model, hardware=["wasm"], precision="fp32,q4", browser_endpoint=endpoint,
-                         db_path=tmp_path / "x.duckdb", **QUICK)  # fmt: skip
-    run_web(request)
-    _, rows = rows_of(request.db_path)
-    assert {r["requested_precision"] for r in rows} == {"fp32", "q4"}
-    for row in rows:
-        assert row["status"] == "ok", row["error"]
-        assert row["details"]["browser"] == "remote"
-        assert row["max_abs_diff"] <= row["details"]["parity_tolerance"]
 
 
 @needs_chromium
