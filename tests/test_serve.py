@@ -279,7 +279,8 @@ def test_a_browser_opening_the_url_measures_and_the_run_completes(two_devices: d
     served, token = two_devices["served"], two_devices["token"]
     assert served.url.startswith("http://127.0.0.1:") and served.url.endswith("/page/device.html")
     assert two_devices["listening"] == {"127.0.0.1"}  # the socket, not the URL string
-    assert two_devices["wrong_page"] == 403 and two_devices["wrong_api"] == 403
+    assert two_devices["wrong_page"] == 403  # the page under a wrong token
+    assert two_devices["wrong_api"] == 403  # a hello under a wrong token
     assert two_devices["code"] == 0, two_devices["stderr"]
     origin = served.url.split("/" + token)[0]
     rows = [r for r in two_devices["rows"] if r["details"]["page_origin"] == origin]  # the browser on 127.0.0.1
@@ -359,6 +360,7 @@ def test_two_browsers_at_once_are_two_devices(two_devices: dict[str, Any]) -> No
     devices = {r["device"] for r in rows}
     outcomes = [(r["device"], r["provider"], r["status"], r["error"]) for r in rows]
     assert len(devices) == 2 and len(rows) == 4 and all(r["status"] == "ok" for r in rows), outcomes
+    assert len({r["run_id"] for r in rows}) == 1  # both devices are targets of the one run
     by_agent = {r["details"]["user_agent"]: r["device"] for r in rows}
     assert OTHER_UA in by_agent and any("HeadlessChrome" in ua for ua in by_agent)
     insecure = [r for r in rows if r["device"] == by_agent[OTHER_UA]]

@@ -175,6 +175,9 @@ def test_gpu_on_records_the_profile_flags_the_software_adapter_and_fp16(tmp_path
     run_web(request)
     _, rows = rows_of(request.db_path)
     by_case = {(r["hardware"], r["requested_precision"]): r for r in rows}
+    assert len(rows) == len(by_case) == 4  # wasm and webgpu, each at fp32 and fp16
+    assert all(r["details"]["gpu_profile"] == "on" for r in rows)  # the launch's profile, whatever the EP
+    assert by_case["wasm", "fp32"]["status"] == "ok", by_case["wasm", "fp32"]["error"]
     row = by_case["webgpu", "fp32"]
     details = row["details"]
     assert row["status"] == "ok", row["error"]
@@ -381,7 +384,9 @@ def test_remote_browser_over_cdp_gets_everything_through_routing(
     run, rows = rows_of(db)
     assert run["status"] == "completed" and len(rows) == 2
     assert {r["requested_precision"] for r in rows} == {"fp32", "q4"}
+    assert {r["model"] for r in rows} == {"mm"}  # the file with external data, named by its file
     for row in rows:
+        assert row["provider"] == "wasm:threads=2"
         details = row["details"]
         assert row["status"] == "ok", row["error"]
         assert row["max_abs_diff"] <= details["parity_tolerance"]
