@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import QUICK, run_cli
+from conftest import QUICK, run_cli, run_cli_in_process
 from tiny_prepared import prepared
 
 from harness.core.records import Target
@@ -35,11 +35,14 @@ def stored(db: Path) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any
 
 @pytest.fixture(scope="module")
 def native_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("profile-native")
+    """One profiled run: native ORT CPU and OpenVINO, and (with Chromium here) the page's wasm and WebGPU
+    (SwiftShader here), with its reports in `out` beside the store."""
+    directory = tmp_path_factory.mktemp("profile-run")
     db = directory / "p.duckdb"
+    web = ["--web-hardware", "wasm,webgpu"] if CHROMIUM else []
     done = run_cli(
-        "native", "--model", "bert-tiny", "--engines", "onnxruntime,openvino", "--hardware", "cpu,openvino",
-        *CASE, "--profile", "--db", str(db), "--no-reports", "--output-dir", str(directory / "out"),
+        "run", "--model", "bert-tiny", "--engines", "onnxruntime,openvino", "--hardware", "cpu,openvino", *web,
+        *CASE, "--profile", "--db", str(db), "--output-dir", str(directory / "out"),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     return db
@@ -49,6 +52,7 @@ def test_every_native_result_has_its_operators(native_run: Path) -> None:
     """Each profiled result stores its operator rows (shares summing to 1, the engine's own op types,
     the provider that ran them), a profile summary and its graph's work per op class."""
     results, operators = stored(native_run)
+    results = [r for r in results if r["engine"] != "onnxruntime-web"]  # the page's rows: the browser test's
     assert {r["engine"] for r in results} == {"onnxruntime", "openvino"}
     for result in results:
         assert result["status"] == "ok", result["error"]
@@ -77,16 +81,18 @@ def test_query_ops_export_and_html_show_them(native_run: Path, tmp_path: Path) -
     assert {"node", "op_type", "ran_on", "ms_per_iter", "share", "flops", "bytes", "fallback"} <= set(printed[0])
     matmul = next(r for r in printed if r["op_type"] == "MatMul" and r["op_class"] == "matmul")
     assert matmul["flops"] > 0 and matmul["bytes"] > 0 and matmul["ms_per_iter"] > 0
-    done = run_cli("export", "--out", str(tmp_path / "x"), "--table", "operators", "--db", str(native_run))
+    done = run_cli_in_process("export", "--out", str(tmp_path / "x"), "--table", "operators", "--db", str(native_run))
     assert done.returncode == 0, done.stderr
     import pyarrow.parquet as pq
 
     assert pq.read_table(tmp_path / "x" / "operators.parquet").num_rows == total
-    done = run_cli("report", "--format", "html", "--out", str(tmp_path / "r.html"), "--db", str(native_run))
+    done = run_cli_in_process("report", "--format", "html", "--out", str(tmp_path / "r.html"), "--db", str(native_run))
     assert done.returncode == 0, done.stderr
     page = (tmp_path / "r.html").read_text()
     assert "Where the time goes" in page
-    assert page.count('<div class="opbar">') == len(results) == 2
+    native = [r for r in results if r["engine"] != "onnxruntime-web"]
+    assert all(r["result_id"] in operators for r in native) and len(native) == 2
+    assert page.count('<div class="opbar">') == len(operators)  # a bar per result with operator rows
 
 
 def test_a_run_without_profiles_says_so(tmp_path: Path) -> None:
@@ -97,8 +103,8 @@ def test_a_run_without_profiles_says_so(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     results, operators = stored(db)
     assert operators == {} and "profile" not in results[0]["details"]
-    done = run_cli("query", "--report", "ops", "--db", str(db))
-    assert done.returncode == 0 and "run with --profile" in done.stdout
+    done = run_cli_in_process("query", "--report", "ops", "--db", str(db))
+    assert done.returncode == 0 and "run with --profile" in " ".join(done.stdout.split())
 
 
 @pytest.mark.parametrize("engine, target", [
@@ -130,19 +136,12 @@ def test_profiling_leaves_the_timed_samples_alone(engine: str, target: Target) -
 
 
 @pytest.mark.skipif(not CHROMIUM, reason="needs Chromium at /usr/bin/chromium")
-def test_browser_profiles_and_the_per_op_type_ratios(tmp_path: Path) -> None:
+def test_browser_profiles_and_the_per_op_type_ratios(native_run: Path) -> None:
     """`run --profile` on native ORT CPU, wasm and WebGPU (SwiftShader here): every result has operator
     rows; WebGPU's nodes on the wasm CPU EP are marked fallback and its GPU nodes carry kernel times
     where the device has timestamp-query (else the row says why not); the HTML report sets wasm
-    against ORT CPU and WebGPU against wasm, op type by op type. (--engines onnxruntime: torch's and
-    OpenVINO's cpu rows are not what it checks.)"""
-    db = tmp_path / "b.duckdb"
-    done = run_cli(
-        "run", "--model", "bert-tiny", "--hardware", "cpu", "--engines", "onnxruntime", "--web-hardware", "wasm,webgpu",
-        *CASE, "--profile",
-        "--db", str(db), "--output-dir", str(tmp_path / "out"),
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    against ORT CPU and WebGPU against wasm, op type by op type."""
+    db = native_run
     results, operators = stored(db)
     by_hardware = {(r["hardware"], r["engine"]): r for r in results}
     for key in (("cpu", "onnxruntime"), ("wasm", "onnxruntime-web"), ("webgpu", "onnxruntime-web")):
@@ -159,7 +158,7 @@ def test_browser_profiles_and_the_per_op_type_ratios(tmp_path: Path) -> None:
         assert "gpu_timing" in webgpu_result["details"]["profile"]
     else:
         assert "timestamp-query" in webgpu_result["details"]["profile"]["error"]
-    page = next((tmp_path / "out").glob("*.html")).read_text()
+    page = next((db.parent / "out").glob("*.html")).read_text()
     assert "wasm/onnxruntime-web:wasm:threads=1 vs cpu/onnxruntime:CPUExecutionProvider" in page
     if webgpu_result["result_id"] in operators:
         assert "webgpu/onnxruntime-web:webgpu vs wasm/onnxruntime-web:wasm:threads=1" in page

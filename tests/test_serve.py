@@ -116,22 +116,23 @@ def serving(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
         running.stop()
 
 
+def launch_browser(profile: Path, url: str, *flags: str) -> subprocess.Popen:
+    """A plain headless Chromium on the URL (no Playwright, no DevTools), its own process group."""
+    command = [
+        str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        f"--user-data-dir={profile}", *flags, url,
+    ]  # fmt: skip
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
 @pytest.fixture
 def browsers(tmp_path: Path) -> Iterator[Any]:
     """browsers(url, *flags) launches a plain headless Chromium on the URL (no Playwright, no DevTools)."""
     launched: list[subprocess.Popen] = []
 
     def open_url(url: str, *flags: str) -> subprocess.Popen:
-        profile = tmp_path / f"profile-{len(launched)}"
-        command = [
-            str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            f"--user-data-dir={profile}", *flags, url,
-        ]  # fmt: skip
-        process = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-        )
-        launched.append(process)
-        return process
+        launched.append(launch_browser(tmp_path / f"profile-{len(launched)}", url, *flags))
+        return launched[-1]
 
     yield open_url
     for process in launched:
@@ -242,23 +243,47 @@ class TestDevice:
 # --- the tests -------------------------------------------------------------------------------------------
 
 
-def test_a_browser_opening_the_url_measures_and_the_run_completes(serving: Any, browsers: Any) -> None:
-    served = serving("--devices", "1")
+@pytest.fixture(scope="module")
+def two_devices(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """One served run, two browsers opening its URL: one on 127.0.0.1 (a secure context), one reaching the
+    server under a name as a LAN address would (not a secure context, another user agent). What the URL and
+    the socket answered while serving, then the finished run."""
+    out = tmp_path_factory.mktemp("serve-two")
+    served = Serving(out, "--devices", "2")
+    launched: list[subprocess.Popen] = []
+    try:
+        found: dict[str, Any] = {"served": served, "listening": set(listening(served.process.pid))}
+        found["token"] = token = served.url.split("/")[3]
+        wrong = served.url.replace(token, token[::-1])
+        try:
+            found["wrong_page"] = urllib.request.urlopen(wrong, timeout=10).status
+        except urllib.error.HTTPError as refused:
+            found["wrong_page"] = refused.code
+        intruder = TestDevice(served.url)
+        wrong_api = wrong.rsplit("/page/", 1)[0] + "/api/"
+        found["wrong_api"] = intruder.post("hello", {"page_id": intruder.page_id, "facts": {}}, api=wrong_api)[0]
+        launched.append(launch_browser(out / "profile-0", served.url))
+        plain = served.url.replace("127.0.0.1", "lan.test")
+        flags = (f"--user-agent={OTHER_UA}", "--host-resolver-rules=MAP lan.test 127.0.0.1")
+        launched.append(launch_browser(out / "profile-1", plain, *flags))
+        found["code"], found["stderr"] = served.finish()
+        found["rows"] = served.rows()
+        yield found
+    finally:
+        for process in launched:
+            kill_group(process)
+        served.stop()
+
+
+def test_a_browser_opening_the_url_measures_and_the_run_completes(two_devices: dict[str, Any]) -> None:
+    served, token = two_devices["served"], two_devices["token"]
     assert served.url.startswith("http://127.0.0.1:") and served.url.endswith("/page/device.html")
-    assert set(listening(served.process.pid)) == {"127.0.0.1"}  # the socket, not the URL string
-    token = served.url.split("/")[3]
-    wrong = served.url.replace(token, token[::-1])
-    with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(wrong, timeout=10)
-    assert refused.value.code == 403
-    intruder = TestDevice(served.url)
-    wrong_api = wrong.rsplit("/page/", 1)[0] + "/api/"
-    assert intruder.post("hello", {"page_id": intruder.page_id, "facts": {}}, api=wrong_api)[0] == 403
-    browser = browsers(served.url)
-    served.wait_for(r"finished all 2 jobs", timeout=240)
-    code, stderr = served.finish()
-    assert code == 0, stderr
-    rows = served.rows()
+    assert two_devices["listening"] == {"127.0.0.1"}  # the socket, not the URL string
+    assert two_devices["wrong_page"] == 403  # the page under a wrong token
+    assert two_devices["wrong_api"] == 403  # a hello under a wrong token
+    assert two_devices["code"] == 0, two_devices["stderr"]
+    origin = served.url.split("/" + token)[0]
+    rows = [r for r in two_devices["rows"] if r["details"]["page_origin"] == origin]  # the browser on 127.0.0.1
     assert [r["provider"] for r in rows] == ["wasm:threads=1", "wasm:threads=2"]  # 1 and hardwareConcurrency
     assert len({r["device"] for r in rows}) == 1 and rows[0]["device"].startswith("headless-chrome")
     for row in rows:
@@ -268,13 +293,11 @@ def test_a_browser_opening_the_url_measures_and_the_run_completes(serving: Any, 
         assert "HeadlessChrome" in details["user_agent"] and details["served_device"] is True
         assert details["cross_origin_isolated"] is True and details["secure_context"] is True
         assert details["hardware_concurrency"] == 2 and details["client_address"] == "127.0.0.1"
-        assert details["page_origin"] == served.url.split("/" + token)[0]
     assert rows[1]["details"]["threads_effective"] == 2  # isolated on loopback: the threads are real
     assert served.runs()[0]["status"] == "completed"
     [report] = (Path(served.db).parent / "out").glob(f"{served.runs()[0]['run_id']}.html")
     html = report.read_text()
     assert rows[0]["device"] in html and "HeadlessChrome" in html  # the per-device section
-    kill_group(browser)
 
 
 def test_a_served_page_runs_generate_jobs_with_token_parity(serving: Any, browsers: Any) -> None:
@@ -330,18 +353,14 @@ def test_refused_posts_store_nothing_and_a_result_is_stored_once(serving: Any) -
     assert row["status"] == "ok" and row["details"]["user_agent"] == CLIENT_UA and row["max_abs_diff"] < 1e-4
 
 
-def test_two_browsers_at_once_are_two_devices(serving: Any, browsers: Any) -> None:
-    served = serving("--devices", "2")
-    browsers(served.url)
+def test_two_browsers_at_once_are_two_devices(two_devices: dict[str, Any]) -> None:
     # The second device reaches the server under a name (as a LAN address would be): not a secure context.
-    plain = served.url.replace("127.0.0.1", "lan.test")
-    browsers(plain, f"--user-agent={OTHER_UA}", "--host-resolver-rules=MAP lan.test 127.0.0.1")
-    code, stderr = served.finish()
-    assert code == 0, stderr
-    rows = served.rows()
+    assert two_devices["code"] == 0, two_devices["stderr"]
+    rows = two_devices["rows"]
     devices = {r["device"] for r in rows}
     outcomes = [(r["device"], r["provider"], r["status"], r["error"]) for r in rows]
     assert len(devices) == 2 and len(rows) == 4 and all(r["status"] == "ok" for r in rows), outcomes
+    assert len({r["run_id"] for r in rows}) == 1  # both devices are targets of the one run
     by_agent = {r["details"]["user_agent"]: r["device"] for r in rows}
     assert OTHER_UA in by_agent and any("HeadlessChrome" in ua for ua in by_agent)
     insecure = [r for r in rows if r["device"] == by_agent[OTHER_UA]]
@@ -357,10 +376,10 @@ def test_two_browsers_at_once_are_two_devices(serving: Any, browsers: Any) -> No
 def test_a_browser_killed_mid_job_loses_its_lease_and_the_job_completes_on_the_next_page(
     serving: Any, browsers: Any
 ) -> None:
-    served = serving("--devices", "1", "--min-duration", "4")
+    served = serving("--devices", "1", "--min-duration", "2.5")
     first = browsers(served.url)
     served.wait_for(r": running bert-tiny .* on wasm:threads=1", timeout=240)
-    time.sleep(1.5)  # inside the 4 s timed loop
+    time.sleep(1)  # the job leased, its page loading the model or inside its 2.5 s timed loop
     kill_group(first)
     browsers(served.url)  # the same browser again: the same device, waiting for the lease to lapse
     lost = served.wait_for(r"lost its lease", timeout=60)

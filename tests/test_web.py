@@ -131,13 +131,14 @@ def test_webnn_is_unsupported_with_the_browsers_message(all_eps: tuple) -> None:
     assert hardware["wasm"]["available"] is True
 
 
-def page_answer(prepared: Any, request: WebRequest) -> dict[str, Any]:
-    """The page's answer to one wasm job for `prepared` (bert-tiny, 1x32) under `request`'s stop rule."""
+def page_answers(prepared: Any, requests: dict[str, WebRequest]) -> dict[str, dict[str, Any]]:
+    """The page's answer to one wasm job for `prepared` (bert-tiny, 1x32) under each request's stop rule, by
+    name: one browser, a fresh page per job (as the harness gives each setting)."""
     from harness.browser.run import page_job
     from harness.core.records import Case
     from harness.web.server import PageServer
 
-    async def answer() -> dict:
+    async def answer() -> dict[str, dict[str, Any]]:
         from playwright.async_api import async_playwright
 
         server = PageServer()
@@ -148,8 +149,11 @@ def page_answer(prepared: Any, request: WebRequest) -> dict[str, Any]:
                 source = driver.LocalBrowser(driver.resolve_browser("chromium"), launch_flags(["wasm"], profile))
                 session = driver.BrowserSession(playwright, source, server)
                 try:
-                    job = page_job(server, prepared, EpSetting("wasm", 1), Case(1, 32, "fp32"), request)
-                    return await session.run_job(server.page_url, "page-check", job, 60)
+                    answers = {}
+                    for name, request in requests.items():
+                        job = page_job(server, prepared, EpSetting("wasm", 1), Case(1, 32, "fp32"), request)
+                        answers[name] = await session.run_job(server.page_url, name, job, 60)
+                    return answers
                 finally:
                     await session.close()
         finally:
@@ -166,7 +170,15 @@ def bert_tiny(web_cache: Path) -> Any:
     return next(prepare_model(PrepareJob(spec, [(1, 32)])))
 
 
-def test_wasm_outputs_match_native_onnxruntime(bert_tiny: Any) -> None:
+@pytest.fixture(scope="module")
+def answered(bert_tiny: Any) -> dict[str, dict[str, Any]]:
+    """The page's answers under QUICK, and under a 1 ms budget on 100 warmup runs and 1000 iterations."""
+    many = {"warmup": 100, "iterations": 1000, "max_iterations": 1000, "min_duration_s": 0.0}
+    budget = WebRequest(**many, max_time_s=0.001, min_iterations=2)
+    return page_answers(bert_tiny, {"quick": WebRequest(**QUICK), "budget": budget})
+
+
+def test_wasm_outputs_match_native_onnxruntime(bert_tiny: Any, answered: dict[str, dict[str, Any]]) -> None:
     """Same ONNX file, same npz inputs: the browser's outputs against ORT CPU run in this process."""
     from harness.core.parity import compare
     from harness.core.records import Target
@@ -180,7 +192,7 @@ def test_wasm_outputs_match_native_onnxruntime(bert_tiny: Any) -> None:
         Target("cpu", "onnxruntime", "CPUExecutionProvider"),
     )
     native_outputs = native.run(native.prepare(feeds))
-    answer = page_answer(bert_tiny, WebRequest(**QUICK))
+    answer = answered["quick"]
     assert answer["status"] == "ok", answer.get("error")
     web_outputs = decode_outputs(answer["outputs"])
     against_native = compare(web_outputs, native_outputs, "fp32")
@@ -189,10 +201,9 @@ def test_wasm_outputs_match_native_onnxruntime(bert_tiny: Any) -> None:
     assert compare(web_outputs, reference, "fp32").matches
 
 
-def test_max_time_stops_the_page_loop_after_min_iterations(bert_tiny: Any) -> None:
+def test_max_time_stops_the_page_loop_after_min_iterations(answered: dict[str, dict[str, Any]]) -> None:
     """A 1 ms budget on 100 warmup runs and 1000 iterations: the page stops at min_iterations and says so."""
-    many = {"warmup": 100, "iterations": 1000, "max_iterations": 1000, "min_duration_s": 0.0}
-    answer = page_answer(bert_tiny, WebRequest(**many, max_time_s=0.001, min_iterations=2))
+    answer = answered["budget"]
     assert answer["status"] == "ok", answer.get("error")
     assert len(answer["samples_ms"]) == 2
     facts = answer["facts"]

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_cli
+from conftest import run_cli, run_cli_in_process
 from test_web import stored, web_cache  # noqa: F401 (the session's export cache)
 
 from harness.browser.both import run_both
@@ -96,39 +96,16 @@ def test_webgpu_generates_on_swiftshader_and_says_it_is_software(webgpu_and_cras
     assert locations["logits"] == "cpu" and set(locations.values()) == {"cpu", "gpu-buffer"}
 
 
-def test_an_onnx_file_with_past_inputs_generates(web_cache: Path, tmp_path: Path) -> None:  # noqa: F811
+@pytest.fixture(scope="module")
+def resumed(web_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:  # noqa: F811
+    """An ONNX file with past inputs (gpt2-tiny's export with past, copied out of the cache) generating in the
+    page at two prompt lengths, Ctrl-C once the first case is stored, then resumed: one run."""
+    out = tmp_path_factory.mktemp("generate-resume")
     prepared = next(prepare_model(PrepareJob(load_specs()["gpt2-tiny"], [(1, 8)], with_past=True)))
     assert prepared.onnx_past_path is not None
-    model = tmp_path / "decoder-with-past.onnx"
+    model = out / "decoder-with-past.onnx"
     shutil.copyfile(prepared.onnx_past_path, model)
-    request = WebRequest(model_path=model, hardware=["wasm"], db_path=tmp_path / "p.duckdb", output_dir=None,
-                         **GENERATE)  # fmt: skip
-    assert run_web(request).counts == {"ok": 1}
-    [row] = results(tmp_path / "p.duckdb")
-    assert row["model"] == "decoder-with-past" and row["mode"] == "generate" and row["tokens_matched"] == TOKENS
-
-
-def test_new_tokens_past_the_context_are_refused_before_anything_runs(tmp_path: Path) -> None:
-    db = tmp_path / "refused.duckdb"
-    done = run_cli("web", "--mode", "generate", "--model", "gpt2-tiny", "--hardware", "wasm", "--sequence-lengths",
-                   "32", "--new-tokens", "1000", "--db", str(db))  # fmt: skip
-    assert done.returncode == 2 and "gpt2-tiny takes 1024 positions" in done.stderr and not db.exists()
-    done = run_cli("run", "--mode", "generate", "--model", "llama-tiny", "--hardware", "cpu", "--web-hardware",
-                   "wasm", "--new-tokens", "100000", "--db", str(db))  # fmt: skip
-    assert (
-        done.returncode == 2 and "--new-tokens takes a whole number from 1 to 4,096" in done.stderr and not db.exists()
-    )
-
-
-def test_a_page_that_crashes_mid_generation_leaves_an_error_row_and_the_run_goes_on(
-    webgpu_and_crash: dict[str, dict[str, Any]],
-) -> None:
-    assert "fault injected by the test suite" in webgpu_and_crash["wasm:threads=1"]["error"]
-    assert webgpu_and_crash["wasm:threads=2"]["tokens_matched"] == TOKENS
-
-
-def test_resume_runs_only_the_missing_generate_cases(web_cache: Path, tmp_path: Path) -> None:  # noqa: F811
-    request = WebRequest(models=["gpt2-tiny"], hardware=["wasm"], db_path=tmp_path / "r.duckdb", output_dir=None,
+    request = WebRequest(model_path=model, hardware=["wasm"], db_path=out / "r.duckdb", output_dir=None,
                          **GENERATE | {"sequence_lengths": [4, 8]})  # fmt: skip
 
     def interrupt(result: Any, result_id: str) -> None:
@@ -138,9 +115,39 @@ def test_resume_runs_only_the_missing_generate_cases(web_cache: Path, tmp_path: 
         run_web(request, interrupt)
     plan = validate_web(request)
     run_id = resume_point(request.db_path, "web", asdict(request), [plan])
-    assert run_id is not None and plan.total_results == 1
+    left = plan.total_results
     ran: list[str] = []
-    run_web(request, lambda result, _: ran.append(result.key), plan, resume_run_id=run_id)
-    assert ran == ["gpt2-tiny|wasm|onnxruntime-web|wasm:threads=1|b1_s8_fp32_gen6"]
-    rows = results(tmp_path / "r.duckdb")
+    summary = run_web(request, lambda result, _: ran.append(result.key), plan, resume_run_id=run_id)
+    return {"run_id": run_id, "left": left, "ran": ran, "counts": summary.counts, "rows": results(request.db_path)}
+
+
+def test_an_onnx_file_with_past_inputs_generates(resumed: dict[str, Any]) -> None:
+    assert resumed["counts"] == {"ok": 1}  # the resumed run's one case; the first was stored before Ctrl-C
+    for row in resumed["rows"]:
+        assert row["model"] == "decoder-with-past" and row["mode"] == "generate" and row["tokens_matched"] == TOKENS
+
+
+def test_new_tokens_past_the_context_are_refused_before_anything_runs(tmp_path: Path) -> None:
+    db = tmp_path / "refused.duckdb"
+    done = run_cli("web", "--mode", "generate", "--model", "gpt2-tiny", "--hardware", "wasm", "--sequence-lengths",
+                   "32", "--new-tokens", "1000", "--db", str(db))  # fmt: skip
+    assert done.returncode == 2 and "gpt2-tiny takes 1024 positions" in done.stderr and not db.exists()
+    done = run_cli_in_process("run", "--mode", "generate", "--model", "llama-tiny", "--hardware", "cpu",
+                              "--web-hardware", "wasm", "--new-tokens", "100000", "--db", str(db))  # fmt: skip
+    said = " ".join(done.stderr.split())  # the app's console wraps at the runner's width
+    assert done.returncode == 2 and "--new-tokens takes a whole number from 1 to 4,096" in said and not db.exists()
+
+
+def test_a_page_that_crashes_mid_generation_leaves_an_error_row_and_the_run_goes_on(
+    webgpu_and_crash: dict[str, dict[str, Any]],
+) -> None:
+    assert "fault injected by the test suite" in webgpu_and_crash["wasm:threads=1"]["error"]
+    assert webgpu_and_crash["wasm:threads=2"]["tokens_matched"] == TOKENS
+
+
+def test_resume_runs_only_the_missing_generate_cases(resumed: dict[str, Any]) -> None:
+    run_id = resumed["run_id"]
+    assert run_id is not None and resumed["left"] == 1
+    assert resumed["ran"] == ["decoder-with-past|wasm|onnxruntime-web|wasm:threads=1|b1_s8_fp32_gen6"]
+    rows = resumed["rows"]
     assert sorted(r["seq_len"] for r in rows) == [4, 8] and {r["run_id"] for r in rows} == {run_id}

@@ -154,18 +154,31 @@ def test_adapter_classification(name: str) -> None:
 
 
 @needs_chromium
-def test_gpu_on_records_the_profile_flags_and_the_software_adapter(tmp_path: Path) -> None:
+def test_gpu_on_records_the_profile_flags_the_software_adapter_and_fp16(tmp_path: Path) -> None:
+    """One run, --gpu on, wasm and webgpu at fp32 and fp16. The webgpu fp32 row records the profile, the flags
+    the browser really got and the adapter it landed on (SwiftShader here, saying so). webgpu fp16 needs the
+    adapter's shader-f16 (SwiftShader here has none: `unsupported`, saying so); wasm runs the same fp16 file
+    native ORT runs, checked at the fp16 tolerance."""
+    from harness.prepare.prepared import PrepareJob, prepare_model
+    from harness.prepare.variants import precision_variant
+
     extra = "--force-color-profile=srgb"
     request = WebRequest(
         models=["bert-tiny"],
-        hardware=["webgpu"],
+        hardware=["wasm", "webgpu"],
+        precision="fp32,fp16",
         gpu="on",
         browser_args=[extra],
         db_path=tmp_path / "g.duckdb",
         **QUICK,
     )
     run_web(request)
-    _, (row,) = rows_of(request.db_path)
+    _, rows = rows_of(request.db_path)
+    by_case = {(r["hardware"], r["requested_precision"]): r for r in rows}
+    assert len(rows) == len(by_case) == 4  # wasm and webgpu, each at fp32 and fp16
+    assert all(r["details"]["gpu_profile"] == "on" for r in rows)  # the launch's profile, whatever the EP
+    assert by_case["wasm", "fp32"]["status"] == "ok", by_case["wasm", "fp32"]["error"]
+    row = by_case["webgpu", "fp32"]
     details = row["details"]
     assert row["status"] == "ok", row["error"]
     assert (details["gpu_profile"], details["gpu_profile_requested"], details["gpu_profile_reason"]) == (
@@ -184,6 +197,25 @@ def test_gpu_on_records_the_profile_flags_and_the_software_adapter(tmp_path: Pat
         details["adapter_limits"]["maxBufferSize"] > 0 and details["adapter_limits"]["maxStorageBufferBindingSize"] > 0
     )
     assert isinstance(details["adapter_shader_f16"], bool) and isinstance(details["adapter_timestamp_query"], bool)
+    # fp16
+    webgpu, wasm = by_case["webgpu", "fp16"], by_case["wasm", "fp16"]
+    if webgpu["details"]["adapter_shader_f16"]:
+        assert webgpu["status"] == "ok" and webgpu["precision"] == "fp16", webgpu["error"]
+    else:
+        assert webgpu["status"] == "unsupported" and "adapter lacks shader-f16" in webgpu["error"]
+    assert wasm["requested_precision"] == "fp16"
+    if wasm["status"] == "unsupported":  # ORT-web's own reason, e.g. no fp16 kernel for an operator
+        assert wasm["error"]
+        return
+    assert wasm["status"] == "ok" and wasm["precision"] == "fp16", wasm["error"]
+    atol, rtol = TOLERANCES["fp16"]
+    assert wasm["details"]["parity_tolerance"] > atol and wasm["max_abs_diff"] <= wasm["details"]["parity_tolerance"]
+    # the very file native ORT fp16 runs: the export's fp16 conversion, cached as <key>-fp16
+    spec = validate_web(WebRequest(models=["bert-tiny"], hardware=["wasm"])).specs[0]
+    prepared = next(prepare_model(PrepareJob(spec, [(1, 32)])))
+    assert prepared.onnx_path is not None
+    assert Path(wasm["details"]["precision_model"]) == precision_variant(prepared.onnx_path, "fp16").path
+    assert rtol > 0  # the tolerance grows with the reference's magnitude
 
 
 @needs_chromium
@@ -204,39 +236,6 @@ def test_require_hardware_gpu_refuses_the_software_adapter_before_loading_anythi
         assert row["iterations"] is None and row["load_ms"] is None
         assert "ort_web_version" not in row["details"]  # no ORT-web runtime was ever started
         assert row["details"]["adapter_class"] == "software"
-
-
-@needs_chromium
-def test_fp16_in_the_browser(tmp_path: Path) -> None:
-    """webgpu fp16 needs the adapter's shader-f16 (SwiftShader here has none: `unsupported`, saying so);
-    wasm runs the same fp16 file native ORT runs, checked at the fp16 tolerance."""
-    from harness.prepare.prepared import PrepareJob, prepare_model
-    from harness.prepare.variants import precision_variant
-
-    request = WebRequest(
-        models=["bert-tiny"], hardware=["wasm", "webgpu"], precision="fp16", db_path=tmp_path / "h.duckdb", **QUICK
-    )
-    run_web(request)
-    _, rows = rows_of(request.db_path)
-    by_hardware = {r["hardware"]: r for r in rows}
-    webgpu, wasm = by_hardware["webgpu"], by_hardware["wasm"]
-    if webgpu["details"]["adapter_shader_f16"]:
-        assert webgpu["status"] == "ok" and webgpu["precision"] == "fp16", webgpu["error"]
-    else:
-        assert webgpu["status"] == "unsupported" and "adapter lacks shader-f16" in webgpu["error"]
-    assert wasm["requested_precision"] == "fp16"
-    if wasm["status"] == "unsupported":  # ORT-web's own reason, e.g. no fp16 kernel for an operator
-        assert wasm["error"]
-        return
-    assert wasm["status"] == "ok" and wasm["precision"] == "fp16", wasm["error"]
-    atol, rtol = TOLERANCES["fp16"]
-    assert wasm["details"]["parity_tolerance"] > atol and wasm["max_abs_diff"] <= wasm["details"]["parity_tolerance"]
-    # the very file native ORT fp16 runs: the export's fp16 conversion, cached as <key>-fp16
-    spec = validate_web(WebRequest(models=["bert-tiny"], hardware=["wasm"])).specs[0]
-    prepared = next(prepare_model(PrepareJob(spec, [(1, 32)])))
-    assert prepared.onnx_path is not None
-    assert Path(wasm["details"]["precision_model"]) == precision_variant(prepared.onnx_path, "fp16").path
-    assert rtol > 0  # the tolerance grows with the reference's magnitude
 
 
 @pytest.mark.skipif(not shutil.which("Xvfb") and not os.environ.get("DISPLAY"), reason="needs a DISPLAY or Xvfb")
@@ -340,15 +339,23 @@ def _listening(pid: int) -> list[str]:
 def test_remote_browser_over_cdp_gets_everything_through_routing(
     remote_chromium: tuple[subprocess.Popen, str, str], tmp_path: Path
 ) -> None:
+    """The CLI against a Chromium reached over CDP, the harness never listening: the page, ORT-web's threads,
+    and a model with external data (the graph as ranges, mm.onnx.data as the externalData URL ORT-web
+    fetches) all arrive through Playwright's routes; fp32 and q4 both match."""
+    from int4_models import matmul_model
+
     _, endpoint, version = remote_chromium
+    model = matmul_model(tmp_path / "mm.onnx", external=True)
     db = tmp_path / "remote.duckdb"
     cli = str(Path(sys.executable).parent / "accelharness")
     command = [cli, "web", "--browser-endpoint", endpoint, "--hardware", "wasm", "--threads", "2"]
     process = subprocess.Popen(
         [
             *command,
-            "--model",
-            "bert-tiny",
+            "--model-path",
+            str(model),
+            "--precision",
+            "fp32,q4",
             *QUICK_CLI,
             "--db",
             str(db),
@@ -375,8 +382,11 @@ def test_remote_browser_over_cdp_gets_everything_through_routing(
     assert process.returncode == 0, output
     assert not listening, listening
     run, rows = rows_of(db)
-    assert run["status"] == "completed" and len(rows) == 1
+    assert run["status"] == "completed" and len(rows) == 2
+    assert {r["requested_precision"] for r in rows} == {"fp32", "q4"}
+    assert {r["model"] for r in rows} == {"mm"}  # the file with external data, named by its file
     for row in rows:
+        assert row["provider"] == "wasm:threads=2"
         details = row["details"]
         assert row["status"] == "ok", row["error"]
         assert row["max_abs_diff"] <= details["parity_tolerance"]
@@ -389,27 +399,6 @@ def test_remote_browser_over_cdp_gets_everything_through_routing(
         assert details["cross_origin_isolated"] is True  # COOP/COEP arrive through route.fulfill too
         assert row["memory_peak_mb"] is None and "remote" in details["memory_covers"]
         assert details["threads_effective"] == 2  # ORT's wasm worker threads load through the routes too
-
-
-@needs_chromium
-def test_remote_browser_loads_a_model_with_external_data_through_routing(
-    remote_chromium: tuple[subprocess.Popen, str, str], tmp_path: Path
-) -> None:
-    """The .onnx and its mm.onnx.data reach the remote page through Playwright's routes: the graph as
-    ranges, the data as the externalData URL ORT-web fetches; fp32 and q4 both match."""
-    from int4_models import matmul_model
-
-    _, endpoint, _ = remote_chromium
-    model = matmul_model(tmp_path / "mm.onnx", external=True)
-    request = WebRequest(model_path=model, hardware=["wasm"], precision="fp32,q4", browser_endpoint=endpoint,
-                         db_path=tmp_path / "x.duckdb", **QUICK)  # fmt: skip
-    run_web(request)
-    _, rows = rows_of(request.db_path)
-    assert {r["requested_precision"] for r in rows} == {"fp32", "q4"}
-    for row in rows:
-        assert row["status"] == "ok", row["error"]
-        assert row["details"]["browser"] == "remote"
-        assert row["max_abs_diff"] <= row["details"]["parity_tolerance"]
 
 
 @needs_chromium
