@@ -84,3 +84,27 @@ def store_at_version(path: Path, version: int) -> Any:
             connection.execute(statement)
     connection.execute("INSERT INTO schema_version VALUES (?, now())", [version])
     return connection
+
+
+def invoke_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """The CLI in this process (Typer's CliRunner on harness.cli.app): a bad-input case that exits before any
+    run, without a Python start of its own (~0.8 s of CPU each). Its stdout and stderr apart, as run_cli's;
+    the signal handlers the app installs are put back. A test of such cases keeps one through run_cli, which
+    proves the real process exits 2 without a traceback."""
+    from typer.testing import CliRunner
+
+    from harness.cli import app
+
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    before = Path.cwd()
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        done = CliRunner().invoke(app, list(args))
+    finally:
+        os.chdir(before)
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+    if done.exception is not None and not isinstance(done.exception, SystemExit):
+        raise done.exception  # a traceback the real process would print: the test sees it
+    return subprocess.CompletedProcess(list(args), done.exit_code, done.stdout, done.stderr)
