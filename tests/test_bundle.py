@@ -106,7 +106,9 @@ def test_a_bundle_with_one_byte_changed_is_refused_and_nothing_written(two_machi
     existing = tmp_path / "existing.duckdb"
     assert run_cli("import", str(two_machines[1]), "--db", str(existing)).returncode == 0
     before = counts(existing)
-    assert invoke_cli("import", str(damaged), "--db", str(existing)).returncode == 2  # the same refusal, in-process
+    again = invoke_cli("import", str(damaged), "--db", str(existing))  # the same refusal, in-process
+    assert again.returncode == 2 and "damaged" in again.stderr and "samples.parquet" in again.stderr, again.stderr
+    assert "Traceback" not in again.stderr
     assert counts(existing) == before
 
 
@@ -114,6 +116,7 @@ def test_a_conflicting_result_is_refused_naming_the_key(two_machines, tmp_path: 
     """The same result, measured differently (a sample changed), is never silently overwritten."""
     store_path = tmp_path / "lab-gpu.duckdb"
     shutil.copy(two_machines[0].with_suffix(".duckdb"), store_path)  # the fixture's store stays as exported
+    assert counts(store_path)["results"] == 3  # the lab machine's store as it was exported
     both = tmp_path / "both.duckdb"
     assert run_cli("import", str(two_machines[0]), "--db", str(both)).returncode == 0
     with open_store(store_path) as store:
@@ -217,6 +220,7 @@ def test_a_kill_or_ctrl_c_mid_import_leaves_the_store_as_it_was(two_machines, tm
     db = tmp_path / "s.duckdb"
     assert invoke_cli("import", str(two_machines[0]), "--db", str(db)).returncode == 0  # the store before
     before = counts(db)
+    assert before["results"] == 3 and before["imports"] == 1
     process = subprocess.Popen(
         [*CLI, "import", str(two_machines[1]), "--db", str(db)],
         stderr=subprocess.PIPE, text=True, env={**__import__("os").environ, "ACCELHARNESS_INJECT_FAULT": "import-hang"},
