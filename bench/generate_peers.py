@@ -4,7 +4,8 @@ SmolLM2-135M-Instruct's real weights as an onnxruntime-genai int4 folder (bench/
 offline and caches it). In interleaved rounds, on the same file, prompt and thread count:
 
   ours        harness.prepare.greedy's loop on an ORT session made by native/onnxruntime_backend.py
-              (session_options: --native-threads, spinning by its rule), as `--engines onnxruntime` runs it
+              (session_options: --native-threads, spinning by its rule; a GroupQueryAttention graph's KV cache in
+              one shared buffer), as `--engines onnxruntime` runs it
   ours-spin   the same loop with spinning forced on (ORT's default), to show what the rule changes
   genai       onnxruntime-genai's own generator loop (og.Generator, greedy, min = max length)
   genai-row   our `onnxruntime-genai` engine (native/onnxruntime_genai_backend.py's GenaiGenerator)
@@ -47,7 +48,7 @@ def ours(folder: Path, threads: int, spinning: bool | None) -> Loop:
 
     from harness.native.onnxruntime_backend import SPINNING_ENTRY, session_options
     from harness.prepare.folders import past_shape
-    from harness.prepare.greedy import greedy
+    from harness.prepare.greedy import greedy, shares_kv_buffer
 
     graph = folder / "model.onnx"
     options, facts = session_options(threads)
@@ -55,12 +56,12 @@ def ours(folder: Path, threads: int, spinning: bool | None) -> Loop:
         options.add_session_config_entry(SPINNING_ENTRY, "1" if spinning else "0")
         facts |= {"spinning": spinning, "spinning_source": "forced by the bench"}
     session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
-    shape = past_shape(graph)
+    shape, share = past_shape(graph), shares_kv_buffer(graph)  # as OrtGenerator runs it
     print(f"  ours{'' if spinning is None else '-spin'}: {json.dumps(facts)}", flush=True)
 
     def run(ids: np.ndarray, new_tokens: int, stamp: Callable[[], None]) -> None:
         prompt = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
-        greedy(session, prompt, new_tokens, stamp, shape=shape)
+        greedy(session, prompt, new_tokens, stamp, shape=shape, share=share)
 
     return run
 
@@ -182,17 +183,17 @@ def main() -> None:
     vocab = json.loads((folder / "genai_config.json").read_text())["model"]["vocab_size"]
     ids = np.random.default_rng(vocab).integers(100, vocab, size=(1, args.prompt), dtype=np.int64)
     print(f"{folder}: prompt {args.prompt}, {args.new_tokens} new tokens, {args.threads} threads, {args.rounds} rounds")
-    loops = {
+    loops = lambda: {  # noqa: E731  made in each phase: the spinning rule reads the machine's load at the load
         "ours": ours(folder, args.threads, None),
         "ours-spin": ours(folder, args.threads, True),
         "genai": genai(folder, args.threads),
         "genai-row": genai_row(folder, args.threads),
     }
-    summary(rounds(loops, ids, args.new_tokens, args.rounds), "no busy process beside it")
+    summary(rounds(loops(), ids, args.new_tokens, args.rounds), "no busy process beside it")
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(1.0)
-        summary(rounds(loops, ids, args.new_tokens, args.rounds), "one busy core beside it")
+        summary(rounds(loops(), ids, args.new_tokens, args.rounds), "one busy core beside it")
     finally:
         busy.kill()
         busy.wait()

@@ -41,7 +41,7 @@ from harness.native.base import (
 )
 from harness.prepare.folders import past_shape
 from harness.prepare.graph_precision import matmul_compute
-from harness.prepare.greedy import greedy, prefill_feeds
+from harness.prepare.greedy import greedy, prefill_feeds, shares_kv_buffer
 from harness.prepare.seq2seq import Seq2SeqFiles, Seq2SeqGreedy, precision_files, seq2seq_files, start_token
 from harness.prepare.variants import model_for_precision
 
@@ -144,6 +144,11 @@ class OrtGenerator(OrtSession):
         self.base_facts["onnx_graph"] = "with past key/values (KV-cache decoder loop)"
         if provider in DEVICE_KV_CACHE:
             self.base_facts["kv_cache"] = f"on the {DEVICE_KV_CACHE[provider]} device (I/O binding, device OrtValues)"
+        # GroupQueryAttention on the CPU: past and present in one buffer, as onnxruntime-genai runs the graph
+        self.shares_kv = provider == "CPUExecutionProvider" and path is not None and shares_kv_buffer(path)
+        if self.shares_kv:
+            self.base_facts["kv_cache"] = ("one host buffer per past input, the generation's length, bound as past and "
+                                           "present (GroupQueryAttention's past_present_share_buffer)")  # fmt: skip
 
     def prepare(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {name: feeds[name] for name in ("input_ids", "attention_mask")}
@@ -157,7 +162,7 @@ class OrtGenerator(OrtSession):
         shape = past_shape(self.path) if self.path is not None else None  # a folder's config, where the graph says none
         device = DEVICE_KV_CACHE.get(self.provider)  # the KV cache stays on the device where the EP has one
         self.generated = greedy(self.session, prepared, new_tokens, stamp, shape=shape, eos=eos, depth=depth,
-                                begin=begin, fills=self.fills, device=device).tokens  # fmt: skip
+                                begin=begin, fills=self.fills, device=device, share=self.shares_kv).tokens  # fmt: skip
         return self.generated.shape[1]
 
 
@@ -210,25 +215,40 @@ SPINNING_ENTRY = "session.intra_op.allow_spinning"  # ORT's default "1": idle po
 
 def session_options(threads: int | None) -> tuple[ort.SessionOptions, dict[str, Any]]:
     """Session options running `threads` intra-op threads (None: ORT's default, intra_op_num_threads 0 = one
-    per physical core), spinning by spins(), and the facts a row records of both."""
+    per physical core), spinning by spins() on the machine's load measured now, and the facts a row records."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads or 0
     count = threads or physical_cores()
-    spinning, spinning_source = spins(count)
+    busy = others_busy_cpus()
+    spinning, spinning_source = spins(count, busy)
     options.add_session_config_entry(SPINNING_ENTRY, "1" if spinning else "0")
     source = (f"--native-threads: SessionOptions.intra_op_num_threads {threads}" if threads else
               "ONNX Runtime's default: intra_op_num_threads 0 = one thread per physical core (psutil)")  # fmt: skip
-    return options, thread_facts(count, source, spinning, spinning_source)
+    return options, thread_facts(count, source, spinning, spinning_source) | {"others_busy_cpus": round(busy, 2)}
 
 
-def spins(threads: int) -> tuple[bool, str]:
-    """Whether the intra-op pool spins: not when it has a thread for every physical core, where a spinning
-    idle thread takes the core another process (or the decode loop's own main thread) needs; below that,
-    ORT's default (on). Measured in docs/measurement.md ("Native threads")."""
+LOAD_WINDOW_S = 0.2  # how long the machine's load is read before a session is made: 20 scheduler ticks per CPU
+SPARE_CPUS = 0.5  # other work below half a CPU (a shell, a logger) leaves the pool's spinning worth its cost
+
+
+def others_busy_cpus(window_s: float = LOAD_WINDOW_S) -> float:
+    """CPUs' worth of work the machine's other processes did over `window_s` while this one slept
+    (psutil.cpu_percent of the whole machine; nothing of this process runs meanwhile)."""
+    import psutil
+
+    return psutil.cpu_percent(interval=window_s) / 100 * (psutil.cpu_count() or 1)
+
+
+def spins(threads: int, others_busy: float) -> tuple[bool, str]:
+    """Whether the intra-op pool spins: ORT's default (on) while the pool and the machine's other work fit its
+    physical cores; off where they do not, since a spinning idle thread then takes the core another process
+    needs and the pool waits on a descheduled thread at every operator. Measured both ways in
+    docs/measurement.md ("Native threads")."""
     cores = physical_cores()
-    if threads >= cores:
-        return False, f"{SPINNING_ENTRY}=0: {threads} threads for {cores} physical cores (docs/measurement.md)"
-    return True, f"{SPINNING_ENTRY}=1 (ORT's default): {threads} threads for {cores} physical cores"
+    load = f"{threads} threads, other processes {others_busy:.1f} CPUs busy over {LOAD_WINDOW_S} s before the load"
+    if threads + others_busy > cores + SPARE_CPUS:
+        return False, f"{SPINNING_ENTRY}=0: {load}, on {cores} physical cores (docs/measurement.md)"
+    return True, f"{SPINNING_ENTRY}=1 (ORT's default): {load}, on {cores} physical cores"
 
 
 def optimized_compute(onnx_path: Path, provider: str) -> dict[str, int]:

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from conftest import run_cli
 from test_web import web_cache  # noqa: F401 (the session's export cache)
@@ -137,9 +138,29 @@ def test_a_genai_folder_generates_natively_and_on_wasm(genai_folder: Path, tmp_p
         assert row["details"]["model_file"] == "model.onnx" and row["precision"] == "q4"
     assert page["tokens_matched"] == TOKENS
     assert native["details"]["input_shapes"]["past_key_values.0.key"] == [1, 2, 0, 16]  # heads, size: the config's
+    assert "past_present_share_buffer" in native["details"]["kv_cache"]  # as onnxruntime-genai runs the graph
+    assert native["output_texts"] == page["output_texts"]
     refused = rows["onnxruntime", "fp32"]
     assert refused["status"] == "unsupported"
     assert "model.onnx is a q4 graph and the folder has no fp32 file; --precision q4 runs it" in refused["error"]
+
+
+def test_one_shared_kv_buffer_generates_the_tokens_of_a_growing_cache(genai_folder: Path, optimum_folder: Path) -> None:
+    """GroupQueryAttention reading its past from, and writing its present into, one buffer of the generation's
+    length (how the native ORT loop runs such a graph) makes the tokens the per-step presents make, from an empty
+    cache and from a filled one; a graph without GroupQueryAttention never takes that path."""
+    from harness.prepare.folders import past_shape
+    from harness.prepare.greedy import cpu_session, greedy, shares_kv_buffer
+
+    graph = genai_folder / "model.onnx"
+    session, shape = cpu_session(graph), past_shape(graph)
+    prompt = {"input_ids": np.array([[5, 9, 17, 3, 11]], dtype=np.int64)}
+    prompt["attention_mask"] = np.ones_like(prompt["input_ids"])
+    assert shares_kv_buffer(graph) and not shares_kv_buffer(optimum_folder / "model.onnx")
+    for depth in (0, 6):
+        grown = greedy(session, prompt, 8, shape=shape, depth=depth).tokens
+        shared = greedy(session, prompt, 8, shape=shape, depth=depth, share=True).tokens
+        assert grown.tolist() == shared.tolist(), depth
 
 
 def test_a_transformers_js_folder_runs_the_file_of_each_precision(transformers_js_folder: Path, tmp_path: Path) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sys
+import time
 from pathlib import Path
 
 import duckdb
@@ -359,6 +361,7 @@ def test_a_spec_models_case_whose_inputs_cannot_be_allocated_fails_alone(monkeyp
 def test_every_native_row_records_its_engines_default_threads_read_back(bert_run) -> None:
     """No --native-threads: each engine's own count, read back (or ORT's documented default), with its source."""
     from harness.native.base import physical_cores
+    from harness.native.onnxruntime_backend import spins
 
     db, _, _ = bert_run
     for r in rows(db):
@@ -369,7 +372,8 @@ def test_every_native_row_records_its_engines_default_threads_read_back(bert_run
             assert (
                 r["native_threads"] == physical_cores() and "ONNX Runtime's default" in details["native_threads_source"]
             )
-            assert r["spinning"] is (physical_cores() > r["native_threads"])  # False: a thread per core spins not
+            # ORT's default (spinning) unless the pool and the machine's other work measured at the load overfill it
+            assert r["spinning"] is spins(r["native_threads"], details["others_busy_cpus"])[0]
         else:
             assert "read back" in details["native_threads_source"]
 
@@ -391,7 +395,7 @@ def test_native_threads_make_a_target_per_count_stored_and_labelled(bert_run, tm
     for provider, r in found.items():
         count = int(provider.rsplit("=", 1)[1])
         assert r["status"] == "ok" and r["native_threads"] == count, (provider, r["error"])
-        assert r["spinning"] is spins(count)[0]
+        assert r["spinning"] is spins(count, json.loads(r["details"])["others_busy_cpus"])[0]
         assert json.loads(r["details"])["native_threads_source"].startswith(
             f"--native-threads: SessionOptions.intra_op_num_threads {count}"
         )
@@ -401,14 +405,38 @@ def test_native_threads_make_a_target_per_count_stored_and_labelled(bert_run, tm
     assert "cpu/onnxruntime:threads=1" in matrix and "cpu/onnxruntime:threads=2" in matrix
 
 
-def test_spinning_is_off_when_the_pool_has_a_thread_per_core(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_spinning_is_off_when_the_pool_and_the_machines_other_work_overfill_its_cores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ORT's default (spinning) on an idle machine, even with a thread per core; off once the pool's threads and
+    the CPUs other processes were measured busy exceed the physical cores (by more than half a CPU)."""
     from harness.native import onnxruntime_backend
 
     monkeypatch.setattr(onnxruntime_backend, "physical_cores", lambda: 4)
-    assert onnxruntime_backend.spins(3)[0] is True and onnxruntime_backend.spins(4)[0] is False
-    options, facts = onnxruntime_backend.session_options(None)  # ORT's default: 4 threads, so not spinning
-    assert options.intra_op_num_threads == 0 and (facts["native_threads"], facts["spinning"]) == (4, False)
-    assert options.get_session_config_entry(onnxruntime_backend.SPINNING_ENTRY) == "0"
+    assert onnxruntime_backend.spins(4, 0.2)[0] is True and onnxruntime_backend.spins(3, 1.0)[0] is True
+    assert onnxruntime_backend.spins(4, 1.0)[0] is False and onnxruntime_backend.spins(3, 2.0)[0] is False
+    for busy, entry in ((0.0, "1"), (1.0, "0")):  # ORT's default count: 4 threads
+        monkeypatch.setattr(onnxruntime_backend, "others_busy_cpus", lambda busy=busy: busy)
+        options, facts = onnxruntime_backend.session_options(None)
+        assert options.intra_op_num_threads == 0 and facts["native_threads"] == 4
+        assert options.get_session_config_entry(onnxruntime_backend.SPINNING_ENTRY) == entry
+        assert facts["spinning"] is (entry == "1") and facts["others_busy_cpus"] == busy
+        assert f"other processes {busy:.1f} CPUs busy" in facts["spinning_source"]
+
+
+def test_the_machines_other_work_is_measured_not_assumed() -> None:
+    """A process kept busy beside this one shows as about one busy CPU; none of this process's own time counts."""
+    import subprocess
+
+    from harness.native.onnxruntime_backend import others_busy_cpus
+
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        assert others_busy_cpus(0.5) >= 0.6
+    finally:
+        busy.kill()
+        busy.wait()
 
 
 def test_a_device_engines_label_keeps_its_thread_count() -> None:

@@ -23,6 +23,7 @@ from harness.prepare.folder_layouts import seq2seq_decoder
 from harness.prepare.folders import past_shape
 
 PAST_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+Step = Callable[[dict[str, Any]], list[Any]]  # one run of the graph: its feeds in, [logits, *presents] out
 
 
 def past_input(present: str) -> str:
@@ -52,6 +53,17 @@ def onnx_takes_past(path: Path) -> bool:
     weights = {t.name for t in graph.initializer}
     inputs = [v.name for v in graph.input if v.name not in weights]
     return takes_past(inputs, [v.name for v in graph.output])
+
+
+@cache
+def shares_kv_buffer(path: Path) -> bool:
+    """Whether a graph's attention is ONNX Runtime's GroupQueryAttention (onnxruntime-genai's builder writes it),
+    which can read its past from, and write its present into, one buffer of the generation's full length
+    (past_present_share_buffer): no KV cache copied or reallocated per token (read from the proto)."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return any(node.op_type == "GroupQueryAttention" for node in graph.node)
 
 
 def generates_with_past(spec: Any) -> bool:
@@ -117,7 +129,7 @@ class Greedy:
     prefill_logits: np.ndarray | None = None  # the first step's logits (last prompt position)
 
 
-def bound_step(session: Any, output_names: list[str], device: str | None) -> Callable[[dict[str, Any]], list[Any]]:
+def bound_step(session: Any, output_names: list[str], device: str | None) -> Step:
     """One step of the loop: run() with host arrays, or, given an ORT device name (e.g. "webgpu"), an
     I/O binding whose presents stay on that device as OrtValues fed back as the next step's past
     (the KV cache never leaves the device, as in the page); the logits come back to the host."""
@@ -137,6 +149,41 @@ def bound_step(session: Any, output_names: list[str], device: str | None) -> Cal
         session.run_with_iobinding(binding)
         logits, *presents = binding.get_outputs()
         return [logits.numpy(), *presents]
+
+    return step
+
+
+def shared_buffers(feeds: dict[str, np.ndarray], pasts: list[str], length: int) -> dict[str, Any]:
+    """One host OrtValue per past input, `length` positions long, holding the past fed so far (empty, or a
+    filled cache) at its start: GroupQueryAttention reads the valid part by the attention mask."""
+    import onnxruntime as ort
+
+    buffers = {}
+    for name in pasts:
+        past = feeds[name]
+        whole = np.zeros((*past.shape[:2], length, past.shape[3]), dtype=past.dtype)
+        whole[:, :, : past.shape[2]] = past
+        buffers[name] = ort.OrtValue.ortvalue_from_numpy(whole)  # the OrtValue keeps `whole` alive
+    return buffers
+
+
+def shared_step(session: Any, output_names: list[str], buffers: dict[str, Any]) -> Step:
+    """One step of the loop with past and present bound to the same buffers (shared_buffers), as
+    onnxruntime-genai runs such a graph: the step's feeds bound as host arrays, the logits back on the host."""
+    binding = session.io_binding()
+    presents = dict(zip(output_names[1:], buffers.values(), strict=True))
+    for name, buffer in buffers.items():
+        binding.bind_ortvalue_input(name, buffer)
+
+    def step(feeds: dict[str, Any]) -> list[Any]:
+        for name, value in feeds.items():
+            binding.bind_cpu_input(name, value)
+        binding.clear_binding_outputs()  # the logits' shape changes after the prefill
+        binding.bind_output(output_names[0], "cpu")
+        for name, buffer in presents.items():
+            binding.bind_ortvalue_output(name, buffer)
+        session.run_with_iobinding(binding)
+        return [binding.get_outputs()[0].numpy()]
 
     return step
 
@@ -166,7 +213,7 @@ def fill_cache(session: Any, inputs: dict[str, np.ndarray], depth: int, shape: t
 def greedy(session: Any, inputs: dict[str, np.ndarray], new_tokens: int, stamp: Callable[[], None] = lambda: None,
            keep: bool = False, shape: tuple[int, int] | None = None, eos: tuple[int, ...] = (), depth: int = 0,
            begin: Callable[[], None] = lambda: None, fills: dict[Any, Any] | None = None,
-           device: str | None = None) -> Greedy:  # fmt: skip
+           device: str | None = None, share: bool = False) -> Greedy:  # fmt: skip
     """Exactly new_tokens greedy tokens, or with `eos` (--stop-at-eos) up to new_tokens, ending once every row
     has made one of those ids; stamp() runs as each step's logits are on the host (run() returns host arrays).
     keep: also the reference's margins and prefill logits (outside any timing); shape: the past's heads and
@@ -174,7 +221,8 @@ def greedy(session: Any, inputs: dict[str, np.ndarray], new_tokens: int, stamp: 
     (fill_cache), after which begin() runs: what is timed starts there; fills: where a filled cache is kept for
     the next generation of the same prompt and depth (ONNX Runtime never writes to its inputs, so the filled
     past is read again, not filled again; the page does the same); device: keep the presents on that ORT
-    device (bound_step)."""
+    device (bound_step); share: past and present in one buffer per layer on the host (shares_kv_buffer,
+    shared_step)."""
     output_names = [o.name for o in session.get_outputs()]
     pasts = [past_input(name) for name in output_names[1:]]
     mask = inputs["attention_mask"]
@@ -188,6 +236,9 @@ def greedy(session: Any, inputs: dict[str, np.ndarray], new_tokens: int, stamp: 
                 fills.clear()
                 fills[key] = filled
         feeds, mask = fills[key] if fills is not None else filled
+    if share:  # the buffers are made before begin(): what is timed starts with them in place
+        run = shared_step(session, output_names, shared_buffers(feeds, pasts, mask.shape[1] + new_tokens))
+        feeds = {name: value for name, value in feeds.items() if name not in pasts}
     begin()
     tokens, margins, prefill = [], [], None
     ended = np.zeros(mask.shape[0], dtype=bool)
@@ -208,7 +259,7 @@ def greedy(session: Any, inputs: dict[str, np.ndarray], new_tokens: int, stamp: 
         mask = np.concatenate([mask, np.ones_like(token)], axis=1)
         step = {"input_ids": token, "attention_mask": mask, "position_ids": positions(mask, 1),
                 "use_cache_branch": np.array([True])}  # fmt: skip
-        feeds = _taken(session, step | dict(zip(pasts, presents, strict=True)))
+        feeds = _taken(session, step | dict(zip(pasts if not share else [], presents, strict=True)))
     kept = np.stack(margins, axis=1) if keep else None
     return Greedy(np.concatenate(tokens, axis=1), kept, prefill)
 
