@@ -86,25 +86,29 @@ def store_at_version(path: Path, version: int) -> Any:
     return connection
 
 
-def invoke_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """The CLI in this process (Typer's CliRunner on harness.cli.app): a bad-input case that exits before any
-    run, without a Python start of its own (~0.8 s of CPU each). Its stdout and stderr apart, as run_cli's;
-    the signal handlers the app installs are put back. A test of such cases keeps one through run_cli, which
-    proves the real process exits 2 without a traceback."""
+def run_cli_in_process(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
+    """The CLI's Typer app called in this process (Click's CliRunner), in `cwd`: exit code, stdout and stderr as
+    `run_cli` returns them, without a Python start (~0.8 s of CPU each). For refusals that never reach a run; a
+    test that uses it keeps one `run_cli` case, which proves the real process exits 2 without a traceback. An
+    exception the app did not turn into an exit code is appended to stderr (a traceback a user would see)."""
+    import traceback
+
     from typer.testing import CliRunner
 
     from harness.cli import app
 
-    handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
-    before = Path.cwd()
+    here = Path.cwd()
+    handlers = {each: signal.getsignal(each) for each in (signal.SIGINT, signal.SIGTERM)}
+    os.chdir(cwd or here)
     try:
-        if cwd is not None:
-            os.chdir(cwd)
-        done = CliRunner().invoke(app, list(args))
+        result = CliRunner().invoke(app, list(args), env=env, catch_exceptions=True)
     finally:
-        os.chdir(before)
-        for number, handler in handlers.items():
-            signal.signal(number, handler)
-    if done.exception is not None and not isinstance(done.exception, SystemExit):
-        raise done.exception  # a traceback the real process would print: the test sees it
-    return subprocess.CompletedProcess(list(args), done.exit_code, done.stdout, done.stderr)
+        os.chdir(here)
+        for each, handler in handlers.items():  # the app takes SIGINT and SIGTERM as a CLI process does
+            signal.signal(each, handler)
+    stderr = result.stderr
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        stderr += "".join(traceback.format_exception(result.exception))
+    return subprocess.CompletedProcess(list(args), result.exit_code, result.stdout, stderr)

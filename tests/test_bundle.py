@@ -15,7 +15,7 @@ from pathlib import Path
 import duckdb
 import pyarrow.parquet as pq
 import pytest
-from conftest import CLI, invoke_cli, run_cli
+from conftest import CLI, run_cli, run_cli_in_process
 from test_machines import result, v6_store
 
 from harness.bundle.fmt import file_sha256, write_bundle
@@ -106,7 +106,7 @@ def test_a_bundle_with_one_byte_changed_is_refused_and_nothing_written(two_machi
     existing = tmp_path / "existing.duckdb"
     assert run_cli("import", str(two_machines[1]), "--db", str(existing)).returncode == 0
     before = counts(existing)
-    again = invoke_cli("import", str(damaged), "--db", str(existing))  # the same refusal, in-process
+    again = run_cli_in_process("import", str(damaged), "--db", str(existing))  # the same refusal, in-process
     assert again.returncode == 2 and "damaged" in again.stderr and "samples.parquet" in again.stderr, again.stderr
     assert "Traceback" not in again.stderr
     assert counts(existing) == before
@@ -165,7 +165,7 @@ def test_an_older_schema_bundle_imports_and_a_newer_one_is_refused(tmp_path: Pat
     with zipfile.ZipFile(bundle) as archive:
         members = {name: archive.read(name) for name in archive.namelist()}
     for field, value, message, cli in (("schema_version", 99, "newer store (schema version 99", run_cli),
-                                       ("bundle_format", 2, "bundle format 2", invoke_cli)):  # fmt: skip
+                                       ("bundle_format", 2, "bundle format 2", run_cli_in_process)):  # fmt: skip
         manifest = json.loads(members["manifest.json"]) | {field: value}
         newer = tmp_path / f"newer-{field}.bundle"
         with zipfile.ZipFile(newer, "w") as archive:
@@ -218,7 +218,7 @@ def test_redact_public_leaves_no_hostname_user_path_or_address(tmp_path: Path) -
 @pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGINT])
 def test_a_kill_or_ctrl_c_mid_import_leaves_the_store_as_it_was(two_machines, tmp_path: Path, stop: int) -> None:
     db = tmp_path / "s.duckdb"
-    assert invoke_cli("import", str(two_machines[0]), "--db", str(db)).returncode == 0  # the store before
+    assert run_cli_in_process("import", str(two_machines[0]), "--db", str(db)).returncode == 0  # the store before
     before = counts(db)
     assert before["results"] == 3 and before["imports"] == 1
     process = subprocess.Popen(

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import run_cli, run_cli_in_process
 from test_web import web_cache  # noqa: F401 (the session's export cache)
 
 from harness.prepare.prepared import PrepareJob, prepare_model
@@ -26,10 +26,10 @@ from harness.store import open_store
 
 pytestmark = pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="needs Chromium at /usr/bin/chromium")
 TOKENS = 4
-# the done-when command of the issue, with the smallest case
+# the done-when command of the issue, with the smallest case; no reports (no test reads one: the rows are the store's)
 RUN = ("run", "--hardware", "cpu", "--web-hardware", "wasm", "--mode", "generate", "--new-tokens", str(TOKENS),
        "--batch-sizes", "1", "--sequence-lengths", "8", "--iterations", "2", "--warmup", "0",
-       "--min-duration", "0")  # fmt: skip
+       "--min-duration", "0", "--no-reports")  # fmt: skip
 
 
 def rows_of(db: Path) -> dict[tuple[str, str], dict[str, Any]]:
@@ -124,14 +124,28 @@ def transformers_js_folder(web_cache: Path, tmp_path_factory: pytest.TempPathFac
     return folder
 
 
-def test_a_genai_folder_generates_natively_and_on_wasm(genai_folder: Path, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def genai_rows(genai_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], dict[str, Any]]:
+    """The builder's folder as one `run`: native ORT and onnxruntime-genai, then the page, at q4 (the folder's) and at
+    fp32 and fp16 (which it has no file for). Read by the two tests below, each checking its engines' rows."""
+    folder = tmp_path_factory.mktemp("genai-run")
+    db = folder / "g.duckdb"
+    done = run_cli(*RUN, "--engines", "onnxruntime,onnxruntime-genai", "--model-path", str(genai_folder),
+                   "--precision", "q4,fp32,fp16", "--db", str(db), cwd=folder)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = rows_of(db)
+    # q4 runs on every engine; a precision the folder has no file for is refused on each, never run from the q4 file
+    engines = ("onnxruntime", "onnxruntime-genai", "onnxruntime-web")
+    statuses = {(e, p): "ok" if p == "q4" else "unsupported" for e in engines for p in ("q4", "fp32", "fp16")}
+    assert {key: row["status"] for key, row in rows.items()} == statuses, {k: r["error"] for k, r in rows.items()}
+    return rows
+
+
+def test_a_genai_folder_generates_natively_and_on_wasm(genai_rows: dict[tuple[str, str], dict[str, Any]]) -> None:
     """The builder's int4 model (MatMulNBits, GroupQueryAttention, weights in model.onnx.data, a past whose
     head size is symbolic: genai_config.json says it) is q4: it generates on ORT and in the page, the page's
     tokens those of native ORT. fp32 is refused with the reason, not run from the int4 file under its name."""
-    db = tmp_path / "g.duckdb"
-    done = run_cli(*RUN, "--model-path", str(genai_folder), "--precision", "q4,fp32", "--db", str(db), cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = rows_of(db)
+    rows = genai_rows
     native, page = rows["onnxruntime", "q4"], rows["onnxruntime-web", "q4"]
     for row in (native, page):
         assert (row["status"], row["model"], row["mode"]) == ("ok", "tiny-genai", "generate"), row["error"]
@@ -220,15 +234,12 @@ def test_a_past_the_config_cannot_size_is_refused_by_name(genai_folder: Path, tm
         reference_generation(bare, arrays, 2)
 
 
-def test_onnxruntime_genai_generates_the_folder_with_its_own_kv_handling(genai_folder: Path, tmp_path: Path) -> None:
+def test_onnxruntime_genai_generates_the_folder_with_its_own_kv_handling(
+    genai_rows: dict[tuple[str, str], dict[str, Any]], genai_folder: Path
+) -> None:
     """--engines onnxruntime-genai: the same greedy tokens as native ORT's loop on the same int4 graph, the
     generate figures measured; a precision other than the folder's own is refused by name."""
-    db = tmp_path / "n.duckdb"
-    engines = ("--engines", "onnxruntime,onnxruntime-genai")
-    done = run_cli("native", *engines, *RUN[1:3], *RUN[5:], "--model-path", str(genai_folder),
-                   "--precision", "q4,fp16", "--db", str(db), cwd=tmp_path)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = rows_of(db)
+    rows = genai_rows
     genai, ort = rows["onnxruntime-genai", "q4"], rows["onnxruntime", "q4"]
     assert genai["status"] == "ok" and genai["mode"] == "generate", genai["error"]
     assert (
@@ -281,19 +292,24 @@ HOSTILE_GENAI = {
 }  # fmt: skip
 
 
+SUBPROCESS_CASE = "escape in a name"  # the one case run as a real process: its stderr shows no escape, no traceback
+
+
 @pytest.mark.parametrize("hostile", list(HOSTILE_GENAI))
 def test_a_genai_folder_reaching_outside_itself_is_refused_by_key(
     hostile: str, genai_folder: Path, tmp_path: Path
 ) -> None:
     """Issue 30 item 11: the builder's folder, its genai_config.json rewritten, is refused before a run exists:
-    exit 2 naming the key and the path (escape sequences stripped), no traceback, no store written."""
+    exit 2 naming the key and the path (escape sequences stripped), no traceback, no store written. One case runs the
+    CLI as a process (SUBPROCESS_CASE), the others the same app in this one (conftest.run_cli_in_process)."""
     change, expected = HOSTILE_GENAI[hostile]
     (tmp_path / "elsewhere").mkdir(exist_ok=True)
     shutil.copyfile(genai_folder / "model.onnx", tmp_path / "elsewhere" / "model.onnx")  # there to be run
     (tmp_path / "c").mkdir()
     folder = corrupted_genai(genai_folder, tmp_path / "c", change)  # ../../elsewhere is tmp_path's
     db = tmp_path / "h.duckdb"
-    done = run_cli("native", "--hardware", "cpu", "--engines", "onnxruntime", "--model-path", str(folder),
+    cli = run_cli if hostile == SUBPROCESS_CASE else run_cli_in_process
+    done = cli("native", "--hardware", "cpu", "--engines", "onnxruntime", "--model-path", str(folder),
                    "--iterations", "1", "--warmup", "0", "--db", str(db), cwd=tmp_path)  # fmt: skip
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
     message = " ".join(done.stderr.split())

@@ -17,7 +17,7 @@ from test_native_run import rows
 from harness.core.parity import TOLERANCES
 from harness.prepare.specs import load_specs
 
-QUICK = ["--iterations", "3", "--warmup", "1", "--min-duration", "0", "--sequence-lengths", "16"]
+QUICK = ["--iterations", "2", "--warmup", "0", "--min-duration", "0", "--sequence-lengths", "16"]
 # One tiny model per input kind added for the key classes (DETR: the vision kind with a backbone), in two
 # runs of about equal cost, so that pytest -n's two workers share them (one run of all six was CI's slowest test).
 KIND_SUBSETS = [["llava-next-tiny", "t5-tiny", "xclip-tiny"], ["whisper-tiny", "llava-tiny", "detr-tiny"]]

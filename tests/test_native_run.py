@@ -178,6 +178,7 @@ def test_openvino_auto_precision_records_what_ran(tmp_path: Path) -> None:
         *QUICK,
         "--db",
         str(db),
+        "--no-reports",  # no report is read here (each costs seconds)
         "--output-dir",
         str(tmp_path),
     )
@@ -204,6 +205,7 @@ def test_sequence_longer_than_the_model_allows_is_unsupported(tmp_path: Path) ->
         *QUICK,
         "--db",
         str(db),
+        "--no-reports",  # no report is read here (each costs seconds)
         "--output-dir",
         str(tmp_path),
     )
@@ -227,6 +229,7 @@ def test_unavailable_hardware_asked_for_is_recorded_unsupported(tmp_path: Path) 
         *QUICK,
         "--db",
         str(db),
+        "--no-reports",  # no report is read here (each costs seconds)
         "--output-dir",
         str(tmp_path),
     )
@@ -321,7 +324,8 @@ def test_a_case_that_cannot_be_prepared_fails_alone(tmp_path: Path) -> None:
     _fixed_batch_onnx(model)
     done = run_cli(
         "native", "--model-path", str(model), "--engines", "onnxruntime", "--batch-sizes", "1,2",
-        "--sequence-lengths", "7", *QUICK, "--db", str(db), "--output-dir", str(tmp_path / "o"),
+        "--sequence-lengths", "7", *QUICK, "--db", str(db), "--no-reports",  # no report read here (seconds each)
+        "--output-dir", str(tmp_path / "o"),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     by_batch = {r["batch_size"]: r for r in rows(db)}

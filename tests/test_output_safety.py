@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import QUICK, run_cli
+from conftest import QUICK, run_cli, run_cli_in_process
 
 from harness.analysis.machines import resolve_machine
 from harness.analysis.tables import AnalysisError
@@ -141,23 +141,29 @@ def test_a_report_file_linked_outside_the_output_dir_is_refused(hostile: tuple[P
 
 
 # --- item 7: stored text reaches no terminal raw ------------------------------------------------------
+# The first case runs the real CLI, the others the app in this process (a Python start is ~0.8 s of CPU): what
+# reaches stdout and stderr is the same text either way.
+PRINTING = [
+    ["query", "--report", "machines"],
+    ["query", "--report", "latest"],
+    ["query", "--report", "latest", "--format", "csv"],
+    ["compare", "--across-machines"],
+    ["recommend", "--machine", "nope", "--model-family", "embedding"],
+    ["matrix", "--output-dir", "{tmp}"],
+    ["report", "--run", "latest", "--format", "md", "--output-dir", "{tmp}"],
+]
+
+
 @pytest.mark.parametrize(
     "args",
-    [
-        ["query", "--report", "machines"],
-        ["query", "--report", "latest"],
-        ["query", "--report", "latest", "--format", "csv"],
-        ["compare", "--across-machines"],
-        ["recommend", "--machine", "nope", "--model-family", "embedding"],
-        ["matrix", "--output-dir", "{tmp}"],
-        ["report", "--run", "latest", "--format", "md", "--output-dir", "{tmp}"],
-    ],
+    PRINTING,
     ids=["query-machines", "query-latest", "query-csv", "compare-across-machines", "recommend-machine", "matrix",
          "report"],
 )  # fmt: skip
 def test_stored_escapes_never_reach_the_terminal(hostile: tuple[Path, Path], tmp_path: Path, args: list[str]) -> None:
     db, _ = hostile
-    done = run_cli(*(a.replace("{tmp}", str(tmp_path)) for a in args), "--db", str(db))
+    cli = run_cli if args is PRINTING[0] else run_cli_in_process
+    done = cli(*(a.replace("{tmp}", str(tmp_path)) for a in args), "--db", str(db))
     assert done.returncode in (0, 2), done.stderr
     assert "Traceback" not in done.stderr
     no_escapes(done)
@@ -178,7 +184,7 @@ def test_markdown_reports_carry_no_html_from_the_store(hostile: tuple[Path, Path
         run_cli("report", "--run", "all", "--format", "md", "--output-dir", str(tmp_path), "--db", str(db)).returncode
         == 0
     )
-    assert run_cli("matrix", "--output-dir", str(tmp_path), "--db", str(db)).returncode == 0
+    assert run_cli_in_process("matrix", "--output-dir", str(tmp_path), "--db", str(db)).returncode == 0
     for name in ("all-runs.md", "compatibility_matrix.md"):
         text = (tmp_path / name).read_text()
         assert "<script" not in text and "<img" not in text and "\x1b" not in text, name
@@ -195,8 +201,10 @@ def test_csv_cells_a_spreadsheet_would_run_are_neutralized(hostile: tuple[Path, 
     db, _ = hostile
     report = tmp_path / "r.csv"
     assert run_cli("report", "--run", "all", "--format", "csv", "--out", str(report), "--db", str(db)).returncode == 0
-    query = run_cli("query", "--sql", "SELECT weights, error, load_ms FROM results", "--format", "csv", "--db", str(db))
-    exported = run_cli("export", "--out", str(tmp_path / "export"), "--format", "csv", "--db", str(db))
+    query = run_cli_in_process(
+        "query", "--sql", "SELECT weights, error, load_ms FROM results", "--format", "csv", "--db", str(db)
+    )
+    exported = run_cli_in_process("export", "--out", str(tmp_path / "export"), "--format", "csv", "--db", str(db))
     assert query.returncode == 0 and exported.returncode == 0, query.stderr + exported.stderr
     texts = {"report": report.read_text(), "query": query.stdout}
     texts |= {p.name: p.read_text() for p in (tmp_path / "export").glob("*.csv")}
@@ -235,9 +243,10 @@ def test_machine_takes_an_exact_id_a_long_unique_prefix_or_an_exact_label(machin
 
 @pytest.mark.parametrize("given", ["", "7", "7a7a7a7a", "shared"])
 def test_an_empty_short_or_ambiguous_machine_is_exit_2_listing_the_candidates(machines: Path, given: str) -> None:
-    done = run_cli("recommend", "--model-family", "embedding", "--machine", given, "--db", str(machines))
+    cli = run_cli if given == "" else run_cli_in_process  # one real CLI case; the app in-process for the others
+    done = cli("recommend", "--model-family", "embedding", "--machine", given, "--db", str(machines))
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     expected = {"": "lab", "7": "7a7a7a7a00000001", "7a7a7a7a": "7a7a7a7a00000002", "shared": "6e6e6e6e00000002"}
     assert expected[given] in done.stderr
-    predicted = run_cli("predict", "--evaluate", "--machine", given, "--db", str(machines))
+    predicted = cli("predict", "--evaluate", "--machine", given, "--db", str(machines))
     assert predicted.returncode == 2 and expected[given] in predicted.stderr, predicted.stderr
