@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 import duckdb
 import pyarrow.parquet as pq
 import pytest
-from conftest import CLI, run_cli
+from conftest import CLI, run_cli, run_cli_in_process
 from test_machines import result, v6_store
 
 from harness.bundle.fmt import file_sha256, write_bundle
@@ -56,15 +57,17 @@ def counts(db: Path) -> dict[str, int]:
         return {t: store.query(f"SELECT count(*) AS n FROM {t}")[0]["n"] for t in (*RUN_TABLES, "imports")}
 
 
-@pytest.fixture
-def two_machines(tmp_path: Path) -> tuple[Path, Path]:
+@pytest.fixture(scope="module")
+def two_machines(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """Two stores, written as on two machines (each its own salt, so its own machine id, and a label),
-    each exported to a bundle with the CLI."""
+    each exported to a bundle with the CLI: made once for the module, the tests only read them (a test that
+    changes a store changes its own copy)."""
+    directory = tmp_path_factory.mktemp("two-machines")
     bundles = []
     for label in ("lab-gpu", "laptop"):
-        make_store(tmp_path / f"{label}.duckdb", label)
-        bundle = tmp_path / f"{label}.bundle"
-        done = run_cli("export", "--bundle", str(bundle), "--db", str(tmp_path / f"{label}.duckdb"))
+        make_store(directory / f"{label}.duckdb", label)
+        bundle = directory / f"{label}.bundle"
+        done = run_cli("export", "--bundle", str(bundle), "--db", str(directory / f"{label}.duckdb"))
         assert done.returncode == 0, done.stderr
         bundles.append(bundle)
     return bundles[0], bundles[1]
@@ -103,13 +106,17 @@ def test_a_bundle_with_one_byte_changed_is_refused_and_nothing_written(two_machi
     existing = tmp_path / "existing.duckdb"
     assert run_cli("import", str(two_machines[1]), "--db", str(existing)).returncode == 0
     before = counts(existing)
-    assert run_cli("import", str(damaged), "--db", str(existing)).returncode == 2
+    again = run_cli_in_process("import", str(damaged), "--db", str(existing))  # the same refusal, in-process
+    assert again.returncode == 2 and "damaged" in again.stderr and "samples.parquet" in again.stderr, again.stderr
+    assert "Traceback" not in again.stderr
     assert counts(existing) == before
 
 
 def test_a_conflicting_result_is_refused_naming_the_key(two_machines, tmp_path: Path) -> None:
     """The same result, measured differently (a sample changed), is never silently overwritten."""
     store_path = tmp_path / "lab-gpu.duckdb"
+    shutil.copy(two_machines[0].with_suffix(".duckdb"), store_path)  # the fixture's store stays as exported
+    assert counts(store_path)["results"] == 3  # the lab machine's store as it was exported
     both = tmp_path / "both.duckdb"
     assert run_cli("import", str(two_machines[0]), "--db", str(both)).returncode == 0
     with open_store(store_path) as store:
@@ -157,16 +164,17 @@ def test_an_older_schema_bundle_imports_and_a_newer_one_is_refused(tmp_path: Pat
         assert store.query("SELECT run_uuid, content_hash FROM runs JOIN results USING (run_id)") == expected
     with zipfile.ZipFile(bundle) as archive:
         members = {name: archive.read(name) for name in archive.namelist()}
-    for field, value, message in (("schema_version", 99, "newer store (schema version 99"),
-                                  ("bundle_format", 2, "bundle format 2")):  # fmt: skip
+    for field, value, message, cli in (("schema_version", 99, "newer store (schema version 99", run_cli),
+                                       ("bundle_format", 2, "bundle format 2", run_cli_in_process)):  # fmt: skip
         manifest = json.loads(members["manifest.json"]) | {field: value}
         newer = tmp_path / f"newer-{field}.bundle"
         with zipfile.ZipFile(newer, "w") as archive:
             for name, data in members.items():
                 archive.writestr(name, json.dumps(manifest) if name == "manifest.json" else data)
         fresh = tmp_path / f"fresh-{field}.duckdb"
-        done = run_cli("import", str(newer), "--db", str(fresh))
+        done = cli("import", str(newer), "--db", str(fresh))
         assert done.returncode == 2 and message in done.stderr and "upgrade accelharness" in done.stderr
+        assert "Traceback" not in done.stderr, done.stderr
         assert not fresh.exists()
 
 
@@ -210,8 +218,9 @@ def test_redact_public_leaves_no_hostname_user_path_or_address(tmp_path: Path) -
 @pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGINT])
 def test_a_kill_or_ctrl_c_mid_import_leaves_the_store_as_it_was(two_machines, tmp_path: Path, stop: int) -> None:
     db = tmp_path / "s.duckdb"
-    assert run_cli("import", str(two_machines[0]), "--db", str(db)).returncode == 0
+    assert run_cli_in_process("import", str(two_machines[0]), "--db", str(db)).returncode == 0  # the store before
     before = counts(db)
+    assert before["results"] == 3 and before["imports"] == 1
     process = subprocess.Popen(
         [*CLI, "import", str(two_machines[1]), "--db", str(db)],
         stderr=subprocess.PIPE, text=True, env={**__import__("os").environ, "ACCELHARNESS_INJECT_FAULT": "import-hang"},

@@ -2,8 +2,9 @@
 
 Every hostile bundle here is made from ONE genuine `export --bundle` of a real run: its tables read
 with pyarrow, rewritten, and the manifest's sha256, bytes and row counts recomputed, so the bundle is
-well-formed and only its content is hostile. Each is imported through the real CLI: exit 2, one line
-naming what was wrong, no traceback, and the store unchanged (a new one never created)."""
+well-formed and only its content is hostile. Each is imported through the CLI: exit 2, one line
+naming what was wrong, no traceback, and the store unchanged (a new one never created); in each test the first
+through a real process, the others through the same app in this one (a Python start saved each)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import CLI, QUICK, run_cli
+from conftest import CLI, QUICK, run_cli, run_cli_in_process
 
 from harness.bundle.fmt import BundleError, file_sha256, read_bundle, write_bundle
 from harness.core.bounds import MAX_BUNDLE_BYTES, MAX_BUNDLE_ROWS
@@ -130,11 +131,12 @@ def store(genuine: Genuine, tmp_path: Path) -> Path:
     return copy
 
 
-def refused(bundle: Path, db: Path, *needles: str) -> str:
+def refused(bundle: Path, db: Path, *needles: str, real: bool = True) -> str:
     """Import `bundle` into `db` through the CLI: exit 2, one line holding every needle, no traceback,
-    the store as it was (or, for a new file, none made)."""
+    the store as it was (or, for a new file, none made). `real`: in a process of its own (each test keeps
+    one such), else through the app in this process."""
     before = snapshot(db) if db.exists() else None
-    done = run_cli("import", str(bundle), "--db", str(db))
+    done = (run_cli if real else run_cli_in_process)("import", str(bundle), "--db", str(db))
     assert done.returncode == 2, done.stdout + done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "\x1b" not in done.stderr
@@ -233,19 +235,19 @@ def test_sizes_and_row_counts_are_bounded_before_reading(genuine: Genuine, store
         manifest["files"]["samples.parquet"]["rows"] = 20_000_000
 
     many = craft(genuine.bundle, tmp_path / "many.bundle", manifest_change=many_rows)
-    refused(many, store, "samples.parquet", f"at most {MAX_BUNDLE_ROWS:,} in a table")
+    refused(many, store, "samples.parquet", f"at most {MAX_BUNDLE_ROWS:,} in a table", real=False)
 
     def other_size(manifest: dict[str, Any]) -> None:
         manifest["files"]["results.parquet"]["bytes"] += 1
 
     resized = craft(genuine.bundle, tmp_path / "resized.bundle", manifest_change=other_size)
-    refused(resized, store, "results.parquet is", "its manifest says")
+    refused(resized, store, "results.parquet is", "its manifest says", real=False)
     crowded = tmp_path / "crowded.bundle"
     shutil.copy(genuine.bundle, crowded)
     with zipfile.ZipFile(crowded, "a") as archive:
         for number in range(10_000):
             archive.writestr(f"{number}", b"")
-    refused(crowded, store, "holds 10,008 members; a bundle holds at most 8")
+    refused(crowded, store, "holds 10,008 members; a bundle holds at most 8", real=False)
 
 
 def test_tables_larger_once_decompressed_than_a_bundle_may_hold_are_refused(
@@ -321,7 +323,7 @@ def test_invalid_rows_are_refused_naming_member_row_and_column(
 ) -> None:
     change, needle = INVALID[fault]
     bundle = craft(genuine.bundle, tmp_path / "invalid.bundle", change)
-    refused(bundle, store, needle, "nothing was imported")
+    refused(bundle, store, needle, "nothing was imported", real=fault == next(iter(INVALID)))
 
 
 # --- item 5: a duplicate key, a wrong type, a NULL: exit 2, no traceback ------------------------------------------
@@ -351,7 +353,8 @@ def test_a_duplicate_a_wrong_type_or_a_null_exits_2_naming_it(
     genuine: Genuine, store: Path, tmp_path: Path, fault: str
 ) -> None:
     change, *needles = MALFORMED[fault]
-    refused(craft(genuine.bundle, tmp_path / "malformed.bundle", change), store, *needles)
+    bundle = craft(genuine.bundle, tmp_path / "malformed.bundle", change)
+    refused(bundle, store, *needles, real=fault == next(iter(MALFORMED)))
 
 
 # --- item 13, the bundle parts ------------------------------------------------------------------------------------
@@ -417,4 +420,4 @@ def test_a_bool_schema_version_and_a_duplicated_member_are_refused(
     with zipfile.ZipFile(genuine.bundle) as source, zipfile.ZipFile(twice, "w") as archive, pytest.warns(UserWarning):
         for name in source.namelist():
             archive.writestr(name if name != "controls.parquet" else "samples.parquet", source.read(name))
-    refused(twice, store, "holds 'samples.parquet' twice")
+    refused(twice, store, "holds 'samples.parquet' twice", real=False)

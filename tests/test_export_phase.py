@@ -33,7 +33,7 @@ def test_a_killed_export_leaves_no_staging_folder(tmp_path: Path) -> None:
     done = run_cli(
         "native", "--model", "llama-tiny", "--mode", "generate", "--engines", "onnxruntime", "--hardware", "cpu",
         "--new-tokens", "4", "--iterations", "2", "--warmup", "0", "--min-duration", "0",
-        "--db", str(db), "--output-dir", str(tmp_path / "out"),
+        "--no-reports", "--db", str(db), "--output-dir", str(tmp_path / "out"),
         env={"ACCELHARNESS_CACHE_DIR": str(tmp_path / "cache"), "ACCELHARNESS_INJECT_FAULT": "export-kill"},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
