@@ -36,6 +36,7 @@ class Capabilities:
     needs_onnx: bool = True  # loads the exported ONNX file (False: builds its model from the spec itself)
     runs_onnx_files: bool = True  # applies to a model given as an .onnx file (--model-path x.onnx)
     worker_needs_torch: bool = False  # its worker imports torch anyway: fork it from the torch fork server
+    reads_machine_load: bool = False  # its load takes LoadRequest.others_busy_cpus (ORT: whether its pool spins)
 
     def plans(self, mode: str, has_past_export: bool) -> bool:
         """Whether a case of this mode is planned for a model (one with an export with past, or not)."""
@@ -52,6 +53,9 @@ class LoadRequest:
     example_feeds: dict[str, np.ndarray] | None = None  # one case's inputs, for placement checks
     onnx_past_path: Path | None = None  # the export with past key/values: load it to generate
     threads: int | None = None  # intra-op threads (--native-threads); None: the engine's default, read back
+    # CPUs the machine's other processes kept busy just before the load (others_busy_cpus), read before the load's
+    # timer starts; None: the engine reads it itself where it needs it
+    others_busy_cpus: float | None = None
 
 
 class Clock:
@@ -129,6 +133,17 @@ def physical_cores() -> int:
     import psutil
 
     return psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
+
+
+LOAD_WINDOW_S = 0.2  # how long the machine's load is read before a session is made: 20 scheduler ticks per CPU
+
+
+def others_busy_cpus(window_s: float = LOAD_WINDOW_S) -> float:
+    """CPUs' worth of work the machine's other processes did over `window_s` while this one slept
+    (psutil.cpu_percent of the whole machine; nothing of this process runs meanwhile)."""
+    import psutil
+
+    return psutil.cpu_percent(interval=window_s) / 100 * (psutil.cpu_count() or 1)
 
 
 def thread_facts(threads: int | None, source: str, spinning: bool | None, spinning_source: str) -> dict[str, Any]:

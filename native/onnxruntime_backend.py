@@ -30,12 +30,14 @@ from harness.core.profiles import Profile, ort_trace_ops, timed_runs
 from harness.core.records import Target
 from harness.native import webgpu_ep
 from harness.native.base import (
+    LOAD_WINDOW_S,
     Availability,
     Capabilities,
     Clock,
     HostMemory,
     LoadRequest,
     UnsupportedError,
+    others_busy_cpus,
     physical_cores,
     thread_facts,
 )
@@ -213,13 +215,14 @@ COMPUTE_SOURCE = "onnxruntime SessionOptions.optimized_model_filepath: the activ
 SPINNING_ENTRY = "session.intra_op.allow_spinning"  # ORT's default "1": idle pool threads busy-wait for work
 
 
-def session_options(threads: int | None) -> tuple[ort.SessionOptions, dict[str, Any]]:
+def session_options(threads: int | None, others_busy: float | None = None) -> tuple[ort.SessionOptions, dict[str, Any]]:
     """Session options running `threads` intra-op threads (None: ORT's default, intra_op_num_threads 0 = one
-    per physical core), spinning by spins() on the machine's load measured now, and the facts a row records."""
+    per physical core), spinning by spins() on the machine's load (`others_busy`, the worker's reading before
+    the load was timed; None: read now), and the facts a row records."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads or 0
     count = threads or physical_cores()
-    busy = others_busy_cpus()
+    busy = others_busy_cpus() if others_busy is None else others_busy
     spinning, spinning_source = spins(count, busy)
     options.add_session_config_entry(SPINNING_ENTRY, "1" if spinning else "0")
     source = (f"--native-threads: SessionOptions.intra_op_num_threads {threads}" if threads else
@@ -227,16 +230,7 @@ def session_options(threads: int | None) -> tuple[ort.SessionOptions, dict[str, 
     return options, thread_facts(count, source, spinning, spinning_source) | {"others_busy_cpus": round(busy, 2)}
 
 
-LOAD_WINDOW_S = 0.2  # how long the machine's load is read before a session is made: 20 scheduler ticks per CPU
 SPARE_CPUS = 0.5  # other work below half a CPU (a shell, a logger) leaves the pool's spinning worth its cost
-
-
-def others_busy_cpus(window_s: float = LOAD_WINDOW_S) -> float:
-    """CPUs' worth of work the machine's other processes did over `window_s` while this one slept
-    (psutil.cpu_percent of the whole machine; nothing of this process runs meanwhile)."""
-    import psutil
-
-    return psutil.cpu_percent(interval=window_s) / 100 * (psutil.cpu_count() or 1)
 
 
 def spins(threads: int, others_busy: float) -> tuple[bool, str]:
@@ -289,7 +283,8 @@ def node_placement(onnx_path: Path, provider: str, feeds_example: dict[str, np.n
 class OnnxRuntimeBackend:
     engine = "onnxruntime"
     # generation is a KV-cache loop on the export with past key/values (decoder-only models)
-    capabilities = Capabilities(modes=("inference", "generate"), generate_needs_past_export=True)
+    capabilities = Capabilities(modes=("inference", "generate"), generate_needs_past_export=True,
+                                reads_machine_load=True)  # fmt: skip
 
     def device(self, target: Target) -> str | None:
         """The OpenVINO EP runs on the CPU by default: host work, like the CPU EP. The WebGPU EP too, as
@@ -327,7 +322,7 @@ class OnnxRuntimeBackend:
         if generating and seq2seq_files(source) is not None:
             return self._load_seq2seq(source, request, target)
         path, precision, conversion = model_for_precision(source, request.precision)
-        options, threads = session_options(request.threads)
+        options, threads = session_options(request.threads, request.others_busy_cpus)
         # a device that makes no progress fails here, once, quickly; so does a precision it has no kernels for
         shaders = PLUGINS[target.provider].proved(precision) if target.provider in PLUGINS else {}
         try:

@@ -426,6 +426,12 @@ def test_spinning_is_off_when_the_pool_and_the_machines_other_work_overfill_its_
         assert options.get_session_config_entry(onnxruntime_backend.SPINNING_ENTRY) == entry
         assert facts["spinning"] is (entry == "1") and facts["others_busy_cpus"] == busy
         assert f"other processes {busy:.1f} CPUs busy" in facts["spinning_source"]
+    # the worker's reading, taken before the load's timer started, is used as given: nothing sleeps inside the load
+    monkeypatch.setattr(onnxruntime_backend, "others_busy_cpus", lambda: pytest.fail("read again inside the load"))
+    assert onnxruntime_backend.session_options(None, 1.0)[1]["spinning"] is False
+    from harness.native import capabilities
+
+    assert capabilities("onnxruntime").reads_machine_load  # so the worker reads the load before timing it
 
 
 def test_the_machines_other_work_is_measured_not_assumed() -> None:
