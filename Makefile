@@ -30,11 +30,12 @@ setup: $(STAMP) $(WEB_STAMP) browser
 setup-extras: $(EXTRAS)
 
 # Debian's Chromium runs the browser half (never `playwright install`: it downloads, and fails offline);
-# Xvfb gives `--headed` a display on a machine without one.
+# its headless shell is what a headless launch runs (harness.web.driver.HEADLESS_SHELLS: Playwright's own headless
+# choice, without the full browser's UI renderers); Xvfb gives `--headed` a display on a machine without one.
 browser:
-	@command -v chromium >/dev/null && command -v Xvfb >/dev/null && command -v espeak-ng >/dev/null || { \
+	@command -v chromium >/dev/null && command -v chromium-headless-shell >/dev/null && command -v Xvfb >/dev/null && command -v espeak-ng >/dev/null || { \
 		$(SUDO) apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium xvfb espeak-ng; }
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium chromium-headless-shell xvfb espeak-ng; }
 
 # onnxruntime-web from npm, served locally to the benchmark page (never from a CDN).
 $(WEB_STAMP): web/package.json web/package-lock.json

@@ -98,3 +98,7 @@ def test_memory_that_grows_over_the_repeats_is_flagged() -> None:
     assert "a KV cache that is not disposed" in leaking["memory_growth"]
     unmeasured = memory_growth({"memory_before": {"error": "not isolated"}, "memory_after": None}, {})
     assert unmeasured["memory_growth"] == "not measured: not isolated" and "memory_growth_flag" not in unmeasured
+    # wasm: its cache never reaches the GPU process, whose flat line is then no verdict
+    gpu = {"gpu_process_loop_start_mb": 300.0, "gpu_process_loop_end_mb": 300.0}
+    wasm = memory_growth({"memory_before": {"error": "not available"}, "memory_after": None}, gpu, on_gpu=False)
+    assert wasm["memory_growth"] == "not measured: not available" and "memory_growth_flag" not in wasm

@@ -241,12 +241,22 @@ def test_require_hardware_gpu_refuses_the_software_adapter_before_loading_anythi
 @pytest.mark.skipif(not shutil.which("Xvfb") and not os.environ.get("DISPLAY"), reason="needs a DISPLAY or Xvfb")
 @needs_chromium
 def test_headed_runs_on_a_virtual_display(tmp_path: Path) -> None:
-    request = WebRequest(models=["bert-tiny"], hardware=["wasm"], headed=True, db_path=tmp_path / "d.duckdb", **QUICK)
+    modes = {"modes": ["inference", "generate"], "new_tokens": 4, "sequence_lengths": [8]}
+    request = WebRequest(models=["gpt2-tiny"], hardware=["wasm"], headed=True, db_path=tmp_path / "d.duckdb",
+                         **modes, **QUICK)  # fmt: skip
     run_web(request)
-    _, (row,) = rows_of(request.db_path)
-    assert row["status"] == "ok", row["error"]
+    _, rows = rows_of(request.db_path)
+    row, generated = (next(r for r in rows if r["mode"] == mode) for mode in ("inference", "generate"))
+    assert row["status"] == "ok" and generated["status"] == "ok", (row["error"], generated["error"])
+    # the full browser's page measures its own heaps after the warm-up and after the repeats of a generation
+    assert generated["details"]["memory_growth_flag"] is False and generated["details"]["page_memory_before_mb"] > 0
     assert row["details"]["headed"] is True and row["details"]["display"]
     assert "--headless" not in row["details"]["browser_command_line"]
+    # headed: the full browser, never the headless shell, and the page's own memory figure that only it gives
+    assert row["details"]["browser_binary"] == "/usr/lib/chromium/chromium"
+    assert row["details"]["browser_headless_shell"] is False
+    assert row["details"]["page_memory_mb"] > 0
+    assert "measureUserAgentSpecificMemory" in row["details"]["page_memory_covers"]
 
 
 @pytest.mark.parametrize(

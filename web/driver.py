@@ -41,10 +41,23 @@ CANDIDATES: dict[str, tuple[str, ...]] = {
     "chromium": ("chromium", "chromium-browser", "/usr/bin/chromium"),
     "edge": ("microsoft-edge", "microsoft-edge-stable", "/opt/microsoft/msedge/msedge"),
 }
+# A headless launch of Chromium takes its headless shell where one is installed, as Playwright's own headless
+# launches do: the same Blink, V8 and Dawn without the browser UI, whose WebUI renderers (one per page, plus the
+# top chrome's) cost ~4 s of CPU per launch on a 2-core machine. --headed, or --browser-path, runs the full browser.
+HEADLESS_SHELLS: dict[str, tuple[str, ...]] = {
+    "chromium": ("chromium-headless-shell", "/usr/lib/chromium/chromium-headless-shell"),
+}
 # Distribution launchers are shell scripts that add their own flags (Debian's /etc/chromium.d adds
 # --enable-gpu-rasterization, extensions...); the binary they exec is launched instead, so the flag
 # list recorded with each row is the one the browser got.
-REAL_BINARIES = ("chrome", "msedge", "chromium", "/usr/lib/chromium/chromium", "/usr/lib/chromium-browser/chromium")
+REAL_BINARIES = (
+    "chrome",
+    "msedge",
+    "chromium",
+    "/usr/lib/chromium/chromium",
+    "/usr/lib/chromium-browser/chromium",
+    "/usr/lib/chromium/chromium-headless-shell",
+)
 ENDPOINT_SCHEMES = {"ws": "connect", "wss": "connect", "http": "connect_over_cdp", "https": "connect_over_cdp"}
 PAGE_READY_MS = 30_000
 CONNECT_TIMEOUT_MS = 30_000
@@ -70,6 +83,7 @@ class BrowserChoice:
     found: str  # the name or path that resolved
     binary: Path  # the executable launched
     fallback: str | None  # why it is not the requested browser, if it is not
+    headless_shell: bool = False  # Chromium's headless shell (headless only), not the full browser
 
 
 def _is_script(path: Path) -> bool:
@@ -85,7 +99,8 @@ def real_binary(path: Path) -> Path:
     path = path.resolve()
     if not _is_script(path):
         return path
-    for name in REAL_BINARIES:
+    own_name = [name for name in REAL_BINARIES if Path(name).name == path.name]  # the launcher's own binary first
+    for name in [*own_name, *REAL_BINARIES]:
         candidate = Path(name) if name.startswith("/") else path.parent / name
         if candidate.is_file() and os.access(candidate, os.X_OK) and not _is_script(candidate):
             return candidate
@@ -99,8 +114,9 @@ def _lookup(name: str) -> Path | None:
     return Path(found) if found else None
 
 
-def resolve_browser(browser: str, browser_path: Path | str | None = None) -> BrowserChoice:
-    """The binary for --browser/--browser-path; chrome and edge fall back to Chromium."""
+def resolve_browser(browser: str, browser_path: Path | str | None = None, headless: bool = False) -> BrowserChoice:
+    """The binary for --browser/--browser-path; chrome and edge fall back to Chromium. `headless`: Chromium's
+    headless shell where one is installed (HEADLESS_SHELLS)."""
     if browser not in BROWSERS:
         raise BrowserNotFound(f"unknown browser '{browser}'; valid: {', '.join(BROWSERS)}")
     if browser_path is not None:
@@ -112,13 +128,14 @@ def resolve_browser(browser: str, browser_path: Path | str | None = None) -> Bro
     if browser != "chromium":
         order.append(("chromium", CANDIDATES["chromium"]))
     for kind, names in order:
-        for name in names:
+        shells = HEADLESS_SHELLS.get(kind, ()) if headless else ()
+        for name in (*shells, *names):
             path = _lookup(name)
             if path is not None:
                 fallback = None
                 if kind != browser:
                     fallback = f"{browser} not found (looked for {', '.join(CANDIDATES[browser])}); used {path}"
-                return BrowserChoice(browser, kind, name, real_binary(path), fallback)
+                return BrowserChoice(browser, kind, name, real_binary(path), fallback, name in shells)
     looked = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in order)
     raise BrowserNotFound(f"no {browser} browser found (looked for {looked}); pass --browser-path")
 
@@ -207,6 +224,7 @@ class LocalBrowser:
             "browser_requested": self.choice.requested,
             "browser_binary": str(self.choice.binary),
             "browser_found_as": self.choice.found,
+            "browser_headless_shell": self.choice.headless_shell,
             "browser_fallback": self.choice.fallback,
             "flags": self.flags,
             "browser_args": list(self.browser_args),
@@ -395,16 +413,22 @@ class BrowserSession:
     async def platform_verdict(self, platform: str, device_type: str | None) -> Verdict:
         """`platform` as this browser's own page sees it (the probe page in this context): what a run stores
         for the browser that ran, not for another one launched to ask."""
-        page = await self.page(self.files.page_url, "platform-probe")
+        page = self._loaded_page() or await self.page(self.files.page_url, "platform-probe")
         probing = page.evaluate("d => window.accelharness.probe(d)", device_type or "gpu")
         facts = await asyncio.wait_for(probing, PROBE_TIMEOUT_S)
         return next(v for v in verdicts_from(facts | self.facts()) if v[0] == platform)
 
-    async def webgpu_adapter(self) -> dict[str, Any]:
-        """The page's adapterReport() (adapter.info, features, limits), once per browser start."""
+    def _loaded_page(self) -> Any:
+        """The page a job last ran in, while it is open: every page is the same benchmark page, so a probe asked
+        there answers as a fresh one would, without another renderer and another load of the page's scripts."""
+        return self._page if self._page is not None and not self._page.is_closed() else None
+
+    async def webgpu_adapter(self, key: object = "adapter-probe") -> dict[str, Any]:
+        """The page's adapterReport() (adapter.info, features, limits), once per browser start; asked in the
+        page of `key` (the job about to run there, which then finds its page loaded)."""
         if self._adapter is None:
             try:
-                page = await self.page(self.files.page_url, "adapter-probe")
+                page = await self.page(self.files.page_url, key)
                 report = page.evaluate("() => window.accelharness.adapterReport()")
                 self._adapter = await asyncio.wait_for(report, PROBE_TIMEOUT_S)
             except Exception as exc:  # the job itself will fail and say why
@@ -536,7 +560,7 @@ async def _probe(choice: BrowserChoice, device_type: str) -> dict[str, Any]:
 def probe_browser(browser: str = "chromium", device_type: str = "gpu") -> dict[str, Any]:
     """One browser launch: what the page sees of WebAssembly, WebGPU and WebNN (cached per process)."""
     try:
-        choice = resolve_browser(browser)
+        choice = resolve_browser(browser, headless=True)
         return {"ok": True} | run_sync(_probe(choice, device_type))
     except (BrowserNotFound, SetupError) as exc:
         return {"ok": False, "error": str(exc)}

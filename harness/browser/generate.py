@@ -108,11 +108,13 @@ def prompt_feeds(feeds: dict[str, np.ndarray], seq2seq: bool = False) -> dict[st
     return {name: feeds[name] for name in names}
 
 
-def memory_growth(generation: dict[str, Any], details: dict[str, Any]) -> dict[str, Any]:
+def memory_growth(generation: dict[str, Any], details: dict[str, Any], on_gpu: bool = True) -> dict[str, Any]:
     """How memory moved over the repeated generations, and a flag when it grew beyond MEMORY_GROWTH_BOUND_MB
     (what a KV cache that is never disposed does): the page's own figure after the warm-up and after the
-    repeats (JS and wasm heaps), and for a launched browser its GPU process's RSS at the timed loop's start
-    and end (where a WebGPU cache lives on a software adapter)."""
+    repeats (JS and wasm heaps), and for a launched browser running a GPU EP (`on_gpu`) its GPU process's RSS
+    at the timed loop's start and end (where a WebGPU cache lives on a software adapter). A wasm cache never
+    reaches the GPU process: without the page's figure (Chromium's headless shell has none) it is not measured,
+    never a GPU process's flat line."""
     before, after = generation.get("memory_before") or {}, generation.get("memory_after") or {}
     facts: dict[str, Any] = {"memory_growth_bound_mb": MEMORY_GROWTH_BOUND_MB}
     growth: dict[str, float] = {}
@@ -120,7 +122,7 @@ def memory_growth(generation: dict[str, Any], details: dict[str, Any]) -> dict[s
         facts["page_memory_before_mb"], facts["page_memory_after_mb"] = before["bytes"] / 2**20, after["bytes"] / 2**20
         growth["the page's heaps"] = facts["page_memory_after_mb"] - facts["page_memory_before_mb"]
     start, end = details.get("gpu_process_loop_start_mb"), details.get("gpu_process_loop_end_mb")
-    if start is not None and end is not None:
+    if start is not None and end is not None and on_gpu:
         growth["the browser's GPU process"] = end - start
     if not growth:
         why = before.get("error") or after.get("error") or "no figure before and after the repeats"
@@ -175,7 +177,7 @@ def generation_result(prepared: PreparedModel, target: Any, case: Case, answer: 
         "tpot_samples_ms": mean_steps(steps),
         "generated_tokens": generation["tokens"],
     }
-    details |= memory_growth(generation, details) | {"warmup_generations": 1}
+    details |= memory_growth(generation, details, on_gpu=target.hardware != "wasm") | {"warmup_generations": 1}
     if generation.get("encoder_samples_ms"):  # an encoder–decoder: the encoder's phase, speech's real-time factor
         seconds = audio_seconds(prepared.load_case((case.batch_size, case.seq_len))[0], case.audio_seconds)
         details |= encoder_figures(generation["encoder_samples_ms"], answer["samples_ms"], seconds) | {

@@ -284,7 +284,7 @@ def validate_web(request: WebRequest) -> WebPlan:
         dist_files()
         if request.browser_endpoint:
             return WebPlan(specs, _settings(request), None, request)
-        browser = resolve_browser(request.browser, request.browser_path)
+        browser = resolve_browser(request.browser, request.browser_path, headless=not request.headed)
     except (BrowserNotFound, SetupError) as exc:
         raise RequestError(str(exc)) from exc
     return WebPlan(specs, _settings(request), browser, request, gpu_profile(request.gpu))
@@ -575,16 +575,18 @@ async def measure_page_ceilings(files: Any, session: Any, setting: EpSetting, ca
     return found
 
 
-async def page_refusal(session: Any, setting: EpSetting, case: Case, request: WebRequest) -> tuple[str | None, dict]:
+async def page_refusal(session: Any, setting: EpSetting, case: Case, request: WebRequest,
+                       key: object = "adapter-probe") -> tuple[str | None, dict]:  # fmt: skip
     """(why this case must not run, the adapter facts for the row): webgpu on a software adapter under
-    --require-hardware-gpu, or fp16 on an adapter without shader-f16. Decided before any model is loaded."""
+    --require-hardware-gpu, or fp16 on an adapter without shader-f16. Decided before any model is loaded, in
+    the page of `key` (the job's own, where the job then runs)."""
     from harness.web.adapter import adapter_details, webgpu_refusal
 
     if not EPS[setting.ep].gpu_adapter or session.browser is None:
         return None, {}
     if session.device_stall(setting.ep, setting.device_type) is not None:  # its page job answers at once
         return None, {}
-    report = await session.webgpu_adapter()
+    report = await session.webgpu_adapter(key)
     return webgpu_refusal(report, case.precision, request.require_hardware_gpu), adapter_details(report)
 
 
@@ -595,7 +597,8 @@ async def _run_case(
     if stall is not None:  # its device made no progress: no browser, no page, no wait
         return build_result(prepared, setting, case, stall, {"details": session.facts()}, [])
     problem = await session.ensure_started()
-    refusal, adapter = await page_refusal(session, setting, case, plan.request)
+    key = (prepared.spec.name, setting)  # the job's page: a fresh one per model and EP setting
+    refusal, adapter = await page_refusal(session, setting, case, plan.request, key)
     details = session.facts() | adapter  # the browser this job ran in, even if it is restarted after a failure
     details |= {"page_transport_origin": files.origin, "cross_origin_isolation_served": files.isolate}
     if problem is not None:  # not started, or not reachable: tried once for this case
@@ -609,7 +612,7 @@ async def _run_case(
         )
     page = page_job(files, prepared, setting, case, plan.request, fault, model)
     psutil.cpu_percent(interval=None)  # starts the whole-machine CPU window for this job
-    answer = await session.run_job(files.page_url, (prepared.spec.name, setting), page, plan.request.timeout_s)
+    answer = await session.run_job(files.page_url, key, page, plan.request.timeout_s)
     extra = {
         "load_avg_1m": os.getloadavg()[0],
         "cpu_percent": psutil.cpu_percent(interval=None),

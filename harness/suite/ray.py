@@ -149,7 +149,7 @@ class WebJob:
         from harness.web.server import dist_files
 
         request = self.plan.request
-        browser = resolve_browser(request.browser, request.browser_path)
+        browser = resolve_browser(request.browser, request.browser_path, headless=not request.headed)
         dist_files()
         return execute_web(dataclasses.replace(self.plan, browser=browser))
 
