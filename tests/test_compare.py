@@ -30,14 +30,16 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import CLI, run_cli
+from conftest import CLI, run_cli, run_cli_in_process
 from onnx import TensorProto, helper, numpy_helper
 
 from harness.analysis.compare import compare_runs
 from harness.analysis.tables import AnalysisError
 from harness.store import open_store
 
-pytestmark = pytest.mark.timing  # measured side by side on one CPU: `make test` runs this module alone
+# The tests of the runs measured side by side on one CPU are marked timing: `make test` runs them alone.
+# The CLI is called in this process (run_cli_in_process): a Python start per call adds nothing to what they check
+# (the one refusal through a real process: test_compare_bad_input_exits_2's first case).
 WIDTH = 192
 LAYERS = 250  # ~0.55 ms per inference on this machine: short against a ~4 ms scheduler slice
 MEASURE = ["--engines", "onnxruntime", "--batch-sizes", "1", "--sequence-lengths", "8"]
@@ -128,11 +130,12 @@ def steady(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
 
 
 def compare_json(db: Path, a: str, b: str, *options: str) -> tuple[int, dict]:
-    done = run_cli("compare", a, b, "--db", str(db), "--format", "json", "--threshold", "10%", *options)
+    done = run_cli_in_process("compare", a, b, "--db", str(db), "--format", "json", "--threshold", "10%", *options)
     assert done.returncode in (0, 1), done.stderr
     return done.returncode, json.loads(done.stdout)
 
 
+@pytest.mark.timing
 def test_compare_flags_a_real_20_percent_slowdown(slowdown) -> None:
     db, a, b = slowdown
     code, report = compare_json(db, a, b, "--quantile", "0.25", "--fail-on-regression")
@@ -147,6 +150,7 @@ def test_compare_flags_a_real_20_percent_slowdown(slowdown) -> None:
     assert compare_json(db, a, b, "--quantile", "0.25")[0] == 0
 
 
+@pytest.mark.timing
 def test_median_compare_never_calls_the_slowdown_unchanged_or_improved(slowdown) -> None:
     db, a, b = slowdown
     code, report = compare_json(db, a, b, "--fail-on-regression")
@@ -159,6 +163,7 @@ def test_median_compare_never_calls_the_slowdown_unchanged_or_improved(slowdown)
     assert code == (1 if row["verdict"] == "regressed" else 0)
 
 
+@pytest.mark.timing
 def test_compare_does_not_flag_the_same_workload(steady) -> None:
     db, (a, b, _) = steady
     for quantile in ("0.5", "0.25"):
@@ -170,9 +175,12 @@ def test_compare_does_not_flag_the_same_workload(steady) -> None:
         assert code == 0
 
 
+@pytest.mark.timing
 def test_history_flags_the_step_and_only_the_step(steady) -> None:
     db, run_ids = steady
-    done = run_cli("history", "--model", "chain", "--metric", "latency_p25_ms", "--db", str(db), "--format", "json")
+    done = run_cli_in_process(
+        "history", "--model", "chain", "--metric", "latency_p25_ms", "--db", str(db), "--format", "json"
+    )
     assert done.returncode == 0, done.stderr
     (series,) = json.loads(done.stdout)["series"]
     points = series["points"]
@@ -180,16 +188,19 @@ def test_history_flags_the_step_and_only_the_step(steady) -> None:
     assert [p["run_id"] for p in points][2] == run_ids[2]  # ordered by started_at: the 1.5x run is last
     assert [p["step"] for p in points] == [False, False, True]
     assert points[2]["change"] > 0.1 and points[2]["p_value"] < 0.05
-    markdown = run_cli("history", "--model", "chain", "--db", str(db), "--engine", "onnxruntime", "--batch-size", "1")
+    markdown = run_cli_in_process(
+        "history", "--model", "chain", "--db", str(db), "--engine", "onnxruntime", "--batch-size", "1"
+    )
     assert markdown.returncode == 0, markdown.stderr
     assert "# History of latency_p50_ms for chain" in markdown.stdout and markdown.stdout.count(run_ids[0]) == 1
 
 
+@pytest.mark.timing
 def test_history_bad_input(steady) -> None:
     from harness.analysis.history import history
 
     db, _ = steady
-    done = run_cli("history", "--model", "chain", "--metric", "hostname", "--db", str(db))
+    done = run_cli_in_process("history", "--model", "chain", "--metric", "hostname", "--db", str(db))
     assert done.returncode == 2 and "unknown metric 'hostname'" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
     with pytest.raises(AnalysisError, match="no results for model 'nope'; models in the store: chain"):
@@ -198,24 +209,26 @@ def test_history_bad_input(steady) -> None:
         history(db, "chain", window=0)
 
 
+@pytest.mark.timing
 def test_compare_outputs_and_plots(slowdown, tmp_path: Path) -> None:
     db, a, b = slowdown
-    markdown = run_cli("compare", a, b, "--db", str(db), "--quantile", "0.25", "--threshold", "0.1")
+    markdown = run_cli_in_process("compare", a, b, "--db", str(db), "--quantile", "0.25", "--threshold", "0.1")
     assert markdown.returncode == 0, markdown.stderr
     assert f"## Comparison: {b} vs {a}" in markdown.stdout and "| chain | cpu/onnxruntime:CPUExecutionProvider" in (
         markdown.stdout
     )
     page, png, svg = tmp_path / "c.html", tmp_path / "c.png", tmp_path / "c.svg"
-    done = run_cli(
+    done = run_cli_in_process(
         "compare", a, b, "--db", str(db), "--format", "html", "--out", str(page), "--plot-comparison", str(png)
     )
     assert done.returncode == 0, done.stderr
     assert page.read_text().startswith("<!doctype html>") and "<td>chain</td>" in page.read_text()
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert run_cli("compare", a, b, "--db", str(db), "--plot-comparison", str(svg)).returncode == 0
+    assert run_cli_in_process("compare", a, b, "--db", str(db), "--plot-comparison", str(svg)).returncode == 0
     assert "<svg" in svg.read_text()
 
 
+@pytest.mark.timing
 def test_selectors(slowdown, tmp_path: Path) -> None:
     db, _, _ = slowdown
     with open_store(db, read_only=True) as store:
@@ -242,6 +255,7 @@ def test_selectors(slowdown, tmp_path: Path) -> None:
         compare_runs(db, "latest-on-no-such-branch", "latest", cwd=repo)
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -253,11 +267,13 @@ def test_selectors(slowdown, tmp_path: Path) -> None:
 )
 def test_compare_bad_input_exits_2(slowdown, args: list[str], message: str) -> None:
     db, _, _ = slowdown
-    done = run_cli("compare", *args, "--db", str(db))
+    cli = run_cli if args == ["nope", "latest"] else run_cli_in_process
+    done = cli("compare", *args, "--db", str(db))
     assert done.returncode == 2 and message in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.timing
 def test_compare_api_refuses_bad_values(slowdown) -> None:
     from harness.analysis.compare import check_plot_path, parse_threshold
 

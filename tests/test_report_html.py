@@ -20,6 +20,8 @@ from harness.core.records import Case, Result, Target
 from harness.store import open_store
 
 pytestmark = pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="needs Chromium at /usr/bin/chromium")
+# Chromium's headless shell where installed (what Playwright launches headless), else the full browser
+HEADLESS = next(p for p in (Path("/usr/lib/chromium/chromium-headless-shell"), Path("/usr/bin/chromium")) if p.exists())
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -86,7 +88,7 @@ def open_page(html: Path, screenshot: Path) -> dict[str, Any]:
 
     seen: dict[str, Any] = {"requests": [], "errors": []}
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        browser = playwright.chromium.launch(executable_path=str(HEADLESS), args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1360, "height": 1000})
             page.on("request", lambda request: seen["requests"].append(request.url))

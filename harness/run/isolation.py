@@ -44,10 +44,13 @@ LOG_TAIL_LINES = 12
 # (harness.prepare.prepared.needs_torch; a warm-cache prepare spawns). Not onnxscript: only an export
 # needs it (torch.onnx imports it there), and it cost as much again as torch in every run, cached or not;
 # not onnx either: a torch-engine worker never imports it, an export imports it where it writes the file.
-# transformers stays: the torch engine and every export build their module with it.
+# transformers stays: the torch engine and every export build their module with it, through
+# transformers.modeling_utils (PreTrainedModel): 1.9 s of CPU that every forked job paid again (a torch job's
+# load_ms of bert-tiny was 2.0 s), imported once here instead.
 TORCH_PRELOAD = [
     "torch",
     "transformers",
+    "transformers.modeling_utils",
     "harness.prepare.prepared",
     "harness.run.worker",
     "harness.native.torch_session",
