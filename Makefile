@@ -33,9 +33,13 @@ setup-extras: $(EXTRAS)
 # its headless shell is what a headless launch runs (harness.web.driver.HEADLESS_SHELLS: Playwright's own headless
 # choice, without the full browser's UI renderers); Xvfb gives `--headed` a display on a machine without one.
 browser:
-	@command -v chromium >/dev/null && command -v chromium-headless-shell >/dev/null && command -v Xvfb >/dev/null && command -v espeak-ng >/dev/null || { \
+	@command -v chromium >/dev/null && command -v Xvfb >/dev/null && command -v espeak-ng >/dev/null || { \
 		$(SUDO) apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium chromium-headless-shell xvfb espeak-ng; }
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium xvfb espeak-ng; }
+	@command -v chromium-headless-shell >/dev/null || \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium-headless-shell || { \
+		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium-headless-shell; } || \
+		echo "no chromium-headless-shell: headless runs launch the full Chromium"
 
 # onnxruntime-web from npm, served locally to the benchmark page (never from a CDN).
 $(WEB_STAMP): web/package.json web/package-lock.json
