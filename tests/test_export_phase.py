@@ -119,3 +119,29 @@ def test_inference_on_the_export_with_past_is_its_first_step_checked_against_tor
         assert shapes["past_key_0"][2] == 0 and shapes["input_ids"] == [1, 8], shapes
         assert row["details"]["export"]["inference_graph"].startswith("the export with past key/values")
         assert row["max_abs_diff"] <= row["details"]["parity_tolerance"]
+
+
+def test_two_prepares_of_one_model_side_by_side_export_it_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two runs on one machine (or a parallel suite's device groups) preparing the same model at once: one builds
+    the cache entry, the other waits on its lock and reads what it left. Each prepare is a real worker."""
+    import threading
+
+    from harness.run.worker import prepare_isolated
+
+    monkeypatch.setenv("ACCELHARNESS_CACHE_DIR", str(tmp_path / "cache"))  # a cold cache both workers share
+    job = PrepareJob(load_specs()["bert-tiny"], [(1, 8)])
+    found: list[Any] = [None, None]
+
+    def prepare(index: int) -> None:
+        found[index] = prepare_isolated(job, 300)
+
+    threads = [threading.Thread(target=prepare, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    prepared = [each for each, _ in found]
+    assert all(p is not None and p.onnx_path is not None for p in prepared), [o for _, o in found]
+    assert sorted(p.export["cache_hit"] for p in prepared) == [False, True]  # exported once, then read
+    assert prepared[0].onnx_path == prepared[1].onnx_path
+    assert list((tmp_path / "cache" / "cases" / ".locks").glob("*.lock"))  # the lock beside the entries

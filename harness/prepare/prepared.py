@@ -231,8 +231,49 @@ def _prepare_spec_model(job: PrepareJob) -> Iterator[Phase | PreparedModel]:
     cached = _prepare_from_cache(job, weights, case_dir)
     if cached is not None:
         yield cached
-    else:
-        yield from _build_and_prepare(job, case_dir)
+        return
+    lock = _open_prepare_lock(case_dir)
+    try:  # one process builds a model's cache at a time; one that waited for it reads what it left
+        waited = yield from _take_prepare_lock(lock, job.spec.name)
+        cached = _prepare_from_cache(job, weights, case_dir) if waited else None
+        if cached is not None:
+            yield cached
+        else:
+            yield from _build_and_prepare(job, case_dir)
+    finally:
+        os.close(lock)  # and with it the lock (as the kernel does for a process that dies holding it)
+
+
+# How often a prepare waiting for another process's build of the same model looks, and reports that it waits
+# (each report moves its --prepare-timeout deadline: a wait on a live export is never a timeout).
+PREPARE_LOCK_POLL_S = 0.25
+PREPARE_WAIT_REPORT_S = 10.0
+
+
+def _open_prepare_lock(case_dir: Path) -> int:
+    """The lock file of a model's cache entry (beside it: the entry itself appears only once built)."""
+    locks = case_dir.parent / ".locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    return os.open(locks / f"{case_dir.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+
+
+def _take_prepare_lock(lock: int, model: str) -> Generator[Phase, None, bool]:
+    """Take the model's lock: two runs (or a parallel suite's device groups) preparing one model export it once.
+    Returns whether another process held it (its export and case files may now be in the cache)."""
+    import fcntl
+    import time
+
+    waited, reported = False, 0.0
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return waited
+        except BlockingIOError:
+            if time.monotonic() - reported >= PREPARE_WAIT_REPORT_S:
+                yield Phase(model, "waiting for another process that is preparing this model")
+                reported = time.monotonic()
+            waited = True
+            time.sleep(PREPARE_LOCK_POLL_S)
 
 
 def needs_torch(job: PrepareJob) -> bool:
