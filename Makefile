@@ -17,9 +17,10 @@ WEB_STAMP := web/node_modules/.package-lock.json
 unexport PYTHONDONTWRITEBYTECODE
 SUDO      := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-# pytest-xdist workers for the parallel pass: CI's machine has two cores (tests start workers,
-# browsers and exports of their own, so more workers than cores only adds contention).
-TEST_WORKERS ?= 2
+# pytest-xdist workers for the parallel pass, on CI's two cores. Measured over the whole pass (its cgroup's CPU):
+# two workers kept 1.70 cores busy (1,481 s of CPU in 872 s: tests waiting on timers, hangs and browsers leave a
+# core idle), three kept 1.92 busy (1,613 s in 840 s); more only add contention.
+TEST_WORKERS ?= 3
 
 .PHONY: setup setup-extras browser demo docs docs-check test test-fast lint bench dist wheel-check clean
 
