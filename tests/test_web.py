@@ -337,6 +337,8 @@ def test_browser_resolution_and_fallback(monkeypatch: pytest.MonkeyPatch) -> Non
         assert (shell.binary, shell.headless_shell) == (HEADLESS_SHELL, True)
     assert (full.binary, full.headless_shell) == (Path("/usr/lib/chromium/chromium"), False)
     assert driver.resolve_browser("chromium", "/usr/bin/chromium", headless=True).headless_shell is False
+    if SHELL_INSTALLED:  # a --browser-path to the shell is labelled the shell too
+        assert driver.resolve_browser("chromium", "/usr/bin/chromium-headless-shell").headless_shell is True
     monkeypatch.setattr(
         driver, "CANDIDATES", {"chrome": ("no-such-chrome", "/nonexistent/chrome"), "chromium": ("no-such-chromium",)}
     )

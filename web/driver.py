@@ -47,6 +47,7 @@ CANDIDATES: dict[str, tuple[str, ...]] = {
 HEADLESS_SHELLS: dict[str, tuple[str, ...]] = {
     "chromium": ("chromium-headless-shell", "/usr/lib/chromium/chromium-headless-shell"),
 }
+HEADLESS_SHELL_BINARIES = {Path(name).name for names in HEADLESS_SHELLS.values() for name in names}
 # Distribution launchers are shell scripts that add their own flags (Debian's /etc/chromium.d adds
 # --enable-gpu-rasterization, extensions...); the binary they exec is launched instead, so the flag
 # list recorded with each row is the one the browser got.
@@ -123,7 +124,8 @@ def resolve_browser(browser: str, browser_path: Path | str | None = None, headle
         path = Path(browser_path)
         if not (path.is_file() and os.access(path, os.X_OK)):
             raise BrowserNotFound(f"--browser-path {path}: no executable file there (looked only at that path)")
-        return BrowserChoice(browser, "path", str(path), real_binary(path), None)
+        binary = real_binary(path)
+        return BrowserChoice(browser, "path", str(path), binary, None, binary.name in HEADLESS_SHELL_BINARIES)
     order = [(browser, CANDIDATES[browser])]
     if browser != "chromium":
         order.append(("chromium", CANDIDATES["chromium"]))
