@@ -18,10 +18,11 @@ from conftest import QUICK, run_cli, run_cli_in_process
 
 from harness.core.records import Case, Result, Target
 from harness.store import open_store
+from harness.web.driver import resolve_browser
 
 pytestmark = pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="needs Chromium at /usr/bin/chromium")
-# Chromium's headless shell where installed (what Playwright launches headless), else the full browser
-HEADLESS = next(p for p in (Path("/usr/lib/chromium/chromium-headless-shell"), Path("/usr/bin/chromium")) if p.exists())
+# what a headless run launches (harness.web.driver.HEADLESS_SHELLS): the headless shell where installed
+HEADLESS = resolve_browser("chromium", headless=True).binary if Path("/usr/bin/chromium").exists() else None
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",

@@ -27,10 +27,12 @@ import psutil
 import pytest
 from conftest import CLI
 
+from harness.web.driver import resolve_browser
+
 CHROMIUM = Path("/usr/bin/chromium")
-# what opens the URL: Chromium's headless shell where installed (a device that is any browser; ~4 s of CPU less
-# per launch than the full browser's UI), else Chromium itself
-DEVICE_BROWSER = next(p for p in (Path("/usr/lib/chromium/chromium-headless-shell"), CHROMIUM) if p.exists())
+# what opens the URL: what a headless run launches (a device that is any browser; the headless shell where
+# installed costs ~4 s of CPU less per launch than the full browser's UI)
+DEVICE_BROWSER = resolve_browser("chromium", headless=True).binary if CHROMIUM.exists() else CHROMIUM
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Chromium at /usr/bin/chromium")
 QUICK = ["--model", "bert-tiny", "--hardware", "wasm", "--iterations", "3", "--warmup", "0", "--min-duration", "0"]
 CLIENT_UA = "accelharness-test-device/1.0 (a Python client speaking the device page's protocol)"
