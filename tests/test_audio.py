@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import run_cli, run_cli_in_process
+from conftest import run_cli, run_cli_in_process, run_cli_process
 from test_web import web_cache  # noqa: F401 (the session's export cache)
 
 from harness.core.bounds import MAX_AUDIO_SECONDS
@@ -91,7 +91,8 @@ def test_a_bad_wav_is_refused_by_its_header(tmp_path: Path, kind: str) -> None:
 def test_a_bad_wav_or_a_length_past_the_window_exits_2_and_writes_nothing(tmp_path: Path) -> None:
     db = tmp_path / "none.duckdb"
     path, _ = bad_wavs(tmp_path)["truncated"]
-    refused = run_cli("native", *WHISPER, "--audio", str(path), "--db", str(db), "--output-dir", str(tmp_path / "o"))
+    output = ["--output-dir", str(tmp_path / "o")]
+    refused = run_cli_process("native", *WHISPER, "--audio", str(path), "--db", str(db), *output)
     assert refused.returncode == 2 and "--audio truncated.wav: truncated" in refused.stderr + refused.stdout
     assert "Traceback" not in refused.stderr and not db.exists()
     # the other two through the same app in this process: the first proved a refusal exits without a traceback

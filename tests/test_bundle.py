@@ -15,7 +15,7 @@ from pathlib import Path
 import duckdb
 import pyarrow.parquet as pq
 import pytest
-from conftest import CLI, run_cli, run_cli_in_process
+from conftest import CLI, run_cli, run_cli_in_process, run_cli_process
 from test_machines import result, v6_store
 
 from harness.bundle.fmt import file_sha256, write_bundle
@@ -100,7 +100,7 @@ def test_a_bundle_with_one_byte_changed_is_refused_and_nothing_written(two_machi
     damaged = tmp_path / "damaged.bundle"
     damaged.write_bytes(bytes(data))
     fresh = tmp_path / "fresh.duckdb"
-    done = run_cli("import", str(two_machines[1]), str(damaged), "--db", str(fresh))
+    done = run_cli_process("import", str(two_machines[1]), str(damaged), "--db", str(fresh))
     assert done.returncode == 2 and "damaged" in done.stderr and "samples.parquet" in done.stderr
     assert not fresh.exists()  # not even the store's file: the bundles are checked first
     existing = tmp_path / "existing.duckdb"

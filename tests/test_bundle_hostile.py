@@ -25,7 +25,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import CLI, QUICK, run_cli, run_cli_in_process
+from conftest import CLI, QUICK, run_cli, run_cli_in_process, run_cli_process
 
 from harness.bundle.fmt import BundleError, file_sha256, read_bundle, write_bundle
 from harness.core.bounds import MAX_BUNDLE_BYTES, MAX_BUNDLE_ROWS
@@ -386,7 +386,7 @@ def test_merge_into_a_hard_link_of_a_source_is_refused(genuine: Genuine, tmp_pat
     linked = tmp_path / "h.duckdb"
     os.link(first, linked)
     before = first.read_bytes()
-    done = run_cli("merge", str(first), str(second), "--db", str(linked))
+    done = run_cli_process("merge", str(first), str(second), "--db", str(linked))
     assert done.returncode == 2 and "is one of the stores to merge" in done.stderr and "Traceback" not in done.stderr
     assert first.read_bytes() == before
 

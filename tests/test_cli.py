@@ -10,7 +10,7 @@ from pathlib import Path
 
 import onnx
 import pytest
-from conftest import QUICK, run_cli, run_cli_in_process
+from conftest import QUICK, run_cli, run_cli_in_process, run_cli_process
 from onnx import TensorProto, helper
 from test_native_run import rows
 
@@ -167,7 +167,7 @@ def _tree(root: Path) -> dict[Path, bytes | None]:
 
 
 def test_report_for_missing_db_exits_2(tmp_path: Path) -> None:
-    done = run_cli("report", "--db", str(tmp_path / "none.duckdb"), "--output-dir", str(tmp_path))
+    done = run_cli_process("report", "--db", str(tmp_path / "none.duckdb"), "--output-dir", str(tmp_path))
     assert done.returncode == 2 and "no database at" in done.stderr
 
 
@@ -333,12 +333,12 @@ def test_a_machine_without_an_engines_library_runs_the_others(tmp_path: Path) ->
     (hidden / "openvino").mkdir(parents=True)
     (hidden / "openvino" / "__init__.py").write_text("raise ImportError('openvino hidden by the test')\n")
     env = {"PYTHONPATH": os.pathsep.join([str(hidden), os.environ.get("PYTHONPATH", "")])}
-    shown = run_cli("hardware", env=env)
+    shown = run_cli_process("hardware", env=env)
     assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr
     table = " ".join(shown.stdout.replace("│", " ").split())  # a reason the table wrapped, on one line
     assert "openvino is not installed here (openvino hidden by the test)" in table
     db = tmp_path / "h.duckdb"
-    done = run_cli("native", "--model", "bert-tiny", "--engines", "onnxruntime", "--hardware", "cpu",
+    done = run_cli_process("native", "--model", "bert-tiny", "--engines", "onnxruntime", "--hardware", "cpu",
                    "--batch-sizes", "1", "--sequence-lengths", "8", *QUICK, "--db", str(db),
                    "--no-reports", "--output-dir", str(tmp_path / "out"), env=env)  # fmt: skip
     assert done.returncode == 0, done.stderr

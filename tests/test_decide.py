@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import run_cli, run_cli_in_process
+from conftest import run_cli, run_cli_in_process, run_cli_process
 from sklearn.metrics import mean_absolute_percentage_error
 
 from harness.analysis.predict import InsufficientData, Predictor, Query, _matrix, _pipeline, predict, training_rows
@@ -122,7 +122,7 @@ def test_too_little_data_is_refused(db: Path) -> None:
     seed(db, {"m1": 1e6, "m2": 4e6}, batches=(1,))
     with pytest.raises(InsufficientData, match="too little data"):
         predict(db, [])
-    done = run_cli("predict", "--model", "bert-tiny", "--db", str(db))
+    done = run_cli_process("predict", "--model", "bert-tiny", "--db", str(db))
     assert done.returncode == 2 and "too little data" in done.stderr
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import onnx
 import pytest
-from conftest import run_cli
+from conftest import run_cli_process
 from int4_models import matmul_model
 
 NATIVE = ("native", "--hardware", "cpu", "--engines", "onnxruntime", "--batch-sizes", "1", "--iterations", "1",
@@ -22,7 +22,7 @@ def refused(model_path: Path, tmp_path: Path) -> str:
     """The CLI's stderr for a native run of the model path, which must be refused: exit 2, no traceback,
     nothing written to the store."""
     db = tmp_path / "refused.duckdb"
-    done = run_cli(*NATIVE, "--model-path", str(model_path), "--db", str(db), cwd=tmp_path)
+    done = run_cli_process(*NATIVE, "--model-path", str(model_path), "--db", str(db), cwd=tmp_path)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "Traceback" not in done.stderr and "\x1b[31m" not in done.stderr
     assert not db.exists()

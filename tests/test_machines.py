@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, run_cli_in_process, store_at_version
+from conftest import run_cli, run_cli_in_process, run_cli_process, store_at_version
 
 from harness.core.records import Case, Result, Target
 from harness.run.machine import LABEL_ENV, check_machine_label, machine_facts
@@ -45,7 +45,7 @@ def test_bad_machine_label_exits_2_and_writes_nothing(tmp_path: Path) -> None:
     """The first refusal by the real CLI; after it, each test's further commands run the app in this process
     (a Python start is ~0.8 s of CPU), as in the other tests of this module."""
     db = tmp_path / "x.duckdb"
-    done = run_cli("native", "--model", "bert-tiny", "--machine-label", "two words", "--db", str(db))
+    done = run_cli_process("native", "--model", "bert-tiny", "--machine-label", "two words", "--db", str(db))
     assert done.returncode == 2 and "is not a machine label" in done.stderr and not db.exists()
     done = run_cli_in_process("native", "--model", "bert-tiny", "--db", str(db), env={LABEL_ENV: "a;b"})
     assert done.returncode == 2 and LABEL_ENV in done.stderr and not db.exists()

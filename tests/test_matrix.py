@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_cli
+from conftest import run_cli, run_cli_process
 
 from harness.analysis.matrix import (
     MATRIX_JSON,
@@ -224,7 +224,7 @@ def test_update_matrix_only_rebuilds_the_files_from_the_db(db: Path, seeded: dic
 
 
 def test_matrix_of_a_missing_db_exits_2(tmp_path: Path) -> None:
-    done = run_cli("matrix", "--db", str(tmp_path / "none.duckdb"), "--update-matrix-only")
+    done = run_cli_process("matrix", "--db", str(tmp_path / "none.duckdb"), "--update-matrix-only")
     assert done.returncode == 2 and "no database" in done.stderr
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import run_cli, run_cli_in_process
+from conftest import run_cli, run_cli_in_process, run_cli_process
 from test_web import web_cache  # noqa: F401 (the session's export cache)
 
 from harness.prepare.prepared import PrepareJob, prepare_model
@@ -211,7 +211,7 @@ def test_a_folder_without_the_file_its_config_names_is_refused_before_a_run(gena
     broken = tmp_path / "broken"
     broken.mkdir()
     shutil.copyfile(genai_folder / "genai_config.json", broken / "genai_config.json")
-    done = run_cli(*RUN, "--model-path", str(broken), "--db", str(tmp_path / "b.duckdb"), cwd=tmp_path)
+    done = run_cli_process(*RUN, "--model-path", str(broken), "--db", str(tmp_path / "b.duckdb"), cwd=tmp_path)
     assert done.returncode == 2
     assert "genai_config.json names decoder file 'model.onnx', which is not in" in done.stderr
     assert not (tmp_path / "b.duckdb").exists()

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_cli
+from conftest import run_cli_process
 from test_web import web_cache  # noqa: F401 (the session's export cache)
 
 from harness.analysis.browser_cost import browser_cost_table, browser_costs
@@ -137,7 +137,7 @@ def test_no_vulkan_icd_gives_an_unsupported_row_with_the_reason(web_cache: Path,
     db = tmp_path / "none.duckdb"
     env = {"VK_ICD_FILENAMES": str(tmp_path / "no-such-icd.json")}
     quick = ["--iterations", "2", "--warmup", "0", "--min-duration", "0"]
-    done = run_cli("native", "--model", "bert-tiny", "--hardware", "webgpu", "--db", str(db), "--no-reports",
+    done = run_cli_process("native", "--model", "bert-tiny", "--hardware", "webgpu", "--db", str(db), "--no-reports",
                    "--output-dir", str(tmp_path / "r"), *quick, env=env)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     (row,) = results(db)

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import QUICK, run_cli, run_cli_in_process
+from conftest import QUICK, run_cli, run_cli_in_process, run_cli_process
 
 from harness.analysis.machines import resolve_machine
 from harness.analysis.tables import AnalysisError
@@ -134,7 +134,7 @@ def test_a_report_file_linked_outside_the_output_dir_is_refused(hostile: tuple[P
     out = tmp_path / "out"
     out.mkdir()
     (out / f"{safe_name(first)}.md").symlink_to(tmp_path / "elsewhere.md")
-    done = run_cli("report", "--run", first, "--output-dir", str(out), "--db", str(db))
+    done = run_cli_process("report", "--run", first, "--output-dir", str(out), "--db", str(db))
     assert done.returncode == 2 and "outside" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "elsewhere.md").exists()
     assert [p.name for p in out.iterdir()] == [f"{safe_name(first)}.md"]  # no other format written before it

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import QUICK, run_cli, run_cli_in_process
+from conftest import QUICK, run_cli, run_cli_in_process, run_cli_process
 from tiny_prepared import prepared
 
 from harness.analysis.predict_model import compare_methods
@@ -60,7 +60,7 @@ def test_evaluate_prints_both_methods_held_out_error(profiled: Path) -> None:
     (errors,) = compare_methods(profiled)
     assert errors.rows == 12 and errors.models == 3
     assert errors.operators is not None and errors.log_linear is not None
-    done = run_cli("predict", "--evaluate", "--db", str(profiled))
+    done = run_cli_process("predict", "--evaluate", "--db", str(profiled))
     assert done.returncode == 0, done.stderr
     assert f"{errors.operators:.1%}" in done.stdout and f"{errors.log_linear:.1%}" in done.stdout
     refused = run_cli_in_process("predict", "--evaluate", "--model", "bert-tiny", "--db", str(profiled))

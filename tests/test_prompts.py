@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import run_cli, run_cli_process
 from test_web import web_cache  # noqa: F401 (the session's export cache: bert-tiny is exported once)
 
 from harness.prepare.prepared import PrepareJob, prepare_model
@@ -104,7 +104,7 @@ def test_a_prompt_that_cannot_be_made_is_refused_before_a_run(tmp_path: Path) ->
             validate(BenchmarkRequest(hardware=["cpu"], modes=["generate"], db_path=tmp_path / "r.duckdb", **given))
     db = tmp_path / "r.duckdb"
     for given in (("--model", "llama-tiny", "--prompt", "hello"), ("--model-path", str(hostile), "--prompt", "t1")):
-        done = run_cli("native", "--mode", "generate", *given, "--db", str(db))
+        done = run_cli_process("native", "--mode", "generate", *given, "--db", str(db))
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-500:]
     assert not db.exists()
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import run_cli_process
 from test_bundle_hostile import craft, set_cell
 
 from harness.browser.both import run_both
@@ -96,7 +96,8 @@ def test_the_html_report_draws_a_roofline_per_target(measured: dict[str, Any]) -
 
 def test_a_depth_past_the_model_context_is_refused_before_anything_runs(tmp_path: Path) -> None:
     db = tmp_path / "d.duckdb"
-    done = run_cli("native", "--model", "llama-tiny", "--mode", "generate", "--depths", "0,2040", "--db", str(db))
+    generate = ["native", "--model", "llama-tiny", "--mode", "generate"]
+    done = run_cli_process(*generate, "--depths", "0,2040", "--db", str(db))
     assert done.returncode == 2 and "a depth of 2040 (--depths)" in done.stderr and "2048 positions" in done.stderr
     assert "Traceback" not in done.stderr and not db.exists()
 

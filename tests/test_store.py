@@ -6,7 +6,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from conftest import run_cli, store_at_version
+from conftest import run_cli, run_cli_process, store_at_version
 
 from harness.core.records import Case, Result, ResultError, Target
 from harness.store import SCHEMA_VERSION, TABLES, StoreError, init_store, open_store
@@ -197,7 +197,7 @@ def test_db_init_overwrite_refuses_a_file_that_is_not_a_store(tmp_path: Path) ->
     empty.touch()
     for path in (notes, empty):
         before = path.read_bytes()
-        refused = run_cli("db", "init", "--overwrite", "--db", str(path))
+        refused = run_cli_process("db", "init", "--overwrite", "--db", str(path))
         assert refused.returncode == 2, refused.stdout + refused.stderr
         assert "replaces a DuckDB store only" in " ".join(refused.stderr.split()), refused.stderr
         assert path.read_bytes() == before

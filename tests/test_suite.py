@@ -16,7 +16,7 @@ import duckdb
 import numpy as np
 import psutil
 import pytest
-from conftest import run_cli, run_cli_in_process
+from conftest import run_cli, run_cli_in_process, run_cli_process
 from test_native_run import rows
 
 from harness.core.records import Case, Result, Target
@@ -79,7 +79,7 @@ def small_config(
 
 def test_create_config_then_check_runs_nothing(tmp_path: Path) -> None:
     config = tmp_path / "created.toml"
-    created = run_cli("suite", "--create-config", "--config", str(config))
+    created = run_cli_process("suite", "--create-config", "--config", str(config))
     assert created.returncode == 0, created.stderr
     assert config.read_text() == DEFAULT_CONFIG
     # the further commands of a test run the app in this process (a Python start is ~0.8 s of CPU)
