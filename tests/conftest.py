@@ -31,17 +31,6 @@ CLI = [sys.executable, "-m", "harness.cli"]
 QUICK = ["--iterations", "5", "--warmup", "1", "--min-duration", "0"]
 
 
-def run_cli(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 600, cwd: Path | None = None
-) -> subprocess.CompletedProcess:
-    """The CLI, as `run_cli_in_process` calls it: the same app, the same runs (each job in its own worker), without a
-    Python start and a fork server's preload of torch per call (~1 s and ~3 s of CPU: a fifth of the parallel pass).
-    A test of what only a process has (its exit without a traceback, signals, limits, its own environment at
-    import) calls `run_cli_process`. `timeout` is the real process's; here the run's own --timeout bounds a job."""
-    del timeout
-    return run_cli_in_process(*args, env=env, cwd=cwd)
-
-
 def run_cli_process(
     *args: str, env: dict[str, str] | None = None, timeout: float = 600, cwd: Path | None = None
 ) -> subprocess.CompletedProcess:
@@ -98,14 +87,14 @@ def store_at_version(path: Path, version: int) -> Any:
     return connection
 
 
-def run_cli_in_process(
-    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
-) -> subprocess.CompletedProcess:
+def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """The CLI's Typer app called in this process (Click's CliRunner), in `cwd`: exit code, stdout and stderr as
     `run_cli_process` returns them, without a Python start (~0.8 s of CPU each). Its runs start their workers as a
     CLI process does, from this process: the fork server (multiprocessing's, one per process) is started by the
     first run that needs torch, and each forked job takes the environment and directory of the call (isolation.py).
-    An exception the app did not turn into an exit code is appended to stderr (a traceback a user would see)."""
+    An exception the app did not turn into an exit code is appended to stderr (a traceback a user would see).
+    A test of what only a process has (its exit without a traceback, signals, limits, an environment read at
+    import) calls `run_cli_process`."""
     import traceback
 
     from typer.testing import CliRunner

@@ -10,7 +10,7 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import pytest
-from conftest import run_cli, run_cli_in_process
+from conftest import run_cli, run_cli_process
 from test_cli import _tiny_onnx
 from test_native_run import _fixed_batch_onnx
 
@@ -141,7 +141,7 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path: Path, args: list[str], m
     for flag, value in zip(args[::2], args[1::2], strict=True):
         base[flag] = value
     # One case as a real process (exit 2, no traceback); the others, refused before any run, in this one.
-    cli = run_cli if args[0] == "--rounds" else run_cli_in_process
+    cli = run_cli_process if args[0] == "--rounds" else run_cli
     done = cli("ab", *[x for pair in base.items() for x in pair], "--db", str(db))
     assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert not db.exists()

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import run_cli, run_cli_in_process, run_cli_process
+from conftest import run_cli, run_cli_process
 from test_web import web_cache  # noqa: F401 (the session's export cache)
 
 from harness.core.bounds import MAX_AUDIO_SECONDS
@@ -96,11 +96,11 @@ def test_a_bad_wav_or_a_length_past_the_window_exits_2_and_writes_nothing(tmp_pa
     assert refused.returncode == 2 and "--audio truncated.wav: truncated" in refused.stderr + refused.stdout
     assert "Traceback" not in refused.stderr and not db.exists()
     # the other two through the same app in this process: the first proved a refusal exits without a traceback
-    longer = run_cli_in_process("native", *WHISPER, "--audio-seconds", f"5,{MAX_AUDIO_SECONDS + 1}", "--db", str(db))
+    longer = run_cli("native", *WHISPER, "--audio-seconds", f"5,{MAX_AUDIO_SECONDS + 1}", "--db", str(db))
     text = longer.stderr + longer.stdout
     assert longer.returncode == 2 and f"--audio-seconds takes whole numbers from 1 to {MAX_AUDIO_SECONDS}" in text
     assert "Traceback" not in longer.stderr and not db.exists()
-    other = run_cli_in_process("native", "--model", "bert-tiny", "--audio", str(tmp_path / "good.wav"), "--db", str(db))
+    other = run_cli("native", "--model", "bert-tiny", "--audio", str(tmp_path / "good.wav"), "--db", str(db))
     assert other.returncode == 2 and "bert-tiny takes no speech" in other.stderr + other.stdout and not db.exists()
 
 

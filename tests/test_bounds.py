@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import CLI, run_cli_in_process
+from conftest import CLI, run_cli
 
 # An address-space limit on the CLI: a command that starts building what it was asked for (a schedule
 # of 1e11 rounds, 477 GiB of inputs) fails with MemoryError (exit 1) instead of exiting 2.
@@ -69,7 +69,7 @@ def test_every_count_is_bounded_before_anything_is_built(tmp_path: Path, args: l
         )
     else:
         with _address_space_headroom():
-            done = run_cli_in_process(*args, cwd=tmp_path)
+            done = run_cli(*args, cwd=tmp_path)
     assert done.returncode == 2, done.stdout + done.stderr
     assert message in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1

@@ -15,7 +15,7 @@ from pathlib import Path
 import duckdb
 import pyarrow.parquet as pq
 import pytest
-from conftest import CLI, run_cli, run_cli_in_process, run_cli_process
+from conftest import CLI, run_cli, run_cli_process
 from test_machines import result, v6_store
 
 from harness.bundle.fmt import file_sha256, write_bundle
@@ -104,9 +104,9 @@ def test_a_bundle_with_one_byte_changed_is_refused_and_nothing_written(two_machi
     assert done.returncode == 2 and "damaged" in done.stderr and "samples.parquet" in done.stderr
     assert not fresh.exists()  # not even the store's file: the bundles are checked first
     existing = tmp_path / "existing.duckdb"
-    assert run_cli("import", str(two_machines[1]), "--db", str(existing)).returncode == 0
+    assert run_cli_process("import", str(two_machines[1]), "--db", str(existing)).returncode == 0
     before = counts(existing)
-    again = run_cli_in_process("import", str(damaged), "--db", str(existing))  # the same refusal, in-process
+    again = run_cli("import", str(damaged), "--db", str(existing))  # the same refusal, in-process
     assert again.returncode == 2 and "damaged" in again.stderr and "samples.parquet" in again.stderr, again.stderr
     assert "Traceback" not in again.stderr
     assert counts(existing) == before
@@ -154,7 +154,7 @@ def old_bundle(tmp_path: Path) -> Path:
 def test_an_older_schema_bundle_imports_and_a_newer_one_is_refused(tmp_path: Path) -> None:
     bundle = old_bundle(tmp_path)
     db = tmp_path / "new.duckdb"
-    done = run_cli("import", str(bundle), "--db", str(db))
+    done = run_cli_process("import", str(bundle), "--db", str(db))
     assert done.returncode == 0, done.stderr
     migrated = tmp_path / "migrated.duckdb"
     v6_store(migrated)
@@ -164,8 +164,8 @@ def test_an_older_schema_bundle_imports_and_a_newer_one_is_refused(tmp_path: Pat
         assert store.query("SELECT run_uuid, content_hash FROM runs JOIN results USING (run_id)") == expected
     with zipfile.ZipFile(bundle) as archive:
         members = {name: archive.read(name) for name in archive.namelist()}
-    for field, value, message, cli in (("schema_version", 99, "newer store (schema version 99", run_cli),
-                                       ("bundle_format", 2, "bundle format 2", run_cli_in_process)):  # fmt: skip
+    for field, value, message, cli in (("schema_version", 99, "newer store (schema version 99", run_cli_process),
+                                       ("bundle_format", 2, "bundle format 2", run_cli)):  # fmt: skip
         manifest = json.loads(members["manifest.json"]) | {field: value}
         newer = tmp_path / f"newer-{field}.bundle"
         with zipfile.ZipFile(newer, "w") as archive:
@@ -218,7 +218,7 @@ def test_redact_public_leaves_no_hostname_user_path_or_address(tmp_path: Path) -
 @pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGINT])
 def test_a_kill_or_ctrl_c_mid_import_leaves_the_store_as_it_was(two_machines, tmp_path: Path, stop: int) -> None:
     db = tmp_path / "s.duckdb"
-    assert run_cli_in_process("import", str(two_machines[0]), "--db", str(db)).returncode == 0  # the store before
+    assert run_cli("import", str(two_machines[0]), "--db", str(db)).returncode == 0  # the store before
     before = counts(db)
     assert before["results"] == 3 and before["imports"] == 1
     process = subprocess.Popen(

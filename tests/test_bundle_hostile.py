@@ -25,7 +25,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import CLI, QUICK, run_cli, run_cli_in_process, run_cli_process
+from conftest import CLI, QUICK, run_cli, run_cli_process
 
 from harness.bundle.fmt import BundleError, file_sha256, read_bundle, write_bundle
 from harness.core.bounds import MAX_BUNDLE_BYTES, MAX_BUNDLE_ROWS
@@ -136,7 +136,7 @@ def refused(bundle: Path, db: Path, *needles: str, real: bool = True) -> str:
     the store as it was (or, for a new file, none made). `real`: in a process of its own (each test keeps
     one such), else through the app in this process."""
     before = snapshot(db) if db.exists() else None
-    done = (run_cli if real else run_cli_in_process)("import", str(bundle), "--db", str(db))
+    done = (run_cli_process if real else run_cli)("import", str(bundle), "--db", str(db))
     assert done.returncode == 2, done.stdout + done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "\x1b" not in done.stderr

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import onnx
 import pytest
-from conftest import QUICK, run_cli, run_cli_in_process, run_cli_process
+from conftest import QUICK, run_cli, run_cli_process
 from onnx import TensorProto, helper
 from test_native_run import rows
 
@@ -154,7 +154,7 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path: Path, args: list[str], m
         if arg.startswith("@"):
             INPUT_FILES[arg[1:]](tmp_path / arg[1:])
     before = _tree(tmp_path)
-    cli = run_cli if args is BAD_INPUT[0][0] else run_cli_in_process
+    cli = run_cli_process if args is BAD_INPUT[0][0] else run_cli
     done = cli(*(str(tmp_path / a[1:]) if a.startswith("@") else a for a in args), cwd=tmp_path)
     assert done.returncode == 2, done.stdout + done.stderr
     assert message in done.stderr
@@ -314,7 +314,7 @@ def test_bad_output_paths_are_refused_before_anything_runs(
     with open_store(tmp_path / "store.duckdb"):
         pass
     before = _tree(tmp_path)
-    cli = run_cli if args is BAD_OUTPUT[0][0] else run_cli_in_process
+    cli = run_cli_process if args is BAD_OUTPUT[0][0] else run_cli
     done = cli(*(a.replace("@", f"{tmp_path}/") for a in args), cwd=tmp_path)
     assert done.returncode == 2, done.stdout + done.stderr
     stderr = " ".join(done.stderr.split())

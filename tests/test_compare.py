@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import CLI, run_cli, run_cli_in_process
+from conftest import CLI, run_cli, run_cli_process
 from onnx import TensorProto, helper, numpy_helper
 
 from harness.analysis.compare import compare_runs
@@ -39,7 +39,7 @@ from harness.analysis.tables import AnalysisError
 from harness.store import open_store
 
 # The tests of the runs measured side by side on one CPU are marked timing: `make test` runs them alone.
-# The CLI is called in this process (run_cli_in_process): a Python start per call adds nothing to what they check
+# The CLI is called in this process (run_cli): a Python start per call adds nothing to what they check
 # (the one refusal through a real process: test_compare_bad_input_exits_2's first case).
 WIDTH = 192
 LAYERS = 250  # ~0.55 ms per inference on this machine: short against a ~4 ms scheduler slice
@@ -138,7 +138,7 @@ def steady(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
 
 
 def compare_json(db: Path, a: str, b: str, *options: str) -> tuple[int, dict]:
-    done = run_cli_in_process("compare", a, b, "--db", str(db), "--format", "json", "--threshold", "10%", *options)
+    done = run_cli("compare", a, b, "--db", str(db), "--format", "json", "--threshold", "10%", *options)
     assert done.returncode in (0, 1), done.stderr
     return done.returncode, json.loads(done.stdout)
 
@@ -186,9 +186,7 @@ def test_compare_does_not_flag_the_same_workload(steady) -> None:
 @pytest.mark.timing
 def test_history_flags_the_step_and_only_the_step(steady) -> None:
     db, run_ids = steady
-    done = run_cli_in_process(
-        "history", "--model", "chain", "--metric", "latency_p25_ms", "--db", str(db), "--format", "json"
-    )
+    done = run_cli("history", "--model", "chain", "--metric", "latency_p25_ms", "--db", str(db), "--format", "json")
     assert done.returncode == 0, done.stderr
     (series,) = json.loads(done.stdout)["series"]
     points = series["points"]
@@ -196,9 +194,7 @@ def test_history_flags_the_step_and_only_the_step(steady) -> None:
     assert [p["run_id"] for p in points][2] == run_ids[2]  # ordered by started_at: the 1.5x run is last
     assert [p["step"] for p in points] == [False, False, True]
     assert points[2]["change"] > 0.1 and points[2]["p_value"] < 0.05
-    markdown = run_cli_in_process(
-        "history", "--model", "chain", "--db", str(db), "--engine", "onnxruntime", "--batch-size", "1"
-    )
+    markdown = run_cli("history", "--model", "chain", "--db", str(db), "--engine", "onnxruntime", "--batch-size", "1")
     assert markdown.returncode == 0, markdown.stderr
     assert "# History of latency_p50_ms for chain" in markdown.stdout and markdown.stdout.count(run_ids[0]) == 1
 
@@ -208,7 +204,7 @@ def test_history_bad_input(steady) -> None:
     from harness.analysis.history import history
 
     db, _ = steady
-    done = run_cli_in_process("history", "--model", "chain", "--metric", "hostname", "--db", str(db))
+    done = run_cli("history", "--model", "chain", "--metric", "hostname", "--db", str(db))
     assert done.returncode == 2 and "unknown metric 'hostname'" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
     with pytest.raises(AnalysisError, match="no results for model 'nope'; models in the store: chain"):
@@ -220,19 +216,19 @@ def test_history_bad_input(steady) -> None:
 @pytest.mark.timing
 def test_compare_outputs_and_plots(slowdown, tmp_path: Path) -> None:
     db, a, b = slowdown
-    markdown = run_cli_in_process("compare", a, b, "--db", str(db), "--quantile", "0.25", "--threshold", "0.1")
+    markdown = run_cli("compare", a, b, "--db", str(db), "--quantile", "0.25", "--threshold", "0.1")
     assert markdown.returncode == 0, markdown.stderr
     assert f"## Comparison: {b} vs {a}" in markdown.stdout and "| chain | cpu/onnxruntime:CPUExecutionProvider" in (
         markdown.stdout
     )
     page, png, svg = tmp_path / "c.html", tmp_path / "c.png", tmp_path / "c.svg"
-    done = run_cli_in_process(
+    done = run_cli(
         "compare", a, b, "--db", str(db), "--format", "html", "--out", str(page), "--plot-comparison", str(png)
     )
     assert done.returncode == 0, done.stderr
     assert page.read_text().startswith("<!doctype html>") and "<td>chain</td>" in page.read_text()
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert run_cli_in_process("compare", a, b, "--db", str(db), "--plot-comparison", str(svg)).returncode == 0
+    assert run_cli("compare", a, b, "--db", str(db), "--plot-comparison", str(svg)).returncode == 0
     assert "<svg" in svg.read_text()
 
 
@@ -275,7 +271,7 @@ def test_selectors(slowdown, tmp_path: Path) -> None:
 )
 def test_compare_bad_input_exits_2(slowdown, args: list[str], message: str) -> None:
     db, _, _ = slowdown
-    cli = run_cli if args == ["nope", "latest"] else run_cli_in_process
+    cli = run_cli_process if args == ["nope", "latest"] else run_cli
     done = cli("compare", *args, "--db", str(db))
     assert done.returncode == 2 and message in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import run_cli, run_cli_in_process, run_cli_process
+from conftest import run_cli, run_cli_process
 from sklearn.metrics import mean_absolute_percentage_error
 
 from harness.analysis.predict import InsufficientData, Predictor, Query, _matrix, _pipeline, predict, training_rows
@@ -169,14 +169,14 @@ def test_predict_model_path_counts_the_folders_own_model(seeded: Path, tmp_path:
     tiny.save_pretrained(tmp_path / "my-bert")
     size = f"my-bert ({sum(p.numel() for p in tiny.parameters()):,} parameters)"
     # the export in the app in this process, the cached one by the real CLI (a Python start is ~0.8 s of CPU)
-    for export, cli in (("exported now", run_cli_in_process), ("cached", run_cli)):
+    for export, cli in (("exported now", run_cli), ("cached", run_cli_process)):
         done = cli("predict", "--model-path", str(tmp_path / "my-bert"), "--db", str(db))
         assert done.returncode == 0 and size in done.stdout, (export, done.stdout, done.stderr)
     broken = tmp_path / "broken-bert"
     broken.mkdir()
     # Well-typed (the up-front config check passes it) but not a model: BERT's own check refuses it.
     (broken / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": 30, "num_attention_heads": 4}))
-    refused = run_cli_in_process("predict", "--model-path", str(broken), "--db", str(db))
+    refused = run_cli("predict", "--model-path", str(broken), "--db", str(db))
     assert refused.returncode == 2, refused.stdout + refused.stderr
     reason = " ".join(refused.stderr.split())
     assert f"--model-path {broken}: counting broken-bert's graph failed" in reason, reason
@@ -216,11 +216,11 @@ def test_unmeasured_target_is_backed_by_a_marked_prediction(db: Path) -> None:
 
 def test_recommend_cli_prints_primary_and_backing(seeded: Path, tmp_path: Path) -> None:
     db = seeded
-    done = run_cli("recommend", "--model", "m2", "--batch-size", "2", "--hardware", "cpu", "--db", str(db))
+    done = run_cli_process("recommend", "--model", "m2", "--batch-size", "2", "--hardware", "cpu", "--db", str(db))
     assert done.returncode == 0, done.stderr
     assert "primary: cpu/onnxruntime:CPUExecutionProvider" in done.stdout and "measured:" in done.stdout
     selection = tmp_path / "map.json"
-    done = run_cli_in_process("recommend", "--create-map", str(selection), "--db", str(db))  # the first: real CLI
+    done = run_cli("recommend", "--create-map", str(selection), "--db", str(db))  # the first: real CLI
     assert done.returncode == 0, done.stderr
     assert "embedding/small/batch4/inference" in selection.read_text()
 
@@ -348,9 +348,9 @@ def test_one_line_names_the_fastest_target_and_the_browser_best(db: Path) -> Non
     line = one_line(db, "m2", 1)
     assert line.startswith("for m2 at batch 1, sequence 32, fp32, here: cpu/onnxruntime:CPUExecutionProvider, ")
     assert f"the browser's best: wasm/onnxruntime-web:wasm:threads=1, {wasm['latency_p50_ms']:.3g} ms p50" in line
-    done = run_cli("recommend", "--model", "m2", "--batch-size", "1", "--one-line", "--db", str(db))
+    done = run_cli_process("recommend", "--model", "m2", "--batch-size", "1", "--one-line", "--db", str(db))
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == line
     assert "nothing to recommend" in one_line(db, "m2", 16)
-    refused = run_cli_in_process("recommend", "--model", "m2", "--one-line", "--hardware", "cpu", "--db", str(db))
+    refused = run_cli("recommend", "--model", "m2", "--one-line", "--hardware", "cpu", "--db", str(db))
     assert refused.returncode == 2 and "--one-line takes" in refused.stderr

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from conftest import run_cli_in_process
+from conftest import run_cli
 from test_isolation import readme_api_example
 
 import harness
@@ -259,5 +259,5 @@ def test_no_command_prints_the_three_first_commands() -> None:
         f"  {command:<{max(len(c) for c, _ in FIRST_COMMANDS)}}  # {why}" for command, why in FIRST_COMMANDS
     ]
     assert "docs/" in done.stdout
-    listed = run_cli_in_process("--help")  # the app in this process: a second Python start is ~0.8 s of CPU
+    listed = run_cli("--help")  # the app in this process: a second Python start is ~0.8 s of CPU
     assert all(name.split()[0] in listed.stdout for name in commands())

@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 import psutil
 import pytest
-from conftest import CLI, QUICK, run_cli, run_cli_in_process
+from conftest import CLI, QUICK, run_cli, run_cli_process
 from onnx import helper
 from test_native_run import rows
 from test_suite import small_config
@@ -307,7 +307,7 @@ def test_malformed_config_exits_2_naming_file_and_key(tmp_path: Path, name: str,
     config = tmp_path / name
     config.write_text(text + f'\n[run]\ndb = "{tmp_path / "x.duckdb"}"\n' if name.endswith(".toml") else text)
     # One case as a real process (exit 2, no traceback); the others, refused before any run, in this one.
-    cli = run_cli if name == "bad.toml" else run_cli_in_process
+    cli = run_cli_process if name == "bad.toml" else run_cli
     done = cli("suite", "--config", str(config), "--check")
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stdout + done.stderr
     assert str(config) in done.stderr and message in " ".join(done.stderr.split()), done.stderr

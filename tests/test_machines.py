@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, run_cli_in_process, run_cli_process, store_at_version
+from conftest import run_cli, run_cli_process, store_at_version
 
 from harness.core.records import Case, Result, Target
 from harness.run.machine import LABEL_ENV, check_machine_label, machine_facts
@@ -47,7 +47,7 @@ def test_bad_machine_label_exits_2_and_writes_nothing(tmp_path: Path) -> None:
     db = tmp_path / "x.duckdb"
     done = run_cli_process("native", "--model", "bert-tiny", "--machine-label", "two words", "--db", str(db))
     assert done.returncode == 2 and "is not a machine label" in done.stderr and not db.exists()
-    done = run_cli_in_process("native", "--model", "bert-tiny", "--db", str(db), env={LABEL_ENV: "a;b"})
+    done = run_cli("native", "--model", "bert-tiny", "--db", str(db), env={LABEL_ENV: "a;b"})
     assert done.returncode == 2 and LABEL_ENV in done.stderr and not db.exists()
 
 
@@ -122,7 +122,7 @@ def two_labels(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_one_html_report_shows_both_machines_side_by_side(two_labels: Path, tmp_path: Path) -> None:
     page = tmp_path / "all.html"
-    done = run_cli("report", "--run", "all", "--format", "html", "--out", str(page), "--db", str(two_labels))
+    done = run_cli_process("report", "--run", "all", "--format", "html", "--out", str(page), "--db", str(two_labels))
     assert done.returncode == 0, done.stderr
     html = page.read_text()
     section = html[html.index('<section id="machines">') :]
@@ -130,7 +130,7 @@ def test_one_html_report_shows_both_machines_side_by_side(two_labels: Path, tmp_
     assert "Across 2 machines" in section and "<th>lab</th><th>laptop</th>" in section
     assert section.count('<td class="num">') >= 2  # a measured latency under each machine
     assert "Across 1 hardware classes" in section  # one machine really: one class for both labels
-    listed = run_cli_in_process("query", "--report", "machines", "--format", "json", "--db", str(two_labels))
+    listed = run_cli("query", "--report", "machines", "--format", "json", "--db", str(two_labels))
     assert sorted(m["machine"] for m in json.loads(listed.stdout)) == ["lab", "laptop"]
 
 
@@ -139,14 +139,14 @@ def test_compare_refuses_two_hardware_classes_unless_asked(two_labels: Path, tmp
     db.write_bytes(two_labels.read_bytes())
     with open_store(db) as store:
         a, b = (r["run_id"] for r in store.query("SELECT run_id FROM runs ORDER BY machine_label"))
-    same = run_cli("compare", a, b, "--db", str(db))
+    same = run_cli_process("compare", a, b, "--db", str(db))
     assert same.returncode == 0 and "A ran on lab, B on laptop: one hardware class" in same.stdout
     with open_store(db) as store:
         store.connection.execute("UPDATE runs SET hardware_class = 'Other CPU · no GPU · 64 GiB' WHERE run_id = ?", [b])
-    refused = run_cli_in_process("compare", a, b, "--db", str(db))
+    refused = run_cli("compare", a, b, "--db", str(db))
     assert refused.returncode == 2 and "another hardware class" in refused.stderr
     assert "--across-machines" in refused.stderr and "Other CPU" in refused.stderr
-    asked = run_cli_in_process("compare", a, b, "--across-machines", "--db", str(db))
+    asked = run_cli("compare", a, b, "--across-machines", "--db", str(db))
     assert asked.returncode == 0 and "across machines (--across-machines)" in asked.stdout
 
 
@@ -154,13 +154,11 @@ def test_recommend_learns_from_one_machine_when_asked(two_labels: Path) -> None:
     lab_rows = "SELECT result_id FROM results JOIN runs USING (run_id) WHERE machine_label = 'lab'"
     with open_store(two_labels, read_only=True) as store:
         lab = {r["result_id"][:8] for r in store.query(lab_rows)}
-    done = run_cli("recommend", "--model-family", "embedding", "--machine", "lab", "--db", str(two_labels))
+    done = run_cli_process("recommend", "--model-family", "embedding", "--machine", "lab", "--db", str(two_labels))
     assert done.returncode == 0, done.stderr
     cited = set(re.findall(r"\b[0-9a-f]{8}\b", done.stdout.split("measured:", 1)[1]))
     assert cited and cited <= lab  # the laptop's rows are not evidence
-    unknown = run_cli_in_process(
-        "recommend", "--model-family", "embedding", "--machine", "nope", "--db", str(two_labels)
-    )
+    unknown = run_cli("recommend", "--model-family", "embedding", "--machine", "nope", "--db", str(two_labels))
     assert unknown.returncode == 2 and "machine 'nope'; machines: lab, laptop" in unknown.stderr
 
 

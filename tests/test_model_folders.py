@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import run_cli, run_cli_in_process, run_cli_process
+from conftest import run_cli, run_cli_process
 from test_web import web_cache  # noqa: F401 (the session's export cache)
 
 from harness.prepare.prepared import PrepareJob, prepare_model
@@ -301,14 +301,14 @@ def test_a_genai_folder_reaching_outside_itself_is_refused_by_key(
 ) -> None:
     """Issue 30 item 11: the builder's folder, its genai_config.json rewritten, is refused before a run exists:
     exit 2 naming the key and the path (escape sequences stripped), no traceback, no store written. One case runs the
-    CLI as a process (SUBPROCESS_CASE), the others the same app in this one (conftest.run_cli_in_process)."""
+    CLI as a process (SUBPROCESS_CASE), the others the same app in this one (conftest.run_cli)."""
     change, expected = HOSTILE_GENAI[hostile]
     (tmp_path / "elsewhere").mkdir(exist_ok=True)
     shutil.copyfile(genai_folder / "model.onnx", tmp_path / "elsewhere" / "model.onnx")  # there to be run
     (tmp_path / "c").mkdir()
     folder = corrupted_genai(genai_folder, tmp_path / "c", change)  # ../../elsewhere is tmp_path's
     db = tmp_path / "h.duckdb"
-    cli = run_cli if hostile == SUBPROCESS_CASE else run_cli_in_process
+    cli = run_cli_process if hostile == SUBPROCESS_CASE else run_cli
     done = cli("native", "--hardware", "cpu", "--engines", "onnxruntime", "--model-path", str(folder),
                    "--iterations", "1", "--warmup", "0", "--db", str(db), cwd=tmp_path)  # fmt: skip
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]

@@ -11,7 +11,7 @@ import duckdb
 import numpy as np
 import pytest
 import torch
-from conftest import QUICK, run_cli, run_cli_in_process, run_cli_process
+from conftest import QUICK, run_cli, run_cli_process
 from test_native_run import rows
 
 from harness.core.records import Target
@@ -250,7 +250,7 @@ def test_bad_mode_and_new_tokens_exit_2(tmp_path: Path) -> None:
     done = run_cli_process("native", "--mode", "finetune", "--db", str(tmp_path / "x.duckdb"))
     assert done.returncode == 2 and "unknown mode 'finetune'; valid: inference, generate, training" in done.stderr
     assert "Traceback" not in done.stderr
-    done = run_cli_in_process("native", "--mode", "generate", "--new-tokens", "0", "--db", str(tmp_path / "x.duckdb"))
+    done = run_cli("native", "--mode", "generate", "--new-tokens", "0", "--db", str(tmp_path / "x.duckdb"))
     assert done.returncode == 2 and "--new-tokens takes a whole number from 1 to 4,096" in done.stderr
     assert not (tmp_path / "x.duckdb").exists()
 

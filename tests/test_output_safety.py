@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import QUICK, run_cli, run_cli_in_process, run_cli_process
+from conftest import QUICK, run_cli, run_cli_process
 
 from harness.analysis.machines import resolve_machine
 from harness.analysis.tables import AnalysisError
@@ -162,7 +162,7 @@ PRINTING = [
 )  # fmt: skip
 def test_stored_escapes_never_reach_the_terminal(hostile: tuple[Path, Path], tmp_path: Path, args: list[str]) -> None:
     db, _ = hostile
-    cli = run_cli if args is PRINTING[0] else run_cli_in_process
+    cli = run_cli_process if args is PRINTING[0] else run_cli
     done = cli(*(a.replace("{tmp}", str(tmp_path)) for a in args), "--db", str(db))
     assert done.returncode in (0, 2), done.stderr
     assert "Traceback" not in done.stderr
@@ -180,11 +180,9 @@ def test_markdown_and_csv_helpers() -> None:
 
 def test_markdown_reports_carry_no_html_from_the_store(hostile: tuple[Path, Path], tmp_path: Path) -> None:
     db, _ = hostile
-    assert (
-        run_cli("report", "--run", "all", "--format", "md", "--output-dir", str(tmp_path), "--db", str(db)).returncode
-        == 0
-    )
-    assert run_cli_in_process("matrix", "--output-dir", str(tmp_path), "--db", str(db)).returncode == 0
+    drawn = run_cli_process("report", "--run", "all", "--format", "md", "--output-dir", str(tmp_path), "--db", str(db))
+    assert drawn.returncode == 0
+    assert run_cli("matrix", "--output-dir", str(tmp_path), "--db", str(db)).returncode == 0
     for name in ("all-runs.md", "compatibility_matrix.md"):
         text = (tmp_path / name).read_text()
         assert "<script" not in text and "<img" not in text and "\x1b" not in text, name
@@ -200,11 +198,10 @@ def cells(text: str) -> list[str]:
 def test_csv_cells_a_spreadsheet_would_run_are_neutralized(hostile: tuple[Path, Path], tmp_path: Path) -> None:
     db, _ = hostile
     report = tmp_path / "r.csv"
-    assert run_cli("report", "--run", "all", "--format", "csv", "--out", str(report), "--db", str(db)).returncode == 0
-    query = run_cli_in_process(
-        "query", "--sql", "SELECT weights, error, load_ms FROM results", "--format", "csv", "--db", str(db)
-    )
-    exported = run_cli_in_process("export", "--out", str(tmp_path / "export"), "--format", "csv", "--db", str(db))
+    drawn = run_cli_process("report", "--run", "all", "--format", "csv", "--out", str(report), "--db", str(db))
+    assert drawn.returncode == 0
+    query = run_cli("query", "--sql", "SELECT weights, error, load_ms FROM results", "--format", "csv", "--db", str(db))
+    exported = run_cli("export", "--out", str(tmp_path / "export"), "--format", "csv", "--db", str(db))
     assert query.returncode == 0 and exported.returncode == 0, query.stderr + exported.stderr
     texts = {"report": report.read_text(), "query": query.stdout}
     texts |= {p.name: p.read_text() for p in (tmp_path / "export").glob("*.csv")}
@@ -243,7 +240,7 @@ def test_machine_takes_an_exact_id_a_long_unique_prefix_or_an_exact_label(machin
 
 @pytest.mark.parametrize("given", ["", "7", "7a7a7a7a", "shared"])
 def test_an_empty_short_or_ambiguous_machine_is_exit_2_listing_the_candidates(machines: Path, given: str) -> None:
-    cli = run_cli if given == "" else run_cli_in_process  # one real CLI case; the app in-process for the others
+    cli = run_cli_process if given == "" else run_cli  # one real CLI case; the app in-process for the others
     done = cli("recommend", "--model-family", "embedding", "--machine", given, "--db", str(machines))
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     expected = {"": "lab", "7": "7a7a7a7a00000001", "7a7a7a7a": "7a7a7a7a00000002", "shared": "6e6e6e6e00000002"}

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import QUICK, run_cli, run_cli_in_process, run_cli_process
+from conftest import QUICK, run_cli, run_cli_process
 from tiny_prepared import prepared
 
 from harness.analysis.predict_model import compare_methods
@@ -37,7 +37,7 @@ def test_unmeasured_onnx_file_is_predicted_from_its_operators(profiled: Path) ->
     on the profiled target, at each asked case, with the method and its held-out error named."""
     onnx_file = prepared("gpt2-tiny").onnx_path
     assert onnx_file is not None
-    done = run_cli(
+    done = run_cli_process(
         "predict", "--model-path", str(onnx_file), "--batch-sizes", "1,4", "--sequence-lengths", "16",
         "--db", str(profiled), "--json",
     )  # fmt: skip
@@ -50,7 +50,7 @@ def test_unmeasured_onnx_file_is_predicted_from_its_operators(profiled: Path) ->
     assert 0 < rows[0]["predicted_latency_p50_ms"] < rows[1]["predicted_latency_p50_ms"]  # 4x the work
     assert "operators" in found["methods"]
     # a test's first command by the real CLI, the others by the app in this process (a Python start: ~0.8 s CPU)
-    table = run_cli_in_process("predict", "--model-path", str(onnx_file), "--db", str(profiled))
+    table = run_cli("predict", "--model-path", str(onnx_file), "--db", str(profiled))
     assert table.returncode == 0, table.stderr
     assert "operators" in table.stdout and "predictions, not measurements" in table.stdout
 
@@ -63,7 +63,7 @@ def test_evaluate_prints_both_methods_held_out_error(profiled: Path) -> None:
     done = run_cli_process("predict", "--evaluate", "--db", str(profiled))
     assert done.returncode == 0, done.stderr
     assert f"{errors.operators:.1%}" in done.stdout and f"{errors.log_linear:.1%}" in done.stdout
-    refused = run_cli_in_process("predict", "--evaluate", "--model", "bert-tiny", "--db", str(profiled))
+    refused = run_cli("predict", "--evaluate", "--model", "bert-tiny", "--db", str(profiled))
     assert refused.returncode == 2 and "takes no --model" in refused.stderr
 
 
@@ -85,7 +85,7 @@ def test_the_demo_prediction_names_the_operator_method_and_its_error_or_refuses_
     options = demo_predict_options()
     assert options[:2] == ["--method", "operators"] and options[2] == "--max-error", options
     ask = ("predict", "--model", "gpt2-tiny", "--batch-sizes", "1", "--sequence-lengths", "16")
-    done = run_cli(*ask, *options, "--db", str(profiled))
+    done = run_cli_process(*ask, *options, "--db", str(profiled))
     assert done.returncode == 0, done.stderr
     said = [line for line in done.stdout.strip().splitlines() if not line.startswith("counting gpt2-tiny's graph")]
     if said[0].startswith("no prediction for gpt2-tiny"):
@@ -93,18 +93,18 @@ def test_the_demo_prediction_names_the_operator_method_and_its_error_or_refuses_
     else:
         assert "operators" in done.stdout and "log-linear" not in done.stdout
         assert re.search(rf"{TARGET[:20]}.*operators.*\d+\.\d%", done.stdout.replace("\n", " ")), done.stdout
-    strict = run_cli_in_process(*ask, "--method", "operators", "--max-error", "0.0001", "--db", str(profiled))
+    strict = run_cli(*ask, "--method", "operators", "--max-error", "0.0001", "--db", str(profiled))
     assert strict.returncode == 0, strict.stderr
     (line,) = [line for line in strict.stdout.strip().splitlines() if not line.startswith("counting")]
     assert line.startswith("no prediction for gpt2-tiny worth acting on here: ") and "is above 0%" in line
     empty = tmp_path / "empty.duckdb"
     with open_store(empty):
         pass
-    unprofiled = run_cli_in_process("predict", "--model", "bert-tiny", "--method", "operators", "--db", str(empty))
+    unprofiled = run_cli("predict", "--model", "bert-tiny", "--method", "operators", "--db", str(empty))
     assert unprofiled.stdout.strip() == (
         "no prediction for bert-tiny worth acting on here: no target here has operator profiles of 2+ models "
         "at fp32 (run with --profile)"
     )
     for bad in (["--method", "best"], ["--max-error", "2"], ["--max-error", "much"]):
-        refused = run_cli_in_process(*ask, *bad, "--db", str(profiled))
+        refused = run_cli(*ask, *bad, "--db", str(profiled))
         assert refused.returncode == 2 and bad[0] in refused.stderr, refused.stderr

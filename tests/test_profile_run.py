@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import QUICK, run_cli, run_cli_in_process
+from conftest import QUICK, run_cli, run_cli_process
 from tiny_prepared import prepared
 
 from harness.core.records import Target
@@ -74,19 +74,19 @@ def test_query_ops_export_and_html_show_them(native_run: Path, tmp_path: Path) -
     and the HTML report draws a bar of op types for every profiled result."""
     results, operators = stored(native_run)
     total = sum(len(rows) for rows in operators.values())
-    done = run_cli("query", "--report", "ops", "--format", "json", "--db", str(native_run))
+    done = run_cli_process("query", "--report", "ops", "--format", "json", "--db", str(native_run))
     assert done.returncode == 0, done.stderr
     printed = json.loads(done.stdout)
     assert len(printed) == total
     assert {"node", "op_type", "ran_on", "ms_per_iter", "share", "flops", "bytes", "fallback"} <= set(printed[0])
     matmul = next(r for r in printed if r["op_type"] == "MatMul" and r["op_class"] == "matmul")
     assert matmul["flops"] > 0 and matmul["bytes"] > 0 and matmul["ms_per_iter"] > 0
-    done = run_cli_in_process("export", "--out", str(tmp_path / "x"), "--table", "operators", "--db", str(native_run))
+    done = run_cli("export", "--out", str(tmp_path / "x"), "--table", "operators", "--db", str(native_run))
     assert done.returncode == 0, done.stderr
     import pyarrow.parquet as pq
 
     assert pq.read_table(tmp_path / "x" / "operators.parquet").num_rows == total
-    done = run_cli_in_process("report", "--format", "html", "--out", str(tmp_path / "r.html"), "--db", str(native_run))
+    done = run_cli("report", "--format", "html", "--out", str(tmp_path / "r.html"), "--db", str(native_run))
     assert done.returncode == 0, done.stderr
     page = (tmp_path / "r.html").read_text()
     assert "Where the time goes" in page
@@ -98,12 +98,12 @@ def test_query_ops_export_and_html_show_them(native_run: Path, tmp_path: Path) -
 def test_a_run_without_profiles_says_so(tmp_path: Path) -> None:
     """No --profile: no operator rows, and the ops report says how to get them."""
     db = tmp_path / "n.duckdb"
-    done = run_cli("native", "--model", "bert-tiny", "--engines", "onnxruntime", "--hardware", "cpu", *CASE,
+    done = run_cli_process("native", "--model", "bert-tiny", "--engines", "onnxruntime", "--hardware", "cpu", *CASE,
                    "--db", str(db), "--no-reports", "--output-dir", str(tmp_path / "out"))  # fmt: skip
     assert done.returncode == 0, done.stderr
     results, operators = stored(db)
     assert operators == {} and "profile" not in results[0]["details"]
-    done = run_cli_in_process("query", "--report", "ops", "--db", str(db))
+    done = run_cli("query", "--report", "ops", "--db", str(db))
     assert done.returncode == 0 and "run with --profile" in " ".join(done.stdout.split())
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from conftest import QUICK, run_cli, run_cli_in_process
+from conftest import QUICK, run_cli, run_cli_process
 from test_cli import _tiny_onnx
 from test_native_run import rows
 
@@ -38,7 +38,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
     return db, run_ids
 
 
-def query_json(db: Path, *args: str, cli=run_cli_in_process) -> list[dict]:
+def query_json(db: Path, *args: str, cli=run_cli) -> list[dict]:
     done = cli("query", *args, "--db", str(db), "--format", "json")
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
@@ -104,12 +104,12 @@ def test_sql_select_in_every_format(store, tmp_path: Path) -> None:
         {"engine": "openvino", "n": 4},
         {"engine": "torch", "n": 4},
     ]
-    markdown = run_cli_in_process("query", "--sql", sql, "--db", str(db))
+    markdown = run_cli("query", "--sql", sql, "--db", str(db))
     assert "| engine | n |" in markdown.stdout and "| torch | 4 |" in markdown.stdout
     page = tmp_path / "q.html"
-    done = run_cli("query", "--sql", sql, "--db", str(db), "--format", "html", "--out", str(page))
+    done = run_cli_process("query", "--sql", sql, "--db", str(db), "--format", "html", "--out", str(page))
     assert done.returncode == 0 and "<td>openvino</td><td>4</td>" in page.read_text()
-    explain = run_cli_in_process("query", "--sql", "EXPLAIN " + sql, "--db", str(db), "--format", "csv")
+    explain = run_cli("query", "--sql", "EXPLAIN " + sql, "--db", str(db), "--format", "csv")
     assert explain.returncode == 0, explain.stderr
 
 
@@ -134,7 +134,7 @@ REFUSED = [
 def test_sql_refuses_anything_but_one_read(store, sql: str, message: str) -> None:
     db, _ = store
     before = _fingerprint(db)
-    cli = run_cli if sql is REFUSED[0][0] else run_cli_in_process
+    cli = run_cli_process if sql is REFUSED[0][0] else run_cli
     done = cli("query", "--sql", sql, "--db", str(db))
     assert done.returncode == 2, done.stdout
     assert message in done.stderr
@@ -180,10 +180,10 @@ def test_read_only_check_accepts_reads() -> None:
 def test_query_bad_input_exits_2(store) -> None:
     db, _ = store
     for cli, args, message in (
-        (run_cli, ["--report", "fastest"], "unknown report 'fastest'; valid: latest, best-hardware"),
-        (run_cli_in_process, ["--report", "latest", "--sql", "SELECT 1"], "either --report NAME or --sql"),
+        (run_cli_process, ["--report", "fastest"], "unknown report 'fastest'; valid: latest, best-hardware"),
+        (run_cli, ["--report", "latest", "--sql", "SELECT 1"], "either --report NAME or --sql"),
         (
-            run_cli_in_process,
+            run_cli,
             ["--report", "latest", "--format", "xml"],
             "unknown format 'xml'; valid: md, csv, json, html",
         ),
@@ -197,7 +197,7 @@ def test_export_writes_readable_tables(store, tmp_path: Path, fmt: str) -> None:
     db, _ = store
     before = _fingerprint(db)
     out = tmp_path / fmt
-    cli = run_cli if fmt == "parquet" else run_cli_in_process
+    cli = run_cli_process if fmt == "parquet" else run_cli
     done = cli("export", "--format", fmt, "--out", str(out), "--db", str(db))
     assert done.returncode == 0, done.stderr
     reader = "read_parquet" if fmt == "parquet" else "read_csv"
@@ -214,10 +214,11 @@ def test_export_writes_readable_tables(store, tmp_path: Path, fmt: str) -> None:
 
 def test_export_one_table_and_bad_input(store, tmp_path: Path) -> None:
     db, _ = store
-    done = run_cli("export", "--format", "parquet", "--table", "results", "--out", str(tmp_path), "--db", str(db))
+    parquet = ["--format", "parquet", "--table", "results", "--out", str(tmp_path)]
+    done = run_cli_process("export", *parquet, "--db", str(db))
     assert done.returncode == 0, done.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["results.parquet"]
-    bad = run_cli_in_process("export", "--format", "xlsx", "--out", str(tmp_path), "--db", str(db))
+    bad = run_cli("export", "--format", "xlsx", "--out", str(tmp_path), "--db", str(db))
     assert bad.returncode == 2 and "unknown export format 'xlsx'; valid: parquet, csv" in bad.stderr
 
 

@@ -87,7 +87,7 @@ def test_hardware_no_node_offers_is_unsupported_without_waiting(cluster: Cluster
     assert "no Ray node offers resource 'openvino'" in by_hardware["openvino"]["error"]
     assert "--resources '{\"openvino\": 1}'" in by_hardware["openvino"]["error"]
     assert summary.counts == {"ok": 1, "unsupported": 1}
-    checked = run_cli("suite", "--config", str(path), "--check", "--ray-address", cluster.address, timeout=120)
+    checked = run_cli("suite", "--config", str(path), "--check", "--ray-address", cluster.address)
     assert checked.returncode == 0, checked.stderr
     assert "wasm=1" in checked.stdout and "cpu=1" in checked.stdout
     assert "hardware 'openvino'" in checked.stdout and "no Ray node offers" in checked.stdout

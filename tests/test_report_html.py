@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import QUICK, run_cli, run_cli_in_process
+from conftest import QUICK, run_cli, run_cli_process
 
 from harness.core.records import Case, Result, Target
 from harness.store import open_store
@@ -184,7 +184,8 @@ def test_run_all_reports_every_run_and_out_needs_one_format(measured: tuple[Path
         store.add_result(second, seeded_results()[0], None)
         store.finish_run(second, "completed")
     out = tmp_path / "all"
-    done = run_cli("report", "--db", str(db), "--run", "all", "--format", "html,json,csv", "--output-dir", str(out))
+    formats = ["--format", "html,json,csv", "--output-dir", str(out)]
+    done = run_cli_process("report", "--db", str(db), "--run", "all", *formats)
     assert done.returncode == 0, done.stderr
     page = (out / "all-runs.html").read_text()
     assert page.count('<section class="run"') == 2 and f'id="run-{measured[1]}"' in page and second in page
@@ -195,9 +196,9 @@ def test_run_all_reports_every_run_and_out_needs_one_format(measured: tuple[Path
         assert {row["run_id"] for row in csv.DictReader(handle)} == {measured[1], second}
 
     # the refusals: the app in this process (a Python start is ~0.8 s of CPU); the report above: the real CLI
-    both = run_cli_in_process("report", "--db", str(db), "--format", "html,md", "--out", str(tmp_path / "x.html"))
+    both = run_cli("report", "--db", str(db), "--format", "html,md", "--out", str(tmp_path / "x.html"))
     assert both.returncode == 2 and "exactly one --format" in both.stderr
-    unknown = run_cli_in_process("report", "--db", str(db), "--format", "pdf")
+    unknown = run_cli("report", "--db", str(db), "--format", "pdf")
     assert unknown.returncode == 2 and "html" in unknown.stderr
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_cli, run_cli_in_process
+from conftest import run_cli, run_cli_process
 from test_web import web_cache  # noqa: F401 (the session's export cache)
 from test_web_generate import results
 
@@ -149,7 +149,7 @@ def test_a_folder_with_an_escaping_symlink_or_no_decoder_is_refused(folder: Path
     expected = {escaping: "outside the model folder", lonely: "has no decoder beside it: an encoder–decoder folder"}
     for path, message in expected.items():  # the first as a real process, the second through the app in this one
         db = tmp_path / f"{path.name}.duckdb"
-        cli = run_cli if path == escaping else run_cli_in_process
+        cli = run_cli_process if path == escaping else run_cli
         done = cli("native", "--model-path", str(path), "--mode", "generate", "--db", str(db), "--output-dir",
                        str(tmp_path / "out"))  # fmt: skip
         assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr

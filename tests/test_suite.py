@@ -16,7 +16,7 @@ import duckdb
 import numpy as np
 import psutil
 import pytest
-from conftest import run_cli, run_cli_in_process, run_cli_process
+from conftest import run_cli, run_cli_process
 from test_native_run import rows
 
 from harness.core.records import Case, Result, Target
@@ -83,8 +83,8 @@ def test_create_config_then_check_runs_nothing(tmp_path: Path) -> None:
     assert created.returncode == 0, created.stderr
     assert config.read_text() == DEFAULT_CONFIG
     # the further commands of a test run the app in this process (a Python start is ~0.8 s of CPU)
-    assert run_cli_in_process("suite", "--create-config", "--config", str(config)).returncode == 2  # never overwritten
-    checked = run_cli_in_process("suite", "--config", str(small_config(tmp_path)), "--check")
+    assert run_cli("suite", "--create-config", "--config", str(config)).returncode == 2  # never overwritten
+    checked = run_cli("suite", "--config", str(small_config(tmp_path)), "--check")
     assert checked.returncode == 0, checked.stderr
     assert "engine cpu/torch" in checked.stdout and "disk (output dir)" in checked.stdout
     assert "host-cpu" in checked.stdout and "4 results to run, 1 group(s)" in checked.stdout
@@ -168,30 +168,28 @@ def test_suite_run_then_older_than_and_report_modes(tmp_path: Path) -> None:
     assert plan_suite(config, older_than=timedelta(0)).total_results == 2
     # --resume of a completed suite starts a new run rather than reopening the finished one
     assert plan_suite(config, resume=True).resume_run_id is None
-    skipped = run_cli("suite", "--config", str(config.source), "--older-than", "1h")
+    skipped = run_cli_process("suite", "--config", str(config.source), "--older-than", "1h")
     assert skipped.returncode == 0 and "nothing run" in skipped.stdout, skipped.stderr
     assert len(rows(config.db, "SELECT * FROM runs")) == 1
     # the other commands run the app in this process (a Python start is ~0.8 s of CPU), the last one the real CLI
-    assert run_cli_in_process("suite", "--config", str(config.source), "--older-than", "soon").returncode == 2
-    plotted = run_cli_in_process("suite", "--config", str(config.source), "--plot-only", summary.run_id)
+    assert run_cli("suite", "--config", str(config.source), "--older-than", "soon").returncode == 2
+    plotted = run_cli("suite", "--config", str(config.source), "--plot-only", summary.run_id)
     assert plotted.returncode == 0 and f"{summary.run_id}.html" in plotted.stdout, plotted.stderr
-    matrix = run_cli_in_process("suite", "--config", str(config.source), "--update-matrix-only")
+    matrix = run_cli("suite", "--config", str(config.source), "--update-matrix-only")
     assert matrix.returncode == 0 and "compatibility_matrix" in matrix.stdout, matrix.stderr
     both = f"{summary.run_id},{summary.run_id}"
-    aggregated = run_cli_in_process("suite", "--config", str(config.source), "--aggregate", both)
+    aggregated = run_cli("suite", "--config", str(config.source), "--aggregate", both)
     assert aggregated.returncode == 0, aggregated.stderr
     assert len(json.loads((config.output_dir / f"{summary.run_id}-{summary.run_id}.json").read_text())["runs"]) == 2
-    compared = run_cli_in_process(
-        "suite", "--config", str(config.source), "--plot-comparison", summary.run_id, summary.run_id
-    )
+    compared = run_cli("suite", "--config", str(config.source), "--plot-comparison", summary.run_id, summary.run_id)
     assert compared.returncode == 0 and "comparison.png" in compared.stdout, compared.stderr
     # CI: a baseline that does not resolve, or --fail-on-regression without one, is refused before running
-    unknown = run_cli_in_process("suite", "--config", str(config.source), "--baseline", "nope")
+    unknown = run_cli("suite", "--config", str(config.source), "--baseline", "nope")
     assert unknown.returncode == 2 and "--baseline nope: no run 'nope'" in unknown.stderr, unknown.stderr
-    alone = run_cli_in_process("suite", "--config", str(config.source), "--fail-on-regression")
+    alone = run_cli("suite", "--config", str(config.source), "--fail-on-regression")
     assert alone.returncode == 2 and "needs --baseline" in alone.stderr
     assert len(rows(config.db, "SELECT * FROM runs")) == 1
-    gated = run_cli(
+    gated = run_cli_process(
         "suite", "--config", str(config.source), "--models", "vision", "--baseline", "latest", "--fail-on-regression"
     )
     assert gated.returncode in (0, 1) and "verdict" in gated.stdout, gated.stderr  # timings decide, not the test
@@ -217,10 +215,10 @@ def test_resume_after_the_config_changed_starts_a_new_run_and_says_why(tmp_path:
     with open_store(config.db) as store:  # what kill -9 leaves: a run still 'running', no results
         arguments = {"suite": config.name, "config": dataclasses.asdict(config)}
         unfinished = store.start_run("suite", arguments, {}, config.name)
-    checked = run_cli_in_process("suite", "--config", str(path), "--resume", "--check")  # the run below: real CLI
+    checked = run_cli("suite", "--config", str(path), "--resume", "--check")  # the run below: real CLI
     assert checked.returncode == 0 and f"continuing run {unfinished}" in checked.stdout, checked.stderr
     path.write_text(path.read_text().replace("benchmark_iterations = 5", "benchmark_iterations = 3"))
-    done = run_cli("suite", "--config", str(path), "--resume")
+    done = run_cli_process("suite", "--config", str(path), "--resume")
     assert done.returncode == 0, done.stderr
     said = " ".join(done.stdout.split())
     assert f"run {unfinished} was started with another config (benchmark_iterations: 5 → 3)" in said, said

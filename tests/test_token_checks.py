@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_cli, run_cli_in_process
+from conftest import run_cli, run_cli_process
 from test_web import web_cache  # noqa: F401 (the session's export cache)
 
 from harness.browser.generate import SCALED_WEIGHT_FAULT
@@ -97,12 +97,12 @@ def test_recommend_gives_the_fastest_generation_above_an_agreement(planted: Any)
     strict = fastest_generation(planted[0], "llama-tiny", 1, 1.0)
     q4 = planted[1]["onnxruntime", "q4"]
     assert (q4["agreement_top1"] < 1.0) == any("below 1" in line for line in strict.excluded)
-    shown = run_cli_in_process("recommend", "--mode", "generate", "--model", "llama-tiny", "--min-agreement", "0.9",
+    shown = run_cli("recommend", "--mode", "generate", "--model", "llama-tiny", "--min-agreement", "0.9",
                                "--db", str(planted[0]))  # fmt: skip
     assert shown.returncode == 0 and "Fastest generation for llama-tiny" in shown.stdout, shown.stderr
     refusals = {"1.5": "--min-agreement takes a share from 0 to 1", "0.9": "--min-agreement ranks generate targets"}
     for value, why in refusals.items():  # out of range (the real CLI process); a floor on a mode that has none
-        mode, call = ("generate", run_cli) if value == "1.5" else ("inference", run_cli_in_process)
+        mode, call = ("generate", run_cli_process) if value == "1.5" else ("inference", run_cli)
         refused = call("recommend", "--model", "llama-tiny", "--mode", mode, "--min-agreement", value, "--db",
                        str(planted[0]))  # fmt: skip
         said = " ".join(refused.stderr.split())  # the in-process console wraps at the runner's width

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_cli_in_process, run_cli_process
+from conftest import run_cli, run_cli_process
 from test_web import SHELL_INSTALLED, stored, web_cache  # noqa: F401 (the session's export cache)
 
 from harness.browser.both import run_both
@@ -136,7 +136,7 @@ def test_new_tokens_past_the_context_are_refused_before_anything_runs(tmp_path: 
     done = run_cli_process("web", "--mode", "generate", "--model", "gpt2-tiny", "--hardware", "wasm",
                            "--sequence-lengths", "32", "--new-tokens", "1000", "--db", str(db))  # fmt: skip
     assert done.returncode == 2 and "gpt2-tiny takes 1024 positions" in done.stderr and not db.exists()
-    done = run_cli_in_process("run", "--mode", "generate", "--model", "llama-tiny", "--hardware", "cpu",
+    done = run_cli("run", "--mode", "generate", "--model", "llama-tiny", "--hardware", "cpu",
                               "--web-hardware", "wasm", "--new-tokens", "100000", "--db", str(db))  # fmt: skip
     said = " ".join(done.stderr.split())  # the app's console wraps at the runner's width
     assert done.returncode == 2 and "--new-tokens takes a whole number from 1 to 4,096" in said and not db.exists()

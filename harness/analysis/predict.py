@@ -93,7 +93,7 @@ def _pipeline() -> Any:
     numeric = list(range(len(CATEGORICAL), len(CATEGORICAL) + len(NUMERIC)))
     # The numeric features are logs, in one unit (a factor of e), and stay unscaled: ridge then shrinks each
     # elasticity alike. Standardized, a feature the training models barely vary (two held-in models of 65,536
-    # and 66,688 parameters) was blown up to unit variance, and the held-out one (4.4 M) sat thousands of
+    # and 66,688 parameters) was blown up to unit variance, and the held-out one (4.4 M) sat hundreds of
     # deviations out: CI saw a held-out latency of 1e81 ms (tests/test_predict_ops.py).
     encode = ColumnTransformer(
         [("categorical", OneHotEncoder(handle_unknown="ignore"), categorical), ("numeric", "passthrough", numeric)]
