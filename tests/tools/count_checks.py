@@ -23,7 +23,17 @@ from pathlib import Path
 BENCHMARKS = {"native", "web", "run", "ab", "suite"}
 NOT_MEASURING = {"--check", "--create-config", "--plot-only", "--help", "--serve-check"}
 API_RUNS = {"run_native", "run_web", "run_both", "run_suite", "run_ab"}
-CLI_CALLS = {"run_cli", "run_cli_process", "run_cli_in_process", "CliProcess", "run", "Popen", "cli", "check_output", "call"}
+CLI_CALLS = {
+    "run_cli",
+    "run_cli_process",
+    "run_cli_in_process",
+    "CliProcess",
+    "run",
+    "Popen",
+    "cli",
+    "check_output",
+    "call",
+}
 
 
 @dataclass
