@@ -168,9 +168,8 @@ def test_predict_model_path_counts_the_folders_own_model(seeded: Path, tmp_path:
     )
     tiny.save_pretrained(tmp_path / "my-bert")
     size = f"my-bert ({sum(p.numel() for p in tiny.parameters()):,} parameters)"
-    # the export in the app in this process, the cached one by the real CLI (a Python start is ~0.8 s of CPU)
-    for export, cli in (("exported now", run_cli), ("cached", run_cli_process)):
-        done = cli("predict", "--model-path", str(tmp_path / "my-bert"), "--db", str(db))
+    for export in ("exported now", "cached"):
+        done = run_cli("predict", "--model-path", str(tmp_path / "my-bert"), "--db", str(db))
         assert done.returncode == 0 and size in done.stdout, (export, done.stdout, done.stderr)
     broken = tmp_path / "broken-bert"
     broken.mkdir()
@@ -216,7 +215,7 @@ def test_unmeasured_target_is_backed_by_a_marked_prediction(db: Path) -> None:
 
 def test_recommend_cli_prints_primary_and_backing(seeded: Path, tmp_path: Path) -> None:
     db = seeded
-    done = run_cli_process("recommend", "--model", "m2", "--batch-size", "2", "--hardware", "cpu", "--db", str(db))
+    done = run_cli("recommend", "--model", "m2", "--batch-size", "2", "--hardware", "cpu", "--db", str(db))
     assert done.returncode == 0, done.stderr
     assert "primary: cpu/onnxruntime:CPUExecutionProvider" in done.stdout and "measured:" in done.stdout
     selection = tmp_path / "map.json"

@@ -37,7 +37,7 @@ def test_unmeasured_onnx_file_is_predicted_from_its_operators(profiled: Path) ->
     on the profiled target, at each asked case, with the method and its held-out error named."""
     onnx_file = prepared("gpt2-tiny").onnx_path
     assert onnx_file is not None
-    done = run_cli_process(
+    done = run_cli(
         "predict", "--model-path", str(onnx_file), "--batch-sizes", "1,4", "--sequence-lengths", "16",
         "--db", str(profiled), "--json",
     )  # fmt: skip
@@ -49,7 +49,6 @@ def test_unmeasured_onnx_file_is_predicted_from_its_operators(profiled: Path) ->
     assert all(r["method"] == "operators" and r["held_out_mape"] is not None for r in rows)
     assert 0 < rows[0]["predicted_latency_p50_ms"] < rows[1]["predicted_latency_p50_ms"]  # 4x the work
     assert "operators" in found["methods"]
-    # a test's first command by the real CLI, the others by the app in this process (a Python start: ~0.8 s CPU)
     table = run_cli("predict", "--model-path", str(onnx_file), "--db", str(profiled))
     assert table.returncode == 0, table.stderr
     assert "operators" in table.stdout and "predictions, not measurements" in table.stdout
@@ -85,7 +84,7 @@ def test_the_demo_prediction_names_the_operator_method_and_its_error_or_refuses_
     options = demo_predict_options()
     assert options[:2] == ["--method", "operators"] and options[2] == "--max-error", options
     ask = ("predict", "--model", "gpt2-tiny", "--batch-sizes", "1", "--sequence-lengths", "16")
-    done = run_cli_process(*ask, *options, "--db", str(profiled))
+    done = run_cli(*ask, *options, "--db", str(profiled))
     assert done.returncode == 0, done.stderr
     said = [line for line in done.stdout.strip().splitlines() if not line.startswith("counting gpt2-tiny's graph")]
     if said[0].startswith("no prediction for gpt2-tiny"):

@@ -98,7 +98,7 @@ def test_query_ops_export_and_html_show_them(native_run: Path, tmp_path: Path) -
 def test_a_run_without_profiles_says_so(tmp_path: Path) -> None:
     """No --profile: no operator rows, and the ops report says how to get them."""
     db = tmp_path / "n.duckdb"
-    done = run_cli_process("native", "--model", "bert-tiny", "--engines", "onnxruntime", "--hardware", "cpu", *CASE,
+    done = run_cli("native", "--model", "bert-tiny", "--engines", "onnxruntime", "--hardware", "cpu", *CASE,
                    "--db", str(db), "--no-reports", "--output-dir", str(tmp_path / "out"))  # fmt: skip
     assert done.returncode == 0, done.stderr
     results, operators = stored(db)

@@ -171,7 +171,7 @@ def test_suite_run_then_older_than_and_report_modes(tmp_path: Path) -> None:
     skipped = run_cli_process("suite", "--config", str(config.source), "--older-than", "1h")
     assert skipped.returncode == 0 and "nothing run" in skipped.stdout, skipped.stderr
     assert len(rows(config.db, "SELECT * FROM runs")) == 1
-    # the other commands run the app in this process (a Python start is ~0.8 s of CPU), the last one the real CLI
+    # the other commands run the app in this process (a Python start is ~0.8 s of CPU)
     assert run_cli("suite", "--config", str(config.source), "--older-than", "soon").returncode == 2
     plotted = run_cli("suite", "--config", str(config.source), "--plot-only", summary.run_id)
     assert plotted.returncode == 0 and f"{summary.run_id}.html" in plotted.stdout, plotted.stderr
@@ -189,7 +189,7 @@ def test_suite_run_then_older_than_and_report_modes(tmp_path: Path) -> None:
     alone = run_cli("suite", "--config", str(config.source), "--fail-on-regression")
     assert alone.returncode == 2 and "needs --baseline" in alone.stderr
     assert len(rows(config.db, "SELECT * FROM runs")) == 1
-    gated = run_cli_process(
+    gated = run_cli(
         "suite", "--config", str(config.source), "--models", "vision", "--baseline", "latest", "--fail-on-regression"
     )
     assert gated.returncode in (0, 1) and "verdict" in gated.stdout, gated.stderr  # timings decide, not the test
@@ -215,10 +215,10 @@ def test_resume_after_the_config_changed_starts_a_new_run_and_says_why(tmp_path:
     with open_store(config.db) as store:  # what kill -9 leaves: a run still 'running', no results
         arguments = {"suite": config.name, "config": dataclasses.asdict(config)}
         unfinished = store.start_run("suite", arguments, {}, config.name)
-    checked = run_cli("suite", "--config", str(path), "--resume", "--check")  # the run below: real CLI
+    checked = run_cli("suite", "--config", str(path), "--resume", "--check")
     assert checked.returncode == 0 and f"continuing run {unfinished}" in checked.stdout, checked.stderr
     path.write_text(path.read_text().replace("benchmark_iterations = 5", "benchmark_iterations = 3"))
-    done = run_cli_process("suite", "--config", str(path), "--resume")
+    done = run_cli("suite", "--config", str(path), "--resume")
     assert done.returncode == 0, done.stderr
     said = " ".join(done.stdout.split())
     assert f"run {unfinished} was started with another config (benchmark_iterations: 5 → 3)" in said, said
