@@ -108,6 +108,8 @@ def measure_together(models: list[Path], directory: Path, into: Path, last_start
     if last_starts_later:
         deadline = time.monotonic() + 120
         while not all(db.exists() for db in dbs[:first]) and time.monotonic() < deadline:
+            if any(process.poll() is not None for process in processes):
+                break  # one failed before opening its store: communicate() below reports why
             time.sleep(0.05)
         processes.append(start(models[-1], dbs[-1]))
     for process in processes:
