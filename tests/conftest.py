@@ -7,6 +7,8 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,23 @@ os.environ["ACCELHARNESS_NO_CEILINGS"] = "1"
 signal.signal(signal.SIGINT, signal.default_int_handler)
 
 CLI = [sys.executable, "-m", "harness.cli"]
+# The timing tests' one CPU: the last this process may use (on a VM the first usually takes more interrupts). Two
+# sides measured on one CPU see the same core, the same drift and the same interruptions; on the VM's two vCPUs at
+# once identical work differed by up to 45% (one vCPU slower under neighbours' load), pinned to one by 0-1%.
+ONE_CPU = {max(os.sched_getaffinity(0))}
+
+
+@contextmanager
+def on_one_cpu() -> Iterator[None]:
+    """This process, and every process and thread it starts meanwhile (they inherit the mask), on ONE_CPU."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, ONE_CPU)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
 QUICK = ["--iterations", "5", "--warmup", "1", "--min-duration", "0"]
 
 

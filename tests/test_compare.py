@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import CLI, run_cli, run_cli_process
+from conftest import CLI, ONE_CPU, run_cli, run_cli_process
 from onnx import TensorProto, helper, numpy_helper
 
 from harness.analysis.compare import compare_runs
@@ -46,12 +46,10 @@ LAYERS = 250  # ~0.55 ms per inference on this machine: short against a ~4 ms sc
 MEASURE = ["--engines", "onnxruntime", "--batch-sizes", "1", "--sequence-lengths", "8"]
 MEASURE += ["--iterations", "200", "--min-duration", "4", "--warmup", "10"]
 REPO = Path(__file__).resolve().parent.parent
-# The last CPU this process may use: on a VM the first usually takes more interrupts.
-ONE_CPU = {max(os.sched_getaffinity(0))}
 
 
-def on_one_cpu() -> None:
-    """Popen preexec_fn: pin the CLI (and the workers it starts, which inherit it) to ONE_CPU."""
+def pin_to_one_cpu() -> None:
+    """Popen preexec_fn: pin the CLI (and the workers it starts, which inherit it) to conftest's ONE_CPU."""
     os.sched_setaffinity(0, ONE_CPU)
 
 
@@ -100,7 +98,7 @@ def measure_together(models: list[Path], directory: Path, into: Path, last_start
         command = [*CLI, "native", "--model-path", str(model), *MEASURE, "--db", str(db), *STORE_ONLY]
         return subprocess.Popen(
             [*command, str(directory / "o")], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-            preexec_fn=on_one_cpu,
+            preexec_fn=pin_to_one_cpu,
         )  # fmt: skip
 
     first = len(models) - 1 if last_starts_later else len(models)
@@ -152,10 +150,13 @@ def test_compare_flags_a_real_20_percent_slowdown(slowdown) -> None:
     (row,) = report["rows"]
     print(f"\n20% slowdown, p25: ratio {row['ratio']:.3f} CI [{row['ci_low']:.3f}, {row['ci_high']:.3f}] "
           f"p {row['p_value']:.2g} n {row['n_a']}/{row['n_b']} verdict {row['verdict']}")  # fmt: skip
+    # What the method promises for a real 20% slowdown at a 10% threshold, and no more: `regressed`, which needs a
+    # significant difference and (on a noisy side) the whole CI above the band. The ratio's own value is not
+    # promised: the 1.2x layers measured p25 ratios of 1.192-1.204 in 13 timing passes (docs/reliability.md).
     assert row["verdict"] == "regressed", row
     assert code == 1
-    assert 1.1 < row["ci_low"] <= row["ratio"] <= row["ci_high"] < 1.35
-    assert row["p_value"] < 1e-6 and row["n_a"] >= 200 and row["n_b"] >= 200
+    assert 1.1 < row["ci_low"] <= row["ratio"] <= row["ci_high"]
+    assert row["p_value"] < 0.05 and row["n_a"] >= 200 and row["n_b"] >= 200
     # Without --fail-on-regression the same verdict exits 0.
     assert compare_json(db, a, b, "--quantile", "0.25")[0] == 0
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import QUICK, run_cli, run_cli_process
+from conftest import QUICK, on_one_cpu, run_cli, run_cli_process
 from tiny_prepared import prepared
 
 from harness.core.records import Target
@@ -116,23 +116,33 @@ def test_profiling_leaves_the_timed_samples_alone(engine: str, target: Target) -
     """The same session measured with and without a profile after its loop, alternating rounds so the
     machine's noise hits both: the profiled measurements' samples are not slower beyond noise (the
     profiler runs on a twin session after the loop; it must not leak into the next loop either)."""
+    # On one CPU, the session loaded there (its thread pool sized and placed by that mask): OpenVINO's two-thread pool
+    # on two vCPUs, one of them another job's, gave rounds from 0.22 to 3.74 (medians 1.52 and 1.86 failed).
+    with on_one_cpu():
+        ratios = profiled_over_plain(engine, target)
+    ratio = float(np.median(ratios))
+    print(f"\nprofiled / plain p25, {engine}: {ratio:.3f} (rounds: {np.round(ratios, 2).tolist()})")
+    assert ratio < 1.25, f"profiled p25 / unprofiled p25 = {ratio:.3f} (rounds: {np.round(ratios, 2).tolist()})"
+
+
+def profiled_over_plain(engine: str, target: Target, rounds: int = 10) -> list[float]:
+    """Each round's profiled p25 over its plain p25, measured back to back, the order alternating by round (what
+    runs second in a round finds the caches the first warmed). The lower quartile: contention only adds time, and
+    the quartile is made of the iterations it spared on both sides (tests/test_compare.py's method)."""
     model = prepared("bert-tiny")
     feeds, _ = model.load_case((2, 16))
     session = get_backend(engine).load(LoadRequest(model.spec, model.onnx_path, "fp32", feeds), target)
     plain = MeasureConfig(warmup=2, iterations=30, min_duration_s=0, max_iterations=30)
     profiled = MeasureConfig(warmup=2, iterations=30, min_duration_s=0, max_iterations=30, profile_iterations=5)
-    # Each round's profiled p50 over its plain p50, measured back to back; the median over rounds, so a burst
-    # of another process's work (a shared CI machine: once 1.32 over 4 pooled rounds) moves one round only.
     ratios = []
-    for _ in range(8):
-        p50 = {}
-        for config in (profiled, plain):
+    for number in range(rounds):
+        p25 = {}
+        for config in (profiled, plain) if number % 2 == 0 else (plain, profiled):
             measured = measure(session, feeds, config, PeakRss())
             assert (measured.profile is not None) == (config is profiled), measured.profile_error
-            p50[config is profiled] = np.median(measured.samples_ms)
-        ratios.append(p50[True] / p50[False])
-    ratio = float(np.median(ratios))
-    assert ratio < 1.25, f"profiled p50 / unprofiled p50 = {ratio:.3f} (rounds: {np.round(ratios, 2).tolist()})"
+            p25[config is profiled] = np.quantile(measured.samples_ms, 0.25)
+        ratios.append(p25[True] / p25[False])
+    return ratios
 
 
 @pytest.mark.skipif(not CHROMIUM, reason="needs Chromium at /usr/bin/chromium")
