@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import pyarrow as pa
 
 from harness.analysis.machines import machines_table
 from harness.analysis.options import EXPORT_FORMATS, EXPORT_TABLES, REPORTS  # declared with their options
 from harness.analysis.tables import AnalysisError, Table
-from harness.core.escaping import CSV_FORMULA_STARTS
+from harness.core.escaping import csv_cell
 from harness.core.labels import case_label, target_label
 from harness.core.paths import unwritable_directory
 from harness.core.records import MEASURED, STATUSES
@@ -184,15 +185,21 @@ def run_report(db_path: Path, report: str, run: str = "latest", threshold: float
 
 
 # --- export --------------------------------------------------------------------------------------
+CSV_CELL_SQL = "accelharness_csv_cell"  # core.escaping.csv_cell as a DuckDB function, for the time of an export
+
+
+def _csv_cells(values: pa.Array) -> pa.Array:
+    return pa.array([None if v is None else csv_cell(v) for v in values.to_pylist()], pa.string())
+
+
 def _csv_select(store: Any, table: str) -> str:
-    """SELECT of every column of `table`, its text columns neutralized as core.escaping.csv_cell does
-    (a cell a spreadsheet would run as a formula gets a leading quote); numbers stay numbers."""
-    starts = ", ".join("'" + c.replace("'", "''") + "'" for c in CSV_FORMULA_STARTS)
+    """SELECT of every column of `table`, its text columns made safe by core.escaping.csv_cell itself (no control
+    character; a cell a spreadsheet would run as a formula gets a leading quote); numbers stay numbers."""
     columns = []
     for column in store.query(f"DESCRIBE {table}"):
         name = '"' + column["column_name"].replace('"', '""') + '"'
         if column["column_type"] in ("VARCHAR", "JSON"):
-            columns.append(f"CASE WHEN left({name}, 1) IN ({starts}) THEN '''' || {name} ELSE {name} END AS {name}")
+            columns.append(f"{CSV_CELL_SQL}(CAST({name} AS VARCHAR)) AS {name}")
         else:
             columns.append(name)
     return f"SELECT {', '.join(columns)} FROM {table}"
@@ -211,10 +218,16 @@ def export_tables(db_path: Path, out_dir: Path, fmt: str, table: str = "all") ->
     paths = []
     with open_store(db_path, read_only=True) as store:
         out_dir.mkdir(parents=True, exist_ok=True)
-        for name in names:
-            path = out_dir / f"{name}.{fmt}"
-            quoted = str(path).replace("'", "''")  # COPY takes no parameter for its target
-            select = _csv_select(store, name) if fmt == "csv" else f"SELECT * FROM {name}"
-            store.connection.execute(f"COPY ({select}) TO '{quoted}' ({options})")
-            paths.append(path)
+        copying = store.connection.cursor()  # a connection of its own, for the function it is lent
+        copying.create_function(CSV_CELL_SQL, _csv_cells, ["VARCHAR"], "VARCHAR", type="arrow")
+        try:
+            for name in names:
+                path = out_dir / f"{name}.{fmt}"
+                quoted = str(path).replace("'", "''")  # COPY takes no parameter for its target
+                select = _csv_select(store, name) if fmt == "csv" else f"SELECT * FROM {name}"
+                copying.execute(f"COPY ({select}) TO '{quoted}' ({options})")
+                paths.append(path)
+        finally:  # a Python function left registered outlives the connection's objects at exit
+            copying.remove_function(CSV_CELL_SQL)
+            copying.close()
     return paths

@@ -6,18 +6,27 @@ harness.core.bounds), and what only data from elsewhere needs: each column of it
 NULL where the schema has NOT NULL, unique keys, rows that belong to a run or result of the bundle,
 identifiers of a fixed syntax (harness.store.IDENTIFIER: never a path), samples within their result's
 iterations, and each result's content hash recomputed from its rows (harness.store.hash_results_sql),
-never taken as given. A failed check is a BundleError naming the member, the row (counted from 1, in
-the member's order) and the column; a value is shown cut short and without control characters."""
+never taken as given. What a row's figures are made of is recomputed too: a ceiling's value and spread from
+its samples, one ceiling per run, target, kind and precision class (the one its rows are held against), a
+result's rates from its samples as the store made them (harness.core.stats, harness.core.generation),
+its achieved rates and fractions from those, its work and that ceiling (harness.store.roofline_sql), and a
+fraction an order of magnitude above its ceiling refused (harness.core.roofline.ABOVE_CEILING: no machine's,
+a counting or unit error). Text is bounded by what a fresh run stores (harness.core.bounds): an output text
+by its tokens, details by its iterations, any other text cell by MAX_TEXT_CELL_BYTES. A failed check is a
+BundleError naming the member, the row (counted from 1, in the member's order) and the column; a value is
+shown cut short and without control characters."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 import duckdb
 
 from harness.bundle.fmt import BundleError
 from harness.core.bounds import (
+    DETAILS_BYTES_PER_ITERATION,
     MAX_AUDIO_SECONDS,
     MAX_BATCH,
     MAX_DEPTH,
@@ -25,10 +34,20 @@ from harness.core.bounds import (
     MAX_NEW_TOKENS,
     MAX_ROUNDS,
     MAX_SEQUENCE,
+    MAX_TEXT_CELL_BYTES,
+    MAX_TOKEN_TEXT_CHARS,
 )
+from harness.core.labels import target_label
 from harness.core.precision import MEANINGS
 from harness.core.records import MEASURED, MODES, STATUSES, VARIANTS, WORK_FIELDS
-from harness.core.roofline import BANDWIDTH_CLASS, CEILING_KINDS, precision_class
+from harness.core.roofline import (
+    ABOVE_CEILING,
+    BANDWIDTH_CLASS,
+    CEILING_KINDS,
+    UNITS,
+    precision_class,
+    precision_class_sql,
+)
 from harness.core.terminal import quoted_text
 from harness.store import (
     ROOFLINE_COLUMNS,
@@ -85,6 +104,34 @@ CEILING_CLASSES = (BANDWIDTH_CLASS, *sorted({c for p in MEANINGS if (c := precis
 # a ceiling's figures as harness.core.roofline.ceiling_figures gives them, from its own amount and samples
 CEILING_VALUE = "amount / (list_min(samples_ms) / 1000.0) / 1e9"
 CEILING_SPREAD = "list_median(samples_ms) / list_min(samples_ms) - 1.0"
+# What makes a ceiling one: a run holds one per target, kind and precision class, the one harness.store.roofline_sql
+# holds the target's rows against (a second would leave a reader to guess which; export --bundle writes that one).
+CEILING_KEY = ("run_id", "hardware", "engine", "provider", "device", "kind", "precision")
+# Each rate a roofline figure multiplies (harness.store.roofline_sql), by mode, and the work that puts it to use.
+RATE_WORK = {
+    "generate": {"decode_tokens_per_s": ("bytes_per_token",), "prefill_tokens_per_s": ("prefill_flops_per_token",)},
+    "inference": {"throughput_per_s": ("bytes_per_item", "flops_per_item")},
+}
+# The JSON columns whose size is the case's (token ids per batch row and position, the run's --prompt): bounded by
+# the bundle's own size, never by a text cell's.
+SIZED_BY_CASE = {("results", "generated_tokens"), ("results", "prompt_ids"), ("runs", "arguments")}
+# Those rates as the store made them from a result's samples (harness.store's _result_columns): items/s by
+# harness.core.stats.summarize (batch / the mean latency), pp and tg tokens/s by harness.core.generation's
+# generation_figures (batch x prompt / the median TTFT; batch x the decode steps / their summed time; neither without
+# a TTFT), speech without a prompt as summarize_generation gives it none. In SQL over every result at once, as
+# CEILING_VALUE is ceiling_figures': a bundle's million samples read into Python to call those took 31 s.
+# tests/test_bundle_recompute.py holds a genuine run's stored rates to those functions, and imports them through these.
+PROMPT_SQL = (
+    "CASE WHEN coalesce(TRY_CAST(json_extract_string(details, '$.audio_seconds') AS DOUBLE), 0) <> 0 THEN NULL "
+    "ELSE seq_len END"
+)
+RATES_SQL = {
+    "throughput_per_s": "CASE WHEN avg(s.latency_ms) > 0 THEN r.batch_size * 1000.0 / avg(s.latency_ms) END",
+    "prefill_tokens_per_s": "CASE WHEN r.prompt > 0 AND median(s.ttft_ms) > 0 "
+    "THEN r.batch_size * r.prompt * 1000.0 / median(s.ttft_ms) END",
+    "decode_tokens_per_s": "CASE WHEN count(s.ttft_ms) > 0 AND sum(list_sum(s.steps_ms)) > 0 "
+    "THEN r.batch_size * sum(len(s.steps_ms)) * 1000.0 / sum(list_sum(s.steps_ms)) END",
+}
 
 
 def _differs(column: str, expected: str) -> str:
@@ -151,6 +198,44 @@ RULES = [
     Rule("ceilings", "value", _differs("value", CEILING_VALUE), f"{CEILING_VALUE}, recomputed on import"),
     Rule("ceilings", "spread", _differs("spread", CEILING_SPREAD), f"{CEILING_SPREAD}, recomputed on import"),
 ]
+
+
+def _longest_text(column: str) -> str:
+    """The longest text of a JSON list of texts, in characters."""
+    return f"list_max(list_transform(json_extract_string({column}, '$[*]'), lambda s: length(s)))"
+
+
+@cache
+def text_rules() -> list[Rule]:
+    """Every text a bundle's row carries, at most what a fresh run stores: an output text MAX_TOKEN_TEXT_CHARS per
+    token its case generates (new_tokens, else the most a case may), its batch's texts one per batch row, details
+    MAX_TEXT_CELL_BYTES and a number per iteration, any other text cell MAX_TEXT_CELL_BYTES (SIZED_BY_CASE aside)."""
+    per_text = f"{MAX_TOKEN_TEXT_CHARS} * coalesce(new_tokens, {MAX_NEW_TOKENS})"
+    per_token = f"at most {MAX_TOKEN_TEXT_CHARS:,} characters per token generated (new_tokens)"
+    details = f"{MAX_TEXT_CELL_BYTES} + {DETAILS_BYTES_PER_ITERATION} * coalesce(iterations, 0)"
+    texts = (
+        f"json_type(output_texts) <> 'ARRAY' OR json_array_length(output_texts) > batch_size "
+        f"OR {_longest_text('output_texts')} > {per_text}"
+    )
+    rules = [
+        Rule("results", "output_text", f"length(output_text) > {per_text}", f"NULL or {per_token}"),
+        Rule("results", "output_texts", texts, f"NULL or a JSON list of at most batch_size texts, each {per_token}"),
+        Rule(
+            "results",
+            "details",
+            f"strlen(CAST(details AS VARCHAR)) > {details}",
+            f"NULL or at most {MAX_TEXT_CELL_BYTES:,} bytes and {DETAILS_BYTES_PER_ITERATION} per iteration",
+        ),
+    ]
+    bounded = {(rule.table, rule.column) for rule in rules} | SIZED_BY_CASE
+    for table in RUN_TABLES:
+        for column, kind, _ in current_columns()[table]:
+            if kind in ("VARCHAR", "JSON") and (table, column) not in bounded:
+                too_long = f"strlen(CAST({quoted(column)} AS VARCHAR)) > {MAX_TEXT_CELL_BYTES}"
+                rules.append(Rule(table, column, too_long, f"NULL or at most {MAX_TEXT_CELL_BYTES:,} bytes"))
+    return rules
+
+
 UNIQUE = {"runs": [("run_id",)], "results": [("result_id",), ("run_id", "result_key")],
           "samples": [("result_id", "iteration")]}  # fmt: skip
 # (table, column, the table holding the key it names, that key)
@@ -213,14 +298,17 @@ def check_rows(connection: duckdb.DuckDBPyConnection, path: Path) -> None:
         raise BundleError(f"{path} is damaged: it has no {', '.join(missing)} table (schema {SCHEMA_VERSION} has)")
     _check_nulls(connection, path)
     _check_unique(connection, path)
-    for rule in RULES:
+    for rule in [*RULES, *text_rules()]:
         _first(connection, path, rule.table, rule.column, rule.bad, f"is not valid (valid: {rule.valid})")
     for table, column, owner, key in LINKS:
         bad = f"{column} NOT IN (SELECT {key} FROM {owner})"
         _first(connection, path, table, column, bad, f"is no {owner[:-1]} of this bundle")
     _check_samples_per_result(connection, path)
     _check_hashes(connection, path)
+    _check_one_ceiling(connection, path)
+    _check_rates(connection, path)
     _check_roofline(connection, path)
+    _check_above_ceiling(connection, path)
 
 
 def _first(connection: duckdb.DuckDBPyConnection, path: Path, table: str, column: str, bad: str, what: str) -> None:
@@ -316,3 +404,87 @@ def _check_roofline(connection: duckdb.DuckDBPyConnection, path: Path) -> None:
             f"ceilings give {expected} (recomputed on import, never taken as given)"
         )
         raise _refuse(path, "results", row[0], name, what)
+
+
+def _check_one_ceiling(connection: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """One ceiling per CEILING_KEY: with two (one 21 times the other), which one a row's fraction is of would
+    be the later's by rule alone, and a reader of the report shown both could not tell."""
+    key = ", ".join(CEILING_KEY)
+    row = connection.execute(
+        f"SELECT rowid, first_row, first_value, value, {key} FROM (SELECT rowid, value, {key}, row_number() OVER w AS "
+        "copy, first_value(rowid) OVER w AS first_row, first_value(value) OVER w AS first_value FROM ceilings "
+        f"WINDOW w AS (PARTITION BY {key} ORDER BY rowid)) WHERE copy = 2 ORDER BY rowid LIMIT 1"
+    ).fetchone()
+    if row is None:
+        return
+    rowid, first_row, first_value, value, *found = row
+    ceiling = dict(zip(CEILING_KEY, found, strict=True))
+    unit = UNITS[ceiling["kind"]]  # a kind of CEILING_KINDS: the rules checked it
+    values = " and ".join("no value" if v is None else f"{v:.4g} {unit}" for v in (first_value, value))
+    what = (
+        f"a second {shown(ceiling['kind'])} ceiling ({shown(ceiling['precision'])}) of run {shown(ceiling['run_id'])} "
+        f"on {shown(target_label(ceiling))}: rows {first_row + 1} and {rowid + 1} hold {values} (valid: one per run, "
+        "target, kind and precision class, the one its rows are held against, as export --bundle writes it)"
+    )
+    raise _refuse(path, "ceilings", rowid, "kind", what)
+
+
+def _check_rates(connection: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """The rates a row's achieved figures multiply, recomputed from its samples (RATES_SQL): a row whose tokens/s
+    were multiplied (with its fractions, and its content hash recomputed, as anyone can) is refused here."""
+    expected = ", ".join(f"{sql} AS {rate}" for rate, sql in RATES_SQL.items())
+    connection.execute(
+        f"CREATE TEMP TABLE expected_rates AS SELECT r.result_id, count(s.latency_ms) AS samples, {expected} FROM "
+        f"(SELECT *, {PROMPT_SQL} AS prompt FROM results) r LEFT JOIN samples s USING (result_id) "
+        "GROUP BY r.result_id, r.batch_size, r.prompt"
+    )
+    try:
+        for mode, rates in RATE_WORK.items():
+            for rate, works in rates.items():
+                _first_rate_differing(connection, path, mode, rate, works)
+    finally:
+        connection.execute("DROP TABLE expected_rates")
+
+
+def _first_rate_differing(
+    connection: duckdb.DuckDBPyConnection, path: Path, mode: str, rate: str, works: tuple[str, ...]
+) -> None:
+    """Refuse the first row of `mode` whose `rate`, put to use by one of `works`, is not its samples'."""
+    used = " OR ".join(f"r.{work} IS NOT NULL" for work in works)
+    differs = _differs(f"r.{rate}", f"e.{rate}")
+    row = connection.execute(
+        f"SELECT r.rowid, r.result_id, r.{rate}, e.{rate}, e.samples FROM results r JOIN expected_rates e "
+        f"USING (result_id) WHERE r.mode = '{mode}' AND ({used}) AND ({differs}) ORDER BY r.rowid LIMIT 1"
+    ).fetchone()
+    if row is not None:
+        rowid, result_id, given, value, samples = row
+        what = (
+            f"result {shown(result_id)} carries {rate} {shown(given)}, but its {samples} samples give {value} "
+            "(recomputed on import, never taken as given)"
+        )
+        raise _refuse(path, "results", rowid, rate, what)
+
+
+def _check_above_ceiling(connection: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """A fraction (as _check_roofline recomputed it) at most ABOVE_CEILING x (1 + its ceiling's spread): above
+    it, no machine's figure but a counting or unit error in the row's work (bytes per token in thousands)."""
+    target = " AND ".join(f"c.{c} IS NOT DISTINCT FROM r.{c}" for c in CEILING_KEY[:5])  # the run and target
+    fractions = " UNION ALL ".join(
+        f"SELECT rowid, result_id, {', '.join(CEILING_KEY[:5])}, '{kind}' AS kind, {cls} AS class, {kind}_fraction "
+        f"AS fraction FROM results WHERE {kind}_fraction IS NOT NULL"
+        for kind, cls in (("bandwidth", f"'{BANDWIDTH_CLASS}'"), ("compute", precision_class_sql("precision")))
+    )
+    row = connection.execute(
+        f"SELECT r.rowid, r.result_id, r.kind, r.fraction, c.value, coalesce(c.spread, 0) FROM ({fractions}) r JOIN "
+        f"ceilings c ON "
+        f"{target} AND c.kind = r.kind AND c.precision = r.class WHERE r.fraction > {ABOVE_CEILING} * "
+        "(1 + coalesce(c.spread, 0)) ORDER BY r.rowid LIMIT 1"
+    ).fetchone()
+    if row is not None:
+        rowid, result_id, kind, fraction, value, spread = row
+        what = (
+            f"result {shown(result_id)} comes to {fraction:.4g} times its {kind} ceiling ({value:.4g} {UNITS[kind]}, "
+            f"spread {spread:.1%}) (valid: at most {ABOVE_CEILING:g} x (1 + the spread); more is no machine's "
+            "figure but a counting or unit error in its work)"
+        )
+        raise _refuse(path, "results", rowid, f"{kind}_fraction", what)

@@ -3,7 +3,9 @@ as one file another store can import (harness.bundle.importer).
 
 The rows are copied into a store in memory (the source is only read), brought to the current schema,
 given any identity an older file lacks (the migration's own statements), redacted if asked, and
-written as Parquet with a manifest of versions, runs, checksums and row counts."""
+written as Parquet with a manifest of versions, runs, checksums and row counts. A run carries one ceiling per
+target, kind and precision class: the one its rows are held against (a resumed run, or a Ray suite's jobs on one
+target, measured it again; import refuses a bundle with two, harness.bundle.checks)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import Any
 
 import duckdb
 
+from harness.bundle.checks import CEILING_KEY
 from harness.bundle.fmt import BUNDLE_FORMAT, REDACTIONS, BundleError, file_sha256, write_bundle
 from harness.bundle.redact import REMOVED, redact_public
 from harness.store import RUN_TABLES, SCHEMA_VERSION, Store, copy_runs, open_store
@@ -48,6 +51,7 @@ def export_bundle(
         staged = Store(staging, Path(":memory:"))
         staged.ensure_schema()
         run_ids = _copy_runs(Path(db_path), staging, runs, since)
+        _keep_held_ceilings(staging)
         if redact == "public":
             redact_public(staging, RUN_TABLES)
         with tempfile.TemporaryDirectory(prefix="accelharness-bundle-") as directory:
@@ -71,6 +75,17 @@ def _copy_runs(db_path: Path, staging: duckdb.DuckDBPyConnection, runs: str, sin
             chosen = store.resolve_runs(runs)
         copy_runs(store, staging, chosen)
     return chosen
+
+
+def _keep_held_ceilings(staging: duckdb.DuckDBPyConnection) -> None:
+    """Of a target's ceilings of one kind and class in a run, the one its rows are held against: the latest
+    with a value, as harness.store.roofline_sql takes it (else the latest, which holds the reason); the others
+    were superseded when it was measured, and no figure of the run is theirs."""
+    key = ", ".join(CEILING_KEY)
+    staging.execute(
+        f"DELETE FROM ceilings WHERE rowid NOT IN (SELECT arg_max(rowid, (coalesce(value > 0, false), measured_at, "
+        f"rowid)) FROM ceilings GROUP BY {key})"
+    )
 
 
 def _write_tables(staging: duckdb.DuckDBPyConnection, directory: Path) -> tuple[dict[str, Path], dict[str, Any]]:

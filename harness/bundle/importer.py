@@ -5,9 +5,11 @@ Every bundle is checked before the store is opened (harness.bundle.fmt). Each is
 database in memory attached to the store's connection and migrated there by the store's own
 migrations, then added in ONE transaction for all of them: a run already here (same run uuid) and a
 result already here with the same content hash are skipped and counted; the same run id or result key
-with other content is a conflict, and any conflict rolls everything back, naming them. A kill or
-Ctrl-C before the commit leaves the store as it was. An import that adds anything is logged in
-`imports`; importing a bundle again adds nothing and is not logged again."""
+with other content is a conflict, and any conflict rolls everything back, naming them. A ceiling that
+arrives holds its run's rows here as one measured after them does (harness.store.roofline_sql: the latest of
+its target, kind and class), so a run brought in two bundles, before and after a resume, has every row's
+fractions of one ceiling. A kill or Ctrl-C before the commit leaves the store as it was. An import that adds
+anything is logged in `imports`; importing a bundle again adds nothing and is not logged again."""
 
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from harness.bundle.fmt import Bundle, BundleError, read_bundle
 from harness.core.bounds import MAX_BUNDLES
 from harness.core.faults import injected_faults
 from harness.core.terminal import terminal_text
-from harness.store import Store, StoreError, current_columns, open_store, quoted
+from harness.store import Store, StoreError, current_columns, open_store, quoted, roofline_sql
 
 MAX_CONFLICTS_NAMED = 10
 # A run here that the bundle holds later in its life (completed where this store has it running or
@@ -218,17 +220,22 @@ def _add(connection: duckdb.DuckDBPyConnection, bundle: Bundle, b: str) -> tuple
     count.samples_added = _insert(connection, "samples", f"SELECT * FROM {b}.samples WHERE result_id IN ({new})")
     count.rows_added = _insert(connection, "operators", f"SELECT * FROM {b}.operators WHERE result_id IN ({new})")
     count.results_added = _insert(connection, "results", f"SELECT * FROM {b}.results WHERE result_id IN ({new})")
-    for table in (
-        "hardware",
-        "controls",
-        "ceilings",
-    ):  # rows of a run, without a key: added unless the same row is here
+    for table in ("hardware", "controls", "ceilings"):  # rows of a run, without a key: added unless the same is here
         columns = ", ".join(quoted(c) for c, _, _ in current_columns()[table])
-        count.rows_added += _insert(
-            connection, table, f"SELECT {columns} FROM {b}.{table} EXCEPT SELECT {columns} FROM {table}"
-        )
+        added = _insert(connection, table, f"SELECT {columns} FROM {b}.{table} EXCEPT SELECT {columns} FROM {table}")
+        if table == "ceilings" and added:
+            _hold_against_latest(connection, b)
+        count.rows_added += added
     connection.unregister("present")
     return count, []
+
+
+def _hold_against_latest(connection: duckdb.DuckDBPyConnection, b: str) -> None:
+    """A ceiling that arrives after a run's rows holds them, as Store.add_ceiling's does: where this store held
+    the run already (a bundle exported before a resume, then one after), every row of it is held against the latest
+    ceiling again, so the store, and any bundle exported from it, has each row's fractions of the one ceiling."""
+    for statement in roofline_sql(f"run_id IN (SELECT run_id FROM {b}.ceilings)"):
+        connection.execute(statement)
 
 
 def _insert(connection: duckdb.DuckDBPyConnection, table: str, select: str) -> int:

@@ -74,3 +74,23 @@ MAX_AUDIO_FILE_SECONDS = 600  # a --audio file's duration (its first window is u
 MAX_AUDIO_BYTES = 256 * 2**20  # a --audio file's size: ten minutes of 8 channels of 24-bit 48 kHz is 207 MiB
 MAX_AUDIO_CHANNELS = 8  # channels of a --audio file (mixed to mono, as Whisper's processor takes one)
 MIN_AUDIO_RATE, MAX_AUDIO_RATE = 8_000, 192_000  # a --audio file's sampling rate (Hz), resampled to the model's
+# Text a bundle's rows carry (harness.bundle.checks): at most what a fresh run could store, so a row from elsewhere
+# cannot grow every report written from it (a 10 MB output_text made 20 MB of CSV and JSON). A token decodes to a few
+# characters, a long one (a run of spaces, a special token's name such as <|reserved_special_token_250|>) to tens:
+# an output text holds at most this many characters per token generated.
+MAX_TOKEN_TEXT_CHARS = 1024
+MAX_TEXT_CELL_BYTES = 2**20  # any other text of a row: an error with its worker's log tail, a name, a kernel, a reason
+DETAILS_BYTES_PER_ITERATION = 32  # a row's details: MAX_TEXT_CELL_BYTES and a number per timed iteration (encoder's)
+# A graph's counted work remembered on disk (harness.prepare.work_memo): an entry past these holds no count of a
+# graph a machine can run, so it is counted again, never trusted. Weights and a KV cache a forward reads must be
+# in some machine's memory (256 TiB is more than any holds); 2^60 FLOPs is over a thousand seconds of an H200's
+# dense peak per token or item. A real count past them is still reported, only not remembered. (No MAX_ prefix:
+# they bound DOUBLE columns, not the INT32 ones every MAX_ fits.)
+WORK_BYTES_BOUND = 2**48  # bytes read per token or item, a graph's weight bytes, a decode step's KV cache bytes
+WORK_FLOPS_BOUND = 2**60  # FLOPs per token or item
+MAX_WORK_POSITIONS = MAX_SEQUENCE + MAX_DEPTH + MAX_NEW_TOKENS  # a decode step's mean cached positions
+# A folder's chat template is a program from elsewhere (harness.prepare.prompts): rendered in a process of its own,
+# stopped at this deadline and held to this much address space above its start. A template of today's models
+# renders in milliseconds and a few MiB.
+MAX_TEMPLATE_SECONDS = 5  # wall-clock seconds of one render, the process's start included
+MAX_TEMPLATE_MEMORY = 512 * 2**20  # bytes the render process may map beyond what it mapped at its start
