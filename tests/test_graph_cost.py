@@ -170,6 +170,7 @@ def test_a_rows_count_is_remembered_per_file_content_and_recounted_when_either_c
     or a damaged entry is counted afresh (never trusted)."""
     import harness.run.ceilings as ceilings
     from harness.core.records import Case
+    from harness.prepare import work_memo
     from harness.prepare.work_memo import MEMO_DIR
 
     monkeypatch.setenv("ACCELHARNESS_CACHE_DIR", str(tmp_path / "cache"))
@@ -187,14 +188,18 @@ def test_a_rows_count_is_remembered_per_file_content_and_recounted_when_either_c
     case = Case(batch_size=2, seq_len=None, precision="fp32")
     first = ceilings.row_work(path, case, {"x": [2, 16]})
     assert first[0]["flops_per_item"] == 2 * 16 * 32 and len(counts) == 1
-    assert ceilings.row_work(path, case, {"x": [2, 16]}) == first and len(counts) == 1  # remembered
+    assert first[1]["work_source"] == work_memo.COUNTED_NOW
+    again = ceilings.row_work(path, case, {"x": [2, 16]})
+    assert again[0] == first[0] and len(counts) == 1  # remembered, and the row says so
+    assert again[1] == first[1] | {"work_source": work_memo.FROM_MEMO}
     ceilings.row_work(path, Case(batch_size=4, seq_len=None, precision="fp32"), {"x": [4, 16]})
     assert len(counts) == 2  # another workload
     assert len(list((tmp_path / "cache" / MEMO_DIR).glob("*.json"))) == 2
     for damaged in (b"[1, 2", b'"not a pair"', b"x" * (2 << 20)):
         for memo in (tmp_path / "cache" / MEMO_DIR).glob("*.json"):
             memo.write_bytes(damaged)
-        assert ceilings.row_work(path, case, {"x": [2, 16]}) == first  # recounted, the same answer
+        fields, facts = ceilings.row_work(path, case, {"x": [2, 16]})  # recounted, the same answer, and said
+        assert fields == first[0] and facts == first[1] | {"work_source": work_memo.COUNTED_OVER_ENTRY}
     before = len(counts)
     save(tmp_path, [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
          [value("x", ["batch", 16])], [value("y", ["batch", 64])], {"w": np.ones((16, 64), np.float32)})  # fmt: skip

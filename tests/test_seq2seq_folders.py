@@ -57,7 +57,18 @@ def folder(export: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name in ("encoder_model.onnx", "decoder_model_merged.onnx"):
         shutil.copyfile(export / name, built / "onnx" / name)
     shutil.copyfile(precision_variant(export / "decoder_model_merged.onnx", "q4").path, built / FILES["decoder"])
+    write_word_tokenizer(built / "tokenizer.json")
     return built
+
+
+def write_word_tokenizer(path: Path) -> None:
+    """A word-level tokenizer.json over the tiny model's 1,000 ids (token i is the word `t<i>`): what a user's folder
+    carries beside its graphs, so each row's tokens are stored as its text."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(1000)}, unk_token="t0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(path))
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +96,14 @@ def test_a_transformers_js_whisper_folder_runs_an_fp32_encoder_and_a_q4_decoder(
         assert row["details"]["audio_seconds"] == 30.0 and row["real_time_factor"] > 0
     assert json.loads(page["generated_tokens"]) == json.loads(native["generated_tokens"])
     assert page["tokens_matched"] == 4 and page["details"]["encoder_ms"] > 0
+    # Issue 42: speech has no input_ids, and a row's text was decoded only beside them (output_text NULL although
+    # the folder has its tokenizer); every row's tokens are now its text, prompt_ids NULL (no prompt tokens), and the
+    # folder's family is its model_type's (audio, where every layout folder was `embedding`).
+    for row in (native, page):
+        tokens = json.loads(row["generated_tokens"])
+        assert row["output_text"] == " ".join(f"t{i}" for i in tokens[0]) and row["prompt_ids"] is None
+        assert json.loads(row["output_texts"]) == [row["output_text"]] and "output_text" not in row["details"]
+        assert row["family"] == "audio"
     computed = native["details"]["graph_compute_precision"]  # read from the graphs ORT optimized, If branches too
     assert (
         set(computed) == {"encoder", "decoder"} and computed["encoder"]["fp32"] > 0 and computed["decoder"]["fp32"] > 0

@@ -188,8 +188,8 @@ def generation_result(prepared: PreparedModel, target: Any, case: Case, answer: 
         details["tokens_unstable"] = "the timed generations did not all give the warm-up's tokens"
     feeds, _ = prepared.load_case((case.batch_size, case.seq_len), case.audio_seconds)  # what the page's job carried
     encoder_decoder = prepared.onnx_past_path is not None and seq2seq_files(prepared.onnx_past_path) is not None
-    if "input_ids" in feeds:  # speech has no prompt tokens
-        fields |= prepared.text_fields(feeds["input_ids"], generation["tokens"], details)
+    # speech has no prompt tokens (input_ids None), but its output is text
+    fields |= prepared.text_fields(feeds.get("input_ids"), generation["tokens"], details)
     if model is None or prepared.onnx_past_path is None:
         details["token_parity"] = "not checked: the page's graph is not at hand"
         return prepared.result(target, case, "ok", None, details=details, **extra, **fields)

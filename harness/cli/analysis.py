@@ -34,7 +34,7 @@ from harness.store import StoreError
 def report(*, run: str, db_path: Path, output_dir: Path, fmt: str | None, out: Path | None) -> None:
     """Regenerate a run's reports from the DuckDB store (HTML with inline SVG plots; Markdown links PNGs)."""
     refuse_bad(declared.Report, fmt=fmt)
-    formats = split_list(fmt)
+    formats = split_list(fmt, "--format")
     if out is not None and len(formats or REPORT_FORMATS) != 1:
         raise fail("--out is a file path and needs exactly one --format (use --output-dir for several)")
     from harness.core.paths import UnsafePathError
@@ -143,7 +143,7 @@ def recommend(
                 create_map.write_text(json.dumps(selection_map(scoped, score_weights), indent=2))
                 console.print(f"selection map: {shown(create_map)}")
                 return
-            hardware_list = split_list(hardware)
+            hardware_list = split_list(hardware, "--hardware")
             result = rank(scoped, model, model_family, task, batch_size, None, mode, hardware_list, score_weights)
     except (StoreError, InsufficientData, ValueError, KeyError) as exc:
         raise fail(str(exc)) from None

@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from harness.core.options import OPTION, Opt, declared, default_of, problem
+from harness.core.options import OPTION, Opt, declared, default_of, empty_item, problem, whole_number
 from harness.core.terminal import terminal_lines, terminal_text
 
 console = Console()
@@ -48,15 +48,52 @@ def given(ctx: typer.Context, *names: str) -> list[str]:
     return [flags[name] for name in names if sources[name] in ("COMMANDLINE", "ENVIRONMENT")]
 
 
-def split_list(value: str | None) -> list[str] | None:
-    return [v.strip() for v in value.split(",") if v.strip()] if value else None
+def split_list(value: str | None, flag: str = "a comma-separated option") -> list[str] | None:
+    """A comma-separated value's items (None: not given); an empty item ('1,,2', ',', '') exits 2 naming `flag`."""
+    if value is None:
+        return None
+    if found := empty_item(flag, value):
+        raise fail(found)
+    return [v.strip() for v in value.split(",")]
 
 
-def int_list(option: str, value: str, low: int = 1) -> list[int]:
+def _bounds(opt: Opt) -> str:
+    """What whole numbers an option takes, for its message: ' from 1 to 256', ' >= 0', or ''."""
+    if opt.low is not None and opt.high is not None:
+        return f" from {opt.low} to {opt.high:,}"
+    return f" >= {opt.low}" if opt.low is not None else ""
+
+
+def int_list(opt: Opt, value: str) -> list[int]:
+    """A comma-separated list of whole numbers, each ASCII digits (harness.core.options.whole_number)."""
     try:
-        return [int(v) for v in split_list(value) or []]
+        return [whole_number(v) for v in split_list(value, opt.flag) or []]
     except ValueError:
-        raise fail(f"{option} takes comma-separated integers >= {low}, e.g. {low},4 (got '{value}')") from None
+        example = f"{opt.low or 0},{max(opt.low or 0, 4)}"
+        wanted = f"comma-separated integers{_bounds(opt)} in ASCII digits, e.g. {example}"
+        raise fail(f"{opt.flag} takes {wanted} (got '{value}')") from None
+
+
+def _number(opt: Opt, kind: type, value: Any) -> Any:
+    """One number option's command-line text as `kind` (int or float): ASCII only, as a list's items are (float()
+    and int() take '１２' and '1_0'); Click passes the declared default through here too, already a number."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value
+    try:
+        if kind is int:
+            return whole_number(value.strip())
+        if value.isascii() and "_" not in value:
+            return float(value)
+    except ValueError:
+        pass
+    what = f"a whole number{_bounds(opt)} in ASCII digits" if kind is int else "a number in ASCII digits, e.g. 2.5"
+    raise fail(f"{opt.flag} takes {what} (got '{value}')")
+
+
+def _numeric(hint: Any) -> type | None:
+    """int or float where an option's command-line type is one (`int | None` too), else None."""
+    kinds = [k for k in (hint, *typing.get_args(hint)) if k in (int, float)]
+    return kinds[0] if kinds else None
 
 
 # No option is written here or in any command module: each is a field of a request or of a command's options
@@ -103,7 +140,9 @@ def _parameter(request: type, name: str, overrides: bool, prefix: str | None) ->
     if overrides:
         kind, default = kind | None, None
         help_text += f" Default: the config's {opt.key or name}."
-    annotation = Annotated[kind, typer.Option(opt.flag, help=help_text)]  # type: ignore[valid-type]
+    number = _numeric(kind)  # a number's text is parsed here, not by Click's int()/float() (Unicode digits)
+    parser = (lambda text: _number(opt, number, text)) if number is not None else None
+    annotation = Annotated[kind, typer.Option(opt.flag, help=help_text, parser=parser)]  # type: ignore[valid-type]
     parameter = f"{prefix}_{name}" if prefix else name
     return inspect.Parameter(parameter, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
@@ -123,9 +162,10 @@ def _command_line_form(opt: Opt, hint: Any, default: Any) -> tuple[Any, Any]:
 
 def request_values(request: type, options: dict[str, Any], prefix: str | None = None) -> dict[str, Any]:
     """The parsed values of the options with_options() added (by field name; `prefix`: as it named them):
-    lists split (counts as integers, a bad one exit 2 naming the flag), an empty list its default, 0 None
-    where it means none."""
+    lists split (whole numbers as integers), an empty item or a bad number exit 2 naming the flag, 0 None where
+    it means none."""
     found = {f.name: f for f in fields(request)}
+    hints = typing.get_type_hints(request)
     values = {}
     for parameter, value in options.items():
         name = parameter.removeprefix(f"{prefix}_") if prefix else parameter
@@ -135,14 +175,21 @@ def request_values(request: type, options: dict[str, Any], prefix: str | None = 
             value = value or default
         elif value is None:  # an override left out, or an option whose default is None
             pass
-        elif opt.many and opt.low is not None:
-            value = int_list(opt.flag, value, opt.low)
+        elif opt.many and (opt.low is not None or _numeric_list(hints[name])):
+            value = int_list(opt, value)
         elif opt.many and not isinstance(default, str):
-            value = split_list(value) or default
+            value = split_list(value, opt.flag)
+        elif opt.many:  # a text the request parses itself (--precision encoder=fp32,decoder=q4), checked here
+            split_list(value, opt.flag)
         elif opt.zero_is_none:
             value = value or None
         values[name] = value
     return values
+
+
+def _numeric_list(hint: Any) -> bool:
+    """Whether a many-valued option's field holds whole numbers (`list[int] | None`: --prompt-ids)."""
+    return any(typing.get_args(k) == (int,) for k in (hint, *typing.get_args(hint)))
 
 
 def refuse_bad(request: type, **values: Any) -> None:

@@ -94,7 +94,8 @@ def predict(
         seqs = [None]  # type: ignore[list-item]  # images and audio: no sequence axis
     asked = Asked(
         spec.name if spec else str(model), spec.family if spec else "", None,
-        [(b, s) for b in batches for s in seqs], precision, split_list(hardware), split_list(engines),
+        [(b, s) for b in batches for s in seqs], precision, split_list(hardware, "--hardware"),
+        split_list(engines, "--engines"),
     )  # fmt: skip
     try:
         with one_machine(db_path, machine) as scoped:

@@ -201,7 +201,7 @@ def suite(
     from harness.suite.run import run_suite
 
     try:
-        plan = plan_suite(loaded, split_list(models), split_list(hardware), resume, age)
+        plan = plan_suite(loaded, split_list(models, "--models"), split_list(hardware, "--hardware"), resume, age)
     except (RequestError, StoreError) as exc:
         raise fail(str(exc)) from None
     if resume and plan.resume_run_id is None:  # say why nothing is continued (e.g. the config changed)

@@ -355,6 +355,11 @@ def _step_shapes(pasts: list[tuple[str, int, int, int]], batch: int, tokens: int
 
 
 Work = tuple[dict[str, float | None], dict[str, Any]]  # (a Result's WORK_FIELDS, facts for its details)
+# How each count was made, as its details' work_counted says (harness.prepare.work_memo writes it from here, never
+# from a remembered entry)
+GENERATION_COUNTED = ("harness.core.graph_cost: weights by stored type, the KV cache at the steps' mean depth, "
+                      "FLOPs by shape inference")  # fmt: skip
+INFERENCE_COUNTED = "harness.core.graph_cost: weights by stored type, inputs and outputs, FLOPs by shape inference"
 
 
 def generation_work(path: Path, batch: int, prompt: int, depth: int, new_tokens: int,
@@ -374,8 +379,7 @@ def generation_work(path: Path, batch: int, prompt: int, depth: int, new_tokens:
         "prefill_flops_per_token": prefill.flops / (batch * prompt) if not prefill.unknown_shapes else None,
     }
     facts = {"weight_bytes": weights, "kv_bytes_per_step": kv, "kv_mean_positions": context,
-             "work_counted": "harness.core.graph_cost: weights by stored type, the KV cache at the steps' mean "
-                             "depth, FLOPs by shape inference"}  # fmt: skip
+             "work_counted": GENERATION_COUNTED}  # fmt: skip
     return fields, facts
 
 
@@ -395,8 +399,7 @@ def inference_work(path: Path, input_shapes: Mapping[str, Sequence[int]], batch:
         "bytes_per_item": None if known is None else (sum(weights.values()) + known) / batch,
         "flops_per_item": cost.flops / batch if not cost.unknown_shapes else None,
     }
-    return fields, {"weight_bytes": weights, "work_counted": "harness.core.graph_cost: weights by stored type, "
-                    "inputs and outputs, FLOPs by shape inference"}  # fmt: skip
+    return fields, {"weight_bytes": weights, "work_counted": INFERENCE_COUNTED}
 
 
 def _fixed(path: Path, input_shapes: Mapping[str, Sequence[int]]) -> onnx.ModelProto:

@@ -11,6 +11,7 @@ generates their signatures), its key in the suite config, and its check runs whe
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from pathlib import Path
@@ -99,6 +100,28 @@ def default_of(f: Field) -> Any:
     return f.default_factory() if f.default_factory is not MISSING else f.default
 
 
+# A whole number as the command line and a config's text give it: ASCII digits, a '-' for a range's message.
+# int() takes more ('１２', '1_000', '+3', ' 7 '): a typo or a lookalike would run as a number nobody typed.
+WHOLE_NUMBER = re.compile(r"-?[0-9]+")
+
+
+def whole_number(value: Any) -> int:
+    """An integer option's value: an int (not a bool), or text of ASCII digits; ValueError otherwise."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and WHOLE_NUMBER.fullmatch(value):
+        return int(value)
+    raise ValueError(f"not a whole number in ASCII digits: {value!r}")
+
+
+def empty_item(name: str, text: str) -> str | None:
+    """The message for a comma-separated value with an empty item ('1,,2', ',', '5,', ''), or None: an empty
+    item is a typo, and dropping it (or taking the default for an empty list) runs what nobody asked for."""
+    if all(part.strip() for part in text.split(",")):
+        return None
+    return f"{name} takes comma-separated values, none of them empty (got '{text}')"
+
+
 def items(value: Any) -> list[Any]:
     """A many-valued option's values: a list, or a comma-separated string (the API accepts both)."""
     if isinstance(value, str):
@@ -111,6 +134,9 @@ def problem(name: str, opt: Opt, value: Any, noun: str | None = None, empty_ok: 
     a wrong choice a `noun` "value" and takes empty lists (`empty_ok`: hardware_types = [] runs no native half)."""
     if value is None:
         return None
+    # a text list from the API or a config ('1,,2'); an empty one is the suite config's empty list (empty_ok)
+    if opt.many and isinstance(value, str) and (value.strip() or not empty_ok) and (bad := empty_item(name, value)):
+        return bad
     if opt.parse is not None:
         try:
             opt.parse(items(value))

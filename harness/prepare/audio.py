@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import struct
 import subprocess
 import wave
 from dataclasses import dataclass
@@ -49,6 +50,10 @@ VOICE = "en-us"
 ESPEAK_TIMEOUT_S = 60.0
 NOISE_SECONDS, NOISE_LEVEL = 35.0, 0.05  # the fallback: seeded white noise as long as the passage
 SAMPLE_WIDTHS = (1, 2, 3, 4)  # bytes per PCM sample the wave module reads (8-bit unsigned, 16/24/32-bit signed)
+# The fmt chunk's first fields: format tag, channels, rate, bytes per second, block_align, bits per sample.
+FMT_FIELDS = struct.Struct("<HHIIHH")
+PCM_TAGS = (0x0001, 0xFFFE)  # WAVE_FORMAT_PCM, WAVE_FORMAT_EXTENSIBLE (PCM inside): the others the wave module refuses
+MAX_CHUNKS_BEFORE_FMT = 64  # chunks (JUNK, bext, LIST, …) walked past to the fmt chunk: a bound on a hostile file
 
 
 class AudioError(ValueError):
@@ -81,6 +86,7 @@ def read_wav(path: Path) -> tuple[np.ndarray, int, int]:
     if size > MAX_AUDIO_BYTES:
         raise AudioError(f"a WAV file of at most {MAX_AUDIO_BYTES // 2**20} MiB is valid (got {size:,} bytes)")
     try:
+        _check_frame(path)
         with wave.open(str(path), "rb") as file:
             channels, width, rate = file.getnchannels(), file.getsampwidth(), file.getframerate()
             frames = file.getnframes()
@@ -96,10 +102,53 @@ def read_wav(path: Path) -> tuple[np.ndarray, int, int]:
     return _pcm(data, width).reshape(-1, channels).mean(axis=1, dtype=np.float32), rate, channels
 
 
-def _check_header(channels: int, width: int, rate: int, frames: int, size: int) -> None:
-    """The header's facts within the bounds, before a sample is read."""
+def _fmt_fields(path: Path) -> tuple[int, int, int] | None:
+    """A PCM WAV's (channels, block_align, bits per sample) as its fmt chunk writes them; None where the file is
+    no RIFF WAVE, its fmt chunk is not PCM or cannot be found (the wave module then says what is wrong)."""
+    with path.open("rb") as file:
+        riff = file.read(12)
+        if len(riff) < 12 or riff[:4] != b"RIFF" or riff[8:] != b"WAVE":
+            return None
+        for _ in range(MAX_CHUNKS_BEFORE_FMT):
+            head = file.read(8)
+            if len(head) < 8:
+                return None
+            length = int.from_bytes(head[4:], "little")
+            if head[:4] == b"fmt ":
+                body = file.read(FMT_FIELDS.size)
+                if len(body) < FMT_FIELDS.size:
+                    return None
+                tag, channels, _, _, align, bits = FMT_FIELDS.unpack(body)
+                return (channels, align, bits) if tag in PCM_TAGS else None
+            file.seek(length + (length & 1), os.SEEK_CUR)  # a chunk's body is padded to an even length
+    return None
+
+
+def _check_frame(path: Path) -> None:
+    """The header's sample width and frame size as it writes them, before the wave module reads it: wave rounds
+    bits up to bytes (a 1-bit WAV read as 8-bit) and makes a frame channels × that width whatever block_align
+    says (a 2-channel file of 3-byte frames read as 4-byte ones): samples nobody recorded, fed as speech."""
+    fields = _fmt_fields(path)
+    if fields is None:
+        return
+    channels, align, bits = fields
+    _check_channels(channels)
+    if bits not in [8 * width for width in SAMPLE_WIDTHS]:
+        valid = ", ".join(str(8 * width) for width in SAMPLE_WIDTHS)
+        raise AudioError(f"{bits}-bit samples; PCM of {valid} bits is valid")
+    if align != channels * bits // 8:
+        raise AudioError(f"frames of {align} bytes (block_align) for {channels} channels of {bits}-bit samples; "
+                         f"{channels} × {bits // 8} = {channels * bits // 8} bytes is valid")  # fmt: skip
+
+
+def _check_channels(channels: int) -> None:
     if not 1 <= channels <= MAX_AUDIO_CHANNELS:
         raise AudioError(f"{channels} channels; 1 to {MAX_AUDIO_CHANNELS} are valid")
+
+
+def _check_header(channels: int, width: int, rate: int, frames: int, size: int) -> None:
+    """The header's facts within the bounds, before a sample is read."""
+    _check_channels(channels)
     if width not in SAMPLE_WIDTHS:
         raise AudioError(f"{width}-byte samples; PCM of {', '.join(map(str, SAMPLE_WIDTHS))} bytes is valid")
     if not MIN_AUDIO_RATE <= rate <= MAX_AUDIO_RATE:

@@ -2,12 +2,19 @@
 bounded before they are parsed, every file they name resolves (symlinks followed) inside the folder, every
 size they give a model is a whole number within harness.core.bounds, and a wrong type names the key. A
 genai_config.json naming `../../elsewhere/model.onnx` once ran that graph as the folder's model, and one with
-10^9 layers was only stopped by --timeout. Anything quoted from a config goes through terminal_text."""
+10^9 layers was only stopped by --timeout. Anything quoted from a config goes through terminal_text.
+
+Every file a folder names is read by one reader (read_file: inside the folder, then read_regular): a regular file,
+its size bounded before a byte is read, opened so that it cannot block. A FIFO named config.json once hung the CLI
+for good (its size is 0, then the read waits for a writer); a socket, a device or a directory is refused alike, and
+check_folder_files refuses them by name before a run exists, so a file read only in a worker cannot hang it."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -76,17 +83,82 @@ def inside(folder: Path, name: Any, key: str, base: Path | None = None) -> Path:
     return (base or folder) / name
 
 
-def read_config(folder: Path, name: str) -> dict[str, Any]:
-    """A folder's JSON config, inside the folder and at most MAX_CONFIG_BYTES, holding a JSON object."""
-    path = inside(folder, name, f"the config file {name}")
+# The files of a model folder the harness or the libraries it calls read by name (harness.prepare.prompts's
+# tokenizer, chat template and EOS sources; the configs; a processor's): each must be a regular file where present
+FOLDER_FILES = ("config.json", "generation_config.json", "genai_config.json", "tokenizer.json", "tokenizer_config.json",
+                "chat_template.jinja", "special_tokens_map.json", "preprocessor_config.json")  # fmt: skip
+# What a directory entry is when it is no regular file, as a refusal names it
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))  # fmt: skip
+# O_NONBLOCK: opening a FIFO waits for a writer, and a regular file swapped for one after its check must not
+OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+
+def _kind(mode: int) -> str | None:
+    """What a file of this st_mode is, when it is no regular file; None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    return next((kind for test, kind in _KINDS if test(mode)), "no regular file")
+
+
+def _refuse_kind(mode: int, shown: str) -> None:
+    if (kind := _kind(mode)) is not None:
+        raise FolderError(f"{shown} is {kind}, not a regular file: the harness reads a model folder's files only "
+                          "as regular files (a FIFO or a device would block the read)")  # fmt: skip
+
+
+def refuse_special(path: Path) -> None:
+    """Refuse a path that is there but is no regular file (symlinks followed); one that is not there, or cannot
+    be looked at, is left to whoever reads it (they name what is missing)."""
     try:
-        size = path.stat().st_size
-        if size > MAX_CONFIG_BYTES:
-            raise FolderError(f"{path} is {size:,} bytes; a model folder's config takes at most {MAX_CONFIG_BYTES:,}")
-        data = json.loads(path.read_bytes().decode("utf-8"))
-    except (OSError, ValueError, RecursionError) as exc:  # ValueError: bad JSON or UTF-8; RecursionError: nesting
+        mode = path.stat().st_mode
+    except (OSError, ValueError):
+        return
+    _refuse_kind(mode, terminal_text(str(path)))
+
+
+def check_folder_files(folder: Path) -> None:
+    """Refuse a folder whose config, tokenizer or template file (FOLDER_FILES) is a FIFO, a socket, a device or a
+    directory: before a run exists, so a file that only a worker reads is refused by name, not waited on."""
+    for name in FOLDER_FILES:
+        refuse_special(folder / name)
+
+
+def read_regular(path: Path, limit: int, bound: str) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes (`bound`: the words before "at most N" in the
+    refusal). Its kind and size are checked before it is opened and again on what was opened (a race to a FIFO
+    is refused, not waited on: opened with O_NONBLOCK); at most limit + 1 bytes are read (a file that grows)."""
+    shown = terminal_text(str(path))
+    try:
+        _refuse_kind(os.stat(path).st_mode, shown)  # before opening: opening a device can act (a tape rewinds)
+        with os.fdopen(os.open(path, OPEN_FLAGS), "rb") as handle:
+            found = os.fstat(handle.fileno())
+            _refuse_kind(found.st_mode, shown)
+            if found.st_size > limit:
+                raise FolderError(f"{shown} is {found.st_size:,} bytes; {bound} at most {limit:,}")
+            data = handle.read(limit + 1)
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the name
         if isinstance(exc, FolderError):
             raise
+        raise FolderError(f"cannot read {shown} ({terminal_text(str(exc))[:200]})") from exc
+    if len(data) > limit:
+        raise FolderError(f"{shown} grew past {limit:,} bytes as it was read; {bound} at most {limit:,}")
+    return data
+
+
+def read_file(folder: Path, name: str, limit: int, key: str, bound: str) -> bytes:
+    """The one reader of a file a folder names: `name` resolved inside the folder (`key`: where the name was
+    read, for the refusal), then read_regular."""
+    return read_regular(inside(folder, name, key), limit, bound)
+
+
+def read_config(folder: Path, name: str) -> dict[str, Any]:
+    """A folder's JSON config, inside the folder and at most MAX_CONFIG_BYTES, holding a JSON object."""
+    raw = read_file(folder, name, MAX_CONFIG_BYTES, f"the config file {name}", "a model folder's config takes")
+    path = terminal_text(str(folder / name))
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # ValueError: bad JSON or UTF-8; RecursionError: nesting
         raise FolderError(f"cannot read {path} ({terminal_text(str(exc))[:200]})") from exc
     if not isinstance(data, dict):
         raise FolderError(f"{path} must hold a JSON object, got {shown(data)}")
@@ -153,7 +225,8 @@ def genai_decoder(config: dict[str, Any]) -> dict[str, Any]:
 
 def check_external_data(graph: Path, folder: Path) -> None:
     """Refuse a graph whose external data locations resolve outside the folder (../x, an absolute path, a
-    symlink leading out): ONNX Runtime would read weights from wherever they point."""
+    symlink leading out), or name a FIFO, a socket, a device or a directory: ONNX Runtime would read weights from
+    wherever they point, and wait on a FIFO for good."""
     import onnx
 
     from harness.prepare.external import tensors
@@ -166,4 +239,4 @@ def check_external_data(graph: Path, folder: Path) -> None:
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             location = next((item.value for item in tensor.external_data if item.key == "location"), None)
             key = f"{graph.name}: tensor '{terminal_text(tensor.name)}': external data location"
-            inside(folder, location, key, base=graph.parent)
+            refuse_special(inside(folder, location, key, base=graph.parent))

@@ -9,6 +9,7 @@ path a folder chose. harness.prepare.folders checks the files (inside the folder
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 # transformers.js's file suffixes for the harness's precisions (<stem><suffix>.onnx), fp32 first: int8 is its
@@ -37,8 +38,9 @@ def split_name(path: Path) -> tuple[str, str]:
 
 
 def present(path: Path) -> bool:
-    """A file the layout names is there: a file, or a symlink (a dangling or escaping one is then refused)."""
-    return path.is_file() or path.is_symlink()
+    """A file the layout names is there: anything by that name, a symlink too, so that what is no regular file (a
+    FIFO, a directory) or a dangling or escaping link is then refused by name, not passed over."""
+    return os.path.lexists(path)
 
 
 def seq2seq_graphs(where: Path) -> list[Path]:

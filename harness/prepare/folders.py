@@ -32,6 +32,7 @@ from harness.prepare.folder_checks import (
     genai_files,
     inside,
     read_config,
+    refuse_special,
     size_problem,
 )
 from harness.prepare.folder_layouts import (
@@ -54,7 +55,7 @@ OPTIMUM_FILES = ("model.onnx", "decoder_model_merged.onnx")
 def folder_graph(folder: Path) -> Path | None:
     """The ONNX file a folder's reference outputs come from (its fp32 file where it has one), or None
     when the folder holds no ONNX layout. Every file the layout names, the configs and their sizes are checked
-    first (harness.prepare.folder_checks): a folder stays inside itself."""
+    first (harness.prepare.folder_checks): a folder stays inside itself, and its files are regular files."""
     if (folder / GENAI_CONFIG).exists() or (folder / GENAI_CONFIG).is_symlink():
         return _genai_graph(folder)
     onnx_dir = folder / "onnx"
@@ -115,11 +116,14 @@ def _checked(folder: Path, graphs: list[Path]) -> list[Path]:
         check_sizes(folder, "config.json")
     for graph in graphs:
         name = str(graph.relative_to(folder))
-        check_external_data(inside(folder, name, f"the layout's model file {name}"), folder)
+        path = inside(folder, name, f"the layout's model file {name}")
+        refuse_special(path)  # a FIFO would block the graph's read (onnx.load, ONNX Runtime) for good
+        check_external_data(path, folder)
     return graphs
 
 
 def _present(path: Path, why: str) -> Path:
+    refuse_special(path)
     if not path.is_file():
         raise FolderError(f"{why}, which is not in {terminal_text(str(path.parent))}")  # the name is a config's
     return path

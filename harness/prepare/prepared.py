@@ -62,12 +62,16 @@ class PreparedModel:
     speech: tuple[str, float, float] | None = None
     audio_files: dict[tuple[CaseShape, int], Path] = field(default_factory=dict)
 
-    def text_fields(self, input_ids: np.ndarray, generated: list[list[int]] | None,
+    def text_fields(self, input_ids: np.ndarray | None, generated: list[list[int]] | None,
                     details: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
-        """A generate row's prompt ids, decoded output text and EOS policy (harness.prepare.prompts)."""
+        """A generate row's prompt ids, decoded output text and EOS policy (harness.prepare.prompts). Speech
+        (`input_ids` None: Whisper hears input_features) has no prompt ids, but its tokens are text all the same:
+        skipping the decode for it stored a NULL output_text beside the folder's tokenizer."""
         from harness.prepare.prompts import text_fields
 
-        return text_fields(self.spec, input_ids, generated, self.eos, self.eos_asked, details)
+        prompt = np.zeros((0, 0), dtype=np.int64) if input_ids is None else input_ids
+        fields = text_fields(self.spec, prompt, generated, self.eos, self.eos_asked, details)
+        return fields | ({"prompt_ids": None} if input_ids is None else {})
 
     def result(self, target: Target, case: Case, status: str, error: str | None = None, **fields: Any) -> Result:
         """A Result carrying this model's facts, native or browser; measured fields come in **fields."""

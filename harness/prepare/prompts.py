@@ -4,18 +4,31 @@ A drawn prompt (no --prompt given) depends on the model, never on the folder it 
 from the regular tokens (the tokenizer's added and special ids excluded) below the embedding table's rows, with
 a seed from that row count, so an HF folder, the harness's export of it, the onnxruntime-genai builder's folder
 and a transformers.js folder of one model start from the same ids. A model folder's tokenizer.json (read through
-the `tokenizers` library), its chat template (rendered in jinja2's sandbox) and its EOS ids are data from
-elsewhere: each file inside the folder, bounded before it is read (harness.core.bounds).
+the `tokenizers` library), its chat template and its EOS ids are data from elsewhere: each file inside the folder,
+bounded before it is read (harness.core.bounds). The template is a program too: rendered in jinja2's sandbox, in
+a process of its own held to a deadline and an address space, its output bounded, so a template that loops, divides
+by zero or asks for gigabytes is a PromptError, not a hang, a traceback or a machine's memory. Every call into the
+tokenizers library is guarded (_tokenizer_call): a tokenizer.json it cannot run (a regex that exhausts Oniguruma's
+retry limit panics the library, and pyo3's PanicException is a BaseException) is a PromptError naming the folder's
+tokenizer. EOS ids outside the model's vocabulary are left out, and the row's EOS policy says which.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -24,6 +37,8 @@ from harness.core.bounds import (
     MAX_PROMPT_CHARS,
     MAX_PROMPT_IDS,
     MAX_TEMPLATE_CHARS,
+    MAX_TEMPLATE_MEMORY,
+    MAX_TEMPLATE_SECONDS,
     MAX_TOKENIZER_BYTES,
     MAX_VOCAB,
 )
@@ -84,20 +99,21 @@ def tokenizer_folder(model_path: Path | None) -> Path | None:
 
 
 def _bounded_text(folder: Path, name: str, limit: int) -> str | None:
-    """A folder's file as text, inside the folder and at most `limit` bytes; None where the folder has none."""
-    if not ((folder / name).is_file() or (folder / name).is_symlink()):
+    """A folder's file as text, inside the folder and read by the one reader of a folder's files (a regular file
+    of at most `limit` bytes, never waited on: harness.prepare.folder_checks.read_regular); None where the folder
+    has none. Anything else by the name (a FIFO, a directory, a dangling link) is refused, not passed over."""
+    from harness.prepare.folder_checks import read_regular
+
+    if not ((folder / name).exists() or (folder / name).is_symlink()):
         return None
     try:
         path = inside(folder, name, f"the tokenizer file {name}")
-    except FolderError as exc:  # a link out of the folder
+        return read_regular(path, limit, "the harness reads").decode("utf-8")
+    except FolderError as exc:  # a link out of the folder, no regular file, too big, unreadable
         raise PromptError(str(exc)) from exc
-    size = path.stat().st_size
-    if size > limit:
-        raise PromptError(f"{terminal_text(str(path))} is {size:,} bytes; the harness reads at most {limit:,}")
-    try:
-        return path.read_bytes().decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PromptError(f"cannot read {terminal_text(str(path))} ({terminal_text(str(exc))[:200]})") from exc
+    except UnicodeDecodeError as exc:
+        shown = terminal_text(str(folder / name))
+        raise PromptError(f"cannot read {shown} ({terminal_text(str(exc))[:200]})") from exc
 
 
 def _json_file(folder: Path, name: str) -> dict[str, Any]:
@@ -118,11 +134,74 @@ def load_tokenizer(folder: Path) -> Any:
     text = _bounded_text(folder, TOKENIZER_FILE, MAX_TOKENIZER_BYTES)
     if text is None:
         return None
+    return _tokenizer_call(folder, "be read by the tokenizers library", Tokenizer.from_str, text)
+
+
+_Answer = TypeVar("_Answer")
+
+
+def _tokenizer_call(folder: Path, what: str, call: Callable[..., _Answer], *args: Any, **kwargs: Any) -> _Answer:
+    """One call into the tokenizers library with a folder's tokenizer.json: whatever the library raises, a panic
+    included (pyo3's PanicException derives from BaseException, so `except Exception` misses it), is a PromptError
+    in the library's own words; an interrupt or an exit still ends the process."""
     try:
-        return Tokenizer.from_str(text)
-    except Exception as exc:  # the library's own words: a file it cannot parse
-        raise PromptError(f"{TOKENIZER_FILE} in {terminal_text(str(folder))} cannot be read by the tokenizers "
-                          f"library ({terminal_text(str(exc))[:200]})") from exc  # fmt: skip
+        with _panic_lines_held():
+            return call(*args, **kwargs)
+    except (KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException as exc:
+        words = terminal_text(str(exc)[:1000])[:200] or type(exc).__name__
+        shown = terminal_text(str(folder))
+        raise PromptError(f"the folder's tokenizer cannot {what}: {words} ({TOKENIZER_FILE} in {shown})") from None
+
+
+# fd 2 is the process's: one call holds it at a time, or two threads' holds, ending in the wrong order, would leave
+# fd 2 on one's temporary file
+_STDERR_HOLD = threading.Lock()
+
+
+@contextmanager
+def _panic_lines_held() -> Iterator[None]:
+    """File descriptor 2 sent to a temporary file for the call: a Rust panic's hook writes its lines (and, under
+    RUST_BACKTRACE, its stack) straight to fd 2, over the one line a refusal prints. What the call wrote is passed
+    on after it returns, and dropped when it raised (the exception carries the panic's words)."""
+    with _STDERR_HOLD:
+        try:
+            if sys.stderr is not None:  # what Python wrote before the call goes out first
+                sys.stderr.flush()
+            kept = os.dup(2)
+        except (OSError, ValueError):  # no stderr to hold (a closed fd 2): the call runs as it is
+            yield
+            return
+        try:
+            with tempfile.TemporaryFile() as held:
+                os.dup2(held.fileno(), 2)
+                try:
+                    yield
+                finally:
+                    os.dup2(kept, 2)
+                held.seek(0)  # reached only when the call returned: another thread's line written meanwhile is kept
+                written = held.read()
+        finally:
+            os.close(kept)
+        while written:
+            written = written[os.write(2, written) :]
+
+
+def _vocabulary_size(spec: Any, graph: bool = True) -> int:
+    """The ids a model can take and make: below its table's rows and its tokenizer's size where each is known,
+    and MAX_VOCAB. `graph`: a lone .onnx file's rows read from its graph (parsed whole: a cost the caller chooses)."""
+    try:
+        rows = table_rows(spec) if graph or not spec.is_onnx_file else None
+    except FolderError as exc:
+        raise PromptError(str(exc)) from exc
+    folder = tokenizer_folder(spec.local_path)
+    tokenizer = load_tokenizer(folder) if folder is not None else None
+    tokens = None
+    if tokenizer is not None:
+        assert folder is not None
+        tokens = _tokenizer_call(folder, "say its size", tokenizer.get_vocab_size, with_added_tokens=True)
+    return min(v for v in (rows, tokens, MAX_VOCAB) if v)
 
 
 def vocabulary(folder: Path | None, rows: int) -> Vocabulary:
@@ -130,8 +209,10 @@ def vocabulary(folder: Path | None, rows: int) -> Vocabulary:
     tokenizer = load_tokenizer(folder) if folder is not None else None
     if tokenizer is None:
         return Vocabulary(rows)
-    special = tuple(sorted(tokenizer.get_added_tokens_decoder()))
-    return Vocabulary(rows, tokenizer.get_vocab_size(with_added_tokens=True), special)
+    assert folder is not None
+    special = tuple(sorted(_tokenizer_call(folder, "list its added tokens", tokenizer.get_added_tokens_decoder)))
+    size = _tokenizer_call(folder, "say its size", tokenizer.get_vocab_size, with_added_tokens=True)
+    return Vocabulary(rows, size, special)
 
 
 def encode(folder: Path | None, text: str, chat: bool) -> list[int]:
@@ -141,17 +222,16 @@ def encode(folder: Path | None, text: str, chat: bool) -> list[int]:
         where = "this model has no folder" if folder is None else f"{terminal_text(str(folder))} has none"
         raise PromptError(f"--prompt needs the model folder's {TOKENIZER_FILE} to tokenize the text, and {where}; "
                           "give the ids with --prompt-ids instead")  # fmt: skip
-    if chat:
-        assert folder is not None
-        return tokenizer.encode(chat_text(folder, text), add_special_tokens=False).ids
-    return tokenizer.encode(text).ids
+    assert folder is not None
+    if chat:  # the template writes the special tokens itself
+        rendered = chat_text(folder, text)
+        return _tokenizer_call(folder, "encode this prompt", tokenizer.encode, rendered, add_special_tokens=False).ids
+    return _tokenizer_call(folder, "encode this prompt", tokenizer.encode, text).ids
 
 
 def chat_text(folder: Path, text: str) -> str:
-    """The prompt as the folder's chat template renders one user message, with the generation prompt."""
-    from jinja2 import TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
+    """The prompt as the folder's chat template renders one user message, with the generation prompt: rendered in
+    a process of its own (_render_apart), as the template is a program from elsewhere."""
     config = _json_file(folder, TOKENIZER_CONFIG)
     template = _bounded_text(folder, CHAT_TEMPLATE_FILE, MAX_TEMPLATE_CHARS) or config.get("chat_template")
     if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}]
@@ -163,22 +243,160 @@ def chat_text(folder: Path, text: str) -> str:
     if len(template) > MAX_TEMPLATE_CHARS:
         raise PromptError(f"the chat template is {len(template):,} characters; the harness renders at most "
                           f"{MAX_TEMPLATE_CHARS:,}")  # fmt: skip
-    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    environment.globals["raise_exception"] = _template_error
+    request = {"template": template, "text": text, "bos": _token_text(config.get("bos_token")),
+               "eos": _token_text(config.get("eos_token")), "limit": MAX_PROMPT_CHARS + len(text)}  # fmt: skip
     try:
-        chunks = environment.from_string(template).generate(
-            messages=[{"role": "user", "content": text}], add_generation_prompt=True,
-            bos_token=_token_text(config.get("bos_token")), eos_token=_token_text(config.get("eos_token")),
-        )  # fmt: skip
-        rendered, size = [], 0
-        for chunk in chunks:  # streamed, so a template that writes without end stops at the prompt's bound
-            rendered.append(chunk)
-            size += len(chunk)
-            if size > MAX_PROMPT_CHARS + len(text):
-                raise PromptError(f"it wrote over {MAX_PROMPT_CHARS:,} characters around a prompt of {len(text):,}")
-        return "".join(rendered)
-    except (TemplateError, PromptError, RecursionError) as exc:
-        raise PromptError(f"the folder's chat template failed to render: {terminal_text(str(exc))[:200]}") from exc
+        return _render_apart(request)
+    except PromptError as exc:
+        words = terminal_text(str(exc)[:1000])[:200]
+        raise PromptError(f"the folder's chat template failed to render: {words}") from None
+
+
+# The render process's program: the parent's import path (given as its arguments: -I lets no PYTHON* variable, user
+# site or current directory in), then this module's entry point.
+_RENDER_PROCESS = (
+    "import sys; sys.path[:] = sys.argv[1:]; from harness.prepare.prompts import _render_process; _render_process()"
+)
+
+
+def _render_apart(request: dict[str, Any]) -> str:
+    """The template rendered by _render_process in a child: a loop that writes nothing, or a template that asks for
+    gigabytes, is stopped at MAX_TEMPLATE_SECONDS (the child killed) or MAX_TEMPLATE_MEMORY and costs only the child.
+    A render of a real template costs ~0.13 s, nearly all of it the child's start (Python, numpy and jinja2
+    imported); it is paid once per --chat prompt, when the run is checked."""
+    command = [sys.executable, "-I", "-c", _RENDER_PROCESS, *sys.path]
+    environment = os.environ | {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}  # numpy's import: no pool
+    try:
+        done = subprocess.run(command, input=json.dumps(request).encode(), capture_output=True, check=False,
+                              timeout=MAX_TEMPLATE_SECONDS, env=environment)  # fmt: skip
+    except subprocess.TimeoutExpired:  # run() has killed it
+        raise PromptError(f"it ran past {MAX_TEMPLATE_SECONDS} s and was stopped") from None
+    except OSError as exc:
+        raise PromptError(f"its render process could not start ({exc})") from None
+    try:
+        answer = json.loads(done.stdout)
+    except ValueError:  # killed, or crashed before it could answer: its last words say why
+        last = (done.stderr.decode(errors="replace").strip().splitlines() or ["no words"])[-1]
+        raise PromptError(f"its render process ended with exit code {done.returncode} ({last[:200]})") from None
+    if isinstance(answer, dict) and isinstance(answer.get("text"), str):
+        return answer["text"]
+    raise PromptError(str(answer.get("error") if isinstance(answer, dict) else answer))
+
+
+def _render_process() -> None:
+    """The render process's entry point (_render_apart starts it): the request as JSON on stdin, the rendered text
+    or what went wrong as JSON on stdout. Every error the template can cause is an answer, none a traceback."""
+    import jinja2.sandbox  # noqa: F401 (before the limit: the import is not the template's memory)
+
+    request = json.loads(sys.stdin.buffer.read())
+    _limit_address_space(MAX_TEMPLATE_MEMORY)
+    try:
+        answer = {"text": _render(**request)}
+    except MemoryError:
+        answer = {"error": f"it needed more than {MAX_TEMPLATE_MEMORY // 2**20:,} MiB of memory"}
+    except PromptError as exc:  # the template's own raise_exception, its output past the bound, a refused size
+        answer = {"error": str(exc)[:1000]}
+    except Exception as exc:  # the template's own: ZeroDivisionError, OverflowError, jinja2's SecurityError, ...
+        answer = {"error": f"{type(exc).__name__}: {str(exc)[:1000]}"}
+    sys.stdout.buffer.write(json.dumps(answer).encode())
+
+
+def _limit_address_space(headroom: int) -> None:
+    """This process may map `headroom` bytes more than it maps now (RLIMIT_AS), where the platform says both (Linux);
+    elsewhere the deadline and the sandbox's size checks bound the render."""
+    try:
+        import resource
+
+        mapped = int(Path("/proc/self/statm").read_text().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        limit = min(v for v in (mapped + headroom, soft, hard) if v != resource.RLIM_INFINITY)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    except (ImportError, OSError, ValueError):
+        pass
+
+
+def _render(template: str, text: str, bos: str, eos: str, limit: int) -> str:
+    """The template rendered for one user message in the bounded sandbox, its output streamed, so a template that
+    writes without end stops once it passes `limit` characters."""
+    environment = _sandbox(limit)
+    environment.globals["raise_exception"] = _template_error
+    chunks = environment.from_string(template).generate(
+        messages=[{"role": "user", "content": text}], add_generation_prompt=True, bos_token=bos, eos_token=eos
+    )
+    rendered, size = [], 0
+    for chunk in chunks:
+        rendered.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            raise PromptError(f"it wrote over {limit - len(text):,} characters around a prompt of {len(text):,}")
+    return "".join(rendered)
+
+
+# Methods and filters whose integer arguments size what they build: `'x'.ljust(10**9)`, `'x'|center(10**9)`.
+# Belt and braces (a `'%*s' % (10**9, 'x')` or a format spec's width passes them): the child's limits bound all.
+_WIDTHS = frozenset({"center", "ljust", "rjust", "zfill", "expandtabs", "indent"})
+
+
+def _sandbox(limit: int) -> Any:
+    """jinja2's immutable sandbox (HF's options), refusing before Python builds it a repeat, a power or a width past
+    `limit`: `'a' * 10**10` asked for 10 GB at once. jinja2 routes '*' and '**' through call_binop for this."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Bounded(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset({"*", "**"})
+
+        def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+            _check_binop(operator, left, right, limit)
+            return super().call_binop(context, operator, left, right)
+
+        def call(self, context: Any, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
+            if getattr(obj, "__name__", None) in _WIDTHS:
+                _check_widths([*args, *kwargs.values()], limit)
+            return super().call(context, obj, *args, **kwargs)
+
+    environment = Bounded(trim_blocks=True, lstrip_blocks=True)
+    for name in _WIDTHS & environment.filters.keys():
+        environment.filters[name] = _width_checked(environment.filters[name], limit)
+    return environment
+
+
+def _check_binop(operator: str, left: Any, right: Any, limit: int) -> None:
+    """A repeat (`'a' * n`, `[0] * n`) of more than `limit` items, or an integer power of more than 4 × `limit`
+    bits, refused before it is built."""
+    if operator == "*":
+        for sequence, times in ((left, right), (right, left)):
+            if isinstance(sequence, (str, bytes, list, tuple)) and _whole(times) and len(sequence) * times > limit:
+                items = _count(len(sequence) * times)
+                raise PromptError(f"a repeat of {items} items is past the render's bound of {limit:,}")
+    elif operator == "**" and _whole(left) and _whole(right) and right > 0 and right * left.bit_length() > 4 * limit:
+        raise PromptError(f"a power of {_count(left)} to {_count(right)} is past the render's bound")
+
+
+def _check_widths(values: list[Any], limit: int) -> None:
+    if any(_whole(v) and v > limit for v in values):
+        shown = ", ".join(_count(v) for v in values if _whole(v) and v > limit)
+        raise PromptError(f"a width of {shown} is past the render's bound of {limit:,}")
+
+
+def _width_checked(filter_: Callable[..., Any], limit: int) -> Callable[..., Any]:
+    """A filter whose arguments after the filtered value are checked by _check_widths first."""
+
+    @functools.wraps(filter_)  # keeps jinja2's pass_context / pass_environment mark, if one is set
+    def checked(value: Any, *args: Any, **kwargs: Any) -> Any:
+        _check_widths([*args, *kwargs.values()], limit)
+        return filter_(value, *args, **kwargs)
+
+    return checked
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _count(value: int) -> str:
+    """An integer as a message shows it: with separators, or its size where it is too long to print (Python refuses
+    to write an integer of over 4,300 digits)."""
+    return f"{value:,}" if abs(value) < 10**18 else f"an integer of {value.bit_length():,} bits"
 
 
 def _template_error(message: str) -> None:
@@ -195,26 +413,41 @@ def decode(folder: Path | None, rows: list[list[int]]) -> list[str] | None:
     """Each batch row's token ids as the folder's tokenizer writes them (special tokens kept: what the model
     made), the tokenizer read once; None where the model has no tokenizer."""
     tokenizer = load_tokenizer(folder) if folder is not None else None
-    return None if tokenizer is None else [tokenizer.decode(ids, skip_special_tokens=False) for ids in rows]
+    if tokenizer is None:
+        return None
+    assert folder is not None
+    what = "decode the model's tokens"
+    return [_tokenizer_call(folder, what, tokenizer.decode, ids, skip_special_tokens=False) for ids in rows]
 
 
 def eos_ids(folder: Path | None) -> tuple[int, ...]:
+    """The ids that end a generation, as the folder states them (stated_eos_ids), below MAX_VOCAB: no model makes
+    an id past it (model_eos_ids holds them to the model's own vocabulary)."""
+    return tuple(i for i in stated_eos_ids(folder) if i < MAX_VOCAB)
+
+
+def stated_eos_ids(folder: Path | None) -> tuple[int, ...]:
     """The ids that end a generation, as the folder says (generation_config.json, config.json,
-    genai_config.json, then the tokenizer's eos_token); () where it says none."""
+    genai_config.json, then the tokenizer's eos_token), each once; () where it says none."""
     if folder is None:
         return ()
     for name, keys in EOS_SOURCES:
         value: Any = _json_file(folder, name)
         for key in keys:
             value = value.get(key) if isinstance(value, dict) else None
-        found = value if isinstance(value, list) else [value]
-        ids = tuple(v for v in found if isinstance(v, int) and not isinstance(v, bool) and v >= 0)
+        ids = _id_values(value)
         if ids:
             return ids
     tokenizer = load_tokenizer(folder)
     eos = _token_text(_json_file(folder, TOKENIZER_CONFIG).get("eos_token"))
-    token = tokenizer.token_to_id(eos) if tokenizer is not None and eos else None
+    token = _tokenizer_call(folder, "find its eos_token", tokenizer.token_to_id, eos) if tokenizer and eos else None
     return (token,) if token is not None else ()
+
+
+def _id_values(value: Any) -> tuple[int, ...]:
+    """A config's token id or list of them: the integers >= 0 in it, each once, in its order."""
+    found = value if isinstance(value, list) else [value]
+    return tuple(dict.fromkeys(v for v in found if isinstance(v, int) and not isinstance(v, bool) and v >= 0))
 
 
 def table_rows(spec: Any) -> int | None:
@@ -253,26 +486,23 @@ def given_prompt(spec: Any, text: str | None, chat: bool, ids: list[Any] | None)
         found = _ids(ids or [])
     if not 0 < len(found) <= MAX_PROMPT_IDS:
         raise PromptError(f"the prompt is {len(found):,} tokens; a prompt takes 1 to {MAX_PROMPT_IDS:,}")
-    try:
-        rows = table_rows(spec)
-    except FolderError as exc:
-        raise PromptError(str(exc)) from exc
-    folder = tokenizer_folder(spec.local_path)
-    tokenizer = load_tokenizer(folder) if folder is not None else None
-    size = min(v for v in (rows, tokenizer and tokenizer.get_vocab_size(with_added_tokens=True), MAX_VOCAB) if v)
+    size = _vocabulary_size(spec)
     if outside := [i for i in found if i >= size]:
         raise PromptError(f"--prompt-ids: {', '.join(map(str, outside[:3]))} is outside {spec.name}'s vocabulary "
                           f"(ids 0 to {size - 1:,})")  # fmt: skip
     return tuple(found)
 
 
-def _ids(values: list[Any]) -> list[int]:
-    """--prompt-ids' values as integers >= 0 (the command line gives strings, the API integers)."""
+def _ids(values: list[Any] | str) -> list[int]:
+    """--prompt-ids' values as integers >= 0 (the command line gives integers, the API either; text of ASCII
+    digits only: int() takes '１２' and '1_0', and a bool, a float or an empty item is no id)."""
+    from harness.core.options import whole_number
+
+    if isinstance(values, str):  # the API's comma-separated text: each item an id, an empty one refused below
+        values = values.split(",")
     try:
-        found = [int(v) for v in values]
-        if any(isinstance(v, (bool, float)) for v in values):
-            raise ValueError
-    except (TypeError, ValueError):
+        found = [whole_number(v.strip() if isinstance(v, str) else v) for v in values]
+    except ValueError:
         shown = terminal_text(", ".join(map(str, values[:3])))[:80]
         raise PromptError(f"--prompt-ids takes comma-separated token ids (integers >= 0), got {shown}") from None
     if negative := [v for v in found if v < 0]:
@@ -281,21 +511,54 @@ def _ids(values: list[Any]) -> list[int]:
 
 
 def model_eos_ids(spec: Any) -> tuple[int, ...]:
-    """The EOS ids of a model: its folder's (eos_ids), else a built-in spec's config."""
-    found = eos_ids(tokenizer_folder(spec.local_path))
+    """The EOS ids a model can make: those it states (_stated_model_eos) inside its vocabulary (a lone .onnx
+    file's graph not parsed for it: its tokenizer's size and MAX_VOCAB hold it). An id past it would never end a
+    generation, and a row would claim to stop at it; text_fields says which were left out."""
+    stated = _stated_model_eos(spec)
+    if not stated:
+        return ()
+    size = _vocabulary_size(spec, graph=False)
+    return tuple(i for i in stated if i < size)
+
+
+def _stated_model_eos(spec: Any) -> tuple[int, ...]:
+    """The EOS ids a model states: its folder's (stated_eos_ids), else a built-in spec's config."""
+    found = stated_eos_ids(tokenizer_folder(spec.local_path))
     if found or spec.local_path is not None:
         return found
-    value = spec.config.get("eos_token_id")
-    values = value if isinstance(value, list) else [value]
-    return tuple(v for v in values if isinstance(v, int) and not isinstance(v, bool) and v >= 0)
+    return _id_values(spec.config.get("eos_token_id"))
+
+
+def _eos_policy(spec: Any, eos: tuple[int, ...], asked: bool) -> str:
+    """A row's EOS policy in words: the ids it stopped at, and those the model states that were left out (outside
+    its vocabulary: model_eos_ids), so a row never claims an id it could not make."""
+    kept, note = set(eos), ""
+    try:
+        left_out = [i for i in _stated_model_eos(spec) if i not in kept] if asked else []
+        if left_out:
+            size = _vocabulary_size(spec, graph=False)
+            note = f"; {_ids_text(left_out)} left out: outside the model's vocabulary (ids 0 to {size - 1:,})"
+    except PromptError:  # the folder's files were read when the run was checked: one changed since says nothing
+        left_out = []
+    if asked and not eos:
+        inside = " inside its vocabulary" if left_out else ""
+        return f"--stop-at-eos asked, but the model states no EOS id{inside}: ran to --new-tokens{note}"
+    return f"stop at EOS ({_ids_text(eos)}){note}" if eos else "EOS ignored"
+
+
+def _ids_text(ids: Iterable[int], shown: int = 8) -> str:
+    """Token ids as a policy lists them: the first `shown`, then how many in all (a config may list millions)."""
+    ids = list(ids)
+    more = f", … ({len(ids):,} in all)" if len(ids) > shown else ""
+    return ", ".join(map(str, ids[:shown])) + more
 
 
 def text_fields(spec: Any, input_ids: np.ndarray, generated: list[list[int]] | None, eos: tuple[int, ...],
                 asked: bool, details: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     """A generate row's prompt ids, its output texts (every batch row's tokens through the model's tokenizer;
     output_text: the first's, as stores before v12 hold it) and its EOS policy (`eos`: the ids it stopped at, ()
-    when it ran to --new-tokens; `asked`: --stop-at-eos); why a text is NULL, and a policy asked of a model that
-    states no EOS id, go to `details`."""
+    when it ran to --new-tokens; `asked`: --stop-at-eos); why a text is NULL (a tokenizer that cannot decode the
+    tokens included), and the policy (_eos_policy), go to `details`."""
     try:
         texts = decode(tokenizer_folder(spec.local_path), generated) if generated else None
         why = "no tokens were kept" if not generated else f"the model has no {TOKENIZER_FILE}"
@@ -303,9 +566,6 @@ def text_fields(spec: Any, input_ids: np.ndarray, generated: list[list[int]] | N
         texts, why = None, str(exc)
     if texts is None:
         details["output_text"] = f"not decoded: {why}"
-    if asked and not eos:
-        details["eos_policy"] = "--stop-at-eos asked, but the model states no EOS id: ran to --new-tokens"
-    else:
-        details["eos_policy"] = f"stop at EOS ({', '.join(map(str, eos))})" if eos else "EOS ignored"
+    details["eos_policy"] = _eos_policy(spec, eos, asked)
     return {"prompt_ids": np.asarray(input_ids).astype(int).tolist(), "output_text": texts[0] if texts else None,
             "output_texts": texts, "stop_at_eos": bool(eos)}  # fmt: skip

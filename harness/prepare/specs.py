@@ -254,12 +254,18 @@ def load_specs() -> dict[str, ModelSpec]:
 def spec_from_path(path: Path, family: str | None) -> ModelSpec:
     """A spec for --model-path: an .onnx file, a folder of ONNX files (onnxruntime-genai, transformers.js,
     optimum: harness.prepare.folders), or an HF model directory (config.json [+ weights])."""
-    from harness.prepare.folder_checks import FolderError, check_external_data
-    from harness.prepare.folders import folder_graph
+    from harness.prepare.folder_checks import FolderError, check_external_data, check_folder_files, refuse_special
+    from harness.prepare.folders import folder_graph, folder_root
 
     if not path.exists():
         raise SpecError(f"--model-path {path}: no such file or directory")
     try:
+        if not path.is_dir():
+            refuse_special(path)  # a FIFO given as the model would block its read for good
+        # the configs and tokenizer files of the folder the model is read from: a FIFO among them refused now,
+        # not waited on by a worker
+        if (root := path if path.is_dir() else folder_root(path)) is not None:
+            check_folder_files(root)
         if path.is_file():
             if path.suffix != ".onnx":
                 raise SpecError(f"--model-path {path}: expected an .onnx file or a model folder")
@@ -278,7 +284,7 @@ def _onnx_file_spec(path: Path, name: str, family: str | None) -> ModelSpec:
     file_batch, file_seq = onnx_axes(path)
     return ModelSpec(
         name=name,
-        family=family or "embedding",
+        family=family or graph_family(path),
         variant="file",
         model_type="onnx",
         architecture="onnx",
@@ -291,15 +297,58 @@ def _onnx_file_spec(path: Path, name: str, family: str | None) -> ModelSpec:
     )
 
 
-def _checkpoint_spec(path: Path, family: str | None) -> ModelSpec:
-    from harness.prepare.folder_checks import size_problem
+def graph_family(graph: Path) -> str:
+    """The family a graph's rows are filed under (no --model-families): its folder's own model_type (config.json's,
+    else genai_config.json's model.type) as the built-in spec of that type files it; else a graph that takes a past
+    (a decoder that generates) text_generation; else embedding. Every folder was embedding: a Llama folder's
+    generate rows sat among the embedding models, and `--model-families text_generation` left them out."""
+    from harness.prepare.folders import folder_root
 
-    config_file = path / "config.json"
-    if config_file.is_file() and config_file.stat().st_size > MAX_CONFIG_BYTES:  # bounded before it is read
-        raise SpecError(f"--model-path {path}: config.json is over {MAX_CONFIG_BYTES:,} bytes, a config's bound")
+    root = folder_root(graph)
+    model_type = _folder_model_type(root) if root is not None else None
+    template = next((s for s in load_specs().values() if s.model_type == model_type), None)
+    if template is not None:
+        return template.family
+    return "text_generation" if _takes_past(graph) else "embedding"
+
+
+def _folder_model_type(folder: Path) -> str | None:
+    """config.json's model_type, else genai_config.json's model.type; None where neither says or can be read (a
+    file beside a broken config keeps the graph's own signs: its layout's configs were checked when found)."""
+    from harness.prepare.folder_checks import FolderError, read_config
+
+    for name, keys in (("config.json", ("model_type",)), ("genai_config.json", ("model", "type"))):
+        if not (folder / name).is_file():
+            continue
+        try:
+            value: Any = read_config(folder, name)
+        except FolderError:
+            continue
+        for key in keys:
+            value = value.get(key) if isinstance(value, dict) else None
+        if isinstance(value, str):
+            return value
+    return None
+
+
+def _takes_past(graph: Path) -> bool:
+    """Whether a graph is a decoder fed its own past key/values (past_key_values.0.key, past_key_0, …)."""
+    import onnx
+
+    inputs = onnx.load(str(graph), load_external_data=False).graph.input
+    return any(value.name.startswith("past") for value in inputs)
+
+
+def _checkpoint_spec(path: Path, family: str | None) -> ModelSpec:
+    from harness.prepare.folder_checks import FolderError, read_file, size_problem
+
+    try:  # the one reader of a folder's files: inside it, a regular file, bounded before it is read
+        raw = read_file(path, "config.json", MAX_CONFIG_BYTES, "the config file config.json", "a config takes")
+    except FolderError as exc:
+        raise SpecError(f"--model-path {path}: {exc}") from exc
     try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:  # ValueError: bad JSON, or bytes that are not UTF-8
+        config = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # ValueError: bad JSON, or bytes that are not UTF-8
         raise SpecError(f"--model-path {path}: cannot read config.json ({exc})") from exc
     if not isinstance(config, dict):
         raise SpecError(f"--model-path {path}: config.json must hold a JSON object, got {type(config).__name__}")

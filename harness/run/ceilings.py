@@ -188,16 +188,20 @@ def measure_ceilings(backend: Any, target: Target, calibrations: Iterable[Calibr
 
 
 def row_work(model: Path | None, case: Case, input_shapes: dict[str, list[int]]) -> Work:
-    """(work fields, details) of a measured row from the file it ran (harness.core.graph_cost); a graph that
-    cannot be counted leaves the fields NULL and says why, never a guess."""
+    """(work fields, details) of a measured row from the file it ran (harness.core.graph_cost), the fields and
+    facts a count gives and no other key (harness.prepare.work_memo.only_work); a graph that cannot be counted
+    leaves the fields NULL and says why, never a guess."""
     if model is None:
         return {}, {"work_counted": "not counted: no ONNX file known to have run (an engine building its own model)"}
-    from harness.prepare.work_memo import remembered_work
+    from harness.prepare.work_memo import only_work, remembered_work
 
     if case.mode not in ("generate", "inference"):
         return {}, {}
-    try:
-        return remembered_work(model, _workload(model, case, input_shapes), lambda: _count(model, case, input_shapes))
+    try:  # only the work fields and facts, by name: nothing remembered sets another field of the row
+        work, source = remembered_work(model, _workload(model, case, input_shapes),
+                                       lambda: _count(model, case, input_shapes))  # fmt: skip
+        fields, facts = only_work(work)
+        return fields, facts | {"work_source": source}
     except Exception as exc:  # the graph's own words are the reason
         return {}, {"work_counted": f"not counted: {type(exc).__name__}: {exc}"}
 

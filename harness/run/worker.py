@@ -86,8 +86,8 @@ def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: Pea
         figures = encoder_figures(measured.encoder_samples_ms, measured.samples_ms, seconds)
         details |= figures | {"encoder_samples_ms": measured.encoder_samples_ms or None, "audio_seconds": seconds}
     text: dict[str, Any] = {}
-    if case.mode == "generate" and "input_ids" in feeds:  # speech has no prompt tokens
-        text = job.prepared.text_fields(feeds["input_ids"], measured.generated_tokens, details)
+    if case.mode == "generate":  # speech has no prompt tokens (input_ids None), but its output is text
+        text = job.prepared.text_fields(feeds.get("input_ids"), measured.generated_tokens, details)
     operators = []
     if job.measure.profile_iterations > 0:
         error = measured.profile_error or (None if case.mode == "inference" else "profiles cover inference only")
