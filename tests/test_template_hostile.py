@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from conftest import CLI
 
-from harness.prepare.prompts import PromptError, chat_text, encode, model_eos_ids, text_fields
+from harness.prepare.prompts import PromptError, chat_text, encode, load_tokenizer, model_eos_ids, text_fields
 
 CHATML = (  # SmolLM2's (and Qwen's) template, as its tokenizer_config.json holds it
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
@@ -225,6 +225,25 @@ def test_a_row_whose_tokens_cannot_be_decoded_keeps_its_measurement_and_says_why
     assert details["output_text"].startswith("not decoded: the folder's tokenizer cannot decode the model's tokens: ")
     assert "retry-limit-in-match over" in details["output_text"] and details["eos_policy"] == "stop at EOS (2)"
     assert text_fields(spec, np.array([[5]]), [[7, 8]], (2,), True, {})["output_texts"] == ["t7t8"]
+
+
+def test_a_token_spelled_as_a_megabyte_is_cut_to_the_bound_import_holds_it_to(tmp_path: Path) -> None:
+    """A folder's tokenizer may spell a token as a megabyte: a fresh row's text is cut to MAX_TOKEN_TEXT_CHARS per
+    token (what `import` takes of a bundle's text, so a store's own export is never refused), and the row says so."""
+    from harness.core.bounds import MAX_TOKEN_TEXT_CHARS
+
+    spec = eos_folder(tmp_path, [2])
+    data = json.loads((spec.local_path / "tokenizer.json").read_text())
+    data["model"]["vocab"]["x" * (1 << 20)] = 1001
+    (spec.local_path / "tokenizer.json").write_text(json.dumps(data))
+    load_tokenizer.cache_clear()
+    details: dict = {}
+    fields = text_fields(spec, np.array([[5]]), [[7, 1001]], (2,), True, details)
+    assert fields["output_text"] == ("t7" + "x" * (1 << 20))[: 2 * MAX_TOKEN_TEXT_CHARS]
+    assert fields["output_texts"] == [fields["output_text"]] and "cut to 1,024 characters" in details["output_text_cut"]
+    plain: dict = {}
+    assert text_fields(spec, np.array([[5]]), [[7, 8]], (2,), True, plain)["output_text"] == "t7t8"
+    assert "output_text_cut" not in plain
 
 
 def test_eos_ids_outside_the_vocabulary_are_left_out_and_the_policy_says_which(tmp_path: Path) -> None:

@@ -39,6 +39,7 @@ from harness.core.bounds import (
     MAX_TEMPLATE_CHARS,
     MAX_TEMPLATE_MEMORY,
     MAX_TEMPLATE_SECONDS,
+    MAX_TOKEN_TEXT_CHARS,
     MAX_TOKENIZER_BYTES,
     MAX_VOCAB,
 )
@@ -553,6 +554,16 @@ def _ids_text(ids: Iterable[int], shown: int = 8) -> str:
     return ", ".join(map(str, ids[:shown])) + more
 
 
+def _bounded_texts(texts: list[str], generated: list[list[int]], details: dict[str, Any]) -> list[str]:
+    """Each text cut to MAX_TOKEN_TEXT_CHARS per token it decodes, the bound import holds a bundle's texts to (a
+    folder's tokenizer may spell one token as a megabyte), and the row says so."""
+    bounded = [text[: MAX_TOKEN_TEXT_CHARS * len(ids)] for text, ids in zip(texts, generated, strict=True)]
+    if bounded != texts:
+        details["output_text_cut"] = (f"cut to {MAX_TOKEN_TEXT_CHARS:,} characters per generated token: the folder's "
+                                      "tokenizer spelled its tokens longer")  # fmt: skip
+    return bounded
+
+
 def text_fields(spec: Any, input_ids: np.ndarray, generated: list[list[int]] | None, eos: tuple[int, ...],
                 asked: bool, details: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     """A generate row's prompt ids, its output texts (every batch row's tokens through the model's tokenizer;
@@ -566,6 +577,8 @@ def text_fields(spec: Any, input_ids: np.ndarray, generated: list[list[int]] | N
         texts, why = None, str(exc)
     if texts is None:
         details["output_text"] = f"not decoded: {why}"
+    elif generated:
+        texts = _bounded_texts(texts, generated, details)
     details["eos_policy"] = _eos_policy(spec, eos, asked)
     return {"prompt_ids": np.asarray(input_ids).astype(int).tolist(), "output_text": texts[0] if texts else None,
             "output_texts": texts, "stop_at_eos": bool(eos)}  # fmt: skip
