@@ -139,9 +139,13 @@ def tiny_graph(path: Path, inputs: tuple[str, ...]) -> Path:
 
     declared = [helper.make_tensor_value_info(name, TensorProto.INT64 if "ids" in name else TensorProto.FLOAT,
                                               ["batch", "seq"]) for name in inputs]  # fmt: skip
-    cast = helper.make_node("Cast", [inputs[0]], ["logits"], to=TensorProto.FLOAT)
-    out = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "seq"])
-    graph = helper.make_graph([cast], "tiny", declared, [out])
+    nodes = [helper.make_node("Cast", [inputs[0]], ["logits"], to=TensorProto.FLOAT)]
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "seq"])]
+    for past in (name for name in inputs if name.startswith("past_key_values.")):  # a decoder gives its present
+        present = past.replace("past_key_values.", "present.")
+        nodes.append(helper.make_node("Identity", [past], [present]))
+        outputs.append(helper.make_tensor_value_info(present, TensorProto.FLOAT, ["batch", "seq"]))
+    graph = helper.make_graph(nodes, "tiny", declared, outputs)
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     return path
 
@@ -154,7 +158,7 @@ def test_a_decoder_only_folder_is_filed_under_its_task_s_family(tmp_path: Path) 
 
     config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)  # fmt: skip
-    decoder = ("input_ids", "past_key_values.0.key")
+    decoder = ("input_ids", "attention_mask", "past_key_values.0.key")
     checkpoint = tmp_path / "checkpoint"
     config.save_pretrained(checkpoint)
     js = tmp_path / "llama-js"

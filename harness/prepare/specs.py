@@ -299,9 +299,10 @@ def _onnx_file_spec(path: Path, name: str, family: str | None) -> ModelSpec:
 
 def graph_family(graph: Path) -> str:
     """The family a graph's rows are filed under (no --model-families): its folder's own model_type (config.json's,
-    else genai_config.json's model.type) as the built-in spec of that type files it; else a graph that takes a past
-    (a decoder that generates) text_generation; else embedding. Every folder was embedding: a Llama folder's
-    generate rows sat among the embedding models, and `--model-families text_generation` left them out."""
+    else genai_config.json's model.type) as the built-in spec of that type files it; else a graph that runs the
+    KV-cache loop (greedy.onnx_takes_past: a decoder that generates) text_generation; else embedding. Every folder
+    was embedding: a Llama folder's generate rows sat among the embedding models, and `--model-families
+    text_generation` left them out."""
     from harness.prepare.folders import folder_root
 
     root = folder_root(graph)
@@ -309,7 +310,9 @@ def graph_family(graph: Path) -> str:
     template = next((s for s in load_specs().values() if s.model_type == model_type), None)
     if template is not None:
         return template.family
-    return "text_generation" if _takes_past(graph) else "embedding"
+    from harness.prepare.greedy import onnx_takes_past  # the one definition of a graph that runs the KV-cache loop
+
+    return "text_generation" if onnx_takes_past(graph) else "embedding"
 
 
 def _folder_model_type(folder: Path) -> str | None:
@@ -329,14 +332,6 @@ def _folder_model_type(folder: Path) -> str | None:
         if isinstance(value, str):
             return value
     return None
-
-
-def _takes_past(graph: Path) -> bool:
-    """Whether a graph is a decoder fed its own past key/values (past_key_values.0.key, past_key_0, …)."""
-    import onnx
-
-    inputs = onnx.load(str(graph), load_external_data=False).graph.input
-    return any(value.name.startswith("past") for value in inputs)
 
 
 def _checkpoint_spec(path: Path, family: str | None) -> ModelSpec:
