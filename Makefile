@@ -9,6 +9,7 @@ DB        ?= accelharness.duckdb
 OUT       ?= accelharness-results
 
 WEB_STAMP := web/node_modules/.package-lock.json
+LLAMACPP_STAMP := native/llamacpp/node_modules/.package-lock.json
 
 # Bytecode: Python writes a module's .pyc the first time any process imports it, and every later
 # process (each CLI call, worker and test) reads it. With PYTHONDONTWRITEBYTECODE set, as in CI's
@@ -26,7 +27,7 @@ TEST_WORKERS ?= 3
 .PHONY: setup setup-extras browser demo docs docs-check test test-fast lint bench dist wheel-check clean
 
 # What the demo needs: the base install (native + browser), onnxruntime-web, Chromium.
-setup: $(STAMP) $(WEB_STAMP) browser
+setup: $(STAMP) $(WEB_STAMP) $(LLAMACPP_STAMP) browser
 
 # The optional engines' extras ([jax], [ray], [genai], [webgpu]); `make test` installs them, the demo does not need them.
 setup-extras: $(EXTRAS)
@@ -47,6 +48,13 @@ browser:
 $(WEB_STAMP): web/package.json web/package-lock.json
 	cd web && npm ci --no-audit --no-fund
 	touch $(WEB_STAMP)
+
+# The native llama.cpp engine: node-llama-cpp and its prebuilt binaries, from the npm registry only. Its postinstall
+# would fetch llama.cpp's source and compile it where no prebuilt binary loads: NODE_LLAMA_CPP_SKIP_DOWNLOAD makes it
+# exit at once (npm 11 runs no unapproved install script anyway); the binary is proved at probe time.
+$(LLAMACPP_STAMP): native/llamacpp/package.json native/llamacpp/package-lock.json
+	cd native/llamacpp && NODE_LLAMA_CPP_SKIP_DOWNLOAD=true npm ci --no-audit --no-fund
+	touch $(LLAMACPP_STAMP)
 
 # torch==2.13.0 first: it is the CPU wheel on this machine's disk; any other spec pulls a
 # multi-GB CUDA build. constraints.txt pins everything else to the versions CI ran with.
@@ -147,4 +155,4 @@ bench: setup
 	$(BIN)/python bench/suite_overhead.py
 
 clean:
-	rm -rf $(VENV) $(OUT) $(DB) $(DB).wal web/node_modules build dist site
+	rm -rf $(VENV) $(OUT) $(DB) $(DB).wal web/node_modules native/llamacpp/node_modules build dist site

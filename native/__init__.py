@@ -18,6 +18,9 @@ REGISTRY = {
     "jax": ("jax_backend", False),
     # opt-in (--engines onnxruntime-genai): it generates on onnxruntime-genai model folders only
     "onnxruntime-genai": ("onnxruntime_genai_backend", False),
+    # opt-in (--engines llama.cpp): generates on the GGUF the prepare worker writes of a llama-family decoder, through
+    # node-llama-cpp's prebuilt binary (`make setup`); every other model would gain an `unsupported` row
+    "llama.cpp": ("llamacpp_backend", False),
 }
 ENGINES = tuple(REGISTRY)
 DEFAULT_ENGINES = tuple(engine for engine, (_, default) in REGISTRY.items() if default)

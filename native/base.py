@@ -37,6 +37,7 @@ class Capabilities:
     runs_onnx_files: bool = True  # applies to a model given as an .onnx file (--model-path x.onnx)
     worker_needs_torch: bool = False  # its worker imports torch anyway: fork it from the torch fork server
     reads_machine_load: bool = False  # its load takes LoadRequest.others_busy_cpus (ORT: whether its pool spins)
+    runs_gguf: bool = False  # loads the GGUF the prepare worker writes of the weights (LoadRequest.gguf_path)
 
     def plans(self, mode: str, has_past_export: bool) -> bool:
         """Whether a case of this mode is planned for a model (one with an export with past, or not)."""
@@ -56,6 +57,8 @@ class LoadRequest:
     # CPUs the machine's other processes kept busy just before the load (others_busy_cpus), read before the load's
     # timer starts; None: the engine reads it itself where it needs it
     others_busy_cpus: float | None = None
+    gguf_path: Path | None = None  # the GGUF of the weights at this precision (Capabilities.runs_gguf), where written
+    gguf_error: str | None = None  # why there is none
 
 
 class Clock:

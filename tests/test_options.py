@@ -67,7 +67,12 @@ RESUME = From(Shared, ("resume",))
 BUILT_FROM: dict[str, list[From]] = {
     "native": [From(BenchmarkRequest), RESUME],
     "web": [From(WebRequest), From(ServeRequest), From(ServeSwitch), RESUME],
-    "run": [From(BenchmarkRequest), From(WebRequest, ("hardware",), "web"), From(WebRequest, LAUNCH), RESUME],
+    "run": [
+        From(BenchmarkRequest),
+        From(WebRequest, ("hardware", "runtimes"), "web"),
+        From(WebRequest, LAUNCH),
+        RESUME,
+    ],
     "ab": [From(AbRequest), From(store_commands.AbVerdict)],
     "hardware": [],
     "models": [From(store_commands.Models)],
@@ -412,6 +417,7 @@ def test_the_suite_configs_keys_are_aliases_of_the_fields() -> None:
         "hardware_types": "--hardware",
         "web_platforms": "--hardware",
         "web_threads": "--threads",
+        "web_runtimes": "--runtimes",
     }
     assert set(OPTION_KEYS) <= set(SuiteConfig.__dataclass_fields__)
     assert OPTION_KEYS["warmup_iterations"][0] is declared(RunOptions)["warmup"]

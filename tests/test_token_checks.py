@@ -16,6 +16,7 @@ from test_web import web_cache  # noqa: F401 (the session's export cache)
 from harness.browser.generate import SCALED_WEIGHT_FAULT
 
 pytestmark = pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="needs Chromium at /usr/bin/chromium")
+RUNTIMES = ("onnxruntime-web", "transformers.js", "llama.cpp")  # every page runtime that runs here
 QUICK = ("--iterations", "2", "--warmup", "0", "--min-duration", "0", "--new-tokens", "4", "--sequence-lengths", "8")
 
 
@@ -25,8 +26,9 @@ def planted(web_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[
     db = out / "t.duckdb"
     fault = {"ACCELHARNESS_INJECT_FAULT": SCALED_WEIGHT_FAULT}
     done = run_cli("run", "--mode", "inference,generate", "--model", "llama-tiny", "--precision", "fp32,q4",
-                   "--engines", "onnxruntime", "--hardware", "cpu", "--web-hardware", "wasm", *QUICK, "--db", str(db),
-                   "--output-dir", str(out / "reports"), env=fault)  # fmt: skip
+                   "--engines", "onnxruntime", "--hardware", "cpu", "--web-hardware", "wasm", "--web-runtimes",
+                   ",".join(RUNTIMES), *QUICK, "--db", str(db), "--output-dir", str(out / "reports"),
+                   env=fault)  # fmt: skip
     assert done.returncode == 0, done.stderr
     import duckdb
 
@@ -45,6 +47,25 @@ def test_a_page_served_a_weight_scaled_by_1_05_is_a_mismatch(planted: Any, preci
     assert page["status"] == "mismatch", page["details"].get("token_parity")
     assert "logit differs from native ORT's by" in page["error"]  # the step's top-k, native teacher-forced
     assert page["details"]["step_logit_max_diff"] > page["details"]["step_logit_tolerance"][0]
+
+
+@pytest.mark.parametrize("runtime, precision", [("transformers.js", "fp32"), ("transformers.js", "q4"),
+                                               ("llama.cpp", "fp32")])  # fmt: skip
+def test_every_page_runtime_served_the_planted_weight_is_a_mismatch(planted: Any, runtime: str, precision: str) -> None:
+    """transformers.js is served the scaled copy of the graph (laid out as its folder), llama.cpp a GGUF with its
+    largest weight scaled alike: each caught by its step's top-k against native ORT (llama.cpp's log-probabilities
+    against native's log-softmax), though llama-tiny's tokens barely move."""
+    page = planted[1][runtime, precision]
+    assert page["status"] == "mismatch", page["details"].get("token_parity")
+    assert page["details"]["step_logit_max_diff"] > page["details"]["step_logit_tolerance"][0]
+
+
+def test_a_quantized_gguf_is_quality_beside_fp32_never_a_mismatch(planted: Any) -> None:
+    """llama.cpp's Q4_0 is in no ONNX graph: its row carries its agreement with the fp32 graph and where they part."""
+    page = planted[1]["llama.cpp", "q4"]
+    assert page["status"] == "ok" and 0 <= page["details"]["agreement_top1"] <= 1
+    assert page["details"]["token_parity"].startswith("not checked: no graph computes this GGUF's q4 blocks")
+    assert "first_divergence" in page["details"]
 
 
 def test_inference_on_the_export_with_past_is_held_against_torch_and_the_planted_weight_is_a_mismatch(
@@ -90,7 +111,9 @@ def test_recommend_gives_the_fastest_generation_above_an_agreement(planted: Any)
     from harness.analysis.recommend import fastest_generation
 
     choice = fastest_generation(planted[0], "llama-tiny", 1, 0.9)
-    assert {(r["engine"], r["precision"]) for r in choice.ranked} == {("onnxruntime", "fp32"), ("onnxruntime", "q4")}
+    ranked = {(r["engine"], r["precision"]) for r in choice.ranked}
+    assert {("onnxruntime", "fp32"), ("onnxruntime", "q4")} <= ranked  # llama.cpp's Q4_0 page row too, if it agrees
+    assert all(planted[1][key]["status"] == "ok" for key in ranked)  # a page runtime's mismatch is never a choice
     assert [r["decode_tokens_per_s"] for r in choice.ranked] == sorted(
         (r["decode_tokens_per_s"] for r in choice.ranked), reverse=True
     )  # the page's rows are mismatches: not a choice

@@ -13,7 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from harness.core.bounds import MAX_THREADS, MAX_VOCAB
 from harness.web.page_job import PageJob
+from harness.web.runtimes import OWN_RUNTIME
 
 RESULT_STATUSES = ("ok", "error", "unsupported")
 NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "int32": np.int32}
@@ -202,6 +204,8 @@ def validate_page_result(result: Any, job: PageJob, timeout_s: float) -> dict[st
             raise PageResultError(f"a '{status}' result must say why (result.error is empty)")
         return result
     _check_samples(result, job, clock)
+    if job.runtime != OWN_RUNTIME:
+        _check_runtime(result.get("facts"), job)
     for key in ("first_run_ms", "load_ms"):
         result[key] = clock.duration(_require(result, key, (int, float)), key)
     if job.generate is not None:  # a generate job (web/page/generate.mjs) answers with tokens, not outputs
@@ -211,6 +215,20 @@ def validate_page_result(result: Any, job: PageJob, timeout_s: float) -> dict[st
     else:
         _check_outputs(result.get("outputs"))
     return result
+
+
+def _check_runtime(facts: Any, job: PageJob) -> None:
+    """Another page runtime's ok answer says what ran (facts.runtime): the job's runtime by name, its version, and
+    for a runtime that takes a thread count the count it runs, read back from it (1..the job's request is not
+    assumed: the harness compares them)."""
+    where = "result.facts.runtime"
+    runtime = _require(facts if isinstance(facts, dict) else {}, "runtime", (dict,), "result.facts")
+    if _require(runtime, "name", (str,), where) != job.runtime:
+        raise PageResultError(f"{where}.name is {runtime['name']!r:.40}; this job ran {job.runtime}")
+    _require(runtime, "version", (str,), where)
+    effective = runtime.get("threads_effective")
+    if effective is not None and not (_COUNT[1](effective) and 1 <= effective <= MAX_THREADS):
+        raise PageResultError(f"{where}.threads_effective must be a whole number 1..{MAX_THREADS} or null")
 
 
 def _check_samples(result: dict[str, Any], job: PageJob, clock: Clock) -> None:
@@ -236,7 +254,30 @@ def _check_generation(generation: dict[str, Any], samples: list[float], job: Pag
     batch, new_tokens, vocab = job.batch, job.generate.new_tokens, job.generate.vocab_size
     eos = set(job.generate.eos_ids)  # the harness's: --stop-at-eos, else none
     _check_phases(generation, samples, new_tokens, clock, bool(eos), job.generate.seq2seq is not None)
-    logits = _require(generation, "prefill_logits", (dict,), where)
+    # our own loop returns both always; another page runtime returns them where its API gives its logits (null
+    # where it does not: its tokens are then checked without them, and its row says so)
+    optional = job.runtime != OWN_RUNTIME
+    logits = generation.get("prefill_logits") if optional else _require(generation, "prefill_logits", (dict,), where)
+    width = vocab if logits is None else _check_prefill_logits(logits, batch, vocab)
+    tokens = _require(generation, "tokens", (list,), where)
+    _check_tokens(tokens, batch, new_tokens, width, eos)
+    made = len(tokens[0]) if tokens else new_tokens  # fewer than new_tokens only where the job stops at EOS
+    top = generation.get("step_top") if optional else _require(generation, "step_top", (dict,), where)
+    if top is not None:
+        _check_step_top(_require(generation, "step_top", (dict,), where), batch, made, job.generate.top_k, width)
+    for key in ("memory_before", "memory_after"):
+        if not _OBJECT[1](generation.get(key)):
+            raise PageResultError(f"{where}.{key} must be {_OBJECT[0]}")
+    if not isinstance(generation.get("tokens_stable"), bool):
+        raise PageResultError(f"{where}.tokens_stable must be a boolean")
+
+
+def _check_prefill_logits(logits: Any, batch: int, vocab: int | None) -> int | None:
+    """The prefill's last-position logits: [batch, 1, the vocabulary] numbers (null for a non-finite one); returns
+    the vocabulary's width (the graph's, else the answer's own)."""
+    where = "result.generation"
+    if not isinstance(logits, dict):
+        raise PageResultError(f"{where}.prefill_logits must be an object (dims, values) or null")
     dims, values = _require(logits, "dims", (list,), where), _require(logits, "values", (list,), where)
     if not all(_COUNT[1](d) for d in dims) or len(values) != math.prod(dims):
         raise PageResultError(f"{where}.prefill_logits needs integer dims and as many values as they hold")
@@ -248,15 +289,7 @@ def _check_generation(generation: dict[str, Any], samples: list[float], job: Pag
         )
     if not all(v is None or _is_number(v) for v in values):
         raise PageResultError(f"{where}.prefill_logits.values must be numbers (null for a non-finite one)")
-    tokens = _require(generation, "tokens", (list,), where)
-    _check_tokens(tokens, batch, new_tokens, width, eos)
-    made = len(tokens[0]) if tokens else new_tokens  # fewer than new_tokens only where the job stops at EOS
-    _check_step_top(_require(generation, "step_top", (dict,), where), batch, made, job.generate.top_k, width)
-    for key in ("memory_before", "memory_after"):
-        if not _OBJECT[1](generation.get(key)):
-            raise PageResultError(f"{where}.{key} must be {_OBJECT[0]}")
-    if not isinstance(generation.get("tokens_stable"), bool):
-        raise PageResultError(f"{where}.tokens_stable must be a boolean")
+    return width
 
 
 def _check_phases(generation: dict[str, Any], samples: list[float], new_tokens: int, clock: Clock,
@@ -323,7 +356,9 @@ def _check_tokens(tokens: list[Any], batch: int, new_tokens: int, vocab: int | N
     if len(tokens) != batch or not rows or not all(len(row) == expected for row in tokens):
         why = "" if expected == new_tokens else f" (the rows have all made an EOS id {sorted(eos)} by then)"
         raise PageResultError(f"{where} must hold {batch} rows (the job's batch) of {expected} token ids each{why}")
-    top = vocab if vocab is not None else 0
+    # a graph that leaves its vocabulary symbolic, answered without logits (another page runtime): ids are only
+    # bounded by the largest vocabulary any model may have
+    top = vocab if vocab is not None else MAX_VOCAB
     for row, ids in enumerate(tokens):
         for column, token in enumerate(ids):
             if not (_COUNT[1](token) and token < top):

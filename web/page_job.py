@@ -101,6 +101,12 @@ class PageJob:
     external_data: list[ExternalData] = field(default_factory=list)
     fault: str | None = None  # test-only: the page fails on purpose (runner.mjs)
     generate: GenerateJob | None = None
+    # the page runtime that runs the job (web/page/runtimes.json; web/page/runtimes/<module>): onnxruntime-web is
+    # runner.mjs's own loop; another's model is laid out as it loads it, under runtime_model_base (transformers.js:
+    # config.json and onnx/<file of runtime_dtype>; llama.cpp: model_url is the GGUF)
+    runtime: str = "onnxruntime-web"
+    runtime_model_base: str | None = None
+    runtime_dtype: str | None = None
 
     @property
     def mode(self) -> str:

@@ -24,7 +24,7 @@ from urllib.parse import unquote, urlsplit
 
 from aiohttp import web
 
-from harness.web import ort_dist
+from harness.web import ort_dist, runtime_dist
 
 PAGE_DIR = Path(__file__).parent / "page"
 ROUTED_ORIGIN = "https://accelharness.local"  # never resolved: every request to it is answered by a route
@@ -37,6 +37,7 @@ MIME_TYPES = {
     ".wasm": "application/wasm",
     ".onnx": "application/octet-stream",
     ".bin": "application/octet-stream",
+    ".gguf": "application/octet-stream",
 }
 ISOLATION_HEADERS = {"Cross-Origin-Opener-Policy": "same-origin", "Cross-Origin-Embedder-Policy": "require-corp"}
 COMMON_HEADERS = {
@@ -62,8 +63,16 @@ def dist_files() -> dict[str, Path]:
     return files
 
 
+def runtime_files() -> dict[str, dict[str, Path]]:
+    """Each installed page runtime's files (web/runtime_dist.py), by runtime; one whose files are missing is left
+    out (its page module's import then fails, and the harness asks runtime_dist.problem for the reason first)."""
+    return {name: runtime_dist.files(name) for name in runtime_dist.FILES if runtime_dist.problem(name) is None}
+
+
 class PageFiles:
-    """<origin>/<token>/page/*, /<token>/ort/* and /<token>/job/* (the current job's files); nothing else."""
+    """<origin>/<token>/page/* (page/runtimes/*: the page runtimes' modules), /<token>/ort/*,
+    /<token>/runtimes/<runtime>/* (their npm files: web/runtime_dist.py) and /<token>/job/* (the current job's
+    files); nothing else."""
 
     transport = "none"
 
@@ -76,6 +85,8 @@ class PageFiles:
             "ort": dist_files(),
             "job": {},
         }
+        self._served["page/runtimes"] = {p.name: p for p in (PAGE_DIR / "runtimes").glob("*.mjs")}
+        self._served |= {f"runtimes/{name}": found for name, found in runtime_files().items()}
 
     @property
     def origin(self) -> str:
@@ -90,11 +101,17 @@ class PageFiles:
         return self.base_url + "page/index.html"
 
     def set_job_files(self, files: dict[str, Path | bytes]) -> dict[str, str]:
-        """Replace the job's served files; returns each file's URL. Names must be plain file names."""
-        for name in files:
-            if "/" in name or name in ("", ".", ".."):
-                raise ValueError(f"job file name '{name}' must be a plain file name")
-        self._served["job"] = dict(files)
+        """Replace the job's served files; returns each file's URL. Names are plain file names, or one folder and a
+        plain file name (a transformers.js model folder's onnx/model.onnx)."""
+        areas: dict[str, dict[str, Path | bytes]] = {"job": {}}
+        for name, found in files.items():
+            parts = name.split("/")
+            if len(parts) > 2 or any(part in ("", ".", "..") or "\\" in part for part in parts):
+                raise ValueError(f"job file name '{name}' must be a plain file name, or a folder's and a file's")
+            folder = "/".join(["job", *parts[:-1]])
+            areas.setdefault(folder, {})[parts[-1]] = found
+        self._served = {area: served for area, served in self._served.items() if area.split("/")[0] != "job"}
+        self._served |= areas
         return {name: f"{self.base_url}job/{name}" for name in files}
 
     async def start(self) -> None:
@@ -126,8 +143,10 @@ class PageFiles:
         parts = path.lstrip("/").split("/")
         if not self.token_matches(parts[0]):
             return 403, None
-        if ".." in decoded.split("/") or "\\" in decoded or len(parts) != 3:
+        if ".." in decoded.split("/") or "\\" in decoded or len(parts) not in (3, 4):
             return 404, None
+        if len(parts) == 4:  # /page/runtimes/<module>, /runtimes/<runtime>/<file>, /job/<folder>/<file>
+            parts = [parts[0], f"{parts[1]}/{unquote(parts[2])}", parts[3]]
         _, area, name = parts
         found = self._served.get(area, {}).get(unquote(name))
         return (200, found) if found is not None else (404, None)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from harness.analysis.predict import InsufficientData, Predictor, Query, model_facts, training_rows
-from harness.core.labels import BROWSER_ENGINE, TARGET_FIELDS, flags, target_key, target_label
+from harness.core.labels import TARGET_FIELDS, flags, in_page, target_key, target_label
 from harness.store import open_store
 
 TASK_FAMILIES = {
@@ -282,10 +282,10 @@ def one_line(db_path: Path, model: str, batch_size: int = 1, mode: str = "infere
         return f"{model} has no ok {mode} row at batch {batch_size} on this machine in {db_path}: nothing to recommend"
     best = min(rows, key=lambda r: r["latency_p50_ms"])
     same_case = [r for r in rows if (r["seq_len"], r["precision"]) == (best["seq_len"], best["precision"])]
-    browser = [r for r in same_case if r["engine"] == BROWSER_ENGINE]
+    browser = [r for r in same_case if in_page(r)]
     case = f"batch {batch_size}" + (f", sequence {best['seq_len']}" if best["seq_len"] else "")
     line = f"for {model} at {case}, {best['precision']}, here: {_fastest(best)}"
-    if best["engine"] == BROWSER_ENGINE:
+    if in_page(best):
         return f"{line} (a browser target is the fastest)"
     if not browser:
         return f"{line}; no browser target ran it ok"

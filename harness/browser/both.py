@@ -7,11 +7,12 @@ summary = run_both(BenchmarkRequest(models=["bert-tiny"], hardware=["cpu"]), Web
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from harness.browser.run import WebPlan, WebRequest, execute_web, validate_web
 from harness.core.records import Result
+from harness.native import DEFAULT_ENGINES, ENGINES
 from harness.run.native import execute_native
 from harness.run.plan import BenchmarkRequest, Plan, validate
 from harness.run.recording import RunSummary, record_run
@@ -27,12 +28,23 @@ def run_both(
     """Native backends then the browser, as one run: one report puts their rows side by side.
 
     Both requests are validated before anything is written (unless their plans are given)."""
+    native = native_beside(native, web)
     native_plan, web_plan = plans or (validate(native), validate_web(web))
     bodies = [execute_native(native_plan), execute_web(web_plan)]
     arguments = both_arguments(native, web)
     return record_run(
         native.db_path, "run", arguments, bodies, on_result, native.outputs, None, resume_run_id, native.machine_label
     )
+
+
+def native_beside(native: BenchmarkRequest, web: WebRequest) -> BenchmarkRequest:
+    """The native request of a run whose page runs a runtime that is also a native engine (llama.cpp: wllama in the
+    page, its native build beside it): without --engines, the default engines and that one, so its page rows have
+    their native counterpart on the same file in the same run (page ÷ native); named --engines are kept as given."""
+    if native.engines is not None:
+        return native
+    also = [runtime for runtime in web.runtimes if runtime in ENGINES and runtime not in DEFAULT_ENGINES]
+    return replace(native, engines=[*DEFAULT_ENGINES, *also]) if also else native
 
 
 def both_arguments(native: BenchmarkRequest, web: WebRequest) -> dict[str, Any]:

@@ -17,9 +17,10 @@ from harness.core.parity import compare
 from harness.core.records import Case, Result
 from harness.prepare.folders import past_shape
 from harness.prepare.prepared import PreparedModel
-from harness.prepare.quality import Graphs, check_generation
+from harness.prepare.quality import Graphs, check_generation, fp32_graph, tokens_against
 from harness.prepare.seq2seq import Seq2SeqFiles, audio_seconds, precision_files, seq2seq_files, start_token
 from harness.web.page_job import GenerateJob, Seq2SeqJob
+from harness.web.runtimes import RUNTIMES
 
 # The faults hook's planted kernel bug (tests): the page is served a copy of its graph with one weight matrix
 # scaled by this factor, while the row is checked against the file it names.
@@ -196,18 +197,55 @@ def generation_result(prepared: PreparedModel, target: Any, case: Case, answer: 
     prompt = prompt_feeds(feeds, encoder_decoder)
     layout = seq2seq_layout(prepared.onnx_past_path, case.precision) if encoder_decoder else None
     graphs = model if layout is None else layout[0]  # an encoder–decoder's: every graph the page ran
-    status, error, parity_fields = _parity(generation, graphs, prepared.onnx_past_path, prompt,
-                                           extra.get("precision") or "fp32", details, case.depth or 0)  # fmt: skip
+    precision = extra.get("precision") or "fp32"
+    if RUNTIMES[target.engine].format == "gguf":  # llama.cpp on a GGUF of the same weights: no ONNX graph ran
+        return prepared.result(target, case, *_gguf_check(generation, prepared.onnx_past_path, prompt, precision,
+                                                          details), details=details, **extra, **fields)  # fmt: skip
+    status, error, parity_fields = _parity(generation, graphs, prepared.onnx_past_path, prompt, precision, details,
+                                           case.depth or 0)  # fmt: skip
     return prepared.result(target, case, status, error, details=details, **parity_fields, **extra, **fields)
+
+
+def _gguf_check(generation: dict[str, Any], source: Path, prompt: dict[str, np.ndarray], precision: str,
+                details: dict[str, Any]) -> tuple[str, str | None]:  # fmt: skip
+    """(status, error) of a generation llama.cpp ran on the GGUF the harness wrote of the model's weights, by native
+    llama.cpp's rule (harness.run.native): at fp32 (GGUF F32: the weights the fp32 graph holds) its tokens and each
+    step's top-k log-probabilities (the page's llama.cpp returns no logits) are checked against native ORT
+    teacher-forced on the fp32 graph; at another precision no graph computes llama.cpp's own blocks (Q4_0 is not
+    MatMulNBits, F16 weights are not an fp16 graph), so only its agreement with the fp32 graph is measured
+    (quality, never a mismatch)."""
+    reference = fp32_graph(source)
+    tokens = generation["tokens"]
+    if reference is None:
+        details["token_parity"] = "not checked: no fp32 graph of the model is at hand"
+        return "ok", None
+    top = _step_top(generation) if generation.get("step_top") else None
+    try:
+        if precision == "fp32":
+            agree, facts, _ = check_generation(reference, source, prompt, tokens, precision, "browser", top,
+                                               log_probs=True)  # fmt: skip
+            details |= facts | {"token_reference": f"{facts['token_reference']} (fp32: the GGUF's weights)",
+                                "step_top_values": "log-probabilities, against native ORT's log-softmax"}  # fmt: skip
+            return ("ok", None) if agree else ("mismatch", facts["token_parity"])
+        details |= tokens_against(reference, prompt, tokens)
+    except ValueError as exc:
+        return "error", f"parity check failed: {exc}"
+    details["token_parity"] = (f"not checked: no graph computes this GGUF's {precision} blocks; its agreement with "
+                               "the fp32 graph is its quality")  # fmt: skip
+    return "ok", None
 
 
 def _parity(generation: dict[str, Any], model: Graphs, source: Path, prompt: dict[str, np.ndarray], precision: str,
             details: dict[str, Any], depth: int = 0) -> tuple[str, str | None, dict[str, Any]]:  # fmt: skip
     """(status, error, fields): the prefill logits within the precision's tolerance of native ORT's on the same
     file, then every step's top-k and the tokens (harness.core.generation.token_check)."""
+    top = _step_top(generation) if generation.get("step_top") is not None else None  # another runtime's: optional
     try:
         agree, facts, native = check_generation(model, source, prompt, generation["tokens"], precision, "browser",
-                                                _step_top(generation), depth)  # fmt: skip
+                                                top, depth)  # fmt: skip
+        if generation.get("prefill_logits") is None:  # a runtime whose API returns no logits: its tokens alone
+            details |= facts | {"logits_checked": "no: the page runtime returns no logits; its tokens are checked"}
+            return ("ok", None, {}) if agree else ("mismatch", facts["token_parity"], {})
         logits = compare([_prefill_logits(generation)], [native[:, :1]], precision, ["prefill logits"])
     except ValueError as exc:
         return "error", f"parity check failed: {exc}", {}

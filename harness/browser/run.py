@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import cache, partial
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,14 @@ from harness.browser.generate import (
     prompt_feeds,
     seq2seq_layout,
     served_graph,
+)
+from harness.browser.runtimes import (
+    gguf_precisions,
+    runtime_details,
+    runtime_fields,
+    runtime_files,
+    runtime_model,
+    runtime_refusal,
 )
 from harness.core.failures import UNSUPPORTED_OPERATOR
 from harness.core.faults import injected_faults
@@ -85,6 +93,7 @@ from harness.run.worker import prepare_isolated
 from harness.web.eps import EPS, WEB_HARDWARE, WEBNN_DEVICES
 from harness.web.flags import BROWSERS, GPU_MODES, GpuProfile
 from harness.web.page_job import ExternalData, GenerateJob, PageInput, PageJob, StopRule
+from harness.web.runtimes import OWN_RUNTIME, PAGE_RUNTIMES
 
 ENGINE = BROWSER_ENGINE
 # The faults hook's planted input bug (tests): `page-window-audio:N` feeds the page of a speech case of N seconds
@@ -110,6 +119,11 @@ class WebRequest(RunOptions):
     hardware: list[str] = option(
         factory=lambda: list(WEB_HARDWARE), flag="--hardware", key="web_platforms", many=True, choices=WEB_HARDWARE,
         noun="web hardware", help=f"Comma-separated browser EPs: {','.join(WEB_HARDWARE)}.",
+    )  # fmt: skip
+    runtimes: list[str] = option(
+        factory=lambda: [OWN_RUNTIME], flag="--runtimes", key="web_runtimes", many=True, choices=PAGE_RUNTIMES,
+        noun="page runtime",
+        help=f"Comma-separated page runtimes: {','.join(PAGE_RUNTIMES)} (each a target: wasm/transformers.js).",
     )  # fmt: skip
     # chrome and edge fall back to Chromium, recorded
     browser: str = option(
@@ -155,6 +169,7 @@ class EpSetting:
     threads: int
     device_type: str | None = None  # for an EP that takes one (WebNN's deviceType)
     device: str | None = None  # the served device that runs it (web --serve); None: a browser driven from here
+    runtime: str = OWN_RUNTIME  # the page runtime (web/page/runtimes.json): the row's engine
 
     @property
     def provider(self) -> str:
@@ -165,7 +180,7 @@ class EpSetting:
 
     @property
     def target(self) -> Target:
-        return Target(self.ep, ENGINE, self.provider, self.device)
+        return Target(self.ep, self.runtime, self.provider, self.device)
 
 
 @dataclass
@@ -214,15 +229,18 @@ def _page_plans(mode: str, with_past: bool) -> bool:
 
 
 def _settings(request: WebRequest) -> list[EpSetting]:
+    """Every EP setting of every page runtime asked for: each EP's settings (its thread counts, its device type)
+    once per runtime, the EPs in the table's order (one browser launch per EP), the runtimes in the order asked."""
     settings: list[EpSetting] = []
-    for ep in WEB_HARDWARE:  # a fixed order: one browser launch per EP
+    for ep in WEB_HARDWARE:
         if ep not in request.hardware:
             continue
-        if EPS[ep].runs_threads:
-            settings += [EpSetting(ep, t) for t in dict.fromkeys(request.threads)]
-        else:  # ops the GPU/NPU EP cannot run fall back to wasm with this many threads
-            device_type = request.webnn_device if EPS[ep].device_types else None
-            settings.append(EpSetting(ep, request.threads[0], device_type))
+        for runtime in dict.fromkeys(request.runtimes):
+            if EPS[ep].runs_threads:
+                settings += [EpSetting(ep, t, runtime=runtime) for t in dict.fromkeys(request.threads)]
+            else:  # ops the GPU/NPU EP cannot run fall back to wasm with this many threads
+                device_type = request.webnn_device if EPS[ep].device_types else None
+                settings.append(EpSetting(ep, request.threads[0], device_type, runtime=runtime))
     return settings
 
 
@@ -277,7 +295,9 @@ def validate_web(request: WebRequest) -> WebPlan:
     from harness.web.flags import gpu_profile
     from harness.web.server import SetupError, dist_files
 
-    check(request, declared(WebRequest), ("threads", "webnn_device", "browser"))
+    check(request, declared(WebRequest), ("threads", "webnn_device", "browser", "runtimes"))
+    if not request.runtimes:
+        raise RequestError(f"--runtimes is empty; valid: {', '.join(PAGE_RUNTIMES)}")
     specs = check_browser_request(request)
     _check_launch(request)
     try:
@@ -299,6 +319,13 @@ def _page_details(facts: dict[str, Any], setting: EpSetting, probed: dict[str, A
     details = dict(facts)
     details["console_warnings"] = [ANSI.sub("", line) for line in facts.get("console_warnings", [])]
     details["wasm_build"] = facts.get("wasm_binary")  # checked by the page against the glue ORT loaded
+    runtime = facts.get("runtime")
+    if isinstance(runtime, dict):  # another page runtime's own words (web.answers checked them): what ran
+        details["page_runtime_version"] = runtime.get("version")
+        if runtime.get("threads_effective") is not None:  # read back from the runtime, not the count asked
+            details["threads_requested"] = setting.threads
+            details["threads_effective"] = runtime["threads_effective"]
+            details["threads_dropped"] = runtime["threads_effective"] < setting.threads
     if EPS[setting.ep].gpu_adapter:  # the adapter ORT's device runs on, else the one the page or driver probed
         proved = (facts.get("device_probe") or {}).get("adapter")
         verdict = classify_adapter(facts.get("adapter") or proved or probed.get("probed_adapter"))
@@ -474,6 +501,8 @@ def page_job(
     # the page keeps one session per model URL: each precision's file has its own name
     name = f"{_file_stem(prepared.spec.name)}-{case.precision}"
     stop = stop_rule(request)
+    if setting.runtime != OWN_RUNTIME:  # another page runtime: its own layout of the same weights (generate only)
+        return runtime_job(files, prepared, setting, case, stop, fault, model, prompt_feeds(feeds))
     if case.mode == "generate":  # its own file name: the page keeps one session per URL
         layout = seq2seq_layout(prepared.onnx_past_path, case.precision)
         also = {} if layout is None else layout_files(f"{name}-past", layout[0])
@@ -517,6 +546,24 @@ def web_job(files: Any, name: str, model: Path, feeds: dict[str, np.ndarray], se
         fault=fault,
         generate=generate,
     )
+
+
+def runtime_job(files: Any, prepared: PreparedModel, setting: EpSetting, case: Case, stop: StopRule,
+                fault: str | None, model: Path, feeds: dict[str, np.ndarray]) -> PageJob:  # fmt: skip
+    """A generate job of another page runtime (harness.browser.runtimes): its files served under one folder of the
+    job's (transformers.js loads config.json and onnx/… from it; llama.cpp its GGUF), the prompt's ids as tensors
+    (each runtime is handed ids, never text), and the generation part the harness checks its answer against."""
+    served, main = runtime_files(prepared, setting.runtime, case, served_graph(model))
+    stem = f"{_file_stem(prepared.spec.name)}-{case.precision}"
+    arrays = {f"{stem}.{i}.bin": np.ascontiguousarray(v) for i, v in enumerate(feeds.values())}
+    urls = files.set_job_files(served | {key: array.tobytes() for key, array in arrays.items()})
+    inputs = [PageInput(name, urls[key], str(array.dtype), list(array.shape))
+              for name, (key, array) in zip(feeds, arrays.items(), strict=True)]  # fmt: skip
+    model_url = urls[main]
+    generate = generate_job(model, case, False, eos=prepared.eos)
+    return PageJob(model_url=model_url, inputs=inputs, ep=setting.ep, threads=setting.threads, stop=stop,
+                   case=case.key, fault=fault, generate=generate, runtime_model_base=model_url.removesuffix(main),
+                   **runtime_fields(setting.runtime, case))  # fmt: skip
 
 
 # the drift control's stop rule (harness.run.control): the same in every page
@@ -610,6 +657,7 @@ async def _run_case(
         return prepared.result(
             setting.target, case, conversion["status"], conversion["why"], precision=precision, details=details
         )
+    conversion |= runtime_details(setting.runtime) | runtime_model(prepared, setting.runtime, case, model)
     page = page_job(files, prepared, setting, case, plan.request, fault, model)
     psutil.cpu_percent(interval=None)  # starts the whole-machine CPU window for this job
     answer = await session.run_job(files.page_url, key, page, plan.request.timeout_s)
@@ -640,7 +688,8 @@ def prepare_spec(plan: Any, spec: ModelSpec) -> Prepared:
     plain = any(c.mode != "generate" for c in cases) and not prefill
     job = PrepareJob(spec, shapes, with_past=(generates or prefill) and spec.has_past_export, reference_tokens=tokens,
                      plain=plain, stop_at_eos=plan.request.stop_at_eos, reference_depths=depths,
-                     prefill=prefill, audio_seconds=audio_lengths(cases))  # fmt: skip
+                     prefill=prefill, audio_seconds=audio_lengths(cases),
+                     gguf_precisions=gguf_precisions(plan.request.runtimes, cases))  # fmt: skip
     prepared, outcome = prepare_isolated(job, plan.request.prepare_timeout_s)
     if prepared:
         return spec, prepared, ""
@@ -657,6 +706,8 @@ def not_runnable(
         return prepared.result(setting.target, case, *outcome)
     if prepared.onnx_path is None and case.mode != "generate":  # generation runs the export with past
         return prepared.result(setting.target, case, "unsupported", f"ONNX export failed: {prepared.onnx_error}")
+    if (refused := runtime_refusal(prepared, setting.runtime, setting.ep, case)) is not None:
+        return prepared.result(setting.target, case, "unsupported", refused, details=runtime_details(setting.runtime))
     return None
 
 
@@ -694,22 +745,32 @@ async def _run_ep(
                 if session is None:
                     session = BrowserSession(playwright, plan.browser_source(ep), files)
                 if (setting, "start") in controls.get(index - 1, []):
-                    emit(await measure_control(files, session, setting, "start", spec.name, timeout_s))
-                # the target's ceilings, measured once per run, before the first job that needs each of them
+                    emit(await measure_control(files, session, own_loop(setting), "start", spec.name, timeout_s))
+                # the EP's ceilings, measured once per run by the page's own loop before the first job that needs
+                # each of them; every page runtime's rows on the EP are held against them (store.CEILING_ENGINE_SQL)
                 asked = ceilings_asked(plan.request.no_ceilings)
-                needed = wanted([case.precision], measured.setdefault(setting.target, set()), asked)
-                for ceiling in await measure_page_ceilings(files, session, setting, needed, timeout_s):
+                held = own_loop(setting)
+                needed = wanted([case.precision], measured.setdefault(held.target, set()), asked)
+                for ceiling in await measure_page_ceilings(files, session, held, needed, timeout_s):
                     emit(ceiling)
-                row = await _run_case(files, session, plan, prepared, setting, case, faults.get(setting.provider))
+                # a fault for one runtime's setting ("transformers.js/wasm:threads=1"), or for every runtime's
+                fault = faults.get(f"{setting.runtime}/{setting.provider}", faults.get(setting.provider))
+                row = await _run_case(files, session, plan, prepared, setting, case, fault)
                 if not seen and session.browser is not None:
                     seen = await platform_seen(session, setting, emit)
             emit(row)
             for each, position in controls.get(index, []):
                 if session is not None and position != "start":
-                    emit(await measure_control(files, session, each, position, spec.name, timeout_s))
+                    emit(await measure_control(files, session, own_loop(each), position, spec.name, timeout_s))
     finally:
         if session is not None:
             await session.close()
+
+
+def own_loop(setting: EpSetting) -> EpSetting:
+    """The setting's EP and threads under the page's own loop: what measures its ceilings and drift control, the
+    one runtime with calibration graphs (another runtime's rows are held against them: the EP's limits)."""
+    return replace(setting, runtime=OWN_RUNTIME)
 
 
 async def platform_seen(session: Any, setting: EpSetting, emit: Emit) -> bool:

@@ -66,7 +66,7 @@ def native(ctx: typer.Context, *, resume: bool, **options: Any) -> None:
 
 
 @with_options(ServeRequest, SERVING)
-@with_options(WebRequest, ("hardware", *SHARED, *BROWSER))
+@with_options(WebRequest, ("hardware", "runtimes", *SHARED, *BROWSER))
 @with_options(Shared, RESUME)
 @with_options(ServeSwitch)
 def web(ctx: typer.Context, *, serve: bool, resume: bool, **options: Any) -> None:
@@ -75,12 +75,16 @@ def web(ctx: typer.Context, *, serve: bool, resume: bool, **options: Any) -> Non
     URL --serve prints."""
     from harness.browser.run import run_web, validate_web
 
-    hardware = request_values(WebRequest, pick(options, ("hardware",)))["hardware"]
+    page = request_values(WebRequest, pick(options, ("hardware", "runtimes")))
+    hardware = page["hardware"]
     shared = shared_values(ctx, options)
     serving = given(ctx, *SERVING)
     if not serve and serving:
         raise fail(f"{', '.join(serving)}: options of --serve; add --serve or drop them")
     if serve:
+        if given(ctx, "runtimes"):
+            raise fail("--runtimes: a served device runs the page's own loop (onnxruntime-web) only; run the other "
+                       "page runtimes in a launched or remote browser (web without --serve)")  # fmt: skip
         launch = given(ctx, *LAUNCH)
         if launch:
             raise fail(
@@ -91,7 +95,7 @@ def web(ctx: typer.Context, *, serve: bool, resume: bool, **options: Any) -> Non
         served = ServeRequest(hardware=hardware, **request_values(ServeRequest, pick(options, SERVING)), **shared)
         serve_devices(served, resume)
         return
-    request = WebRequest(hardware=hardware, **browser_values(ctx, options, hardware), **shared)
+    request = WebRequest(**page, **browser_values(ctx, options, hardware), **shared)
     try:
         plan = validate_web(request)
     except RequestError as exc:
@@ -130,20 +134,22 @@ def serve_devices(request: Any, resume: bool) -> None:
 
 
 @with_options(WebRequest, BROWSER)
-@with_options(WebRequest, ("hardware",), prefix="web")
+@with_options(WebRequest, ("hardware", "runtimes"), prefix="web")
 @with_options(BenchmarkRequest, NATIVE + SHARED)
 @with_options(Shared, RESUME)
 def run(ctx: typer.Context, *, resume: bool, **options: Any) -> None:
     """Native backends and the browser as one run: one report with both side by side."""
-    from harness.browser.both import both_arguments, run_both
+    from harness.browser.both import both_arguments, native_beside, run_both
     from harness.browser.run import validate_web
 
     shared = shared_values(ctx, options)
     native_request = BenchmarkRequest(**request_values(BenchmarkRequest, pick(options, NATIVE)), **shared)
-    hardware = request_values(WebRequest, pick(options, ("web_hardware",)), prefix="web")["hardware"]
-    web_request = WebRequest(hardware=hardware, **browser_values(ctx, options, hardware, "web"), **shared)
-    try:  # the browser EPs named by this command's flag, then each half as its own command checks it
-        check(web_request, {"hardware": declared(WebRequest)["hardware"].prefixed("web")})
+    page = request_values(WebRequest, pick(options, ("web_hardware", "web_runtimes")), prefix="web")
+    hardware = page["hardware"]
+    web_request = WebRequest(**page, **browser_values(ctx, options, hardware, "web"), **shared)
+    native_request = native_beside(native_request, web_request)
+    try:  # the browser EPs and runtimes named by this command's flags, then each half as its own command checks it
+        check(web_request, {name: declared(WebRequest)[name].prefixed("web") for name in ("hardware", "runtimes")})
         plans = (validate(native_request), validate_web(web_request))
     except RequestError as exc:
         raise fail(str(exc)) from None

@@ -15,8 +15,18 @@ BASELINE = ("cpu", "torch")  # (hardware, engine): speedups are relative to torc
 BASELINE_LABEL = "/".join(BASELINE)
 # Engines whose provider is the device the hardware already names: their labels leave it out.
 DEVICE_PROVIDER_ENGINES = ("torch",)
-BROWSER_ENGINE = "onnxruntime-web"  # the engine of every row measured in a browser
-ENGINE_ABBREVIATIONS = {"onnxruntime": "ort", BROWSER_ENGINE: "ort-web"}
+BROWSER_ENGINE = "onnxruntime-web"  # the page's own runtime: our loop over onnxruntime-web
+# Every runtime the page runs (web/page/runtimes.json, checked equal by tests/test_page_runtime_plan.py): a row's
+# engine is its runtime. llama.cpp is also a native engine; a page row is told apart by its browser hardware.
+PAGE_ENGINES = (BROWSER_ENGINE, "transformers.js", "llama.cpp", "webllm")
+PAGE_HARDWARE = ("wasm", "webgpu", "webnn")  # web/page/eps.json's EPs, in its order (the same test)
+ENGINE_ABBREVIATIONS = {"onnxruntime": "ort", BROWSER_ENGINE: "ort-web", "transformers.js": "tjs"}
+
+
+def in_page(row: Mapping[str, Any]) -> bool:
+    """Whether a row was measured in a browser page (any page runtime), not by a native engine (native ORT's
+    WebGPU EP has hardware webgpu too; native llama.cpp shares the page's engine name)."""
+    return row["engine"] in PAGE_ENGINES and row["hardware"] in PAGE_HARDWARE
 
 
 # What names a target: a result's (hardware, engine, provider) and, for a device served by `web --serve`,

@@ -7,6 +7,7 @@ reference: torch fp32 for spec models, ONNX Runtime CPU for plain .onnx files.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -61,6 +62,11 @@ class PreparedModel:
     # (harness.prepare.audio), and each (case, --audio-seconds) length's input_features, cut from it
     speech: tuple[str, float, float] | None = None
     audio_files: dict[tuple[CaseShape, int], Path] = field(default_factory=dict)
+    # GGUFs of the weights (PrepareJob.gguf_precisions: llama.cpp runs them): harness precision → absolute path,
+    # each one's writer facts (harness.prepare.gguf_export), and why some asked for are missing (None: all written)
+    gguf_files: dict[str, str] = field(default_factory=dict)
+    gguf_facts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    gguf_error: str | None = None
 
     def text_fields(self, input_ids: np.ndarray | None, generated: list[list[int]] | None,
                     details: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
@@ -156,6 +162,9 @@ class PrepareJob:
     # Inference runs on the export with past (inference_on_past): each case's prefill inputs and torch's
     # reference for them are made, and the plain export is made only if the export with past fails
     prefill: bool = False
+    # a GGUF of the weights at each of these precisions (a llama-family decoder's; harness.prepare.gguf_export), for
+    # the engines that run one (Capabilities.runs_gguf)
+    gguf_precisions: tuple[str, ...] = ()
 
 
 def inference_on_past(spec: ModelSpec, modes: list[str] | tuple[str, ...]) -> bool:
@@ -344,8 +353,11 @@ def _prepare_from_cache(job: PrepareJob, weights: Weights, case_dir: Path) -> Pr
     prefills = _prefill_paths(case_files) if job.prefill else {}
     if not all(path.exists() for path in [*case_files.values(), *prefills.values()]):
         return None
+    if not _cached_ggufs(job, case_dir.name):
+        return None
     prepared = _prepared(job, weights, onnx, facts["parameters"], case_files, skipped)
     prepared.prefill_files = prefills
+    _add_ggufs(prepared, job, case_dir.name)
     if past is not None:
         prepared.onnx_past_path, prepared.export["past"] = past.path, _export_facts(past)
     if job.prefill:
@@ -383,6 +395,9 @@ def _build_and_prepare(job: PrepareJob, case_dir: Path) -> Iterator[Phase | Prep
     failed = _build_cases(case_files, build)  # references first: exporting traces the module and may change it
     prefills = _prefill_paths(case_files) if job.prefill else {}
     failed |= _build_prefills(module.model, case_files, prefills)
+    if _gguf_paths(job, case_dir.name)[0]:  # before the exports, which trace the module and may change it
+        yield Phase(spec.name, "writing GGUF")
+        _write_ggufs(job, case_dir.name, module.model)
     # the exports' example: a drawn prompt of its own length (a given prompt is one case's length)
     example = make_inputs(replace(spec, prompt=None), config, 2, 16 if spec.inputs.uses_sequence else None)
     outcome, past = yield from _exports(job, module, weights, example, bool(prefills))
@@ -393,6 +408,8 @@ def _build_and_prepare(job: PrepareJob, case_dir: Path) -> Iterator[Phase | Prep
     if past is not None:
         prepared.onnx_past_path, prepared.onnx_past_error = past.path, past.error
         prepared.export["past"] = _export_facts(past)
+    if job.gguf_precisions:
+        _add_ggufs(prepared, job, case_dir.name)
     facts = {"parameters": parameters, "max_sequence_length": limit}
     write_atomically(case_dir / MODEL_FACTS, lambda file: file.write(json.dumps(facts).encode()))  # for the next run
     yield prepared
@@ -436,6 +453,58 @@ def _exports(
         yield Phase(spec.name, "exporting ONNX")
         outcome = export_onnx(spec, module, weights, example)
     return outcome, past
+
+
+def _gguf_paths(job: PrepareJob, key: str) -> tuple[dict[str, Path], list[str]]:
+    """The GGUF each asked precision would be (beside the exports, keyed like them: the weights' fingerprint), and
+    why the others cannot be written (torch-free: the spec's model type decides)."""
+    from harness.prepare.export import export_dir
+    from harness.prepare.gguf_export import gguf_file, gguf_precision, why_not
+
+    paths, why = {}, []
+    for precision in dict.fromkeys(gguf_precision(p) for p in job.gguf_precisions):
+        if reason := why_not(job.spec.model_type, precision):
+            why.append(f"{precision}: {reason}")
+        else:
+            paths[precision] = gguf_file(export_dir(f"{key}-gguf"), precision)
+    return paths, why
+
+
+def _cached_ggufs(job: PrepareJob, key: str) -> bool:
+    """Whether an earlier run left every GGUF the job asks for (or its failure's reason)."""
+    from harness.prepare.gguf_export import read_cached
+
+    return all(read_cached(path) is not None for path in _gguf_paths(job, key)[0].values())
+
+
+def _write_ggufs(job: PrepareJob, key: str, model: Any) -> None:
+    """Each missing GGUF, written from the module's weights; a failure is kept beside it as its reason."""
+    from harness.prepare.gguf_export import read_cached, write_cached
+    from harness.prepare.weights import find_weights
+
+    folder = find_weights(job.spec)[1]  # a pretrained model's files: its tokenizer.json gives the vocabulary
+    for precision, path in _gguf_paths(job, key)[0].items():
+        # a failure is kept as the facts file's error: that precision's GGUF is missing, the others stand
+        with contextlib.suppress(Exception):
+            if read_cached(path) is None:
+                write_cached(model, model.config, path, precision, folder)
+
+
+def _add_ggufs(prepared: PreparedModel, job: PrepareJob, key: str) -> None:
+    """The job's GGUFs on the prepared model: their paths and facts, and why any is missing."""
+    from harness.prepare.gguf_export import gguf_precision, read_cached
+
+    paths, why = _gguf_paths(job, key)
+    for precision, path in paths.items():
+        facts = read_cached(path) or {"error": "not written"}
+        if "error" in facts:
+            why.append(f"{precision}: {facts['error']}")
+        else:
+            prepared.gguf_files[precision], prepared.gguf_facts[precision] = str(path.resolve()), facts
+    for asked in job.gguf_precisions:  # `auto` runs the fp32 file: found under the run's own label too
+        if (precision := gguf_precision(asked)) in prepared.gguf_files:
+            prepared.gguf_files[asked] = prepared.gguf_files[precision]
+    prepared.gguf_error = "; ".join(why) or None
 
 
 def _cached_past(spec: ModelSpec, key: str) -> ExportOutcome | None:
@@ -584,6 +653,8 @@ def prepare_steps(job: PrepareJob) -> Iterator[Phase | PreparedModel]:
     then the PreparedModel."""
     if job.spec.is_onnx_file:
         prepared = _prepare_onnx_file(job)
+        if job.gguf_precisions:
+            prepared.gguf_error = "an .onnx file: no module's weights to write a GGUF of"
     else:
         for step in _prepare_spec_model(job):
             if isinstance(step, Phase):

@@ -106,7 +106,8 @@ Checked = tuple[bool, dict[str, Any], np.ndarray]  # (agree, facts for the row, 
 
 
 def check_generation(graph: Graphs, source: Path, prompt: dict[str, np.ndarray], tokens: list[list[int]],
-                     precision: str, side: str, top: StepTop | None = None, depth: int = 0) -> Checked:  # fmt: skip
+                     precision: str, side: str, top: StepTop | None = None, depth: int = 0,
+                     log_probs: bool = False) -> Checked:  # fmt: skip
     """A generation that ran `graph` (the file `source`'s precision gave, or an encoder–decoder's files)
     checked: token_check against native
     ORT CPU teacher-forced on the same graph and, at a precision other than fp32 with the fp32 graph of
@@ -115,7 +116,9 @@ def check_generation(graph: Graphs, source: Path, prompt: dict[str, np.ndarray],
     ids = np.asarray(tokens, dtype=np.int64)
     logits = forced(graph, prompt, ids, depth)
     steps = logits[:, -ids.shape[1] :]
-    agree, facts = token_check(ids, steps, precision, side, top)
+    # log_probs: the other side's top-k are log-probabilities (llama.cpp's n_probs), compared with native's
+    # log-softmax; a gap between two tokens is the same in either, so the near-tie rule reads them alike
+    agree, facts = token_check(ids, _log_softmax(steps) if log_probs else steps, precision, side, top)
     facts["token_reference"] = f"{REFERENCE_ENGINE} on {graphs_name(graph)}"
     reference = fp32_graph(source) if precision != "fp32" else None
     if reference is None or reference == graph:
@@ -125,3 +128,19 @@ def check_generation(graph: Graphs, source: Path, prompt: dict[str, np.ndarray],
     facts |= {"agreement_top1": found.agreement_top1, "kl_mean": found.kl_mean, "quality_positions": found.positions,
               "quality_reference": f"{REFERENCE_ENGINE} on {graphs_name(reference)} (fp32)"}  # fmt: skip
     return agree, facts, steps
+
+
+def tokens_against(reference: Graphs, prompt: dict[str, np.ndarray], tokens: list[list[int]]) -> dict[str, Any]:
+    """A generation of other weights than any graph at hand (a GGUF's own quantized blocks) beside the fp32 graph:
+    teacher-forced on the generation's tokens, the share of its tokens that are the fp32 graph's argmax after the
+    same prefix (agreement_top1 over the generated positions) and the first position where they part. KL needs the
+    row's whole distribution, which such a runtime's answer does not carry: not measured."""
+    ids = np.asarray(tokens, dtype=np.int64)
+    argmax = forced(reference, prompt, ids)[:, -ids.shape[1] :].argmax(axis=-1)
+    same = argmax == ids
+    parted = [int(np.argmin(row)) for row in same if not row.all()]
+    return {"agreement_top1": float(same.mean()), "quality_positions": int(ids.shape[1]),
+            "first_divergence": min(parted) if parted else None,
+            "quality_reference": f"{REFERENCE_ENGINE} on {graphs_name(reference)} (fp32), teacher-forced on the "
+                                 "row's tokens: each token against its argmax",
+            "kl_mean_not_measured": "the runtime returns no whole next-token distribution"}  # fmt: skip

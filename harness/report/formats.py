@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from harness.report.plots import Plot
 
 from harness.analysis.browser_cost import browser_cost_table, browser_costs
+from harness.analysis.runtimes import runtime_table
 from harness.analysis.tables import render_table
 from harness.core.escaping import csv_cell, markdown_text
 from harness.core.generation import DECODE_RATE, PREFILL_RATE
@@ -230,6 +231,8 @@ def write_markdown(report: RunReport, path: Path) -> None:
     for family, rows in sorted(families.items()):
         lines += _family_section(family, rows)
     lines += _mode_sections(report.results)
+    if (ranking := runtime_table(report.results)) is not None:  # which runtime: every engine's generation ranked
+        lines += [render_table(ranking, "md")]
     if (cost := browser_cost_table(report.results)) is not None:  # page ÷ native on the same kernels
         lines += [render_table(cost, "md")]
     weights = sorted({f"{r['model']}: {r['weights']}" for r in report.results})

@@ -16,6 +16,7 @@ from typing import Any
 
 from harness.analysis.browser_cost import browser_cost_table
 from harness.analysis.machines import across, group_name, machine_name
+from harness.analysis.runtimes import runtime_table
 from harness.analysis.tables import Table, cell
 from harness.core.labels import MARK_STYLES, case_label, details_of, marks, mode_of, target_label, threads_text
 from harness.core.records import STATUSES
@@ -342,6 +343,12 @@ def _table_html(table: Table) -> str:
     return f"<h2>{escape(table.title)}</h2>{notes}{scrolling(rows)}"
 
 
+def _runtimes(report: RunReport) -> str:
+    """Which runtime? Generation ranked across native engines and page runtimes (harness.analysis.runtimes)."""
+    table = runtime_table(report.results)
+    return "" if table is None else f'<section class="runtimes">{_table_html(table)}</section>'
+
+
 def _browser_cost(report: RunReport) -> str:
     """Page ÷ native for the cases the run measured on the same kernels both ways (harness.analysis.browser_cost)."""
     table = browser_cost_table(report.results)
@@ -363,7 +370,7 @@ def render_page(reports: list[RunReport], matrix: dict[str, Any], title: str) ->
         sections.append(
             f'<section class="run" id="{anchor}"><h2>Run {escape(run_id)}</h2>'
             f"<h3>System</h3>{_facts(report)}{_devices(report)}<h3>Results</h3>{_results(report)}"
-            f"{generation_html(report)}{_browser_cost(report)}{roofline_html(report, inline_svg)}"
+            f"{generation_html(report)}{_runtimes(report)}{_browser_cost(report)}{roofline_html(report, inline_svg)}"
             f"<h3>Plots</h3>{_plots(report, anchor)}{_time_breakdown(report)}</section>"
         )
     generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, replace
+from pathlib import Path
 
+import numpy as np
+
+from harness.core.generation import StepTop
 from harness.core.profiles import PROFILE_ITERATIONS
 from harness.core.records import Case, Control, Result, Target
 from harness.native import capabilities
@@ -29,7 +33,7 @@ def _prepare(plan: Plan, spec: ModelSpec) -> tuple[PreparedModel | None, str | N
     prefill = inference_on_past(spec, plan.request.modes) and plan.exports_past(spec)
     job = PrepareJob(spec, shapes, with_past=plan.exports_past(spec), plain=plan.exports_plain(spec),
                      stop_at_eos=plan.request.stop_at_eos, prefill=prefill,
-                     audio_seconds=audio_lengths(cases))  # fmt: skip
+                     audio_seconds=audio_lengths(cases), gguf_precisions=plan.gguf_precisions(spec))  # fmt: skip
     prepared, outcome = prepare_isolated(job, plan.request.prepare_timeout_s)
     if prepared:
         return prepared, None, "ok"
@@ -112,20 +116,51 @@ def checked_generation(prepared: PreparedModel, result: Result | Control) -> Res
         why = f"not checked: native ORT CPU is the reference, and no tolerance is measured for {result.target.hardware}"
         return replace(result, details=result.details | {"token_parity": why})
     try:
-        graph = ran_graphs(source, result.precision)  # an encoder–decoder's: each graph at its own precision
         # the prompt, or an encoder-decoder's encoder inputs (speech: its log-mel features)
         case = result.case
         feeds, _ = prepared.load_case((case.batch_size, case.seq_len), case.audio_seconds)
         prompt = {k: v for k, v in feeds.items() if k in ("input_ids", "attention_mask", "input_features")}
-        agree, facts, _ = check_generation(
-            graph, source, prompt, result.generated_tokens, result.precision, "native", depth=result.case.depth or 0
-        )
+        if capabilities(result.target.engine).runs_gguf and result.precision != "fp32":
+            return replace(result, details=_gguf_quality(source, prompt, result))
+        graph = ran_graphs(source, result.precision)  # an encoder–decoder's: each graph at its own precision
+        top = _engine_top(result.details)  # an engine's own logits per step, where it returned them
+        agree, facts, _ = check_generation(graph, source, prompt, result.generated_tokens, result.precision,
+                                           "native", top=top, depth=case.depth or 0)  # fmt: skip
     except Exception as exc:  # the check's own failure is the row's error, never the run's
         return replace(result, status="error", error=f"token check failed: {type(exc).__name__}: {exc}"[:500])
-    details = result.details | facts
+    details = _without_top(result.details) | facts
     if agree:
         return replace(result, details=details)
     return replace(result, status="mismatch", error=facts["token_parity"], details=details)
+
+
+ENGINE_TOP = "step_top"  # an engine's own top logits per step, in its row's details until the check takes them
+
+
+def _engine_top(details: dict) -> StepTop | None:
+    """The first generation's top-k logits per step where the engine returned them (llama.cpp's runner): checked
+    against native ORT's at the same ids (token_check), so a wrong weight shows before it moves a token."""
+    top = details.get(ENGINE_TOP)
+    if not top:
+        return None
+    return StepTop(np.asarray(top["ids"], dtype=np.int64), np.asarray(top["values"], dtype=np.float64))
+
+
+def _without_top(details: dict) -> dict:
+    return {key: value for key, value in details.items() if key != ENGINE_TOP}
+
+
+def _gguf_quality(source: Path, prompt: dict, result: Result) -> dict:
+    """A GGUF row at another precision than fp32: its own quantized blocks (Q4_0, F16), which no ONNX graph holds,
+    so no kernel check; its tokens beside the fp32 graph's argmax (harness.prepare.quality.tokens_against)."""
+    from harness.prepare.quality import fp32_graph, tokens_against
+
+    reference = fp32_graph(source)
+    why = f"not checked: the GGUF's own {result.precision} weights are in no ONNX graph native ORT could run"
+    facts = {"token_parity": why}
+    if reference is not None:
+        facts |= tokens_against(reference, prompt, result.generated_tokens or [])
+    return _without_top(result.details) | facts
 
 
 def execute_native(plan: Plan) -> Body:

@@ -256,6 +256,17 @@ class Plan:
             for case in self.cases(spec, target)
         )
 
+    def gguf_precisions(self, spec: ModelSpec) -> tuple[str, ...]:
+        """The precisions the prepare worker writes a GGUF of the spec's weights at: those of the cases an available
+        target that runs a GGUF (Capabilities.runs_gguf: llama.cpp) plans."""
+        found = [
+            case.precision
+            for target, availability in self.targets
+            if availability.ok and capabilities(target.engine).runs_gguf
+            for case in self.cases(spec, target)
+        ]
+        return tuple(dict.fromkeys(found))
+
     def exports_plain(self, spec: ModelSpec) -> bool:
         """Whether preparing the spec needs its plain export: an available target loads the ONNX file for a
         case that does not generate from the export with past, which alone serves generation, and inference

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import groupby
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -225,8 +226,10 @@ def _case_results(job: Job, backend: Any) -> Iterator[Result]:
         target, threads = split_threads(job.target)  # the engine sees its own provider and the count apart
         # the machine's other load, for an engine that reads it: read before the load's timer, as it sleeps 0.2 s
         busy = others_busy_cpus() if capabilities(job.target.engine).reads_machine_load else None
+        gguf = job.prepared.gguf_files.get(precision)  # the GGUF of the weights an engine that runs one loads
         request = LoadRequest(job.prepared.spec, job.prepared.onnx_path, precision, example, onnx_past_path=past,
-                              threads=threads, others_busy_cpus=busy)  # fmt: skip
+                              threads=threads, others_busy_cpus=busy, gguf_path=Path(gguf) if gguf else None,
+                              gguf_error=job.prepared.gguf_error)  # fmt: skip
         before_mb = rss_mb()
         started = time.perf_counter()
         try:

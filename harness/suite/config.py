@@ -25,6 +25,7 @@ from harness.run.machine import check_machine_label
 from harness.run.plan import BenchmarkRequest, RequestError, RunOptions, check_context
 from harness.web.eps import WEB_HARDWARE
 from harness.web.flags import BROWSERS
+from harness.web.runtimes import OWN_RUNTIME, PAGE_RUNTIMES
 
 DEFAULT_CONFIG = f"""\
 # accelharness suite config. Run: accelharness suite --config THIS_FILE [--check] [--resume]
@@ -66,6 +67,7 @@ engines = []                           # {", ".join(ENGINES)}; empty = {", ".joi
 include_web_platforms = true
 web_platforms = ["wasm"]               # {", ".join(WEB_HARDWARE)}
 web_threads = [1]
+# web_runtimes = ["onnxruntime-web", "transformers.js", "llama.cpp"]   # page runtimes: {", ".join(PAGE_RUNTIMES)}
 # native_threads = [1, 2]              # native intra-op threads, a target per count (default: each engine's own)
 browser = "chromium"                   # {", ".join(BROWSERS)}
 gpu = "auto"                           # browser: on (real WebGPU), off (software), auto (on with a GPU)
@@ -122,6 +124,7 @@ class SuiteConfig:
     prompt_ids: list[int] | None = None  # --prompt-ids: the prompt as token ids
     stop_at_eos: bool = False  # --stop-at-eos: generations stop at the model's EOS id
     no_ceilings: bool = False  # --no-ceilings: no target's ceilings measured
+    web_runtimes: list[str] = field(default_factory=lambda: [OWN_RUNTIME])  # page runtimes, each a target
     source: Path | None = None  # the file it came from, for messages
 
     @property
@@ -138,7 +141,7 @@ OPTION_FIELDS: dict[type, tuple[str, ...]] = {
                  "depths", "prompt", "chat", "prompt_ids", "stop_at_eos", "no_ceilings", "db_path", "output_dir",
                  "machine_label"),
     BenchmarkRequest: ("hardware", "engines", "native_threads"),
-    WebRequest: ("hardware", "browser", "threads", "gpu"),
+    WebRequest: ("hardware", "runtimes", "browser", "threads", "gpu"),
 }  # fmt: skip
 
 

@@ -150,6 +150,7 @@ def suite_requests(
         WebRequest(
             **shared | {"modes": web_modes},
             hardware=web_hw,
+            runtimes=config.web_runtimes,
             browser=config.browser,
             threads=config.web_threads,
             gpu=config.gpu,

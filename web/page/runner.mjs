@@ -9,6 +9,10 @@ import { loopStop } from './stop.mjs';
 const ORT_BASE = new URL('../ort/', import.meta.url).href;
 // The one table of browser EPs (web/page/eps.json, read by Python too): bundle, setup, placement, check.
 export const EPS = await (await fetch(new URL('eps.json', import.meta.url))).json();
+// The one table of page runtimes (web/page/runtimes.json, read by web/runtimes.py): onnxruntime-web is this
+// file's own loop; another runs from its module in runtimes/ (web/page/runtimes/<module>).
+export const RUNTIMES = await (await fetch(new URL('runtimes.json', import.meta.url))).json();
+const OWN_RUNTIME = 'onnxruntime-web';
 const PAGE_MEMORY_TIMEOUT_MS = 2000;
 // Set (?chunk=BYTES) when files arrive through Playwright's routing from a remote browser: one large
 // route.fulfill over a DevTools connection takes time quadratic in its size (8 MB: 10 s), so large
@@ -572,6 +576,7 @@ function consoleWarnings() {
 }
 
 export async function runJob(job) {
+  if (job.runtime && job.runtime !== OWN_RUNTIME) return runtimeJob(job);
   const facts = await environmentFacts();
   if (EPS[job.ep]?.device_probe_s) facts.device_probe = deviceProbe;
   let rt = null;
@@ -637,6 +642,72 @@ async function seq2seqSessions(job, rt, entry) {
   const encoder = (await other(encoder_url, undefined)).session;
   const decoderPast = decoder_past_url ? (await other(decoder_past_url, decoder_past_options)).session : entry.session;
   return { encoder, decoder: entry.session, decoderPast };
+}
+
+// A job's inputs as raw typed arrays ({name: {dtype, dims, data}}), for a runtime that is not ORT's own loop: the
+// prompt's ids (int64, [batch, length]) and mask, handed to the runtime directly (no tokenizer runs in the page).
+async function rawInputs(job) {
+  const inputs = {};
+  for (const input of job.inputs) {
+    const Typed = TYPED_ARRAYS[input.dtype];
+    if (!Typed) throw new Error(`input ${input.name}: unsupported dtype ${input.dtype}`);
+    const data = new Typed((await fetchBytes(input.url)).buffer);
+    inputs[input.name] = { dtype: input.dtype, dims: input.dims, data };
+  }
+  if (inputs.input_ids?.dtype !== 'int64') throw new Error('a page runtime generates from an int64 input_ids');
+  return inputs;
+}
+
+// What the page gives a runtime module (web/page/runtimes/*.mjs): its fetch (byte ranges when routed), the error
+// a runtime that cannot run raises ('unsupported'), and where its npm files are served (web/runtime_dist.py).
+const PAGE_TOOLS = {
+  fetchBytes,
+  Unsupported,
+  errorText,
+  filesOf: (name) => new URL(`../runtimes/${encodeURIComponent(name)}/`, import.meta.url).href,
+};
+const runtimeModules = new Map(); // module file -> its module (its runtime, once loaded, lives as long as the page)
+
+// A generate job on another page runtime: its module loads the model (load_ms) and runs one greedy generation per
+// call (load() returns {load_ms, once}; once(hook, keepLogits) -> {total_ms, ttft_ms, steps, tokens, prefill_logits,
+// step_top}; facts(job): what ran, read back from the runtime, also after a failure); generate.mjs's
+// measureGeneration runs the warm-up, the stop rule and the memory readings around it, as for ORT's own loop.
+// The answer has generateJob's shape; facts.runtime says what ran (name, version, backend, threads read back).
+async function runtimeJob(job) {
+  const facts = await environmentFacts();
+  const row = RUNTIMES[job.runtime];
+  let module = null;
+  try {
+    if (!row?.module) throw new Error(`unknown page runtime '${job.runtime}' (not in runtimes.json)`);
+    if (!runtimeModules.has(row.module)) runtimeModules.set(row.module, await import(`./runtimes/${row.module}`));
+    module = runtimeModules.get(row.module);
+    const refused = module.refuse?.(job); // a runtime that cannot run here at all says why first
+    if (refused) throw new Unsupported(refused);
+    if (job.mode !== 'generate' || !row.modes.includes('generate')) {
+      throw new Unsupported(`${job.runtime} runs ${row.modes.join(', ')} in the page, not ${job.mode}`);
+    }
+    if (!row.backends.includes(job.ep)) {
+      throw new Unsupported(`${job.runtime} runs on ${row.backends.join(', ')}, not ${job.ep}`);
+    }
+    if (job.depth > 0) {
+      throw new Unsupported(`${job.runtime}: the page fills a KV cache to a depth only in its own loop`);
+    }
+    const inputs = await rawInputs(job);
+    const loaded = await module.load(job, inputs, row, PAGE_TOOLS);
+    const hooks = { fault: () => injectFault(job.fault), memory: pageMemory, loopMark };
+    const measured = await measureGeneration(null, null, inputs, job, hooks, loaded.once);
+    Object.assign(facts, measured.budget, { runtime: await module.facts(job), runtime_check: row.check });
+    facts.page_memory = measured.generation.memory_after;
+    facts.console_warnings = consoleWarnings();
+    const { samples: samples_ms, first_run_ms, generation } = measured;
+    return { status: 'ok', samples_ms, first_run_ms, load_ms: loaded.load_ms, generation, facts };
+  } catch (e) {
+    const known = { name: job.runtime, model_format: row?.format ?? null, backend: job.ep };
+    facts.runtime = { ...known, threads_requested: job.threads, ...(await module?.facts(job).catch(() => null)) };
+    facts.runtime_check = row?.check ?? null;
+    facts.console_warnings = consoleWarnings();
+    return { status: e instanceof Unsupported ? 'unsupported' : 'error', error: errorText(e), facts };
+  }
 }
 
 // Whether a WebNN context of this device type can be made here (and the browser's words if not).

@@ -1,0 +1,54 @@
+"""Which runtime? A model's generation ranked across every target that ran it (native engines, each page runtime on
+each browser EP): by decode tokens/s, with TTFT, how its tokens were checked (equal to native ORT's on the same
+graph, or its agreement with fp32 where it ran other weights), how close it came to its target's bandwidth ceiling,
+and its decode rate over the best native row's of the same case on this machine. Reads stored rows only."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from harness.analysis.tables import Table
+from harness.core.labels import case_label, details_of, in_page, target_label
+
+COLUMNS = ["Model", "Case", "Rank", "Target", "tg tokens/s", "TTFT ms", "tokens", "of bandwidth ceiling",
+           "÷ best native tg"]  # fmt: skip
+NOTE = (
+    "Each generate case with ok rows on more than one engine (a page runtime is an engine: onnxruntime-web, "
+    "transformers.js, llama.cpp), fastest decode first. 'tokens' says how each row's tokens were checked: "
+    "'= native ORT' (teacher-forced on the same graph, near ties allowed), or its top-1 agreement with the fp32 "
+    "graph where it ran weights no graph holds (a GGUF's quantized blocks). '÷ best native tg': its decode "
+    "tokens/s over the fastest native row's of the same case on this machine."
+)
+
+
+def _checked(row: dict[str, Any]) -> str:
+    details = details_of(row)
+    if row["status"] == "mismatch":
+        return "MISMATCH"
+    if details.get("agreement_top1") is not None and str(details.get("token_parity", "")).startswith("not checked"):
+        return f"agreement {details['agreement_top1']:.2f} vs fp32"
+    if details.get("tokens_matched") is not None:
+        return f"= native ORT ({details['tokens_matched']}/{details.get('tokens_compared')} equal)"
+    return "not checked"
+
+
+def runtime_table(rows: list[dict[str, Any]]) -> Table | None:
+    """The ranking over `rows` (a run's or the store's latest), or None where no case has two engines."""
+    cases: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        if row.get("mode") == "generate" and row["status"] in ("ok", "mismatch") and row.get("decode_tokens_per_s"):
+            cases[(row["model"], f"{case_label(row)} {row['precision']}")].append(row)
+    body = []
+    for (model, case), found in sorted(cases.items()):
+        if len({r["engine"] for r in found}) < 2:
+            continue
+        native = [r["decode_tokens_per_s"] for r in found if not in_page(r) and r.get("device") is None]
+        best = max(native, default=None)
+        ranked = sorted(found, key=lambda r: -r["decode_tokens_per_s"])
+        for rank, row in enumerate(ranked, 1):
+            body.append({"Model": model, "Case": case, "Rank": rank, "Target": target_label(row),
+                         "tg tokens/s": row["decode_tokens_per_s"], "TTFT ms": row.get("ttft_ms"),
+                         "tokens": _checked(row), "of bandwidth ceiling": row.get("bandwidth_fraction"),
+                         "÷ best native tg": row["decode_tokens_per_s"] / best if best else None})  # fmt: skip
+    return Table("Which runtime? (generation ranked by decode tokens/s)", COLUMNS, body, [NOTE]) if body else None

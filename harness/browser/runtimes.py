@@ -1,0 +1,199 @@
+"""A page runtime other than our own loop (web/runtimes.py's table): what it cannot run, decided before any page
+is opened; the files it is handed, laid out as that runtime loads them (transformers.js: a model folder of
+config.json and onnx/model[_dtype].onnx; llama.cpp: the GGUF the prepare worker wrote of the same weights); and
+the job fields that name them. The row's checks are harness.browser.generate's, by the graph each runtime ran.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from harness.core.records import Case
+from harness.prepare.prepared import PreparedModel
+from harness.web import runtime_dist
+from harness.web.runtimes import OWN_RUNTIME, RUNTIMES
+
+# transformers.js names a precision's file by a suffix (model.onnx, model_fp16.onnx, model_q4.onnx): the dtype it
+# is asked for. The file served is the harness's own conversion at that precision, the one native ORT runs.
+TJS_DTYPES = {"fp32": "fp32", "fp16": "fp16", "int8": "int8", "q4": "q4", "q4f16": "q4f16"}
+TJS_FILES = {"fp32": "model.onnx", "fp16": "model_fp16.onnx", "int8": "model_int8.onnx", "q4": "model_q4.onnx",
+             "q4f16": "model_q4f16.onnx"}  # fmt: skip
+# What WebLLM loads, none of which a package registry ships: mlc_llm's compiler makes both per model and GPU target
+WEBLLM_NEEDS = (
+    "WebLLM runs a TVM-compiled model library (<model>-webgpu.wasm, built by mlc_llm's compiler for the model) and "
+    "MLC weights (mlc-chat-config.json, tokenizer files, params_shard_*.bin); neither is at hand for this model and "
+    "this harness does not compile them"
+)
+
+
+def runtime_refusal(prepared: PreparedModel, runtime: str, ep: str, case: Case) -> str | None:
+    """Why `runtime` cannot run this case here (the row is then `unsupported` with it), or None. Our own loop
+    refuses nothing here (its EPs and modes are planned as before)."""
+    if runtime == OWN_RUNTIME:
+        return None
+    if runtime == "webllm":
+        return WEBLLM_NEEDS
+    table = RUNTIMES[runtime]
+    if (why := table.refusal(ep, case.mode)) is not None:
+        return why
+    if (missing := runtime_dist.problem(runtime)) is not None:  # its npm files: make setup
+        return missing
+    if prepared.spec.is_encoder_decoder:
+        return f"{runtime} is run here on decoder-only generation; an encoder–decoder runs on onnxruntime-web"
+    if case.batch_size != 1:
+        return f"{runtime} generates one sequence at a time here (batch 1); batch {case.batch_size} was asked"
+    if case.depth:
+        return f"--depths {case.depth}: {runtime}'s page loop here starts from an empty KV cache"
+    if table.format == "gguf" and case.precision not in gguf_files(prepared):
+        why = getattr(prepared, "gguf_error", None) or "none was written for this model"
+        return f"no GGUF of this model at {case.precision}: {why}"
+    if table.format == "onnx" and case.precision not in TJS_DTYPES:
+        return f"{runtime} has no file name for precision {case.precision} (it loads {', '.join(TJS_DTYPES)})"
+    return None
+
+
+def gguf_files(prepared: PreparedModel) -> dict[str, str]:
+    """The GGUF files the prepare worker wrote of this model's weights, by harness precision."""
+    return dict(getattr(prepared, "gguf_files", None) or {})
+
+
+def model_config(prepared: PreparedModel) -> bytes:
+    """The config.json transformers.js reads (model type, layers, heads, head size, vocabulary): the model folder's
+    own where its weights came from one, else the spec's, the one the model was built from."""
+    from harness.core.bounds import MAX_CONFIG_BYTES
+    from harness.prepare.folder_checks import read_file
+
+    for folder in _folders(prepared):
+        if (folder / "config.json").is_file():
+            return read_file(folder, "config.json", MAX_CONFIG_BYTES, "config.json", "MAX_CONFIG_BYTES")
+    spec = prepared.spec
+    config = {"model_type": spec.model_type, "architectures": [spec.architecture]} | dict(spec.config)
+    return json.dumps(config).encode()
+
+
+def _folders(prepared: PreparedModel) -> list[Path]:
+    found = []
+    if prepared.weights == "pretrained" and Path(prepared.weights_source).is_dir():
+        found.append(Path(prepared.weights_source))
+    local = prepared.spec.local_path
+    if local is not None:
+        found += [local] if local.is_dir() else [local.parent, local.parent.parent]  # a folder's onnx/model.onnx
+    return found
+
+
+def runtime_files(prepared: PreparedModel, runtime: str, case: Case, model: Path) -> tuple[dict[str, Any], str]:
+    """(the files the runtime's job serves, by name; the name of the one its job's model_url points at): for
+    transformers.js its folder (config.json, generation_config.json, onnx/<the precision's file name>: the graph
+    `model` native ORT runs, its cache inputs and outputs named as transformers.js reads them), for llama.cpp the
+    GGUF of the case's precision."""
+    if RUNTIMES[runtime].format == "gguf":
+        gguf = served_gguf(Path(gguf_files(prepared)[case.precision]))
+        return {gguf.name: gguf}, gguf.name
+    onnx = f"onnx/{TJS_FILES[case.precision]}"
+    generation = json.dumps({"do_sample": False}).encode()  # transformers.js asks for it (a 404 is logged)
+    return {"config.json": model_config(prepared), "generation_config.json": generation,
+            onnx: transformers_js_graph(model)}, onnx  # fmt: skip
+
+
+# Optimum's cache names, which transformers.js reads (the harness's export names them past_key_0, present_value_1)
+_OPTIMUM_NAMES = (("past_{}_", "past_key_values.{}.{}"), ("present_{}_", "present.{}.{}"))
+
+
+def optimum_names(names: list[str]) -> dict[str, str]:
+    """Each of a graph's cache input and output names that transformers.js reads otherwise, and its name there."""
+    renames = {}
+    for name in names:
+        for kind in ("key", "value"):
+            for ours, theirs in _OPTIMUM_NAMES:
+                prefix = ours.format(kind)
+                if name.startswith(prefix) and name[len(prefix) :].isdigit():
+                    renames[name] = theirs.format(name[len(prefix) :], kind)
+    return renames
+
+
+def transformers_js_graph(model: Path) -> Path:
+    """The graph as transformers.js loads it: `model` itself where its cache names are Optimum's already, else a
+    copy beside it (`<stem>-tjs.onnx`, made once) whose cache inputs and outputs carry Optimum's names: the same
+    nodes and weights (its external data, if any, is the original's, found by the same relative names)."""
+    import onnx
+
+    graph = onnx.load(str(model), load_external_data=False)
+    renames = optimum_names([v.name for v in [*graph.graph.input, *graph.graph.output]])
+    if not renames:
+        return model
+    renamed = model.with_name(f"{model.stem}-tjs.onnx")
+    if renamed.is_file() and renamed.stat().st_mtime >= model.stat().st_mtime:
+        return renamed
+    for value in [*graph.graph.input, *graph.graph.output]:
+        value.name = renames.get(value.name, value.name)
+    for node in graph.graph.node:
+        node.input[:] = [renames.get(name, name) for name in node.input]
+        node.output[:] = [renames.get(name, name) for name in node.output]
+    staging = renamed.with_name(f"{renamed.name}.{os.getpid()}.tmp")
+    onnx.save(graph, str(staging))
+    os.replace(staging, renamed)
+    return renamed
+
+
+def runtime_fields(runtime: str, case: Case) -> dict[str, Any]:
+    """The job's runtime fields beside its model URL (web/page_job.py's PageJob)."""
+    fields: dict[str, Any] = {"runtime": runtime}
+    if RUNTIMES[runtime].format == "onnx" and runtime != OWN_RUNTIME:
+        fields["runtime_dtype"] = TJS_DTYPES[case.precision]
+    return fields
+
+
+def runtime_details(runtime: str) -> dict[str, Any]:
+    """What every row of a page runtime says of it before the page answers (the page adds its versions)."""
+    table = RUNTIMES[runtime]
+    return {"page_runtime": runtime, "page_runtime_package": table.package, "page_runtime_format": table.format,
+            "page_runtime_check": table.check}  # fmt: skip
+
+
+def runtime_model(prepared: PreparedModel, runtime: str, case: Case, model: Path) -> dict[str, Any]:
+    """What a row of another page runtime says of the file it ran: transformers.js the same ONNX graph native ORT
+    runs (its name in the folder it was served as); llama.cpp the GGUF, whose work per token is counted on the
+    ONNX graph of the same weights and precision (the row says so)."""
+    if runtime == OWN_RUNTIME:
+        return {}
+    if RUNTIMES[runtime].format == "gguf":
+        gguf = Path(gguf_files(prepared)[case.precision])
+        return {"model_file": gguf.name, "model_bytes": gguf.stat().st_size,
+                "work_counted_on": f"{model.name}: the ONNX graph of the same weights at {case.precision}"}  # fmt: skip
+    return {"model_file": model.name, "served_as": f"onnx/{TJS_FILES[case.precision]}"}
+
+
+def gguf_precisions(runtimes: list[str], cases: list[Case]) -> tuple[str, ...]:
+    """The precisions the prepare worker writes a GGUF at for a browser run: its generate cases' where a page runtime
+    that loads a GGUF (llama.cpp through wllama) is asked for."""
+    if not any(RUNTIMES[name].format == "gguf" for name in runtimes):
+        return ()
+    return tuple(dict.fromkeys(case.precision for case in cases if case.mode == "generate"))
+
+
+def served_gguf(gguf: Path) -> Path:
+    """The GGUF the page is served: itself, or under the faults hook's planted weight (harness.browser.generate's
+    SCALED_WEIGHT_FAULT, the same one an ONNX graph gets) a copy with its largest F32 weight matrix scaled by the
+    same factor, while the row is checked against the fp32 graph of the unscaled weights: the check must see it."""
+    from harness.browser.generate import SCALED_WEIGHT_FACTOR, SCALED_WEIGHT_FAULT
+    from harness.core.faults import injected_faults
+
+    if SCALED_WEIGHT_FAULT not in injected_faults():
+        return gguf
+    import shutil
+
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    if not any(t.tensor_type == GGMLQuantizationType.F32 and len(t.shape) == 2 for t in GGUFReader(gguf).tensors):
+        return gguf  # a quantized GGUF's weights: its row is quality, not a check a planted weight must fail
+    scaled = gguf.with_name(f"{gguf.stem}-scaled{gguf.suffix}")
+    shutil.copyfile(gguf, scaled)
+    reader = GGUFReader(scaled, "r+")
+    weights = [t for t in reader.tensors if t.tensor_type == GGMLQuantizationType.F32 and len(t.shape) == 2]
+    largest = max(weights, key=lambda t: int(t.n_elements))
+    largest.data[...] = largest.data * SCALED_WEIGHT_FACTOR
+    reader.data.flush()
+    return scaled

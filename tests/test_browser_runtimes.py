@@ -1,0 +1,111 @@
+"""The runtimes people ship in the browser, side by side and checked (issue 43): one real run of llama-tiny natively
+(ONNX Runtime, llama.cpp on the GGUF the harness wrote of the same weights) and in Chromium through three page
+runtimes (our own loop over onnxruntime-web, transformers.js on the same graph laid out as its folder, llama.cpp
+through wllama on the same GGUF) at 1 and 2 wasm threads; each row timed, its threads read back, its runtime's
+version said, its tokens checked, and one report ranking them. Then a page runtime that hangs: its row a timeout
+within the job's limit, and the run goes on. (The planted-weight mismatch of each runtime: test_token_checks.py.)"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+from conftest import run_cli
+from test_web import web_cache  # noqa: F401 (the session's export cache)
+
+from harness.browser.both import native_beside
+from harness.browser.run import WebRequest, run_web
+from harness.native import DEFAULT_ENGINES
+from harness.run.plan import BenchmarkRequest
+from harness.web import runtime_dist
+
+pytestmark = [
+    pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="needs Chromium at /usr/bin/chromium"),
+    pytest.mark.skipif(any(runtime_dist.problem(r) for r in ("transformers.js", "llama.cpp")),
+                       reason="the page runtimes' npm files are not installed (make setup)"),
+    pytest.mark.skipif(shutil.which("node") is None, reason="native llama.cpp runs in node"),
+]  # fmt: skip
+QUICK = ("--iterations", "2", "--warmup", "0", "--min-duration", "0", "--new-tokens", "6", "--sequence-lengths", "8")
+RUNTIMES = ("onnxruntime-web", "transformers.js", "llama.cpp")
+
+
+def rows_of(db: Path) -> list[dict[str, Any]]:
+    with duckdb.connect(str(db), read_only=True) as connection:
+        cursor = connection.execute("SELECT * FROM results")
+        names = [d[0] for d in cursor.description]
+        return [dict(zip(names, row, strict=True)) | {"details": json.loads(row[names.index("details")])}
+                for row in cursor.fetchall()]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def side_by_side(web_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:  # noqa: F811
+    out = tmp_path_factory.mktemp("runtimes")
+    db = out / "r.duckdb"
+    done = run_cli("run", "--mode", "generate", "--model", "llama-tiny", "--hardware", "cpu", "--web-hardware",
+                   "wasm", "--threads", "1,2", "--web-runtimes", ",".join(RUNTIMES), "--engines",
+                   "onnxruntime,llama.cpp", "--native-threads", "1", "--no-ceilings", *QUICK, "--db", str(db),
+                   "--output-dir", str(out / "reports"))  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = {(r["hardware"], r["engine"], r["provider"]): r for r in rows_of(db)}
+    return rows, out / "reports"
+
+
+def test_every_runtime_is_timed_threads_read_back_and_tokens_checked(side_by_side: tuple) -> None:
+    rows, _ = side_by_side
+    for runtime in RUNTIMES:
+        for threads in (1, 2):
+            row = rows["wasm", runtime, f"wasm:threads={threads}"]
+            details = row["details"]
+            assert row["status"] == "ok", row["error"]
+            assert row["decode_tokens_per_s"] > 0 and row["ttft_ms"] > 0 and row["prefill_tokens_per_s"] > 0
+            assert details["threads_effective"] == threads  # read back from the runtime
+            assert details["token_parity"].startswith("all 6 tokens"), details["token_parity"]
+            assert details["step_logit_max_diff"] <= details["step_logit_tolerance"][0]  # the top-k compared too
+            if runtime != "onnxruntime-web":  # the version the page read, of the package served
+                assert details["page_runtime_version"] in runtime_dist.versions(runtime).values()
+    assert rows["wasm", "transformers.js", "wasm:threads=1"]["details"]["runtime"]["ort_web_version"]
+    assert rows["wasm", "llama.cpp", "wasm:threads=1"]["details"]["model_file"].endswith(".gguf")
+
+
+def test_run_adds_a_page_runtimes_native_build_to_the_default_engines() -> None:
+    web = WebRequest(runtimes=list(RUNTIMES))
+    assert native_beside(BenchmarkRequest(), web).engines == [*DEFAULT_ENGINES, "llama.cpp"]
+    assert native_beside(BenchmarkRequest(engines=["onnxruntime"]), web).engines == ["onnxruntime"]  # as named
+    assert native_beside(BenchmarkRequest(), WebRequest()).engines is None
+
+
+def test_native_llama_cpp_runs_the_same_gguf_beside_it(side_by_side: tuple) -> None:
+    rows, _ = side_by_side
+    native = rows["cpu", "llama.cpp", "cpu:threads=1"]
+    page = rows["wasm", "llama.cpp", "wasm:threads=1"]
+    assert native["status"] == "ok" and native["details"]["native_threads"] == 1
+    assert (
+        native["generated_tokens"]
+        == page["generated_tokens"]
+        == rows["cpu", "onnxruntime", "CPUExecutionProvider:threads=1"]["generated_tokens"]
+    )
+    assert native["details"]["model_file"] == page["details"]["model_file"]
+
+
+def test_one_report_ranks_them(side_by_side: tuple) -> None:
+    _, reports = side_by_side
+    markdown = next(p for p in reports.glob("*.md") if p.name != "compatibility_matrix.md").read_text()
+    ranking = markdown.split("## Which runtime?")[1].split("\n## ")[0]
+    for runtime in RUNTIMES:
+        assert f"wasm/{runtime}:wasm:threads=2" in ranking
+    assert "cpu/llama.cpp" in ranking and "= native ORT (6/6 equal)" in ranking
+
+
+def test_a_hung_page_runtime_is_a_timeout_and_the_run_goes_on(web_cache: Path, tmp_path: Path) -> None:  # noqa: F811
+    request = WebRequest(models=["llama-tiny"], hardware=["wasm"], runtimes=["transformers.js", "llama.cpp"],
+                         modes=["generate"], new_tokens=4, sequence_lengths=[8], iterations=2, warmup=0,
+                         min_duration_s=0, timeout_s=20, no_ceilings=True, db_path=tmp_path / "h.duckdb",
+                         output_dir=None)  # fmt: skip
+    summary = run_web(request, faults={"transformers.js/wasm:threads=1": "hang"})
+    assert summary.counts == {"timeout": 1, "ok": 1}
+    rows = {r["engine"]: r for r in rows_of(request.db_path)}
+    assert rows["transformers.js"]["status"] == "timeout" and rows["llama.cpp"]["status"] == "ok"

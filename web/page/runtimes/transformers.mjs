@@ -1,0 +1,186 @@
+// transformers.js in the page (@huggingface/transformers: its model classes and generate loop over the
+// onnxruntime-web it bundles, not the harness's). The model folder is job.runtime_model_base (config.json,
+// generation_config.json if any, onnx/model[_suffix].onnx for job.runtime_dtype), loaded with remote models off and
+// nothing cached; its onnxruntime-web's wasm is the one served with it (web/runtime_dist.py), never a CDN's.
+// A generation is model.generate on the job's prompt ids (no tokenizer runs): greedy, exactly job.new_tokens tokens
+// (EOS off) unless the job stops at EOS, with a streamer that stamps each token as transformers.js hands it to app
+// code (put() after the token is chosen from logits on the CPU): TTFT from the generate call to the first token,
+// each decode step from one token to the next. The warm-up (keepLogits) adds a logits processor that keeps each
+// step's top job.top_k ids and logits (raw: every built-in processor is off, greedy) and the prefill's
+// last-position logits; timed generations run without it.
+
+const FACTS = {};
+let state = null; // {tf, model, key, load_ms}: the model loaded last
+let started = null; // {ep, threads}: what this page's transformers.js runtime started with
+
+// The folder as transformers.js names a local model: env.localModelPath (its parent URL) and the model id.
+function splitFolder(base) {
+  const url = new URL(base, location.href);
+  const path = url.pathname.replace(/\/+$/, '');
+  const cut = path.lastIndexOf('/');
+  return { parent: url.origin + path.slice(0, cut + 1), id: path.slice(cut + 1) };
+}
+
+function loadedWasm() {
+  const names = performance.getEntriesByType('resource').map((e) => e.name.split('/').pop());
+  return [...new Set(names.filter((n) => n.startsWith('ort-wasm')))].sort();
+}
+
+async function start(job, tools) {
+  if (!job.runtime_model_base) throw new Error('a transformers.js job needs runtime_model_base (its model folder URL)');
+  const files = tools.filesOf('transformers.js');
+  const tf = await import(files + 'transformers.js');
+  const { env } = tf;
+  env.allowRemoteModels = false; // the Hugging Face hub is never asked
+  env.allowLocalModels = true;
+  env.useBrowserCache = false; // every load reads the served files, nothing kept between runs
+  env.useWasmCache = false;
+  env.useFSCache = false;
+  const folder = splitFolder(job.runtime_model_base);
+  env.localModelPath = folder.parent;
+  const onnx = env.backends.onnx;
+  onnx.wasm.wasmPaths = files; // its own onnxruntime-web's binary, served locally
+  onnx.wasm.numThreads = job.threads;
+  onnx.wasm.proxy = false;
+  const started = performance.now();
+  const model = await tf.AutoModelForCausalLM.from_pretrained(folder.id, {
+    dtype: job.runtime_dtype ?? 'fp32',
+    device: job.ep === 'webgpu' ? 'webgpu' : 'wasm',
+    local_files_only: true,
+  });
+  const load_ms = performance.now() - started;
+  Object.assign(FACTS, {
+    version: env.version,
+    ort_web_version: onnx.versions?.web ?? null,
+    ort_common_version: onnx.versions?.common ?? null,
+    // ORT sets numThreads to 1 where it cannot start threads: read back after the session exists
+    threads_effective: onnx.wasm.numThreads,
+    wasm_files: loadedWasm(),
+    dtype: job.runtime_dtype ?? 'fp32',
+    model_type: model.config?.model_type ?? null,
+  });
+  return { tf, model, load_ms };
+}
+
+export async function load(job, inputs, row, tools) {
+  const key = `${job.runtime_model_base} ${job.runtime_dtype}`;
+  if (started && (started.ep !== job.ep || started.threads !== job.threads)) {
+    // its onnxruntime-web takes its thread count and EP once per page, as the page's own ORT does
+    const running = `${started.ep} with ${started.threads} threads`;
+    throw new Error(`this page runs transformers.js on ${running}; open a fresh page`);
+  }
+  if (state?.key !== key) {
+    await state?.model.dispose();
+    state = null;
+    state = { ...(await start(job, tools)), key };
+    started = { ep: job.ep, threads: job.threads };
+  }
+  const { tf, model } = state;
+  const ids = inputs.input_ids;
+  const mask = inputs.attention_mask ?? { data: new BigInt64Array(ids.data.length).fill(1n), dims: ids.dims };
+  const prompt = {
+    input_ids: new tf.Tensor('int64', ids.data, ids.dims),
+    attention_mask: new tf.Tensor('int64', mask.data, mask.dims),
+  };
+  return { load_ms: state.load_ms, once: (hook, keepLogits) => generateOnce(tf, model, prompt, job, hook, keepLogits) };
+}
+
+// put() is called with the prompt first, then with each step's chosen tokens ([[id] per row]); end() after the last.
+function stampingStreamer(tf, batch) {
+  const streamer = new tf.BaseStreamer();
+  streamer.times = [];
+  streamer.tokens = Array.from({ length: batch }, () => []);
+  let prompt = true;
+  streamer.put = (value) => {
+    const now = performance.now();
+    if (prompt) {
+      prompt = false;
+      return;
+    }
+    streamer.times.push(now);
+    value.forEach((row, i) => streamer.tokens[i].push(Number(row[0])));
+  };
+  streamer.end = () => {};
+  return streamer;
+}
+
+// The warm-up's logits processor: each step's top k ids and logits per row, and the prefill's logits.
+function keepingProcessor(tf, batch, k, kept) {
+  const processor = new tf.LogitsProcessor();
+  processor._call = (inputIds, logits) => {
+    const [rows, vocab] = logits.dims.length === 3 ? [logits.dims[0], logits.dims[2]] : logits.dims;
+    const data = logits.data;
+    for (let row = 0; row < rows; row++) {
+      const values = data.subarray((row + 1) * vocab - vocab, (row + 1) * vocab);
+      const ids = topIds(values, k);
+      kept.top.ids[row].push(ids);
+      kept.top.values[row].push(ids.map((i) => (Number.isFinite(values[i]) ? values[i] : null)));
+      if (kept.prefill.length < batch) kept.prefill.push(Array.from(values, (v) => (Number.isFinite(v) ? v : null)));
+    }
+    return logits;
+  };
+  return processor;
+}
+
+function topIds(values, k) {
+  const ids = [];
+  for (let i = 0; i < values.length; i++) {
+    if (ids.length === k && !(values[i] > values[ids[k - 1]])) continue;
+    let at = Math.min(ids.length, k - 1);
+    while (at > 0 && values[i] > values[ids[at - 1]]) at--;
+    ids.splice(at, 0, i);
+    if (ids.length > k) ids.pop();
+  }
+  return ids;
+}
+
+async function generateOnce(tf, model, prompt, job, hook, keepLogits) {
+  if (hook) {
+    await hook(0);
+    await hook(1); // the fault hook fires before the generation (generate() cannot be paused mid-way)
+  }
+  const batch = prompt.input_ids.dims[0];
+  const streamer = stampingStreamer(tf, batch);
+  const kept = keepLogits ? { top: { ids: [], values: [] }, prefill: [] } : null;
+  if (kept) for (let row = 0; row < batch; row++) kept.top.ids.push([]), kept.top.values.push([]);
+  const eos = job.eos_ids ?? [];
+  const started = performance.now();
+  await model.generate({
+    ...prompt,
+    max_new_tokens: job.new_tokens,
+    min_new_tokens: null,
+    do_sample: false,
+    num_beams: 1,
+    eos_token_id: eos.length ? eos : null, // EOS ignored: exactly new_tokens tokens, as native greedy
+    repetition_penalty: 1.0,
+    no_repeat_ngram_size: 0,
+    suppress_tokens: null,
+    begin_suppress_tokens: null,
+    forced_bos_token_id: null,
+    forced_eos_token_id: null,
+    logits_processor: kept ? [keepingProcessor(tf, batch, job.top_k, kept)] : null,
+    streamer,
+  });
+  const total_ms = performance.now() - started;
+  const { times, tokens } = streamer;
+  if (!times.length) throw new Error('transformers.js generated no token');
+  const steps = times.slice(1).map((t, i) => t - times[i]);
+  const prefill_logits = kept ? { dims: [batch, 1, kept.prefill[0].length], values: kept.prefill.flat() } : null;
+  return { total_ms, ttft_ms: times[0] - started, steps, tokens, prefill_logits, step_top: kept ? kept.top : null };
+}
+
+export async function facts(job) {
+  const onnx = state?.tf.env.backends.onnx;
+  if (onnx) FACTS.threads_effective = onnx.wasm.numThreads;
+  return {
+    name: job.runtime,
+    version: FACTS.version ?? null,
+    backend: job.ep,
+    threads_requested: job.threads,
+    threads_effective: FACTS.threads_effective ?? null,
+    model_format: 'onnx',
+    ...FACTS,
+    wasm_files: loadedWasm(),
+    top_values: 'logits (a logits processor in the warm-up only; every built-in processor off: greedy)',
+  };
+}
