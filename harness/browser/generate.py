@@ -13,7 +13,7 @@ import numpy as np
 
 from harness.core.faults import injected_faults
 from harness.core.generation import MEMORY_GROWTH_BOUND_MB, STEP_TOP_K, StepTop, encoder_figures, mean_steps
-from harness.core.parity import compare
+from harness.core.parity import GGML_SIDE, compare
 from harness.core.records import Case, Result
 from harness.prepare.folders import past_shape
 from harness.prepare.prepared import PreparedModel
@@ -222,7 +222,7 @@ def _gguf_check(generation: dict[str, Any], source: Path, prompt: dict[str, np.n
     top = _step_top(generation) if generation.get("step_top") else None
     try:
         if precision == "fp32":
-            agree, facts, _ = check_generation(reference, source, prompt, tokens, precision, "browser", top,
+            agree, facts, _ = check_generation(reference, source, prompt, tokens, precision, GGML_SIDE, top,
                                                log_probs=True)  # fmt: skip
             details |= facts | {"token_reference": f"{facts['token_reference']} (fp32: the GGUF's weights)",
                                 "step_top_values": "log-probabilities, against native ORT's log-softmax"}  # fmt: skip

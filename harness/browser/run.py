@@ -677,7 +677,8 @@ Prepared = tuple[ModelSpec, PreparedModel | None, str]  # (spec, prepared or Non
 
 
 def prepare_spec(plan: Any, spec: ModelSpec) -> Prepared:
-    """The same prepare_model child as native: same cached ONNX file, same npz inputs and reference."""
+    """The same prepare_model child as native: same cached ONNX file, same npz inputs and reference (a served
+    device's request has no page runtimes: our own loop only)."""
     cases = plan.cases(spec)
     shapes = sorted({(c.batch_size, c.seq_len) for c in cases}, key=str)
     generates = any(c.mode == "generate" for c in cases)  # the graph with past, and native ORT's tokens
@@ -689,7 +690,7 @@ def prepare_spec(plan: Any, spec: ModelSpec) -> Prepared:
     job = PrepareJob(spec, shapes, with_past=(generates or prefill) and spec.has_past_export, reference_tokens=tokens,
                      plain=plain, stop_at_eos=plan.request.stop_at_eos, reference_depths=depths,
                      prefill=prefill, audio_seconds=audio_lengths(cases),
-                     gguf_precisions=gguf_precisions(plan.request.runtimes, cases))  # fmt: skip
+                     gguf_precisions=gguf_precisions(getattr(plan.request, 'runtimes', ()), cases))  # fmt: skip
     prepared, outcome = prepare_isolated(job, plan.request.prepare_timeout_s)
     if prepared:
         return spec, prepared, ""

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.core.generation import StepTop
+from harness.core.parity import GGML_SIDE
 from harness.core.profiles import PROFILE_ITERATIONS
 from harness.core.records import Case, Control, Result, Target
 from harness.native import capabilities
@@ -124,8 +125,9 @@ def checked_generation(prepared: PreparedModel, result: Result | Control) -> Res
             return replace(result, details=_gguf_quality(source, prompt, result))
         graph = ran_graphs(source, result.precision)  # an encoder–decoder's: each graph at its own precision
         top = _engine_top(result.details)  # an engine's own logits per step, where it returned them
+        side = GGML_SIDE if capabilities(result.target.engine).runs_gguf else "native"  # other kernels than ORT's
         agree, facts, _ = check_generation(graph, source, prompt, result.generated_tokens, result.precision,
-                                           "native", top=top, depth=case.depth or 0)  # fmt: skip
+                                           side, top=top, depth=case.depth or 0)  # fmt: skip
     except Exception as exc:  # the check's own failure is the row's error, never the run's
         return replace(result, status="error", error=f"token check failed: {type(exc).__name__}: {exc}"[:500])
     details = _without_top(result.details) | facts
