@@ -155,7 +155,8 @@ LOGIT_TOLERANCES: dict[tuple[str, str], tuple[float, float]] = {
     # llama.cpp's own kernels (ggml) on an F32 GGUF against native ORT on the fp32 graph of the same weights, natively
     # and in the page (whose values are log-probabilities, against ORT's log-softmax): on real SmolLM2-135M, 32 steps,
     # a top-8 logit up to 0.0138 off (native, 1 and 2 threads) and 0.0107 (wasm) at steps whose largest |logit| is
-    # ~20, at most 6.4e-4 of the step's largest; llama-tiny's embedding scaled by 1.05 moves them by 0.029 at a scale of 0.5
+    # ~20, at most 6.4e-4 of the step's largest; llama-tiny's embedding scaled by 1.05 moves them by 0.029 at a
+    # scale of 0.5
     ("fp32", GGML_SIDE): (1e-4, 1e-3),
     ("fp32", "native"): (1e-4, 1e-4),
     ("fp16", "native"): (1e-4, 1e-4),
