@@ -9,16 +9,18 @@ from collections import defaultdict
 from typing import Any
 
 from harness.analysis.tables import Table
-from harness.core.labels import case_label, details_of, in_page, target_label
+from harness.core.labels import BROWSER_ENGINE, case_label, details_of, in_page, target_label
 
 COLUMNS = ["Model", "Case", "Rank", "Target", "tg tokens/s", "TTFT ms", "tokens", "of bandwidth ceiling",
-           "÷ best native tg"]  # fmt: skip
+           "÷ best native tg", "÷ own page loop tg"]  # fmt: skip
 NOTE = (
     "Each generate case with ok rows on more than one engine (a page runtime is an engine: onnxruntime-web, "
     "transformers.js, llama.cpp), fastest decode first. 'tokens' says how each row's tokens were checked: "
     "'= native ORT' (teacher-forced on the same graph, near ties allowed), or its top-1 agreement with the fp32 "
     "graph where it ran weights no graph holds (a GGUF's quantized blocks). '÷ best native tg': its decode "
-    "tokens/s over the fastest native row's of the same case on this machine."
+    "tokens/s over the fastest native row's of the same case on this machine. '÷ own page loop tg': a page runtime's "
+    "decode tokens/s over our own onnxruntime-web loop's on the same EP and threads (transformers.js on the same "
+    "file: the cost of its generate loop)."
 )
 
 
@@ -33,6 +35,10 @@ def _checked(row: dict[str, Any]) -> str:
     return "not checked"
 
 
+def _over(row: dict[str, Any], own: float | None) -> float | None:
+    return row["decode_tokens_per_s"] / own if own and in_page(row) and row["engine"] != BROWSER_ENGINE else None
+
+
 def runtime_table(rows: list[dict[str, Any]]) -> Table | None:
     """The ranking over `rows` (a run's or the store's latest), or None where no case has two engines."""
     cases: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
@@ -45,10 +51,13 @@ def runtime_table(rows: list[dict[str, Any]]) -> Table | None:
             continue
         native = [r["decode_tokens_per_s"] for r in found if not in_page(r) and r.get("device") is None]
         best = max(native, default=None)
+        own = {(r["hardware"], r["provider"]): r["decode_tokens_per_s"] for r in found
+               if in_page(r) and r["engine"] == BROWSER_ENGINE}  # fmt: skip
         ranked = sorted(found, key=lambda r: -r["decode_tokens_per_s"])
         for rank, row in enumerate(ranked, 1):
             body.append({"Model": model, "Case": case, "Rank": rank, "Target": target_label(row),
                          "tg tokens/s": row["decode_tokens_per_s"], "TTFT ms": row.get("ttft_ms"),
                          "tokens": _checked(row), "of bandwidth ceiling": row.get("bandwidth_fraction"),
-                         "÷ best native tg": row["decode_tokens_per_s"] / best if best else None})  # fmt: skip
+                         "÷ best native tg": row["decode_tokens_per_s"] / best if best else None,
+                         "÷ own page loop tg": _over(row, own.get((row["hardware"], row["provider"])))})  # fmt: skip
     return Table("Which runtime? (generation ranked by decode tokens/s)", COLUMNS, body, [NOTE]) if body else None
