@@ -82,12 +82,12 @@ def table(found: list[dict]) -> str:
         ttft = statistics.median(r["ttft_ms"] for r in ok)
         fraction = [r["bandwidth_fraction"] for r in ok if r["bandwidth_fraction"] is not None]
         details = json.loads(ok[-1]["details"])
-        text = (ok[-1]["output_text"] or "").replace("\n", " ").replace("|", "/")[:48]
+        text = (ok[-1]["output_text"] or "").replace("\n", " ").replace("|", "/").replace("<", "&lt;")[:48]
         native = native_llama.get((provider.rpartition("=")[2], precision))
         lines.append(f"| {hardware}/{engine}:{provider} | {precision} | ok ({len(ok)} rounds) | {tg:.1f} | {ttft:.0f} "
                      f"| {text!r} | {_checked(details)} | "
-                     f"{statistics.median(fraction) if fraction else float('nan'):.3f} | "
-                     f"{tg / native if native else float('nan'):.2f} |")  # fmt: skip
+                     f"{f'{statistics.median(fraction):.3f}' if fraction else '—'} | "
+                     f"{f'{tg / native:.2f}' if native else '—'} |")  # fmt: skip
     return "\n".join(lines)
 
 
