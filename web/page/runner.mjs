@@ -673,6 +673,15 @@ const runtimeModules = new Map(); // module file -> its module (its runtime, onc
 // step_top}; facts(job): what ran, read back from the runtime, also after a failure); generate.mjs's
 // measureGeneration runs the warm-up, the stop rule and the memory readings around it, as for ORT's own loop.
 // The answer has generateJob's shape; facts.runtime says what ran (name, version, backend, threads read back).
+// What every runtime's facts say, from the job and the table; the module adds what it read back (its version, the
+// threads it runs: null where it could not tell) and its own facts.
+const sharedFacts = (job, row) => ({ name: job.runtime, version: null, backend: job.ep, threads_requested: job.threads,
+  threads_effective: null, model_format: row?.format ?? null });
+
+async function otherRuntimeFacts(job, row, module) {
+  return { ...sharedFacts(job, row), ...(module ? await module.facts(job) : {}) };
+}
+
 async function runtimeJob(job) {
   const facts = await environmentFacts();
   const row = RUNTIMES[job.runtime];
@@ -696,14 +705,14 @@ async function runtimeJob(job) {
     const loaded = await module.load(job, inputs, row, PAGE_TOOLS);
     const hooks = { fault: () => injectFault(job.fault), memory: pageMemory, loopMark };
     const measured = await measureGeneration(null, null, inputs, job, hooks, loaded.once);
-    Object.assign(facts, measured.budget, { runtime: await module.facts(job), runtime_check: row.check });
+    const runtime = await otherRuntimeFacts(job, row, module);
+    Object.assign(facts, measured.budget, { runtime, runtime_check: row.check });
     facts.page_memory = measured.generation.memory_after;
     facts.console_warnings = consoleWarnings();
     const { samples: samples_ms, first_run_ms, generation } = measured;
     return { status: 'ok', samples_ms, first_run_ms, load_ms: loaded.load_ms, generation, facts };
   } catch (e) {
-    const known = { name: job.runtime, model_format: row?.format ?? null, backend: job.ep };
-    facts.runtime = { ...known, threads_requested: job.threads, ...(await module?.facts(job).catch(() => null)) };
+    facts.runtime = await otherRuntimeFacts(job, row, module).catch(() => sharedFacts(job, row));
     facts.runtime_check = row?.check ?? null;
     facts.console_warnings = consoleWarnings();
     return { status: e instanceof Unsupported ? 'unsupported' : 'error', error: errorText(e), facts };

@@ -173,13 +173,7 @@ export async function facts(job) {
   const onnx = state?.tf.env.backends.onnx;
   if (onnx) FACTS.threads_effective = onnx.wasm.numThreads;
   return {
-    name: job.runtime,
-    version: FACTS.version ?? null,
-    backend: job.ep,
-    threads_requested: job.threads,
-    threads_effective: FACTS.threads_effective ?? null,
-    model_format: 'onnx',
-    ...FACTS,
+    ...FACTS, // its version and the threads it read back among them (runner.mjs adds the facts every runtime shares)
     wasm_files: loadedWasm(),
     top_values: 'logits (a logits processor in the warm-up only; every built-in processor off: greedy)',
   };

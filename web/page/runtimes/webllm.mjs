@@ -15,7 +15,6 @@ export async function load(job, inputs, row, tools) {
   throw new tools.Unsupported(REASON);
 }
 
-export async function facts(job) {
-  const threads = { threads_requested: job.threads, threads_effective: null };
-  return { name: job.runtime, version: null, backend: job.ep, ...threads, model_format: 'mlc' };
+export async function facts() {
+  return {}; // nothing ran: the facts every runtime shares (runner.mjs) are all it has
 }

@@ -266,13 +266,7 @@ function chunkTop(chunk) {
 
 export async function facts(job) {
   return {
-    name: job.runtime,
-    version: FACTS.version ?? null,
-    backend: job.ep,
-    threads_requested: job.threads,
-    threads_effective: FACTS.threads_effective ?? null,
-    model_format: 'gguf',
-    ...FACTS,
+    ...FACTS, // its version and the threads it read back among them (runner.mjs adds the facts every runtime shares)
     top_values: 'log-probabilities (llama.cpp n_probs before sampling), not logits',
     stream_timing: "each chunk is read after wllama's next loop iteration (a token reaches the page one decode step " +
       'after it was chosen): one token more is made than asked, the decode steps are the differences of the kept ' +
