@@ -17,7 +17,7 @@ from harness.core.parity import GGML_SIDE, compare
 from harness.core.records import Case, Result
 from harness.prepare.folders import past_shape
 from harness.prepare.prepared import PreparedModel
-from harness.prepare.quality import Graphs, check_generation, fp32_graph, tokens_against
+from harness.prepare.quality import Graphs, check_generation, fp32_graph, gguf_quality
 from harness.prepare.seq2seq import Seq2SeqFiles, audio_seconds, precision_files, seq2seq_files, start_token
 from harness.web.page_job import GenerateJob, Seq2SeqJob
 from harness.web.runtimes import RUNTIMES
@@ -227,11 +227,9 @@ def _gguf_check(generation: dict[str, Any], source: Path, prompt: dict[str, np.n
             details |= facts | {"token_reference": f"{facts['token_reference']} (fp32: the GGUF's weights)",
                                 "step_top_values": "log-probabilities, against native ORT's log-softmax"}  # fmt: skip
             return ("ok", None) if agree else ("mismatch", facts["token_parity"])
-        details |= tokens_against(reference, prompt, tokens)
+        details |= gguf_quality(source, prompt, tokens, precision)
     except ValueError as exc:
         return "error", f"parity check failed: {exc}"
-    details["token_parity"] = (f"not checked: no graph computes this GGUF's {precision} blocks; its agreement with "
-                               "the fp32 graph is its quality")  # fmt: skip
     return "ok", None
 
 

@@ -144,3 +144,14 @@ def tokens_against(reference: Graphs, prompt: dict[str, np.ndarray], tokens: lis
             "quality_reference": f"{REFERENCE_ENGINE} on {graphs_name(reference)} (fp32), teacher-forced on the "
                                  "row's tokens: each token against its argmax",
             "kl_mean_not_measured": "the runtime returns no whole next-token distribution"}  # fmt: skip
+
+
+def gguf_quality(source: Path, prompt: dict[str, np.ndarray], tokens: list[list[int]],
+                 precision: str) -> dict[str, Any]:  # fmt: skip
+    """A llama.cpp row (native or in the page) at another precision than fp32: its GGUF's own blocks (Q4_0, F16,
+    Q8_0), which no ONNX graph holds, so no kernel check; its tokens beside the fp32 graph's argmax (tokens_against),
+    where that graph is at hand. Quality, never a mismatch."""
+    facts: dict[str, Any] = {"token_parity": f"not checked: no graph computes this GGUF's {precision} blocks; its "
+                                             "agreement with the fp32 graph is its quality"}  # fmt: skip
+    reference = fp32_graph(source)
+    return facts if reference is None else facts | tokens_against(reference, prompt, tokens)

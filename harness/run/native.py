@@ -153,15 +153,10 @@ def _without_top(details: dict) -> dict:
 
 
 def _gguf_quality(source: Path, prompt: dict, result: Result) -> dict:
-    """A GGUF row at another precision than fp32: its own quantized blocks (Q4_0, F16), which no ONNX graph holds,
-    so no kernel check; its tokens beside the fp32 graph's argmax (harness.prepare.quality.tokens_against)."""
-    from harness.prepare.quality import fp32_graph, tokens_against
+    """A GGUF row at another precision than fp32: harness.prepare.quality.gguf_quality, the engine's top-k dropped."""
+    from harness.prepare.quality import gguf_quality
 
-    reference = fp32_graph(source)
-    why = f"not checked: the GGUF's own {result.precision} weights are in no ONNX graph native ORT could run"
-    facts = {"token_parity": why}
-    if reference is not None:
-        facts |= tokens_against(reference, prompt, result.generated_tokens or [])
+    facts = gguf_quality(source, prompt, result.generated_tokens or [], result.precision)
     return _without_top(result.details) | facts
 
 
