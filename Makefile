@@ -32,13 +32,15 @@ setup: $(STAMP) $(WEB_STAMP) $(LLAMACPP_STAMP) browser
 # The optional engines' extras ([jax], [ray], [genai], [webgpu]); `make test` installs them, the demo does not need them.
 setup-extras: $(EXTRAS)
 
-# Debian's Chromium runs the browser half (never `playwright install`: it downloads, and fails offline);
+# Debian's Chromium runs the browser half (never `playwright install`: it downloads, and fails offline), and its
+# Firefox ESR the `--browser firefox` targets (launched by the harness itself: Playwright's Firefox is its own build);
 # its headless shell is what a headless launch runs (harness.web.driver.HEADLESS_SHELLS: Playwright's own headless
 # choice, without the full browser's UI renderers); Xvfb gives `--headed` a display on a machine without one.
 browser:
-	@command -v chromium >/dev/null && command -v Xvfb >/dev/null && command -v espeak-ng >/dev/null || { \
+	@command -v chromium >/dev/null && command -v Xvfb >/dev/null && command -v espeak-ng >/dev/null && \
+		command -v firefox-esr >/dev/null || { \
 		$(SUDO) apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium xvfb espeak-ng; }
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium xvfb espeak-ng firefox-esr; }
 	@command -v chromium-headless-shell >/dev/null || \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium-headless-shell || { \
 		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium-headless-shell; } || \

@@ -22,7 +22,7 @@ _EXPORTS = {
     "run_native": "harness.run.native",
     "WebRequest": "harness.browser.run",
     "validate_web": "harness.browser.run",
-    "run_web": "harness.browser.run",
+    "run_web": "harness.browser.execute",
     "ServeRequest": "harness.browser.serve",
     "validate_serve": "harness.browser.serve",
     "run_serve": "harness.browser.serve",

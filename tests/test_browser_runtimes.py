@@ -18,7 +18,8 @@ from conftest import run_cli
 from test_web import web_cache  # noqa: F401 (the session's export cache)
 
 from harness.browser.both import native_beside
-from harness.browser.run import WebRequest, run_web
+from harness.browser.execute import run_web
+from harness.browser.run import WebRequest
 from harness.native import DEFAULT_ENGINES
 from harness.run.plan import BenchmarkRequest
 from harness.web import runtime_dist

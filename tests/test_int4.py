@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from int4_models import matmul_model
 
-from harness.browser.run import WebRequest, run_web
+from harness.browser.execute import run_web
+from harness.browser.run import WebRequest
 from harness.core.labels import marks
 from harness.core.parity import TOLERANCES
 from harness.native.base import LoadRequest

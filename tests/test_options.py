@@ -278,10 +278,10 @@ def _config(tmp_path: Path, line: str) -> Path:
 # each refused by the one check(), named as that entry point names it.
 REFUSED = [
     (
-        ["web", "--model", "bert-tiny", "--browser", "firefox"],
-        lambda: validate_web(WebRequest(models=["bert-tiny"], browser="firefox")),
-        'browser = "firefox"',
-        "unknown browser 'firefox'; valid: chrome, chromium, edge",
+        ["web", "--model", "bert-tiny", "--browser", "opera"],
+        lambda: validate_web(WebRequest(models=["bert-tiny"], browsers=["opera"])),
+        'browsers = ["opera"]',
+        "unknown browser 'opera'; valid: chrome, chromium, edge, firefox, safari",
     ),
     (
         ["web", "--model", "bert-tiny", "--hardware", "webnn", "--webnn-device", "tpu"],

@@ -19,8 +19,9 @@ from test_web import web_cache  # noqa: F401 (the session's export cache)
 from test_web_generate import results
 
 from harness.browser.both import run_both
+from harness.browser.execute import run_web
 from harness.browser.generate import SCALED_WEIGHT_FAULT
-from harness.browser.run import WebRequest, run_web
+from harness.browser.run import WebRequest
 from harness.core.faults import FAULT_ENV
 from harness.run.plan import BenchmarkRequest
 

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from harness.browser.run import EpSetting, WebRequest, run_web, validate_web
+from harness.browser.execute import run_web
+from harness.browser.run import EpSetting, WebRequest, validate_web
 from harness.store import open_store
 from harness.web import driver
 from harness.web.eps import EPS
@@ -364,7 +365,7 @@ def test_cli_missing_browser_exits_2_and_writes_nothing(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "bad", [{"hardware": ["webgl"]}, {"threads": [0]}, {"browser": "firefox"}, {"batch_sizes": [0]}]
+    "bad", [{"hardware": ["webgl"]}, {"threads": [0]}, {"browsers": ["opera"]}, {"batch_sizes": [0]}]
 )
 def test_bad_requests_are_refused_before_anything_runs(bad: dict, tmp_path: Path) -> None:
     from harness.run.plan import RequestError

@@ -14,7 +14,8 @@ from conftest import run_cli, run_cli_process
 from test_web import SHELL_INSTALLED, stored, web_cache  # noqa: F401 (the session's export cache)
 
 from harness.browser.both import run_both
-from harness.browser.run import WebRequest, run_web, validate_web
+from harness.browser.execute import run_web
+from harness.browser.run import WebRequest, validate_web
 from harness.prepare.prepared import PrepareJob, prepare_model
 from harness.prepare.specs import load_specs
 from harness.run.plan import BenchmarkRequest

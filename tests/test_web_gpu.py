@@ -24,7 +24,8 @@ from typing import Any
 import psutil
 import pytest
 
-from harness.browser.run import WebRequest, run_web, validate_web
+from harness.browser.execute import run_web
+from harness.browser.run import WebRequest, validate_web
 from harness.core.parity import TOLERANCES
 from harness.run.plan import RequestError
 from harness.store import open_store

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.analysis.tables import Table
-from harness.core.labels import BROWSER_ENGINE, case_label, details_of, mode_of, target_label
+from harness.core.labels import BROWSER_ENGINE, case_label, details_of, mode_of, served, target_label
 from harness.core.threads import threads_part
 
 # (page hardware, native provider) → the kernels both sides run, and what must be equal for a pair
@@ -111,7 +111,7 @@ def browser_costs(rows: list[dict[str, Any]]) -> tuple[list[BrowserCost], list[U
             native_by.setdefault(_group(row), []).append(row)
     paired, unpaired = [], []
     for page in rows:
-        if page["engine"] != BROWSER_ENGINE or page["status"] != "ok" or page.get("device"):
+        if page["engine"] != BROWSER_ENGINE or page["status"] != "ok" or served(page):
             continue
         for native in native_by.get(_group(page), []):
             spec = PAIRS.get((page["hardware"], base_provider(native)))

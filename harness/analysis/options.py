@@ -19,6 +19,7 @@ from pathlib import Path
 
 from harness.analysis.tables import FORMATS as TABLE_FORMATS
 from harness.core.bounds import MAX_BATCH, MAX_WINDOW
+from harness.core.labels import PAGE_BROWSERS
 from harness.core.options import DEFAULT_OUTPUT_DIR, option, reuse
 from harness.core.options import Shared as Everywhere
 from harness.core.records import MODES, PRECISIONS
@@ -112,6 +113,10 @@ class Recommend:
         help="generate: only targets whose top-1 agreement with the fp32 model is at least this (0-1).",
     )  # fmt: skip
     hardware: str | None = reuse(Everywhere, "hardware", default=None, note="Comma-separated: the hardware you have.")
+    browser: str | None = option(
+        None, flag="--browser", choices=PAGE_BROWSERS, noun="browser",
+        help="Your users' browser: native targets and this browser's page rows only (chromium, firefox, safari).",
+    )  # fmt: skip
     weights: str = option("0.4,0.3,0.1,0.2", flag="--weights", help="latency,throughput,memory,compatibility weights.")
     create_map: Path | None = option(None, flag="--create-map", help="Write the selection map JSON here.")
     one_line: bool = option(

@@ -120,7 +120,7 @@ def training_rows(db_path: Path, mode: str = "inference") -> list[dict[str, Any]
                CAST(details->>'$.parameters' AS BIGINT) AS parameters, {", ".join(TARGETS)}
         FROM results
         WHERE status = 'ok' AND details->>'$.parameters' IS NOT NULL AND mode = ?
-          AND device IS NULL  -- this machine's targets: a served device's rows would blur them
+          AND device IS NULL  -- this machine's own targets: a served device's or another browser's would blur them
     """
     with open_store(db_path, read_only=True) as store:
         return [r for r in store.query(sql, [mode]) if all(r[t] and r[t] > 0 for t in TARGETS)]

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from harness.analysis.predict import InsufficientData, Predictor, Query, model_facts, training_rows
-from harness.core.labels import TARGET_FIELDS, flags, in_page, target_key, target_label
+from harness.core.labels import TARGET_FIELDS, browser_of, flags, in_page, served, target_key, target_label
 from harness.store import open_store
 
 TASK_FAMILIES = {
@@ -193,6 +193,7 @@ def recommend(
     mode: str = "inference",
     hardware: list[str] | None = None,
     weights: ScoreWeights | None = None,
+    browser: str | None = None,
 ) -> Recommendation:
     """Rank the targets for a model (or a family's measured models) at a batch size, from the rows
     of one mode (inference or training) only."""
@@ -224,6 +225,9 @@ def recommend(
             if c.hardware not in hardware
         ]
         candidates = {k: c for k, c in candidates.items() if c.hardware in hardware}
+    if browser:
+        excluded += [f"{c.target}: not in --browser {browser}" for k, c in candidates.items() if not _in(k, browser)]
+        candidates = {k: c for k, c in candidates.items() if _in(k, browser)}
     ranked = list(candidates.values())
     if ranked:
         _score(ranked, weights)
@@ -249,14 +253,21 @@ def agreement(row: dict[str, Any]) -> float | None:
     return 1.0 if row["precision"] == "fp32" else row.get("agreement_top1")
 
 
-def fastest_generation(db_path: Path, model: str, batch_size: int = 1,
-                       min_agreement: float | None = None) -> GenerationChoice:  # fmt: skip
+def _in(key: tuple[Any, ...], browser: str) -> bool:
+    """Whether a target is native (every browser's user has it) or a page of this browser."""
+    row = dict(zip(TARGET_FIELDS, key, strict=True))
+    return not in_page(row) or browser_of(row) == browser
+
+
+def fastest_generation(db_path: Path, model: str, batch_size: int = 1, min_agreement: float | None = None,
+                       browser: str | None = None) -> GenerationChoice:  # fmt: skip
     """The model's generate targets (target x precision, their latest ok rows at the batch size) by decode
     tokens/s; with min_agreement (0..1), only those whose top-1 agreement with the fp32 model reaches it."""
     if min_agreement is not None and not 0.0 <= min_agreement <= 1.0:
         raise ValueError(f"--min-agreement takes a share from 0 to 1 (got {min_agreement:g})")
     rows = [r for r in _latest_rows(db_path, [model], "generate") if r["status"] == "ok"
-            and r["batch_size"] == batch_size and r["decode_tokens_per_s"] is not None]  # fmt: skip
+            and r["batch_size"] == batch_size and r["decode_tokens_per_s"] is not None
+            and (browser is None or _in(target_key(r), browser))]  # fmt: skip
     kept, excluded = [], []
     for row in rows:
         share, label = agreement(row), f"{target_label(row)} {row['precision']}"
@@ -276,7 +287,7 @@ def one_line(db_path: Path, model: str, batch_size: int = 1, mode: str = "infere
     rows = [
         r
         for r in _latest_rows(db_path, [model], mode)
-        if r["status"] == "ok" and r["batch_size"] == batch_size and r["device"] is None
+        if r["status"] == "ok" and r["batch_size"] == batch_size and not served(r)
     ]
     if not rows:
         return f"{model} has no ok {mode} row at batch {batch_size} on this machine in {db_path}: nothing to recommend"

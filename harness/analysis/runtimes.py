@@ -9,7 +9,7 @@ from collections import defaultdict
 from typing import Any
 
 from harness.analysis.tables import Table
-from harness.core.labels import BROWSER_ENGINE, case_label, details_of, in_page, target_label
+from harness.core.labels import BROWSER_ENGINE, case_label, details_of, in_page, served, target_label
 
 COLUMNS = ["Model", "Case", "Rank", "Target", "tg tokens/s", "TTFT ms", "tokens", "of bandwidth ceiling",
            "÷ best native tg", "÷ own page loop tg"]  # fmt: skip
@@ -22,6 +22,11 @@ NOTE = (
     "decode tokens/s over our own onnxruntime-web loop's on the same EP and threads (transformers.js on the same "
     "file: the cost of its generate loop)."
 )
+
+
+def _own_key(row: dict[str, Any]) -> tuple[Any, ...]:
+    """A page row's EP, threads and browser: where our own loop's rate is its runtime's yardstick."""
+    return row["hardware"], row["provider"], row.get("device")
 
 
 def _checked(row: dict[str, Any]) -> str:
@@ -49,9 +54,9 @@ def runtime_table(rows: list[dict[str, Any]]) -> Table | None:
     for (model, case), found in sorted(cases.items()):
         if len({r["engine"] for r in found}) < 2:
             continue
-        native = [r["decode_tokens_per_s"] for r in found if not in_page(r) and r.get("device") is None]
+        native = [r["decode_tokens_per_s"] for r in found if not in_page(r) and not served(r)]
         best = max(native, default=None)
-        own = {(r["hardware"], r["provider"]): r["decode_tokens_per_s"] for r in found
+        own = {_own_key(r): r["decode_tokens_per_s"] for r in found
                if in_page(r) and r["engine"] == BROWSER_ENGINE}  # fmt: skip
         ranked = sorted(found, key=lambda r: -r["decode_tokens_per_s"])
         for rank, row in enumerate(ranked, 1):
@@ -59,5 +64,5 @@ def runtime_table(rows: list[dict[str, Any]]) -> Table | None:
                          "tg tokens/s": row["decode_tokens_per_s"], "TTFT ms": row.get("ttft_ms"),
                          "tokens": _checked(row), "of bandwidth ceiling": row.get("bandwidth_fraction"),
                          "÷ best native tg": row["decode_tokens_per_s"] / best if best else None,
-                         "÷ own page loop tg": _over(row, own.get((row["hardware"], row["provider"])))})  # fmt: skip
+                         "÷ own page loop tg": _over(row, own.get(_own_key(row)))})  # fmt: skip
     return Table("Which runtime? (generation ranked by decode tokens/s)", COLUMNS, body, [NOTE]) if body else None

@@ -10,7 +10,8 @@ from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import Any
 
-from harness.browser.run import WebPlan, WebRequest, execute_web, validate_web
+from harness.browser.execute import execute_web
+from harness.browser.run import WebPlan, WebRequest, validate_web
 from harness.core.records import Result
 from harness.native import DEFAULT_ENGINES, ENGINES
 from harness.run.native import execute_native

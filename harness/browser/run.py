@@ -4,7 +4,8 @@ onnxruntime-web (wasm, webgpu, webnn), parity-checked against the same reference
 The browser is launched here (headless or headed, with the GPU profile's flags) or reached at
 --browser-endpoint; either way every row says which browser, flags and adapter it ran on.
 
-from harness.browser.run import WebRequest, run_web
+from harness.browser.execute import run_web
+from harness.browser.run import WebRequest
 summary = run_web(WebRequest(models=["bert-tiny"], hardware=["wasm"], threads=[1, 2]))
 summary = run_web(WebRequest(models=["bert-tiny"], hardware=["webgpu"], gpu="on", require_hardware_gpu=True))
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from functools import cache, partial
 from pathlib import Path
 from typing import Any
@@ -88,13 +89,15 @@ from harness.run.plan import (
     plan_cases,
 )
 from harness.run.profiling import page_profile, profiled_fields
-from harness.run.recording import Body, Emit, RunSummary, record_run
+from harness.run.recording import Emit
 from harness.run.worker import prepare_isolated
 from harness.web.eps import EPS, WEB_HARDWARE, WEBNN_DEVICES
 from harness.web.flags import BROWSERS, GPU_MODES, GpuProfile
+from harness.web.launched import DRIVERS, LAUNCHED_BROWSERS, LaunchError
 from harness.web.page_job import ExternalData, GenerateJob, PageInput, PageJob, StopRule
 from harness.web.runtimes import OWN_RUNTIME, PAGE_RUNTIMES
 
+ALL_BROWSERS = (*BROWSERS, *LAUNCHED_BROWSERS)  # what --browser takes
 ENGINE = BROWSER_ENGINE
 # The faults hook's planted input bug (tests): `page-window-audio:N` feeds the page of a speech case of N seconds
 # the whole window's features, not its own, while its row is checked against native ORT on the case's own.
@@ -125,12 +128,23 @@ class WebRequest(RunOptions):
         noun="page runtime",
         help=f"Comma-separated page runtimes: {','.join(PAGE_RUNTIMES)} (each a target: wasm/transformers.js).",
     )  # fmt: skip
-    # chrome and edge fall back to Chromium, recorded
-    browser: str = option(
-        "chromium", flag="--browser", choices=BROWSERS, noun="browser",
-        help="chrome, chromium or edge (chrome/edge fall back to Chromium).",
+    # chrome and edge fall back to Chromium, recorded; firefox and safari run the served page (harness.browser.launched)
+    browsers: list[str] = option(
+        factory=lambda: ["chromium"], flag="--browser", many=True, choices=ALL_BROWSERS,
+        noun="browser",
+        help="Comma-separated browsers: chrome, chromium or edge (chrome/edge fall back to Chromium), firefox, "
+        "safari (macOS, through safaridriver). Each is a target: its rows name it.",
     )  # fmt: skip
     browser_path: Path | None = option(None, flag="--browser-path", help="The browser executable to use instead.")
+    driver: str = option(
+        "process", flag="--driver", choices=DRIVERS, noun="driver",
+        help="How Firefox is launched: process (its own, opening the served page) or webdriver (through geckodriver).",
+    )  # fmt: skip
+    webdriver_url: str | None = option(
+        None, flag="--webdriver-url",
+        help="A remote W3C WebDriver (http://HOST:PORT: a device farm's, a Mac's safaridriver) for --browser "
+        "firefox/safari; it must reach this machine's served page (--host).",
+    )  # fmt: skip
     threads: list[int] = threads_option([1], flag="--threads", key="web_threads", help=THREADS_HELP)
     webnn_device: str = option(
         "gpu", flag="--webnn-device", choices=WEBNN_DEVICES, noun="WebNN device",
@@ -159,8 +173,8 @@ class WebRequest(RunOptions):
 
 # How the browser is launched or reached: WebRequest's options that `web --serve` refuses (each device brings
 # its own browser) and `run` takes as `web` does.
-LAUNCH = ("browser", "browser_path", "threads", "webnn_device", "gpu", "headed", "browser_args",
-          "require_hardware_gpu", "browser_endpoint")  # fmt: skip
+LAUNCH = ("browsers", "browser_path", "driver", "webdriver_url", "threads", "webnn_device", "gpu", "headed",
+          "browser_args", "require_hardware_gpu", "browser_endpoint")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -187,10 +201,11 @@ class EpSetting:
 class WebPlan:
     specs: list[ModelSpec]
     settings: list[EpSetting]
-    browser: Any  # harness.web.driver.BrowserChoice; None for a remote browser
+    browser: Any  # harness.web.driver.BrowserChoice; None for a remote browser or none of the Chromium family
     request: WebRequest
     profile: GpuProfile | None = None  # the launch profile (None: a remote browser brings its own flags)
     done: frozenset[str] = frozenset()  # result keys a resumed run already holds: never run twice
+    launched: tuple[Any, ...] = ()  # harness.web.launched.LaunchedChoice: Firefox, Safari (the served page)
 
     def cases(self, spec: ModelSpec) -> list[Case]:
         return web_cases(self.request, spec)
@@ -228,19 +243,28 @@ def _page_plans(mode: str, with_past: bool) -> bool:
     return mode != "generate" or with_past
 
 
+def browser_device(browser: str) -> str | None:
+    """The target's device for a browser this run launches: None for the Chromium family (the default browser, as
+    every row before the browser axis), the browser's name for the others (wasm/onnxruntime-web:... @ firefox)."""
+    return browser if browser in LAUNCHED_BROWSERS else None
+
+
 def _settings(request: WebRequest) -> list[EpSetting]:
-    """Every EP setting of every page runtime asked for: each EP's settings (its thread counts, its device type)
-    once per runtime, the EPs in the table's order (one browser launch per EP), the runtimes in the order asked."""
+    """Every EP setting of every browser and page runtime asked for: each EP's settings (its thread counts, its
+    device type) once per runtime, the EPs in the table's order (one browser launch per EP), the runtimes in the
+    order asked, the browsers likewise."""
     settings: list[EpSetting] = []
-    for ep in WEB_HARDWARE:
-        if ep not in request.hardware:
-            continue
-        for runtime in dict.fromkeys(request.runtimes):
-            if EPS[ep].runs_threads:
-                settings += [EpSetting(ep, t, runtime=runtime) for t in dict.fromkeys(request.threads)]
-            else:  # ops the GPU/NPU EP cannot run fall back to wasm with this many threads
-                device_type = request.webnn_device if EPS[ep].device_types else None
-                settings.append(EpSetting(ep, request.threads[0], device_type, runtime=runtime))
+    for browser in dict.fromkeys(request.browsers):
+        device = browser_device(browser)
+        for ep in WEB_HARDWARE:
+            if ep not in request.hardware:
+                continue
+            for runtime in dict.fromkeys(request.runtimes):
+                if EPS[ep].runs_threads:
+                    settings += [EpSetting(ep, t, None, device, runtime) for t in dict.fromkeys(request.threads)]
+                else:  # ops the GPU/NPU EP cannot run fall back to wasm with this many threads
+                    device_type = request.webnn_device if EPS[ep].device_types else None
+                    settings.append(EpSetting(ep, request.threads[0], device_type, device, runtime))
     return settings
 
 
@@ -250,6 +274,7 @@ def _check_launch(request: WebRequest) -> None:
     from harness.web.flags import headed_problem
 
     check(request, declared(WebRequest), ("gpu",))
+    _check_browsers(request)
     if request.browser_endpoint is None:
         problem = headed_problem() if request.headed else None
         if problem:
@@ -262,7 +287,7 @@ def _check_launch(request: WebRequest) -> None:
             "or http://HOST:PORT (a Chromium started with --remote-debugging-port)"
         )
     options, defaults = declared(WebRequest), WebRequest()
-    launch_only = [options[name].flag for name in ("gpu", "headed", "browser_args", "browser_path", "browser")
+    launch_only = [options[name].flag for name in ("gpu", "headed", "browser_args", "browser_path", "browsers")
                    if getattr(request, name) != getattr(defaults, name)]  # fmt: skip
     if launch_only:
         named = ", ".join(launch_only)
@@ -295,19 +320,60 @@ def validate_web(request: WebRequest) -> WebPlan:
     from harness.web.flags import gpu_profile
     from harness.web.server import SetupError, dist_files
 
-    check(request, declared(WebRequest), ("threads", "webnn_device", "browser", "runtimes"))
+    check(request, declared(WebRequest), ("threads", "webnn_device", "browsers", "runtimes", "driver"))
     if not request.runtimes:
         raise RequestError(f"--runtimes is empty; valid: {', '.join(PAGE_RUNTIMES)}")
     specs = check_browser_request(request)
     _check_launch(request)
+    chromium = [b for b in dict.fromkeys(request.browsers) if b not in LAUNCHED_BROWSERS]
     try:
         dist_files()
+        launched = tuple(launched_choices(request))
         if request.browser_endpoint:
-            return WebPlan(specs, _settings(request), None, request)
-        browser = resolve_browser(request.browser, request.browser_path, headless=not request.headed)
-    except (BrowserNotFound, SetupError) as exc:
+            return WebPlan(specs, _settings(request), None, request, launched=launched)
+        if not chromium:
+            return WebPlan(specs, _settings(request), None, request, launched=launched)
+        browser = resolve_browser(chromium[0], request.browser_path, headless=not request.headed)
+    except (BrowserNotFound, SetupError, LaunchError) as exc:
         raise RequestError(str(exc)) from exc
-    return WebPlan(specs, _settings(request), browser, request, gpu_profile(request.gpu))
+    return WebPlan(specs, _settings(request), browser, request, gpu_profile(request.gpu), launched=launched)
+
+
+def launched_choices(request: WebRequest) -> list[Any]:
+    """The browsers this run launches outside Playwright (harness.browser.launched), each found and named."""
+    from harness.web.launched import resolve_launched
+
+    asked = [b for b in dict.fromkeys(request.browsers) if b in LAUNCHED_BROWSERS]
+    return [resolve_launched(b, request.browser_path, request.driver, request.webdriver_url) for b in asked]
+
+
+def _check_browsers(request: WebRequest) -> None:
+    """The browser list: one of the Chromium family at most (its rows carry no browser name), a --browser-path that
+    names one browser, and the options only a launched Firefox or Safari takes."""
+    browsers = list(dict.fromkeys(request.browsers))
+    if not browsers:
+        raise RequestError(f"--browser is empty; valid: {', '.join(ALL_BROWSERS)}")
+    chromium = [b for b in browsers if b not in LAUNCHED_BROWSERS]
+    launched = [b for b in browsers if b in LAUNCHED_BROWSERS]
+    if len(chromium) > 1:
+        raise RequestError(
+            f"--browser {','.join(browsers)}: one of {', '.join(BROWSERS)} per run (chrome and edge fall back to "
+            "Chromium, and their rows would be the same target); run another for the other"
+        )
+    if request.browser_path is not None and len(browsers) > 1:
+        raise RequestError(f"--browser-path names one browser's binary; --browser {','.join(browsers)} names several")
+    if launched and request.browser_endpoint:
+        raise RequestError("--browser-endpoint reaches a remote Chromium; Firefox and Safari take --webdriver-url")
+    if (request.driver != "process" or request.webdriver_url) and not launched:
+        raise RequestError("--driver and --webdriver-url drive Firefox or Safari (--browser firefox|safari)")
+    if launched and request.profile:
+        raise RequestError("--profile: a trace comes from a Chromium the harness drives, not from Firefox or Safari")
+    if request.webdriver_url is not None:
+        parts = urlsplit(request.webdriver_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.username or parts.password:
+            raise RequestError(
+                f"--webdriver-url: need http(s)://HOST:PORT[/path] without credentials, got {parts.scheme or '?'}://…"
+            )
 
 
 # --- one case ---------------------------------------------------------------------------------------
@@ -398,7 +464,12 @@ def _memory(answer: dict[str, Any], details: dict[str, Any]) -> tuple[float | No
     found = dict(answer.get("browser_memory") or {})
     peak_mb = found.pop("memory_peak_mb", None)
     if not found:
-        if details.get("browser") == "remote" or details.get("served_device"):
+        if details.get("browser_launched_as"):  # harness.browser.launched: no binding marks its timed loop
+            found["memory_covers"] = (
+                "not measured: the browser's processes are sampled between the timed loop's marks, which only a "
+                "Chromium driven through Playwright sends"
+            )
+        elif details.get("browser") == "remote" or details.get("served_device"):
             whose = "a served device's" if details.get("served_device") else "a remote browser's"
             found["memory_covers"] = f"not measured: {whose} processes are not on this machine"
         else:
@@ -716,7 +787,7 @@ def _ep_cases(
     plan: WebPlan, models: list[Prepared], ep: str
 ) -> Iterator[tuple[ModelSpec, PreparedModel | None, str, EpSetting, Case]]:
     for spec, prepared, why in models:
-        for setting in (s for s in plan.settings if s.ep == ep):
+        for setting in (s for s in plan.settings if s.ep == ep and s.device is None):
             for case in plan.remaining(spec, setting):
                 yield spec, prepared, why, setting, case
 
@@ -799,7 +870,7 @@ def _control_points(jobs: list[tuple[Any, ...]]) -> dict[int, list[tuple[EpSetti
     return points
 
 
-async def _run_all(plan: WebPlan, models: list[Prepared], emit: Emit, faults: Mapping[str, str]) -> None:
+async def run_playwright(plan: WebPlan, models: list[Prepared], emit: Emit, faults: Mapping[str, str]) -> None:
     from playwright.async_api import async_playwright
 
     from harness.web.server import PageServer, RoutedPages
@@ -811,46 +882,7 @@ async def _run_all(plan: WebPlan, models: list[Prepared], emit: Emit, faults: Ma
     await files.start()
     try:
         async with async_playwright() as playwright:
-            for ep in dict.fromkeys(s.ep for s in plan.settings):  # one browser launch per EP
+            for ep in dict.fromkeys(s.ep for s in plan.settings if s.device is None):  # one browser launch per EP
                 await _run_ep(playwright, files, plan, models, ep, emit, faults)
     finally:
         await files.stop()
-
-
-def execute_web(plan: WebPlan, faults: Mapping[str, str] | None = None) -> Body:
-    """The browser part of a run, as a body for harness.run.recording.record_run."""
-
-    def body(emit: Emit) -> None:
-        from harness.web.driver import run_sync
-
-        models = [prepare_spec(plan, spec) for spec in plan.specs if plan.has_work(spec)]
-        run_sync(_run_all(plan, models, emit, faults or {}))
-
-    return body
-
-
-def run_web(
-    request: WebRequest,
-    on_result: Callable[[Result, str], None] | None = None,
-    plan: WebPlan | None = None,
-    faults: Mapping[str, str] | None = None,
-    resume_run_id: str | None = None,
-) -> RunSummary:
-    """Benchmark the request in the browser; every result is committed as it completes.
-
-    faults is test-only: {provider: 'throw' | 'hang' | 'stall' | 'kill'} makes that provider's page
-    jobs fail on purpose so the recovery paths can be tested. Ctrl-C marks the run 'interrupted'.
-    """
-    plan = plan or validate_web(request)
-    bodies = [execute_web(plan, faults)]
-    return record_run(
-        request.db_path,
-        "web",
-        asdict(request),
-        bodies,
-        on_result,
-        request.outputs,
-        None,
-        resume_run_id,
-        request.machine_label,
-    )

@@ -254,7 +254,7 @@ class ServedJobs:
         from harness.web.device_server import ServeJob
 
         jobs = []
-        for setting in device_settings(self.plan.request, device):
+        for setting in self.settings(device):
             for spec, prepared, why in self.models:
                 for case in self.plan.cases(spec):
                     key = result_key(spec.name, setting.target, case)
@@ -264,6 +264,15 @@ class ServedJobs:
                     if job is not None:
                         jobs.append(ServeJob(key, setting.provider, _label(spec, case, setting), *job))
         return jobs
+
+    def settings(self, device: Any) -> list[EpSetting]:
+        return device_settings(self.plan.request, device)
+
+    def details(self, device: Any, page: Any | None, lost: list[str]) -> dict[str, Any]:
+        return device_details(device, page, lost)
+
+    def fault(self, _setting: EpSetting) -> str | None:
+        return None  # a served device is never handed a planted fault
 
     def _job(
         self, device: Any, files: Any, model: Prepared, setting: EpSetting, case: Case
@@ -281,11 +290,11 @@ class ServedJobs:
                     setting.target, case, conversion["status"], conversion["why"], precision=precision
                 )
         if row is not None:
-            row.details |= device_details(device, None, [])
+            row.details |= self.details(device, None, [])
             self.emit(row)
             return None
         assert prepared is not None
-        page = page_job(files, prepared, setting, case, self.plan.request, None, converted)
+        page = page_job(files, prepared, setting, case, self.plan.request, self.fault(setting), converted)
         self._jobs[result_key(spec.name, setting.target, case)] = _Job(
             prepared, setting, case, precision, conversion, page
         )
@@ -293,7 +302,7 @@ class ServedJobs:
 
     def answered(self, device: Any, job: Any, answer: dict[str, Any], page: Any) -> dict[str, Any]:
         found = self._jobs[job.key]
-        details = device_details(device, page, job.lost) | found.conversion
+        details = self.details(device, page, job.lost) | found.conversion
         details["input_shapes"] = found.page.input_shapes
         shape, inference = (found.case.batch_size, found.case.seq_len), found.case.mode == "inference"
         _, reference = found.prepared.load_case(shape, on_graph=inference)
@@ -306,7 +315,7 @@ class ServedJobs:
     def unanswered(self, device: Any, job: Any, status: str, why: str) -> dict[str, Any]:
         found = self._jobs[job.key]
         page = device.pages.get(job.holder) if job.holder else None
-        details = device_details(device, page, job.lost)
+        details = self.details(device, page, job.lost)
         result = found.prepared.result(
             found.setting.target, found.case, status, why, precision=found.precision, details=details
         )

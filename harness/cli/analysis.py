@@ -75,14 +75,15 @@ def matrix(*, db_path: Path, output_dir: Path, run: str, update_matrix_only: boo
     console.print(table)
 
 
-def _generation(model: str, batch_size: int, min_agreement: float | None, machine: str | None, db: Path) -> None:
+def _generation(model: str, batch_size: int, min_agreement: float | None, machine: str | None, db: Path,
+                browser: str | None = None) -> None:  # fmt: skip
     """recommend --mode generate: the model's generate targets by decode tokens/s above the agreement floor."""
     from harness.analysis.machines import one_machine
     from harness.analysis.recommend import fastest_generation
 
     try:
         with one_machine(db, machine) as scoped:
-            choice = fastest_generation(scoped, model, batch_size, min_agreement)
+            choice = fastest_generation(scoped, model, batch_size, min_agreement, browser)
     except (StoreError, ValueError) as exc:
         raise fail(str(exc)) from None
     floor = "" if min_agreement is None else f", top-1 agreement with fp32 >= {min_agreement:g}"
@@ -109,6 +110,7 @@ def recommend(
     mode: str,
     min_agreement: float | None,
     hardware: str | None,
+    browser: str | None,
     weights: str,
     create_map: Path | None,
     one_line: bool,
@@ -126,13 +128,13 @@ def recommend(
         score_weights = ScoreWeights(*values)
     except (ValueError, TypeError):
         raise fail(f"--weights takes four numbers latency,throughput,memory,compatibility (got '{weights}')") from None
-    refuse_bad(declared.Recommend, mode=mode, batch_size=batch_size)
+    refuse_bad(declared.Recommend, mode=mode, batch_size=batch_size, browser=browser)
     if min_agreement is not None and mode != "generate":
         raise fail("--min-agreement ranks generate targets: give it with --mode generate")
     if mode == "generate":
         if not model or model_family or task or hardware or create_map or one_line:
-            raise fail("--mode generate takes --model, --batch-size, --min-agreement, --machine and --db")
-        return _generation(model, batch_size, min_agreement, machine, db_path)
+            raise fail("--mode generate takes --model, --batch-size, --min-agreement, --browser, --machine and --db")
+        return _generation(model, batch_size, min_agreement, machine, db_path, browser)
     if one_line:
         if model_family or task or hardware or create_map:
             raise fail("--one-line takes --model, --batch-size, --mode and --db; the ranking's options do nothing")
@@ -144,7 +146,8 @@ def recommend(
                 console.print(f"selection map: {shown(create_map)}")
                 return
             hardware_list = split_list(hardware, "--hardware")
-            result = rank(scoped, model, model_family, task, batch_size, None, mode, hardware_list, score_weights)
+            result = rank(scoped, model, model_family, task, batch_size, None, mode, hardware_list, score_weights,
+                          browser)  # fmt: skip
     except (StoreError, InsufficientData, ValueError, KeyError) as exc:
         raise fail(str(exc)) from None
     table = Table(title=f"Recommendation for {result.subject}, batch {batch_size}, {mode}")

@@ -73,7 +73,8 @@ def web(ctx: typer.Context, *, serve: bool, resume: bool, **options: Any) -> Non
     """Benchmark the same ONNX files and inputs in Chromium via onnxruntime-web (wasm, webgpu, webnn): launched
     here (headless, or --headed; --gpu profile), remote (--browser-endpoint), or in any browser that opens the
     URL --serve prints."""
-    from harness.browser.run import run_web, validate_web
+    from harness.browser.execute import run_web
+    from harness.browser.run import validate_web
 
     page = request_values(WebRequest, pick(options, ("hardware", "runtimes")))
     hardware = page["hardware"]

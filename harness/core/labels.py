@@ -23,6 +23,26 @@ PAGE_HARDWARE = ("wasm", "webgpu", "webnn")  # web/page/eps.json's EPs, in its o
 ENGINE_ABBREVIATIONS = {"onnxruntime": "ort", BROWSER_ENGINE: "ort-web", "transformers.js": "tjs"}
 
 
+# Browsers the harness launches outside Playwright (harness.browser.launched): their rows' device is the browser's
+# name, where a served device's is its id and this harness's Chromium leaves it empty. Either is this machine's.
+LAUNCHED_BROWSERS = ("firefox", "safari")
+PAGE_BROWSERS = ("chromium", *LAUNCHED_BROWSERS)  # the browser a page row names (`browser_of`)
+
+
+def served(row: Mapping[str, Any]) -> bool:
+    """Whether a row ran on a device served by `web --serve` (another machine's browser), not on this one."""
+    device = row.get("device")
+    return bool(device) and device not in LAUNCHED_BROWSERS
+
+
+def browser_of(row: Mapping[str, Any]) -> str | None:
+    """The browser a page row of this machine ran in: chromium (the Chromium family the harness drives), firefox,
+    safari; None for a native row or a served device's."""
+    if not in_page(row) or served(row):
+        return None
+    return row.get("device") or "chromium"
+
+
 def in_page(row: Mapping[str, Any]) -> bool:
     """Whether a row was measured in a browser page (any page runtime), not by a native engine (native ORT's
     WebGPU EP has hardware webgpu too; native llama.cpp shares the page's engine name)."""

@@ -15,7 +15,7 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, get_args, get_type_hints
 
-from harness.browser.run import WEB_MODES, WebRequest
+from harness.browser.run import ALL_BROWSERS, WEB_MODES, WebRequest
 from harness.core.options import Opt, declared, problem
 from harness.core.records import MODES, PRECISIONS
 from harness.native import DEFAULT_ENGINES, ENGINES
@@ -24,7 +24,6 @@ from harness.run.hardware import NATIVE_PLATFORMS
 from harness.run.machine import check_machine_label
 from harness.run.plan import BenchmarkRequest, RequestError, RunOptions, check_context
 from harness.web.eps import WEB_HARDWARE
-from harness.web.flags import BROWSERS
 from harness.web.runtimes import OWN_RUNTIME, PAGE_RUNTIMES
 
 DEFAULT_CONFIG = f"""\
@@ -69,7 +68,7 @@ web_platforms = ["wasm"]               # {", ".join(WEB_HARDWARE)}
 web_threads = [1]
 # web_runtimes = ["onnxruntime-web", "transformers.js", "llama.cpp"]   # page runtimes: {", ".join(PAGE_RUNTIMES)}
 # native_threads = [1, 2]              # native intra-op threads, a target per count (default: each engine's own)
-browser = "chromium"                   # {", ".join(BROWSERS)}
+browsers = ["chromium"]                # {", ".join(ALL_BROWSERS)}: each a target (firefox, safari: launched)
 gpu = "auto"                           # browser: on (real WebGPU), off (software), auto (on with a GPU)
 
 [run]
@@ -108,7 +107,7 @@ class SuiteConfig:
     include_web_platforms: bool
     web_platforms: list[str]
     web_threads: list[int]
-    browser: str
+    browsers: list[str]
     gpu: str
     parallel: bool
     generate_plots: bool
@@ -141,7 +140,7 @@ OPTION_FIELDS: dict[type, tuple[str, ...]] = {
                  "depths", "prompt", "chat", "prompt_ids", "stop_at_eos", "no_ceilings", "db_path", "output_dir",
                  "machine_label"),
     BenchmarkRequest: ("hardware", "engines", "native_threads"),
-    WebRequest: ("hardware", "runtimes", "browser", "threads", "gpu"),
+    WebRequest: ("hardware", "runtimes", "browsers", "threads", "gpu"),
 }  # fmt: skip
 
 

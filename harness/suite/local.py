@@ -9,7 +9,7 @@ import dataclasses
 import threading
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
-from harness.browser.run import execute_web
+from harness.browser.execute import execute_web
 from harness.core.records import Result, Target
 from harness.run.isolation import Stopped, stop_when
 from harness.run.native import execute_native

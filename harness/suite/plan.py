@@ -151,7 +151,7 @@ def suite_requests(
             **shared | {"modes": web_modes},
             hardware=web_hw,
             runtimes=config.web_runtimes,
-            browser=config.browser,
+            browsers=config.browsers,
             threads=config.web_threads,
             gpu=config.gpu,
         )
@@ -236,8 +236,11 @@ def check_prerequisites(plan: SuitePlan) -> list[Check]:
         checks.append(Check(f"engine {target.label}", availability.ok, availability.reason))
     if plan.web is not None:
         browser = plan.web.browser
-        fallback = f" ({browser.fallback})" if browser.fallback else ""
-        checks.append(Check("browser", True, f"{browser.kind}: {browser.binary}{fallback}"))
+        if browser is not None:
+            fallback = f" ({browser.fallback})" if browser.fallback else ""
+            checks.append(Check("browser", True, f"{browser.kind}: {browser.binary}{fallback}"))
+        for launched in plan.web.launched:
+            checks.append(Check("browser", True, f"{launched.kind}: {launched.binary} ({launched.version})"))
     for label, path in (("disk (output dir)", plan.config.output_dir), ("disk (export cache)", cache_root())):
         existing = next(p for p in [Path(path).absolute(), *Path(path).absolute().parents] if p.exists())
         free_gb = shutil.disk_usage(existing).free / 2**30

@@ -24,7 +24,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from harness.browser.run import WebPlan, execute_web
+from harness.browser.execute import execute_web
+from harness.browser.run import WebPlan
 from harness.core.bounds import MAX_PLATFORM_REASON_CHARS
 from harness.core.failures import classify
 from harness.core.records import Case, Ceiling, Control, Result, Target, result_key
@@ -145,13 +146,17 @@ class WebJob:
     def body(self) -> Body:
         """Runs on the node: the browser is found again there (the driver's binary path means nothing here);
         a node without one fails the task, and the driver records the reason on every case."""
+        from harness.browser.run import launched_choices
         from harness.web.driver import resolve_browser
+        from harness.web.launched import LAUNCHED_BROWSERS
         from harness.web.server import dist_files
 
         request = self.plan.request
-        browser = resolve_browser(request.browser, request.browser_path, headless=not request.headed)
+        chromium = [b for b in request.browsers if b not in LAUNCHED_BROWSERS]
+        browser = chromium and resolve_browser(chromium[0], request.browser_path, headless=not request.headed)
         dist_files()
-        return execute_web(dataclasses.replace(self.plan, browser=browser))
+        launched = tuple(launched_choices(request))
+        return execute_web(dataclasses.replace(self.plan, browser=browser or None, launched=launched))
 
 
 Job = NativeJob | WebJob
