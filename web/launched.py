@@ -152,6 +152,14 @@ def write_profile(folder: Path, prefs: dict[str, Any]) -> None:
     (folder / "user.js").write_text("\n".join(lines) + "\n")
 
 
+def die_with_parent() -> None:
+    """In the child, before exec (Linux): SIGKILL when the harness dies, even by SIGKILL, so no Firefox outlives
+    the run (its content processes exit when it does: "Exiting due to channel error")."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 def kill_group(process: subprocess.Popen[bytes] | None) -> None:
     """SIGKILL a launched process's whole group (the browser's content and GPU processes are in it)."""
     if process is None:
@@ -189,7 +197,7 @@ class FirefoxProcess:
         try:
             self.process = subprocess.Popen(
                 self.command_line, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, env=env,
+                start_new_session=True, env=env, preexec_fn=die_with_parent if sys.platform == "linux" else None,
             )  # fmt: skip
         except OSError as exc:
             raise LaunchError(f"Firefox did not start: {exc}") from None
