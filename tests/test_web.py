@@ -222,6 +222,15 @@ def test_max_time_stops_the_page_loop_after_min_iterations(answered: dict[str, d
     assert (facts["max_time_s"], facts["warmup_run"], facts["budget_stopped"]) == (0.001, 0, True)
 
 
+def test_each_page_load_probes_its_wasm_tier(answered: dict[str, dict[str, Any]]) -> None:
+    """web/page/tier.mjs, before a page load's first job (each of these answers is its own page's): Chromium's wasm
+    tiers up, Liftoff then TurboFan, warm code ~4.5 times faster than first-call code here."""
+    for answer in answered.values():
+        tier = answer["facts"]["wasm_tier"]
+        assert tier["tiered"] is True and tier["ratio"] > 1.5 and tier["cold_ms"] > tier["warm_ms"] > 0, tier
+        assert "wasm_tier_error" not in answer["facts"]
+
+
 WEB_FAULTS = ("throw", "hang", "kill", "frozen_timer", "bad_facts")  # the wasm settings 1 to 5; the 6th is fine
 
 

@@ -228,6 +228,11 @@ def test_durations_the_page_clock_can_measure_pass() -> None:
     assert validate_page_result(error, JOB, TIMEOUT_S)["status"] == "error"
 
 
+# web/page/tier.mjs's answer, as Chromium gives it (warm wasm 4.5 times faster than first-call wasm)
+TIER = {"cold_ms": 0.69, "warm_ms": 0.152, "ratio": 4.54, "calls": 394, "iterations": 131072, "tiered": True,
+        "budget_ms": 300, "elapsed_ms": 81.3, "rounds": 10}  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("facts", "message"),
     [
@@ -243,6 +248,15 @@ def test_durations_the_page_clock_can_measure_pass() -> None:
         ({"timer_resolution_ms": -1}, "facts.timer_resolution_ms must be a number > 0 and <= 1000"),
         ({"timer_resolution_ms": 1e300}, "facts.timer_resolution_ms must be a number > 0 and <= 1000"),
         ({"ort_web_version": 1.3}, "facts.ort_web_version must be a string or null"),
+        ({"wasm_tier": "tiered"}, "facts.wasm_tier must be null or an object of cold_ms"),
+        ({"wasm_tier": {**TIER, "ratio": float("nan")}}, "facts.wasm_tier must be null or an object of cold_ms"),
+        ({"wasm_tier": {**TIER, "warm_ms": -1.0}}, "facts.wasm_tier must be null or an object of cold_ms"),
+        ({"wasm_tier": {**TIER, "tiered": 1}}, "facts.wasm_tier must be null or an object of cold_ms"),
+        ({"wasm_tier": {k: v for k, v in TIER.items() if k != "calls"}}, "facts.wasm_tier must be null or an object"),
+        ({"wasm_tier": {**TIER, "note": "x" * 10_000}}, "facts.wasm_tier must be null or an object of cold_ms"),
+        ({"wasm_tier": None}, "facts.wasm_tier is null exactly when result.facts.wasm_tier_error says why"),
+        ({"wasm_tier": TIER, "wasm_tier_error": "boom"}, "facts.wasm_tier is null exactly when"),
+        ({"wasm_tier": None, "wasm_tier_error": "x" * 501}, "facts.wasm_tier_error must be a string of at most 500"),
     ],
 )
 def test_malformed_facts_fail_the_answer(facts: dict, message: str) -> None:
@@ -261,8 +275,11 @@ def test_well_formed_facts_and_unknown_keys_pass() -> None:
         "threads_effective": 4,
         "timer_resolution_ms": 0.005,
         "a_fact_added_later": {"anything": [1, "two"]},
+        "wasm_tier": TIER,
     }
     assert validate_page_result(answer(facts=facts), JOB, TIMEOUT_S)["facts"] == facts
+    failed = {"wasm_tier": None, "wasm_tier_error": "ReferenceError: WebAssembly is not defined"}
+    assert validate_page_result(answer(facts=failed), JOB, TIMEOUT_S)["facts"] == failed
 
 
 # --- generate answers (issue 30, item 12): the launched page's answers pass the same checks ---------------

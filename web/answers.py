@@ -123,6 +123,30 @@ _COUNTS: FactCheck = (
     "an object of node counts (integers >= 0)",
     lambda v: isinstance(v, dict) and all(_COUNT[1](n) for n in v.values()),
 )
+# web/page/tier.mjs's wasmTierProbe(): how much faster warm wasm ran than first-call (baseline) wasm, or null when the
+# probe failed (wasm_tier_error says why, in at most WASM_TIER_ERROR_CHARS characters).
+WASM_TIER_NUMBERS = ("cold_ms", "warm_ms", "ratio", "calls", "iterations", "budget_ms")
+WASM_TIER_OPTIONAL = ("elapsed_ms", "rounds")
+WASM_TIER_ERROR_CHARS = 500
+
+
+def _wasm_tier(value: Any) -> bool:
+    if value is None:
+        return True
+    if not isinstance(value, dict) or set(value) - {*WASM_TIER_NUMBERS, *WASM_TIER_OPTIONAL, "tiered"}:
+        return False
+    numbers = [value.get(k) for k in WASM_TIER_NUMBERS] + [value[k] for k in WASM_TIER_OPTIONAL if k in value]
+    return isinstance(value.get("tiered"), bool) and all(_is_number(v) and v >= 0 for v in numbers)
+
+
+_WASM_TIER: FactCheck = (
+    f"null or an object of {', '.join(WASM_TIER_NUMBERS)} (finite numbers >= 0) and tiered (a boolean)",
+    _wasm_tier,
+)
+_WASM_TIER_ERROR: FactCheck = (
+    f"a string of at most {WASM_TIER_ERROR_CHARS} characters",
+    lambda v: isinstance(v, str) and len(v) <= WASM_TIER_ERROR_CHARS,
+)
 FACT_CHECKS: dict[str, FactCheck] = {
     **dict.fromkeys(
         (
@@ -149,6 +173,8 @@ FACT_CHECKS: dict[str, FactCheck] = {
     "page_memory": _PAGE_MEMORY,
     "device_features": ("a list of strings or null", lambda v: v is None or _TEXTS[1](v)),
     "node_placement": _COUNTS,
+    "wasm_tier": _WASM_TIER,
+    "wasm_tier_error": _WASM_TIER_ERROR,
 }
 
 
@@ -156,6 +182,8 @@ def check_facts(facts: dict[str, Any]) -> None:
     for key, (valid, check) in FACT_CHECKS.items():
         if key in facts and not check(facts[key]):
             raise PageResultError(f"result.facts.{key} must be {valid} (got {facts[key]!r:.200})")
+    if "wasm_tier" in facts and (facts["wasm_tier"] is None) != ("wasm_tier_error" in facts):
+        raise PageResultError("result.facts.wasm_tier is null exactly when result.facts.wasm_tier_error says why")
 
 
 def _check_outputs(outputs: Any) -> None:

@@ -125,7 +125,7 @@ def marks(row: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(kind, text) for everything that qualifies a number: a mismatch, noise, precision changes, fallbacks.
 
     Kinds: mismatch, noisy, precision, cpu_fallback, fallback_adapter, threads_dropped, budget_stopped,
-    memory_growth (see MARK_STYLES).
+    baseline_tier, memory_growth (see MARK_STYLES).
     """
     details = details_of(row)
     found = []
@@ -151,6 +151,9 @@ def marks(row: Mapping[str, Any]) -> list[tuple[str, str]]:
         found.append(("threads_dropped", f"threads dropped (ran {details.get('threads_effective', '?')})"))
     if details.get("budget_stopped"):
         found.append(("budget_stopped", f"--max-time {details.get('max_time_s')}s stopped the loop"))
+    tier = details.get("wasm_tier")
+    if isinstance(tier, dict) and tier.get("tiered") is False:  # web/page/tier.mjs: no tier-up seen in this page
+        found.append(("baseline_tier", f"wasm did not tier up (cold ÷ warm {tier.get('ratio', 0):.2f})"))
     if details.get("memory_growth_flag"):
         found.append(("memory_growth", f"memory grew {details.get('memory_growth_mb', 0):.1f} MB over the repeats"))
     return found
@@ -200,5 +203,6 @@ MARK_STYLES = {
     "threads_dropped": MarkStyle("T", "T: wasm threads dropped", "++"),
     "budget_stopped": MarkStyle("B", "B: the time budget (--max-time) stopped the loop", "--"),
     "memory_growth": MarkStyle("G", "G: memory grew over repeated generations (a KV cache not freed?)", "oo"),
+    "baseline_tier": MarkStyle("W", "W: the page's wasm did not tier up (a baseline-only browser?)", "||"),
     "noisy": MarkStyle("~", "~: noisy (cv > 10%), faded", ""),
 }

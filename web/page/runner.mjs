@@ -5,6 +5,7 @@
 import { measureGeneration } from './generate.mjs';
 import { seq2seqOnce } from './seq2seq.mjs';
 import { loopStop } from './stop.mjs';
+import { wasmTierProbe } from './tier.mjs';
 
 const ORT_BASE = new URL('../ort/', import.meta.url).href;
 // The one table of browser EPs (web/page/eps.json, read by Python too): bundle, setup, placement, check.
@@ -118,8 +119,23 @@ function adapterInfo(info) {
   return Object.fromEntries(fields.filter((k) => info[k] !== undefined).map((k) => [k, info[k]]));
 }
 
+// Whether this browser's wasm reaches its optimizing tier (tier.mjs): probed once per page load, before the first
+// job times anything; every job's facts carry the same answer (wasm_tier, or null and why: wasm_tier_error).
+const TIER_ERROR_CHARS = 300;
+let tierProbe = null;
+
+function wasmTier() {
+  tierProbe ??= wasmTierProbe().then(
+    (found) => ({ wasm_tier: found }),
+    (e) => ({ wasm_tier: null, wasm_tier_error: errorText(e).slice(0, TIER_ERROR_CHARS) }),
+  );
+  return tierProbe;
+}
+
 export async function environmentFacts() {
+  const tier = await wasmTier();
   return {
+    ...tier,
     cross_origin_isolated: self.crossOriginIsolated,
     // Plain HTTP on a non-loopback origin is not a secure context: no WebGPU, no WebNN, no isolation.
     secure_context: self.isSecureContext,
