@@ -50,8 +50,8 @@ def medians(db: Path) -> dict[tuple[str, str, str], dict[str, float]]:
     rows = (
         duckdb.connect(str(db), read_only=True)
         .execute(
-            "SELECT model, mode, provider, coalesce(device, 'chromium'), status, throughput_per_s, decode_tokens_per_s, "
-            "details FROM results WHERE hardware = 'wasm'"
+            "SELECT model, mode, provider, coalesce(device, 'chromium'), status, throughput_per_s, "
+            "decode_tokens_per_s, details FROM results WHERE hardware = 'wasm'"
         )
         .fetchall()
     )

@@ -88,3 +88,23 @@ def test_bad_browser_lists_are_refused_before_anything_runs(tmp_path: Path) -> N
     with pytest.raises(RequestError, match="without credentials"):
         validate_web(WebRequest(**base, browsers=["firefox"], webdriver_url="http://u:p@host:4444"))
     assert not (tmp_path / "x.duckdb").exists()
+
+
+def test_webdriver_drives_the_same_firefox_to_the_same_tokens(tmp_path: Path, web_cache: Path) -> None:  # noqa: F811
+    """--driver webdriver: geckodriver starts Firefox (W3C WebDriver classic), the jobs still come through the
+    served page, and the generated tokens equal native ORT's as the process-launched Firefox's do."""
+    import json
+
+    pytest.importorskip("harness.web.webdriver").find_geckodriver()
+    request = WebRequest(
+        models=["llama-tiny"], modes=["generate"], hardware=["wasm"], threads=[1], browsers=["firefox"],
+        driver="webdriver", db_path=tmp_path / "w.duckdb", output_dir=tmp_path / "reports", **QUICK,
+    )  # fmt: skip
+    run_web(request)
+    (row,) = rows(request.db_path)
+    details = json.loads(row["details"])
+    assert row["status"] == "ok" and row["device"] == "firefox", row
+    assert details["browser_launched_as"] == "webdriver" and details["webdriver"].startswith("geckodriver")
+    assert details["webdriver_capabilities"]["browserVersion"].startswith("153")
+    assert details["tokens_matched"] == details["tokens_compared"] == QUICK["new_tokens"], details
+    assert firefoxes() == []

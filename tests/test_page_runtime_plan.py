@@ -128,3 +128,51 @@ def test_an_unknown_runtime_is_refused_naming_the_valid_ones(tmp_path: Path) -> 
     result = run_cli("run", "--model", "llama-tiny", "--web-runtimes", "mlc", "--db", str(tmp_path / "x.duckdb"))
     assert result.returncode == 2 and not (tmp_path / "x.duckdb").exists()
     assert "transformers.js" in result.stdout + result.stderr
+
+
+def test_transformers_js_copy_feeds_its_empty_cache_at_the_prompts_batch(tmp_path: Path) -> None:
+    """transformers.js makes the first step's empty cache from the graph's input metadata, resolving only Optimum's
+    `batch_size` (any other symbol is 0). A graph that reads its batch off a cache input and reshapes with
+    allowzero=1 (the dynamo export of real SmolLM2) fails at batch 0; the copy it is served names the batch
+    `batch_size` beside Optimum's cache names, and runs on what transformers.js feeds."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from harness.browser.runtimes import transformers_js_graph
+
+    def value(name: str, elem: int, shape: list) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, elem, shape)
+
+    nodes = [
+        helper.make_node("Shape", ["past_key_0"], ["b"], start=0, end=1),  # the batch, read off the cache
+        helper.make_node("Shape", ["hidden"], ["s"], start=1, end=2),
+        helper.make_node("Concat", ["b", "s", "heads", "size"], ["shape"], axis=0),
+        helper.make_node("Reshape", ["hidden", "shape"], ["split"], allowzero=1),
+        helper.make_node("Transpose", ["split"], ["key"], perm=[0, 2, 1, 3]),
+        helper.make_node("Concat", ["past_key_0", "key"], ["present_key_0"], axis=2),
+    ]
+    consts = [
+        helper.make_tensor("heads", TensorProto.INT64, [1], [2]),
+        helper.make_tensor("size", TensorProto.INT64, [1], [4]),
+    ]
+    inputs = [value("hidden", TensorProto.FLOAT, ["batch", "sequence", 8]),
+              value("past_key_0", TensorProto.FLOAT, ["batch", 2, "past", 4])]  # fmt: skip
+    outputs = [value("present_key_0", TensorProto.FLOAT, ["batch", 2, "total", 4])]
+    graph = helper.make_graph(nodes, "g", inputs, outputs, consts)
+    model = tmp_path / "model.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9), str(model))
+
+    copy = transformers_js_graph(model)
+    assert copy.name == "model-tjs2.onnx" and transformers_js_graph(model) == copy  # made once, by a new name
+    session = ort.InferenceSession(str(copy), providers=["CPUExecutionProvider"])
+    cache = session.get_inputs()[1]
+    assert cache.name == "past_key_values.0.key" and cache.shape == ["batch_size", 2, "past", 4]
+    # transformers.js 4.x's resolveCacheShape: batch_size is the prompt's batch, any other symbol 0
+    empty = np.zeros([{"batch_size": 1}.get(d, 0) if isinstance(d, str) else d for d in cache.shape], np.float32)
+    hidden = np.ones((1, 3, 8), np.float32)
+    (present,) = session.run(None, {"hidden": hidden, "past_key_values.0.key": empty})
+    assert present.shape == (1, 2, 3, 4)
+    with pytest.raises(Exception, match="Reshape"):  # the export's own name, `batch`, resolved to 0 as before
+        session.run(None, {"hidden": hidden, "past_key_values.0.key": np.zeros((0, 2, 0, 4), np.float32)})

@@ -29,6 +29,7 @@ from harness.core.records import Result, result_key
 from harness.run.recording import Emit
 from harness.web.launched import LaunchedChoice, Launcher, LaunchError, launcher
 from harness.web.runtimes import OWN_RUNTIME
+from harness.web.webdriver import WebDriverError
 
 HELLO_TIMEOUT_S = 60.0  # from launch to the page's hello: Firefox starts in ~3 s here
 SWEEP_S = 0.25
@@ -179,10 +180,11 @@ async def _relaunch(watch: _Watch, server: Any, jobs: LaunchedJobs, choice: Laun
 
 
 def _ended(browser: Launcher, label: str) -> str:
-    code = getattr(browser, "exit_code", lambda: None)()
+    code = getattr(browser, "exit_code", lambda: None)()  # a driver's browser: the driver lives on, no code
     tail = getattr(browser, "log_tail", lambda: "")()
     said = f"; it printed: {tail}" if tail else ""
-    return f"{label} exited (exit code {code}) while running this job{said}"
+    how = f" (exit code {code})" if code is not None else ""
+    return f"{label} exited{how} while running this job{said}"
 
 
 async def _serve(server: Any, jobs: LaunchedJobs, choice: LaunchedChoice, watch: _Watch, request: Any) -> None:
@@ -233,7 +235,7 @@ async def run_launched(plan: WebPlan, choice: LaunchedChoice, models: list[Prepa
     await server.start()
     try:
         await _serve(server, jobs, choice, watch, plan.request)
-    except LaunchError as exc:
+    except (LaunchError, WebDriverError) as exc:  # not found, or its driver refused: every job left says why
         jobs.never_opened(str(exc))
     finally:
         if watch.browser is not None:

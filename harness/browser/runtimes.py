@@ -114,21 +114,45 @@ def optimum_names(names: list[str]) -> dict[str, str]:
     return renames
 
 
+# transformers.js (4.x, addPastKeyValues) makes the first step's empty cache from the session's input metadata: a
+# symbolic dimension named `batch_size` is the prompt's batch, any other symbol 0. The export names it `batch`, so
+# the cache would come as [0, heads, 0, head size]: a graph that reads its batch off a cache input (the dynamo
+# export of real SmolLM2 does, Shape(past_key_values.23.value)[0]) then reshapes the prompt to batch 0
+# (Reshape allowzero=1: "{1,5,192} to {0,5,-1,64}"). The copy names that dimension as Optimum does.
+_OPTIMUM_DIMS = {"batch": "batch_size"}
+# The copy's name; a new one whenever what the copy changes does (the copy is made once, by this name)
+_TJS_COPY = "tjs2"
+
+
+def optimum_dims(graph: Any) -> dict[str, str]:
+    """The symbolic dimensions of a graph's inputs and outputs that transformers.js resolves by Optimum's name only,
+    and that name (none where the graph uses that name already)."""
+    values = [*graph.input, *graph.output, *graph.value_info]
+    used = {d.dim_param for v in values for d in v.type.tensor_type.shape.dim if d.dim_param}
+    return {ours: theirs for ours, theirs in _OPTIMUM_DIMS.items() if ours in used and theirs not in used}
+
+
 def transformers_js_graph(model: Path) -> Path:
-    """The graph as transformers.js loads it: `model` itself where its cache names are Optimum's already, else a
-    copy beside it (`<stem>-tjs.onnx`, made once) whose cache inputs and outputs carry Optimum's names: the same
-    nodes and weights (its external data, if any, is the original's, found by the same relative names)."""
+    """The graph as transformers.js loads it: `model` itself where its cache names and batch dimension are
+    Optimum's already, else a copy beside it (`<stem>-tjs2.onnx`, made once) whose cache inputs and outputs carry
+    Optimum's names and whose batch dimension is `batch_size`: the same nodes and weights (its external data, if
+    any, is the original's, found by the same relative names)."""
     import onnx
 
     graph = onnx.load(str(model), load_external_data=False)
     renames = optimum_names([v.name for v in [*graph.graph.input, *graph.graph.output]])
-    if not renames:
+    dims = optimum_dims(graph.graph)
+    if not renames and not dims:
         return model
-    renamed = model.with_name(f"{model.stem}-tjs.onnx")
+    renamed = model.with_name(f"{model.stem}-{_TJS_COPY}.onnx")
     if renamed.is_file() and renamed.stat().st_mtime >= model.stat().st_mtime:
         return renamed
     for value in [*graph.graph.input, *graph.graph.output]:
         value.name = renames.get(value.name, value.name)
+    for value in [*graph.graph.input, *graph.graph.output, *graph.graph.value_info]:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param in dims:
+                dim.dim_param = dims[dim.dim_param]
     for node in graph.graph.node:
         node.input[:] = [renames.get(name, name) for name in node.input]
         node.output[:] = [renames.get(name, name) for name in node.output]
