@@ -103,6 +103,7 @@ FLAG_MEANINGS = {
     "--engines": ("native engines to run", "predict: a filter of its targets"),
     "--timeout": ("a case's worker or page", "predict: the graph's export and count"),
     "--plot-comparison": ("compare: the plot's file", "suite: the two runs to plot"),
+    "--browser": ("browsers to run", "recommend: the one browser whose page rows are ranked"),
 }
 
 
