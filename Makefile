@@ -135,7 +135,8 @@ FAST_TESTS := tests/test_architecture.py tests/test_bounds.py tests/test_budget.
 test-fast: setup
 	$(BIN)/pytest -q -n $(TEST_WORKERS) -m "not slow and not timing" --durations=5 $(FAST_TESTS)
 
-# The sdist, and the wheel built from it (it carries the page and onnxruntime-web's files: setup.py).
+# The sdist, and the wheel built from it (it carries the page and the npm files it loads, onnxruntime-web's and
+# the other page runtimes': setup.py).
 dist: setup
 	rm -rf dist
 	$(BIN)/python -m build --no-isolation --outdir dist .

@@ -102,6 +102,14 @@ def test_a_bad_wav_or_a_length_past_the_window_exits_2_and_writes_nothing(tmp_pa
     assert "Traceback" not in longer.stderr and not db.exists()
     other = run_cli("native", "--model", "bert-tiny", "--audio", str(tmp_path / "good.wav"), "--db", str(db))
     assert other.returncode == 2 and "bert-tiny takes no speech" in other.stderr + other.stdout and not db.exists()
+    # issue 45: --transcript is the words of a --audio file, UTF-8 text with words in it
+    (tmp_path / "t.txt").write_bytes(b"\xff\xfe\x00 not text")
+    alone = run_cli("native", *WHISPER, "--transcript", str(tmp_path / "t.txt"), "--db", str(db))
+    assert alone.returncode == 2 and "give the WAV with --audio too" in alone.stderr + alone.stdout
+    binary = run_cli("native", *WHISPER, "--audio", str(tmp_path / "good.wav"), "--transcript", str(tmp_path / "t.txt"),
+                     "--db", str(db))  # fmt: skip
+    assert binary.returncode == 2 and "--transcript t.txt: not UTF-8 text" in binary.stderr + binary.stdout
+    assert not db.exists()
 
 
 def test_a_length_past_a_models_own_window_is_refused() -> None:
@@ -176,6 +184,38 @@ def test_each_audio_length_is_a_case_with_its_length_and_real_time_factor(rows: 
         assert row["status"] == "ok", row["error"]
         if engine == "onnxruntime-web":  # the page's tokens and prefill logits: native ORT's on the case's features
             assert details["token_parity"].startswith("all 4 tokens"), details["token_parity"]
+        # issue 45: a built-in spec has no tokenizer, so no text and no WER, and the row says why (a folder's rows
+        # have both: test_seq2seq_folders.py::test_a_transformers_js_whisper_folder_runs_…)
+        assert details["wer"] is None and details["wer_not_measured"].startswith("no decoded text")
+
+
+def test_word_error_rate_counts_a_planted_word_against_the_passage() -> None:
+    """One word of the passage's first N changed: WER 1/N against the prefix the text covers (a row writes
+    --new-tokens tokens), after Whisper's normalization (case, punctuation, special tokens, numbers)."""
+    from harness.prepare.audio import PASSAGE
+    from harness.prepare.wer import ESPEAK_REFERENCE, Reference, normalizer, speech_reference, wer_fields, word_errors
+
+    words = PASSAGE.split()[:20]
+    planted = ["<|startoftranscript|><|en|>", *words[:5], "SLOWLY", *words[6:]]  # "fast" heard as "slowly"
+    found = word_errors(PASSAGE, " ".join(planted), normalizer(None)[0])
+    assert found is not None and (found.wer, found.words, found.substitutions) == (1 / 20, 20, 1)
+    assert found.deletions == found.insertions == 0 and found.total == len(normalizer(None)[0](PASSAGE).split())
+    said = word_errors("I counted 30 colours.", "i counted thirty colours", normalizer(None)[0])
+    assert said is not None and said.wer == 0.0  # numbers as Whisper's normalizer writes them
+    facts = wer_fields([" ".join(words)], speech_reference("espeak", None, None), None)
+    assert facts["wer"] == 0.0 and facts["wer_reference"] == ESPEAK_REFERENCE and "wer_batch_rows" not in facts
+    assert wer_fields(["x"], speech_reference("noise", None, None), None)["wer_not_measured"].startswith("the input")
+    assert wer_fields(None, Reference("a b", "t"), None)["wer_not_measured"].startswith("no decoded text")
+
+
+def test_a_transcript_is_the_reference_of_a_given_wav(tmp_path: Path) -> None:
+    from harness.prepare.wer import speech_reference
+
+    wav, text = tmp_path / "talk.wav", tmp_path / "talk.txt"
+    text.write_text("Hello there, world.\n", encoding="utf-8")
+    given = speech_reference("wav", wav, text)
+    assert given.text == "Hello there, world.\n" and given.source == "--transcript talk.txt (of talk.wav)"
+    assert speech_reference("wav", wav, None).source == "no --transcript was given for --audio talk.wav"
 
 
 def test_the_page_fed_the_window_for_a_5_s_case_is_a_mismatch(rows: dict) -> None:

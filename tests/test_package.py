@@ -8,8 +8,8 @@ a base requirement the wheel forgot, or an import of an extra, fails here as it 
 `make wheel-check` does the full install from the package indexes instead.
 
 Everything the installed copy runs is run from a folder outside the checkout, and checked to come from
-the new venv: every command's --help, every module's import, a native run and its bundle's round trip
-(export --bundle -> import -> merge -> report, --machine).
+the new venv: every command's --help, every module's import, the page runtimes' files it serves, a native run
+and its bundle's round trip (export --bundle -> import -> merge -> report, --machine).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from harness.web import ort_dist
+from harness.web import ort_dist, runtime_dist
 
 ROOT = Path(__file__).resolve().parents[1]
 MAPPED = ("native", "models", "web")  # top-level folders installed as harness.<name> (setup.py)
@@ -108,16 +108,40 @@ def installed(built: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
     return venv / "bin"
 
 
-def test_wheel_carries_the_page_and_exactly_the_ort_files_it_loads(built: tuple[Path, Path]) -> None:
+def locked_pins() -> dict[str, tuple[str, str]]:
+    """(version, integrity) web/package-lock.json pins for each package whose files the page runtimes serve."""
+    locked = json.loads(ort_dist.LOCKFILE.read_text())["packages"]
+    pins = {p: ort_dist.pinned(key=runtime_dist.lock_key(p, locked)) for p in runtime_dist.shipped_files()}
+    return {package: (pin.version, pin.integrity) for package, pin in pins.items()}
+
+
+def test_wheel_carries_the_page_and_exactly_the_npm_files_it_loads(built: tuple[Path, Path], tmp_path: Path) -> None:
     wheel, sdist = built
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
         source = json.loads(archive.read("harness/web/ort/SOURCE.json"))
+        runtimes_source = json.loads(archive.read("harness/web/npm/SOURCE.json"))
+        archive.extractall(tmp_path, [n for n in names if n.startswith("harness/web/npm/")])
     shipped = {n.removeprefix("harness/web/ort/") for n in names if n.startswith("harness/web/ort/")}
     assert shipped == {*ort_dist.required_files(), "SOURCE.json"}
-    assert {"harness/web/page/index.html", "harness/web/page/runner.mjs", "harness/web/page/eps.json"} <= names
+    page = ROOT / "web" / "page"  # every file of it, its runtimes/ folder's page modules too
+    assert {f"harness/web/page/{f.relative_to(page).as_posix()}" for f in page.rglob("*") if f.is_file()} <= names
+    assert {"harness/web/page/index.html", "harness/web/page/runtimes/wllama.mjs"} <= names
     assert (source["version"], source["integrity"]) == (ort_dist.pinned().version, ort_dist.pinned().integrity)
-    assert wheel.stat().st_size < 25e6  # nine files of 139 MB, compressed: ~17.5 MB
+    # The other page runtimes' files: exactly those runtime_dist.FILES names (and each package's package.json),
+    # laid out where runtime_dist finds them, each from the tarball the lockfile pins.
+    wanted = runtime_dist.shipped_files()
+    npm = {n.removeprefix("harness/web/npm/") for n in names if n.startswith("harness/web/npm/")}
+    expected = {f"{runtime_dist.shipped_folder(p)}/{path}" for p, paths in wanted.items() for path in paths}
+    assert npm == expected | {"SOURCE.json"}
+    assert {p: (e["version"], e["integrity"]) for p, e in runtimes_source.items()} == locked_pins()
+    shipped_root = tmp_path / "harness" / "web" / "npm"  # what runtime_dist reads in an installed wheel
+    for runtime, served in runtime_dist.FILES.items():
+        assert set(runtime_dist.files(runtime, shipped_root)) == set(served)  # every one found, none missing
+        assert runtime_dist.versions(runtime, shipped_root) == {  # read from the staged package.json
+            package.rpartition(" > ")[2]: locked_pins()[package][0] for package, _ in served.values()
+        }
+    assert wheel.stat().st_size < 40e6  # ORT-web's nine files and the runtimes' eleven, compressed: ~31.6 MB
     assert not any("node_modules" in n for n in names)
     assert sdist.stat().st_size < 2e6  # source only: the wheel's build fetches ORT-web's tarball
 
@@ -182,10 +206,44 @@ def test_wheel_carries_every_package_of_the_tree(built: tuple[Path, Path]) -> No
     assert expected - names == set(), "modules of the tree missing from the wheel"
     assert {n for n in names if n.endswith(".py")} - expected == set(), "modules in the wheel that the tree lacks"
     # setuptools still copies a package it was not told of as the data of its parent, warning that it will
-    # stop: harness.bundle reached the wheel only that way. Only a folder of data (web/page) may be warned of.
+    # stop: harness.bundle reached the wheel only that way. Only a folder of data (web/page, its runtimes/) may be
+    # warned of.
     warned = re.findall(r"Package '([\w.]+)' is absent from the `packages` configuration", build_log(wheel))
     code = [name for name in warned if any(f.startswith(name.replace(".", "/") + "/") for f in expected)]
     assert code == [], f"packages found only by setuptools' fallback: {code}"
+
+
+# Run by the installed venv's Python: what the installed copy serves of each page runtime, and from where.
+RUNTIMES_PROBE = """
+import json
+from harness.web import runtime_dist, server
+served = server.runtime_files()
+print(json.dumps({"root": str(runtime_dist.dist_root()),
+                  "problems": {r: runtime_dist.problem(r) for r in runtime_dist.FILES},
+                  "versions": {r: runtime_dist.versions(r) for r in runtime_dist.FILES},
+                  "served": {r: {n: str(p) for n, p in files.items()} for r, files in served.items()}}))
+"""
+
+
+def test_installed_wheel_serves_the_page_runtimes_files(
+    installed: Path, user_env: dict[str, str], tmp_path: Path
+) -> None:
+    # Before the wheel carried them, every transformers.js and llama.cpp row of an installed copy was `unsupported`.
+    probe = json.loads(run(installed / "python", "-c", RUNTIMES_PROBE, cwd=tmp_path, env=user_env).stdout)
+    site = next(installed.parent.glob("lib/python3*/site-packages"))
+    assert probe["root"] == str(site / "harness" / "web" / "npm")
+    assert probe["problems"] == dict.fromkeys(runtime_dist.FILES), probe["problems"]
+    assert probe["versions"] == {r: runtime_dist.versions(r) for r in runtime_dist.FILES}  # the checkout's npm ci
+    pins = {package.rpartition(" > ")[2]: version for package, (version, _) in locked_pins().items()}
+    assert all(version == pins[p] for found in probe["versions"].values() for p, version in found.items())
+    assert {r: set(files) for r, files in probe["served"].items()} == {r: set(f) for r, f in runtime_dist.FILES.items()}
+    assert all(path.startswith(probe["root"]) for files in probe["served"].values() for path in files.values())
+
+    # An install that lost one of them: that runtime's rows say what is missing and to reinstall.
+    Path(probe["served"]["llama.cpp"]["compat-wllama.wasm"]).unlink()
+    probe = json.loads(run(installed / "python", "-c", RUNTIMES_PROBE, cwd=tmp_path, env=user_env).stdout)
+    assert "wllama-compat/wasm/wllama.wasm missing" in probe["problems"]["llama.cpp"]
+    assert "reinstall" in probe["problems"]["llama.cpp"] and probe["problems"]["transformers.js"] is None
 
 
 # Run by the installed venv's Python: every command's --help through the installed app, every module

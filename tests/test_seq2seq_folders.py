@@ -105,6 +105,24 @@ def test_a_transformers_js_whisper_folder_runs_an_fp32_encoder_and_a_q4_decoder(
         assert row["output_text"] == " ".join(f"t{i}" for i in tokens[0]) and row["prompt_ids"] is None
         assert json.loads(row["output_texts"]) == [row["output_text"]] and "output_text" not in row["details"]
         assert row["family"] == "audio"
+    # Issue 45: every speech row's word error rate, from its own text against the words the audio speaks (the
+    # harness's espeak-ng passage); the folder has no normalizer.json, and says so. Random weights write `t<i>`
+    # words, none of the passage's: every word of the prefix they cover is a substitution, WER 1. Equal tokens,
+    # equal WER: the page's row is native ORT's, and the report says so beside its real-time factor.
+    from harness.report.generation import wer_text
+
+    for row in (native, page):
+        details = row["details"]
+        if not details["audio_input"].startswith("espeak-ng ("):
+            assert details["wer"] is None and details["wer_not_measured"].startswith("the input is synthetic white")
+            continue
+        assert details["wer"] == 1.0 and details["wer_reference"] == "the harness's espeak-ng passage v1"
+        normalizer = details["wer_normalizer"]
+        assert normalizer.startswith("Whisper's EnglishTextNormalizer") and "no normalizer.json" in normalizer
+        words = len(details["wer_hypothesis"].split())  # `t12` normalized is two words, `t 12`
+        assert details["wer_edits"] == {"substitutions": words, "deletions": 0, "insertions": 0}
+        assert details["wer_words"].startswith(f"the reference's first {words} of ")
+    assert wer_text(page, [native, page]).endswith("(= native ORT)")
     computed = native["details"]["graph_compute_precision"]  # read from the graphs ORT optimized, If branches too
     assert (
         set(computed) == {"encoder", "decoder"} and computed["encoder"]["fp32"] > 0 and computed["decoder"]["fp32"] > 0

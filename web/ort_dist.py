@@ -10,6 +10,9 @@ module (X.wasm runs with X.mjs): nine files, 69 MB (17 MB compressed) of the pac
   offline, and what is served is byte for byte what the lockfile names.
 - A checkout serves the same nine files from web/node_modules (`make setup` runs `npm ci`).
 
+The other page runtimes' npm files reach the wheel through the same pinned, verified tarballs (`pinned` with
+their lockfile entry, `tarball`): web/runtime_dist.py says which files.
+
 Standard library only: setup.py loads this file before any dependency is installed.
 """
 
@@ -43,14 +46,15 @@ class OrtFilesError(RuntimeError):
 
 @dataclass(frozen=True)
 class Pin:
-    """The onnxruntime-web release the lockfile pins, and the hash its tarball must have."""
+    """The release of an npm package (onnxruntime-web unless said) the lockfile pins, and its tarball's hash."""
 
     version: str
     integrity: str  # Subresource Integrity form, "sha512-<base64>"
+    package: str = PACKAGE  # its npm name, scope included ("@wllama/wllama")
 
     @property
     def tarball_url(self) -> str:
-        return f"{REGISTRY}/{PACKAGE}/-/{PACKAGE}-{self.version}.tgz"
+        return f"{REGISTRY}/{self.package}/-/{self.package.rpartition('/')[2]}-{self.version}.tgz"
 
 
 def required_files(eps_table: Path = EPS_TABLE) -> list[str]:
@@ -72,9 +76,10 @@ def missing_hint() -> str:
     return "this installation of accelharness lacks them: reinstall it from a wheel (`pip install accelharness`)"
 
 
-def pinned(lockfile: Path = LOCKFILE) -> Pin:
-    entry = json.loads(lockfile.read_text(encoding="utf-8"))["packages"][f"node_modules/{PACKAGE}"]
-    return Pin(entry["version"], entry["integrity"])
+def pinned(lockfile: Path = LOCKFILE, key: str = f"node_modules/{PACKAGE}") -> Pin:
+    """The pin of the lockfile's entry `key` (a path under node_modules, as the lockfile keys it)."""
+    entry = json.loads(lockfile.read_text(encoding="utf-8"))["packages"][key]
+    return Pin(entry["version"], entry["integrity"], key.rpartition("node_modules/")[2])
 
 
 def _digest(integrity: str) -> tuple[str, bytes]:
@@ -91,7 +96,7 @@ def verified(data: bytes, pin: Pin, origin: str) -> bytes:
     if actual != expected:
         got = f"{algorithm}-{base64.b64encode(actual).decode()}"
         raise OrtFilesError(
-            f"{PACKAGE} {pin.version} from {origin} has {got}, but web/package-lock.json pins {pin.integrity}"
+            f"{pin.package} {pin.version} from {origin} has {got}, but web/package-lock.json pins {pin.integrity}"
         )
     return data
 

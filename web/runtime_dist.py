@@ -1,5 +1,5 @@
 """The page runtimes' npm files (web/page/runtimes.json's rows other than onnxruntime-web): which ones the page may
-load, where a checkout has them, and their versions.
+load, where they are, how a wheel gets them, and their versions.
 
 Each runtime is served under /<token>/runtimes/<name>/<file> (web/server.py), from this closed set only:
 
@@ -11,17 +11,35 @@ Each runtime is served under /<token>/runtimes/<name>/<file> (web/server.py), fr
   never makes wllama fetch it from a CDN.
 - webllm: nothing (the page module answers `unsupported`: no TVM-compiled model library is given).
 
-A checkout serves them from web/node_modules (`make setup` runs `npm ci`); a wheel does not ship them yet.
-Standard library only, like web/ort_dist.py.
+FILES is the one list: what the page may load, what a checkout serves and what a wheel carries.
+
+- A checkout serves them from web/node_modules (`make setup` runs `npm ci`).
+- An installed wheel carries exactly these files (and each package's package.json: its version, and which
+  onnxruntime-web transformers.js depends on) in harness/web/npm/, laid out as node_modules lays them out, a
+  package "<a> > <b>" as plain <b> (package_dir finds it there), so everything below reads either the same way.
+  The build (setup.py) stages them as it stages onnxruntime-web's: from the npm tarball of each version
+  web/package-lock.json pins, checked against its integrity hash (web/ort_dist.py's `pinned` and `tarball`).
+
+Standard library only, like web/ort_dist.py (setup.py loads both by path, so this file never imports that one
+at module level: `stage` is handed it).
 """
 
 from __future__ import annotations
 
+import io
 import json
+import shutil
+import tarfile
 from pathlib import Path
+from types import ModuleType
 
 HERE = Path(__file__).resolve().parent
 NODE_MODULES = HERE / "node_modules"
+SHIPPED_DIR = HERE / "npm"  # present in an installed wheel only
+LOCKFILE = HERE / "package-lock.json"
+RUNTIMES_TABLE = HERE / "page" / "runtimes.json"
+OWN_RUNTIME = "onnxruntime-web"  # runtimes.json's row for the page's own loop: its files are web/ort_dist.py's
+SOURCE_FILE = "SOURCE.json"  # beside the shipped files: each package's version, integrity hash, where it came from
 TRANSFORMERS = "@huggingface/transformers"
 WLLAMA = "@wllama/wllama"
 TRANSFORMERS_ORT = f"{TRANSFORMERS} > onnxruntime-web"  # its own onnxruntime-web (1.31.0-dev), not the page's
@@ -46,11 +64,23 @@ FILES: dict[str, dict[str, tuple[str, str]]] = {
 
 
 class RuntimeFilesError(RuntimeError):
-    """A page runtime's npm files are not installed."""
+    """A page runtime's npm files are not installed, or cannot be staged for a wheel."""
 
 
-def package_dir(package: str, root: Path = NODE_MODULES) -> Path:
+def dist_root() -> Path:
+    """Where this copy serves the runtimes' files from: the files a wheel shipped, else a checkout's node_modules."""
+    return SHIPPED_DIR if SHIPPED_DIR.is_dir() else NODE_MODULES
+
+
+def _missing_hint() -> str:
+    from harness.web import ort_dist  # here, not at the top: setup.py loads this file before the package exists
+
+    return ort_dist.missing_hint()
+
+
+def package_dir(package: str, root: Path | None = None) -> Path:
     """Where a package lives; "<a> > <b>": b as a resolves it (a's own node_modules first, as Node does)."""
+    root = root or dist_root()
     parent, _, child = package.rpartition(" > ")
     if not parent:
         return root / package
@@ -58,7 +88,7 @@ def package_dir(package: str, root: Path = NODE_MODULES) -> Path:
     return nested if nested.is_dir() else root / child
 
 
-def version(package: str, root: Path = NODE_MODULES) -> str | None:
+def version(package: str, root: Path | None = None) -> str | None:
     try:
         return json.loads((package_dir(package, root) / "package.json").read_text(encoding="utf-8"))["version"]
     except (OSError, ValueError, KeyError):
@@ -78,24 +108,23 @@ def _check_transformers_ort(root: Path) -> str | None:
     return None
 
 
-def files(runtime: str, root: Path = NODE_MODULES) -> dict[str, Path]:
-    """The runtime's served files by name; RuntimeFilesError (saying to run `make setup`) if any is missing."""
+def files(runtime: str, root: Path | None = None) -> dict[str, Path]:
+    """The runtime's served files by name; RuntimeFilesError (saying what to do) if any is missing."""
     if runtime not in FILES:
         raise RuntimeFilesError(f"'{runtime}' is not a page runtime with npm files ({', '.join(FILES)})")
+    root = root or dist_root()
     found = {name: package_dir(package, root) / path for name, (package, path) in FILES[runtime].items()}
     missing = [str(path) for path in found.values() if not path.is_file()]
     if missing:
-        raise RuntimeFilesError(
-            f"{runtime}'s npm files are not installed: {', '.join(missing)} missing; "
-            "run `make setup` (it runs `cd web && npm ci`)"
-        )
+        listed = ", ".join(missing)
+        raise RuntimeFilesError(f"{runtime}'s npm files are not installed: {listed} missing; {_missing_hint()}")
     mismatch = _check_transformers_ort(root) if runtime == "transformers.js" else None
     if mismatch:
-        raise RuntimeFilesError(f"{mismatch}; run `make setup` (it runs `cd web && npm ci`)")
+        raise RuntimeFilesError(f"{mismatch}; {_missing_hint()}")
     return found
 
 
-def problem(runtime: str, root: Path = NODE_MODULES) -> str | None:
+def problem(runtime: str, root: Path | None = None) -> str | None:
     """Why the runtime's files cannot be served here, or None."""
     try:
         files(runtime, root)
@@ -104,6 +133,71 @@ def problem(runtime: str, root: Path = NODE_MODULES) -> str | None:
     return None
 
 
-def versions(runtime: str, root: Path = NODE_MODULES) -> dict[str, str | None]:
+def versions(runtime: str, root: Path | None = None) -> dict[str, str | None]:
     """The installed version of each package the runtime's files come from, by package."""
     return {package.rpartition(" > ")[2]: version(package, root) for package, _ in FILES.get(runtime, {}).values()}
+
+
+def shipped_files() -> dict[str, set[str]]:
+    """What a wheel carries, by package (FILES's spelling): every file FILES names of it, and its package.json."""
+    wanted: dict[str, set[str]] = {}
+    for served in FILES.values():
+        for package, path in served.values():
+            wanted.setdefault(package, {"package.json"}).add(path)
+    return wanted
+
+
+def shipped_folder(package: str) -> str:
+    """A package's folder in a wheel's harness/web/npm/: its own name ("<a> > <b>": b, where package_dir finds it
+    when a has no node_modules of its own)."""
+    return package.rpartition(" > ")[2]
+
+
+def lock_key(package: str, locked: dict[str, dict]) -> str:
+    """The lockfile's entry for a package: "<a> > <b>" is a's nested copy of b if the lockfile has one, as Node
+    resolves it (package_dir), else the top-level b."""
+    parent, _, child = package.rpartition(" > ")
+    nested = f"node_modules/{parent}/node_modules/{child}"
+    return nested if parent and nested in locked else f"node_modules/{child}"
+
+
+def _check_table(table: Path) -> None:
+    """FILES holds a row for every runtime web/page/runtimes.json names but the page's own, and serves its package."""
+    rows = json.loads(table.read_text(encoding="utf-8"))
+    expected = set(rows) - {OWN_RUNTIME}
+    if set(FILES) != expected:
+        raise RuntimeFilesError(f"web/runtime_dist.py's FILES names {sorted(FILES)}, runtimes.json {sorted(expected)}")
+    for runtime, served in FILES.items():
+        if served and rows[runtime]["package"] not in {package for package, _ in served.values()}:
+            raise RuntimeFilesError(f"{runtime}'s files do not come from its package {rows[runtime]['package']}")
+
+
+def stage(dest: Path, npm: ModuleType, lockfile: Path = LOCKFILE, table: Path = RUNTIMES_TABLE) -> dict[str, str]:
+    """Write the runtimes' shipped files, from each package's verified tarball, into `dest` (replacing what was
+    there); `npm` is web/ort_dist.py (its `pinned` and `tarball`). Returns each package's version."""
+    _check_table(table)
+    wanted = shipped_files()
+    folders = [shipped_folder(package) for package in wanted]
+    if len(set(folders)) != len(folders):
+        raise RuntimeFilesError(f"two packages would share a folder in the wheel: {sorted(wanted)}")
+    locked = json.loads(lockfile.read_text(encoding="utf-8"))["packages"]
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    source = {}
+    for package, paths in sorted(wanted.items()):
+        pin = npm.pinned(lockfile, lock_key(package, locked))
+        data, origin = npm.tarball(pin)
+        folder = dest / shipped_folder(package)
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
+            for path in sorted(paths):
+                try:
+                    member = archive.extractfile(f"package/{path}")
+                except KeyError:
+                    member = None
+                if member is None:
+                    raise RuntimeFilesError(f"{pin.package} {pin.version}'s tarball lacks {path} (FILES names it)")
+                (folder / path).parent.mkdir(parents=True, exist_ok=True)
+                (folder / path).write_bytes(member.read())
+        source[package] = {"version": pin.version, "integrity": pin.integrity, "from": origin, "files": sorted(paths)}
+    (dest / SOURCE_FILE).write_text(json.dumps(source, indent=2) + "\n", encoding="utf-8")
+    return {package: entry["version"] for package, entry in source.items()}

@@ -74,6 +74,7 @@ MAX_AUDIO_FILE_SECONDS = 600  # a --audio file's duration (its first window is u
 MAX_AUDIO_BYTES = 256 * 2**20  # a --audio file's size: ten minutes of 8 channels of 24-bit 48 kHz is 207 MiB
 MAX_AUDIO_CHANNELS = 8  # channels of a --audio file (mixed to mono, as Whisper's processor takes one)
 MIN_AUDIO_RATE, MAX_AUDIO_RATE = 8_000, 192_000  # a --audio file's sampling rate (Hz), resampled to the model's
+MAX_TRANSCRIPT_BYTES = 2**20  # a --transcript file (UTF-8 text): ten minutes of speech is ~10 KB
 # Text a bundle's rows carry (harness.bundle.checks): at most what a fresh run could store, so a row from elsewhere
 # cannot grow every report written from it (a 10 MB output_text made 20 MB of CSV and JSON). A token decodes to a few
 # characters, a long one (a run of spaces, a special token's name such as <|reserved_special_token_250|>) to tens:

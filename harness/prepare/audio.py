@@ -36,6 +36,9 @@ from harness.core.bounds import (
 SAMPLING_RATE = 16_000  # Whisper's feature extractor: 16 kHz samples,
 HOP_LENGTH = 160  # a log-mel frame every 160 samples (10 ms),
 N_FFT = 400  # over a 25 ms window
+# The passage espeak-ng speaks, versioned: a speech row's WER names the version it was measured against
+# (harness.prepare.wer), so a changed passage is a new version, never silently compared with an older one.
+PASSAGE_VERSION = 1
 # The passage espeak-ng speaks: 35 s at its default rate, longer than Whisper's 30 s window, so that every
 # --audio-seconds length up to the window is speech trimmed, not silence added.
 PASSAGE = (
@@ -68,6 +71,7 @@ class Speech:
     samples: np.ndarray
     source: str
     digest: str
+    kind: str = "wav"  # "espeak" (PASSAGE spoken), "wav" (--audio) or "noise": what a row's WER is measured against
 
     @property
     def seconds(self) -> float:
@@ -206,7 +210,7 @@ def espeak_speech(folder: Path) -> Speech | None:
         partial.replace(wav)
     samples, rate, _ = read_wav(wav)
     source = f"espeak-ng ({version.split('Data')[0].strip()}, voice {VOICE}): a passage of {len(samples) / rate:.2f} s"
-    return Speech(resample(samples, rate), source, f"e{digest}")
+    return Speech(resample(samples, rate), source, f"e{digest}", "espeak")
 
 
 def noise_speech() -> Speech:
@@ -214,7 +218,7 @@ def noise_speech() -> Speech:
     rng = np.random.default_rng(0)
     samples = (NOISE_LEVEL * rng.standard_normal(int(NOISE_SECONDS * SAMPLING_RATE))).astype(np.float32)
     why = "synthetic white noise, not speech: espeak-ng is not on PATH and no --audio file was given"
-    return Speech(samples, why, "noise0")
+    return Speech(samples, why, "noise0", "noise")
 
 
 @cache

@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # harness.prepare.export imports torch: workers that only run
     from harness.prepare.export import ExportOutcome
     from harness.prepare.greedy import Greedy
     from harness.prepare.weights import Weights
+    from harness.prepare.wer import Reference
 
 CaseShape = tuple[int, int | None]  # (batch, seq)
 MODEL_FACTS = "model.json"  # in a case directory: the module's facts a warm-cache prepare needs
@@ -61,6 +62,8 @@ class PreparedModel:
     # speech (Whisper): what its audio is cut from, that audio's own seconds and the encoder's window in seconds
     # (harness.prepare.audio), and each (case, --audio-seconds) length's input_features, cut from it
     speech: tuple[str, float, float] | None = None
+    # the text that speech speaks, a row's WER is measured against (harness.prepare.wer: the passage, a transcript)
+    speech_reference: Reference | None = None
     audio_files: dict[tuple[CaseShape, int], Path] = field(default_factory=dict)
     # GGUFs of the weights (PrepareJob.gguf_precisions: llama.cpp runs them): harness precision → absolute path,
     # each one's writer facts (harness.prepare.gguf_export), and why some asked for are missing (None: all written)
@@ -77,6 +80,11 @@ class PreparedModel:
 
         prompt = np.zeros((0, 0), dtype=np.int64) if input_ids is None else input_ids
         fields = text_fields(self.spec, prompt, generated, self.eos, self.eos_asked, details)
+        if self.speech_reference is not None:  # speech: its word error rate, on every engine's row alike
+            from harness.prepare.prompts import tokenizer_folder
+            from harness.prepare.wer import wer_fields
+
+            details |= wer_fields(fields["output_texts"], self.speech_reference, tokenizer_folder(self.spec.local_path))
         return fields | ({"prompt_ids": None} if input_ids is None else {})
 
     def result(self, target: Target, case: Case, status: str, error: str | None = None, **fields: Any) -> Result:
@@ -687,8 +695,10 @@ def _speech_cases(prepared: PreparedModel, lengths: tuple[int, ...]) -> None:
     """A speech model's source, and each case's input_features at every --audio-seconds length (cached beside the
     case's inputs, from the same speech and extractor): what native engines and the page are both fed."""
     from harness.prepare.audio import speech_features, speech_input, window_seconds
+    from harness.prepare.wer import speech_reference
 
     speech = speech_input(prepared.spec.audio)
+    prepared.speech_reference = speech_reference(speech.kind, prepared.spec.audio, prepared.spec.transcript)
     for shape, case_file in prepared.case_files.items():
         window = prepared.load_case(shape)[0]["input_features"].shape
         prepared.speech = (speech.source, speech.seconds, window_seconds(window[-1]))

@@ -95,6 +95,9 @@ class ModelSpec:
     # the WAV a speech model's input is cut from where the run gives one (--audio: harness.prepare.audio); None:
     # espeak-ng's passage. Not in the fingerprint: one export serves every clip.
     audio: Path | None = None
+    # the user's transcript of that WAV (--transcript: harness.prepare.wer), what its rows' WER is measured against;
+    # None: espeak-ng's passage where that is what the model hears, else no WER. Not in the fingerprint either.
+    transcript: Path | None = None
 
     def case_shapes(self, batch_sizes: list[int], sequence_lengths: list[int]) -> list[tuple[int, int | None]]:
         """The (batch, seq) cases the request's sizes become for this model: an .onnx file with fixed

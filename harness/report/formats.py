@@ -22,7 +22,7 @@ from harness.core.labels import BASELINE_LABEL, case_label, flags, target_label,
 from harness.core.paths import inside, safe_name
 from harness.core.records import MEASURED
 from harness.report.data import RunReport
-from harness.report.generation import TEXT_COLUMNS
+from harness.report.generation import TEXT_COLUMNS, WER_HEADER, wer_text
 
 
 def write_json(report: RunReport, path: Path) -> None:
@@ -186,11 +186,15 @@ def _speech_section(results: list[dict[str, Any]]) -> list[str]:
     rows = [r for r in results if r.get("real_time_factor") is not None]
     if not rows:
         return []
-    header = ["Model", "Target", "Case", *(name for name, _, _ in SPEECH_COLUMNS), "status"]
+    header = ["Model", "Target", "Case", *(name for name, _, _ in SPEECH_COLUMNS), WER_HEADER, "status"]
     cells = [[r["model"], target_label(r), case_label(r), _fmt(_details(r).get("audio_seconds"), 1),
-              *(_fmt(r.get(f), d) for _, f, d in SPEECH_COLUMNS[1:]), r["status"]] for r in rows]  # fmt: skip
+              *(_fmt(r.get(f), d) for _, f, d in SPEECH_COLUMNS[1:]), wer_text(r, results), r["status"]]
+             for r in rows]  # fmt: skip
     title = "### Speech (audio seconds ÷ processing seconds: the real-time factor; above 1 is faster than real time)"
-    return [title, "", *_table(header, cells), ""]
+    sources = sorted({f"{d['wer_reference']}; {d['wer_normalizer']}" for r in rows
+                      if "wer_reference" in (d := _details(r))})  # fmt: skip
+    note = [f"WER: word error rate of the output text against {markdown_text(s)}" for s in sources]
+    return [title, "", *_table(header, cells), "", *(f"{line}." for line in note), *([""] if note else [])]
 
 
 def _details(row: dict[str, Any]) -> dict[str, Any]:

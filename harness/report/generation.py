@@ -84,15 +84,56 @@ def _texts(row: dict[str, Any]) -> list[str]:
 
 
 TEXT_COLUMNS = (("EOS", eos_text), ("prompt", prompt_text), ("output text", output_text))
+WER_HEADER = "WER"  # a speech row's word error rate (details.wer, harness.prepare.wer), beside its real-time factor
+NATIVE_ORT = ("onnxruntime", "CPUExecutionProvider")  # the rows every other row's tokens are checked against
+SAME_CASE = ("model", "batch_size", "seq_len", "new_tokens", "depth", "audio_seconds", "requested_precision")
+
+
+def _row_details(row: dict[str, Any]) -> dict[str, Any]:
+    details = row.get("details")
+    if isinstance(details, str):
+        try:
+            details = json.loads(details)
+        except (ValueError, RecursionError):
+            return {}
+    return details if isinstance(details, dict) else {}
+
+
+def wer_value(row: dict[str, Any]) -> float | None:
+    """A speech row's stored word error rate (a number from elsewhere that is not one: None)."""
+    value = _row_details(row).get("wer")
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def wer_text(row: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    """A speech row's WER as a table shows it, and whether it is native ORT's on the same case (the rows' WER is a
+    function of their tokens: equal tokens, equal WER; a difference is said, with whether the tokens differ)."""
+    wer = wer_value(row)
+    if wer is None:
+        return "—"
+    if (row.get("engine"), row.get("provider")) == NATIVE_ORT:
+        return f"{wer:.3f}"
+    native = next((r for r in rows if (r.get("engine"), r.get("provider")) == NATIVE_ORT
+                   and all(r.get(k) == row.get(k) for k in SAME_CASE) and wer_value(r) is not None), None)  # fmt: skip
+    if native is None:
+        return f"{wer:.3f}"
+    theirs = wer_value(native)
+    assert theirs is not None
+    if abs(wer - theirs) < 1e-12:
+        return f"{wer:.3f} (= native ORT)"
+    tokens = "tokens differ" if row.get("generated_tokens") != native.get("generated_tokens") else "same tokens"
+    return f"{wer:.3f} (native ORT {theirs:.3f}: {tokens})"
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
-    headers = ("target", "case", "status", *(c[0] for c in COLUMNS), "tokens = native ORT", "tokens checked on",
-               *(c[0] for c in TEXT_COLUMNS))  # fmt: skip
+    speech = any(wer_value(r) is not None for r in rows)  # the WER column where a row of the model has one
+    headers = ("target", "case", "status", *(c[0] for c in COLUMNS), *((WER_HEADER,) if speech else ()),
+               "tokens = native ORT", "tokens checked on", *(c[0] for c in TEXT_COLUMNS))  # fmt: skip
     head = "".join(f"<th>{escape(h)}</th>" for h in headers)
     body = "".join(
         f"<tr><td>{escape(target_label(r))}</td><td>{escape(case_label(r))}</td><td>{escape(r['status'])}</td>"
         + "".join(f'<td class="num">{_fmt(r.get(field), digits)}</td>' for _, field, digits in COLUMNS)
+        + (f'<td class="num">{escape(wer_text(r, rows))}</td>' if speech else "")
         + f'<td class="num">{_parity(r)}</td><td>{escape(r.get("token_reference") or "—")}</td>'
         + "".join(f'<td class="gen-text">{escape(terminal_text(shown(r)))}</td>' for _, shown in TEXT_COLUMNS)
         + "</tr>"
@@ -163,7 +204,9 @@ def generation_html(report: RunReport) -> str:
             "prefix with native ONNX Runtime's greedy tokens on the same graph. EOS: the policy that ran (EOS ignored: "
             "exactly the new tokens asked, for fixed-length timing; --stop-at-eos stops at the model's EOS id). "
             "Prompt: the first batch row's ids; output text: each batch row's tokens through the model's tokenizer, "
-            "numbered where the batch has several.</p>"
+            "numbered where the batch has several. WER (speech): the word error rate of the output text against the "
+            "words the audio speaks (details.wer_reference), both normalized as Whisper's English normalizer does, "
+            "over the reference's first words that the row's text covers (details.wer_words).</p>"
             f"{_table(rows)}<figure>{figure}<figcaption>Median decode-step time per generated position, per "
             "target.</figcaption></figure>"
         )

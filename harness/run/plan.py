@@ -42,6 +42,7 @@ from harness.prepare.greedy import generates_with_past
 from harness.prepare.prepared import inference_on_past
 from harness.prepare.prompts import PromptError, given_prompt, model_eos_ids
 from harness.prepare.specs import FAMILIES, ModelSpec, SpecError, check_families, select_specs, spec_from_path
+from harness.prepare.wer import TranscriptError, read_transcript
 from harness.run.hardware import DEFAULT_NATIVE_PLATFORMS, NATIVE_PLATFORMS, native_targets
 from harness.run.machine import machine_label
 from harness.run.outputs import Outputs
@@ -103,6 +104,11 @@ AUDIO_HELP = (
     "instead of espeak-ng's spoken passage: mixed to mono, resampled to 16 kHz, made log-mel features by the "
     "model's own feature extractor; the same features natively and in the page."
 )
+TRANSCRIPT_HELP = (
+    "With --audio: a UTF-8 text file of the words the WAV speaks, each speech row's word error rate (WER) measured "
+    "against it, normalized as Whisper's English normalizer does (default: the WER of espeak-ng's passage against "
+    "the passage's own text; none for a --audio file without a transcript)."
+)
 AUDIO_SECONDS_HELP = (
     "--mode generate, speech models (Whisper): comma-separated seconds of audio, one case each (rows "
     f"`tg16 @ d0 @ 5 s audio`): the speech trimmed or padded with silence to that length, at most the model's "
@@ -159,6 +165,7 @@ class RunOptions:
     stop_at_eos: bool = option(False, flag="--stop-at-eos", help=STOP_AT_EOS_HELP)
     # speech (Whisper): the clip its input is cut from (None: espeak-ng's passage) and the lengths, an axis of cases
     audio: Path | None = option(None, flag="--audio", help=AUDIO_HELP)
+    transcript: Path | None = option(None, flag="--transcript", help=TRANSCRIPT_HELP)
     audio_seconds: list[int] | None = option(
         None, flag="--audio-seconds", many=True, low=1, high=MAX_AUDIO_SECONDS, help=AUDIO_SECONDS_HELP
     )
@@ -441,6 +448,8 @@ def with_audio(request: RunOptions, spec: ModelSpec) -> ModelSpec:
     """The spec carrying the --audio file its speech is cut from, the file read and checked now (a WAV from
     elsewhere, bounded: harness.prepare.audio); unchanged when the run gives none."""
     if request.audio is None:
+        if request.transcript is not None:
+            raise RequestError("--transcript is the words a --audio file speaks: give the WAV with --audio too")
         return spec
     if not spec.takes_speech:
         raise RequestError(f"{spec.name} takes no speech (only Whisper-style speech models do); drop --audio")
@@ -449,7 +458,13 @@ def with_audio(request: RunOptions, spec: ModelSpec) -> ModelSpec:
         wav_speech(path)
     except AudioError as exc:
         raise RequestError(f"--audio {path.name}: {exc}; nothing was run") from None
-    return replace(spec, audio=path.resolve())
+    transcript = None if request.transcript is None else Path(request.transcript)
+    if transcript is not None:
+        try:
+            read_transcript(transcript)
+        except TranscriptError as exc:
+            raise RequestError(f"--transcript {transcript.name}: {exc}; nothing was run") from None
+    return replace(spec, audio=path.resolve(), transcript=None if transcript is None else transcript.resolve())
 
 
 def check_graph_precisions(request: RunOptions, specs: list[ModelSpec]) -> None:
