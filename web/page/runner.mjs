@@ -5,7 +5,7 @@
 import { measureGeneration } from './generate.mjs';
 import { seq2seqOnce } from './seq2seq.mjs';
 import { loopStop } from './stop.mjs';
-import { wasmTierProbe } from './tier.mjs';
+import { timerStep, wasmTierProbe } from './tier.mjs';
 
 const ORT_BASE = new URL('../ort/', import.meta.url).href;
 // The one table of browser EPs (web/page/eps.json, read by Python too): bundle, setup, placement, check.
@@ -145,23 +145,8 @@ export async function environmentFacts() {
     webgpu_api: 'gpu' in navigator,
     webnn_api: 'ml' in navigator,
     user_agent: navigator.userAgent,
-    timer_resolution_ms: timerResolutionMs(),
+    timer_resolution_ms: timerStep(20, Infinity),
   };
-}
-
-// The smallest step of performance.now(): 5 µs when cross-origin isolated, 100 µs when not (Chromium).
-function timerResolutionMs() {
-  let smallest = Infinity;
-  let last = performance.now();
-  for (let steps = 0; steps < 20; ) {
-    const now = performance.now();
-    if (now !== last) {
-      smallest = Math.min(smallest, now - last);
-      last = now;
-      steps++;
-    }
-  }
-  return smallest;
 }
 
 // Why an API the browser may have is missing from this page: an insecure origin hides WebGPU and WebNN.
