@@ -147,6 +147,12 @@ CEILING_ENGINE_SQL = (
 )
 
 
+# Every column a ceiling is stored with, in add_ceiling's order (version 10's, then 14's)
+CEILING_COLUMNS = ("run_id", "hardware", "engine", "provider", "device", "kind", "precision", "workload", "amount",
+                   "measured_at", "iterations", "value", "spread", "samples_ms", "software_adapter", "load_avg_1m",
+                   "error", "budget_ms", "sizing", "software", "calibration_s", "reused_from")  # fmt: skip
+
+
 def _ceiling_sql(kind: str, precision: str) -> str:
     return (
         "(SELECT arg_max(c.value, c.measured_at) FROM ceilings c WHERE c.run_id = results.run_id "
@@ -293,6 +299,16 @@ MIGRATIONS: dict[int, list[str]] = {
         # issue 35: a speech generation's audio length (--audio-seconds, part of result_key); NULL: the encoder's
         # whole window, or not speech
         "ALTER TABLE results ADD COLUMN IF NOT EXISTS audio_seconds INTEGER",
+    ],
+    14: [
+        # issue 46: a ceiling sized by time (harness.run.ceilings): the time one run was sized to fit and how its
+        # size was chosen; what measured it (engine, browser, adapter), its calibration's own seconds, and the run
+        # that measured it where this run reused it (measured_at then stays the original's: harness.run.ceiling_reuse)
+        "ALTER TABLE ceilings ADD COLUMN IF NOT EXISTS budget_ms DOUBLE",
+        "ALTER TABLE ceilings ADD COLUMN IF NOT EXISTS sizing VARCHAR",
+        "ALTER TABLE ceilings ADD COLUMN IF NOT EXISTS software VARCHAR",
+        "ALTER TABLE ceilings ADD COLUMN IF NOT EXISTS calibration_s DOUBLE",
+        "ALTER TABLE ceilings ADD COLUMN IF NOT EXISTS reused_from VARCHAR",
     ],
 }
 SCHEMA_VERSION = max(MIGRATIONS)
@@ -644,11 +660,13 @@ class Store:
         with self._writing():
             self.connection.execute("BEGIN TRANSACTION")
             self.connection.execute(
-                "INSERT INTO ceilings VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO ceilings ({', '.join(CEILING_COLUMNS)}) VALUES ({', '.join('?' * len(CEILING_COLUMNS))})",
                 [
                     run_id, target.hardware, target.engine, target.provider, target.device, ceiling.kind,
-                    ceiling.precision, ceiling.workload, ceiling.amount, _now(), len(ceiling.samples_ms), value,
-                    spread, ceiling.samples_ms, ceiling.software_adapter, ceiling.load_avg_1m, ceiling.error,
+                    ceiling.precision, ceiling.workload, ceiling.amount, ceiling.measured_at or _now(),
+                    len(ceiling.samples_ms), value, spread, ceiling.samples_ms, ceiling.software_adapter,
+                    ceiling.load_avg_1m, ceiling.error, ceiling.budget_ms, ceiling.sizing, ceiling.software,
+                    ceiling.calibration_s, ceiling.reused_from,
                 ],
             )  # fmt: skip
             for statement in roofline_sql(on_target):

@@ -111,7 +111,11 @@ class LlamaCppGenerator(HostMemory):
         self.clock = Clock()
         self.generated: np.ndarray | None = None  # the last generate()'s token ids [1, n]
         self.step_top: tuple[np.ndarray, np.ndarray] | None = None  # the case's first generation's top logits
+        # each step's log of the sum of exp(logit - its largest) of that generation: its top logits as log-probabilities
+        # (logit - largest - this), as llama.cpp in the page gives them
+        self.step_log_weight: np.ndarray | None = None
         self._top_wanted = False
+        self.tokenizer: dict[str, Any] = {}  # llama.cpp's BOS id and whether its tokenizer puts BOS first
 
     def prepare(self, feeds: dict[str, np.ndarray]) -> list[int]:
         ids = feeds["input_ids"]
@@ -136,7 +140,7 @@ class LlamaCppGenerator(HostMemory):
         token's line arrives from the runner (llama.cpp chose it one pipe hop earlier: the module's docstring)."""
         top = STEP_TOP_K if self._top_wanted else 0
         self.runner.send({"op": "generate", "ids": prepared, "newTokens": new_tokens, "eos": list(eos), "top": top})
-        tokens, tops = [], []
+        tokens, tops, weights = [], [], []
         while True:
             message = self.runner.receive()
             if "t" not in message:
@@ -144,6 +148,7 @@ class LlamaCppGenerator(HostMemory):
             stamp()
             tokens.append(int(message["t"]))
             tops.append(message.get("top") or [])
+            weights.append(message.get("lw"))
         self.generated = np.asarray([tokens], dtype=np.int64)
         self._threads_read(message.get("threads_current"))
         if top:
@@ -151,6 +156,7 @@ class LlamaCppGenerator(HostMemory):
             ids = np.asarray([[[int(i) for i, _ in step] for step in tops]], dtype=np.int64)
             values = np.asarray([[[float(v) for _, v in step] for step in tops]], dtype=np.float64)
             self.step_top = (ids, values)
+            self.step_log_weight = np.log(np.asarray([np.nan if w is None else w for w in weights], dtype=np.float64))
             self.facts[STEP_TOP] = {"ids": ids.tolist(), "values": values.tolist()}
         return len(tokens)
 
@@ -211,12 +217,16 @@ class LlamaCppBackend(DeviceByHardware):
         except Exception:
             runner.close()
             raise
-        ran = FILE_TYPE_PRECISIONS.get(loaded.get("gguf_file_type"))
+        # a GGUF given as the model runs at the kind of its weights' quantization (harness.prepare.gguf_file, read
+        # from its tensors when the run was checked: Q4_1 is q4); one the harness wrote, at its file type's
+        ran = request.precision if request.spec.is_gguf_file else FILE_TYPE_PRECISIONS.get(loaded.get("gguf_file_type"))
         if ran is None:
             runner.close()
             raise UnsupportedError(f"llama.cpp reports file type {loaded.get('gguf_file_type')} for "
                                    f"{request.gguf_path.name}, which no harness precision names")  # fmt: skip
-        return LlamaCppGenerator(runner, ran, _facts(loaded, request.threads))
+        session = LlamaCppGenerator(runner, ran, _facts(loaded, request.threads))
+        session.tokenizer = {"bos": loaded.get("bos"), "add_bos": loaded.get("add_bos")}  # its prompt's BOS rule
+        return session
 
 
 def _facts(loaded: dict[str, Any], asked: int | None) -> dict[str, Any]:

@@ -167,6 +167,16 @@ class OrtGenerator(OrtSession):
                                 begin=begin, fills=self.fills, device=device, share=self.shares_kv).tokens  # fmt: skip
         return self.generated.shape[1]
 
+    def forced_logits(self, ids: tuple[int, ...], budget: Any = None) -> np.ndarray:
+        """This session's logits [len(ids)-1, vocab] predicting ids[1:], `ids` forced from an empty KV cache (batch
+        1): the perplexity passage, run untimed after the timed loop (harness.prepare.perplexity.graph_logits, its
+        steps held to `budget`)."""
+        from harness.prepare.perplexity import graph_logits
+
+        shape, device = past_shape(self.path) if self.path else None, DEVICE_KV_CACHE.get(self.provider)
+        logits, self.forced_method = graph_logits(self.session, ids, shape, budget, device)
+        return logits
+
 
 class OrtSeq2Seq(OrtSession):
     """Greedy encoder–decoder generation (harness.prepare.seq2seq, the loop the browser's reference tokens come

@@ -151,6 +151,18 @@ class TorchSession(HostMemory):
         self.generated = output[:, start:].cpu().numpy()  # the token ids, stored on the row
         return output.shape[-1] - start
 
+    def forced_logits(self, ids: tuple[int, ...], budget: Any = None) -> np.ndarray:
+        """The model's logits [len(ids)-1, vocab] predicting ids[1:], `ids` forced in one forward pass (batch 1), as
+        float32: the perplexity passage, run untimed after the timed loop (harness.prepare.perplexity). One pass
+        costs about a prefill: no step `budget` applies."""
+        model = self.module.model
+        if getattr(model.config, "is_encoder_decoder", False):
+            raise UnsupportedError("an encoder–decoder's decoder writes from its encoder's input, not a free passage")
+        with torch.inference_mode():
+            logits = model(input_ids=torch.tensor([ids], dtype=torch.long, device=self.device)).logits
+        self.forced_method = "one forward pass"
+        return logits[0, :-1].float().cpu().numpy()
+
     @contextlib.contextmanager
     def _encoder_timed(self, model: Any) -> Iterator[None]:
         """encoder_ms: an encoder–decoder's encoder run inside generate() (hooks on its encoder module, from its

@@ -147,6 +147,20 @@ def test_a_case_one_variant_cannot_prepare_fails_alone(tmp_path: Path) -> None:
         (["--b", "no-such-model"], "--b no-such-model"),
         (["--a-precision", "fp8"], "unknown precision 'fp8'"),
         (["--threads", "4"], "--threads 4: wasm thread counts of the browser half, which runs only with --web-hard"),
+        (["--browser", "firefox"], "--browser: the browser half's, which runs only with --web-hardware"),
+        (["--web-hardware", "wasm", "--a-browser", "chromium"], "--a-browser and --b-browser go together"),
+        (["--web-hardware", "wasm", "--a-browser", "firefox", "--b-browser", "firefox"], "are both firefox"),
+        (
+            ["--web-hardware", "wasm", "--browser", "firefox", "--a-browser", "chromium", "--b-browser", "firefox"],
+            "give one or the other",
+        ),
+        (["--web-hardware", "wasm", "--a-browser", "chrome", "--b-browser", "chromium"], "one of chrome, chromium"),
+        (["--web-hardware", "wasm", "--a-browser", "opera", "--b-browser", "firefox"], "unknown browser 'opera'"),
+        # a browser that is not there (no Firefox at that path): found out before anything runs
+        (
+            ["--web-hardware", "wasm", "--browser", "firefox", "--browser-path", "/nonexistent/firefox"],
+            "--browser-path /nonexistent/firefox: no executable file there",
+        ),
     ],
 )
 def test_bad_input_exits_2_and_writes_nothing(tmp_path: Path, args: list[str], message: str) -> None:

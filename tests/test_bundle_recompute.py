@@ -3,7 +3,8 @@
 One real run (module-scoped): llama-tiny on ONNX Runtime's CPU EP with its ceilings measured, inference and
 generate at fp32 and q4 (inference rows hold FLOPs per item against the fp32 and int4 compute ceilings, generate
 rows bytes per token against the bandwidth ceiling too), exported; then the run as a stop before its last case
-leaves it, exported, resumed (its target's ceilings measured again) and exported once more. Every hostile bundle
+leaves it, exported, resumed (its target's ceilings measured again: --ceilings fresh, which a resumed run keeps;
+by default it takes its own) and exported once more. Every hostile bundle
 is the first export rewritten as the issue found it (test_bundle_hostile.craft: well-formed, only its content
 hostile); each is imported through the CLI: exit 2, one line, no traceback, the store untouched."""
 
@@ -34,7 +35,7 @@ from harness.store import ROOFLINE_COLUMNS, hash_results_sql, open_store
 
 RUN = ["native", "--model", "llama-tiny", "--engines", "onnxruntime", "--hardware", "cpu", "--mode",
        "inference,generate", "--new-tokens", "4", "--sequence-lengths", "8", "--precision", "fp32,q4",
-       "--iterations", "3", "--warmup", "0", "--min-duration", "0", "--no-reports"]  # fmt: skip
+       "--iterations", "3", "--warmup", "0", "--min-duration", "0", "--no-reports", "--ceilings", "fresh"]  # fmt: skip
 CEILINGS = {"ACCELHARNESS_NO_CEILINGS": "0"}  # conftest makes --no-ceilings the suite's default
 ESCAPES = "\x1b]0;owned\x07\x1b[2J\x07\x9b31m\u202e"  # a window title, clear screen, BEL, a C1 CSI, a bidi override
 
@@ -147,9 +148,9 @@ def test_the_genuine_bundle_holds_every_kind_of_row_and_imports_recomputed(measu
 def test_a_resumed_run_exports_the_ceiling_its_rows_are_held_against_and_imports(
     measured: Measured, tmp_path: Path
 ) -> None:
-    """The resume measured the target's ceilings again (the source holds two per kind and class); its bundle
-    carries the later, which its rows are held against. A store given the bundle from before the resume and then
-    the one after holds every row against that later one, and a bundle of that store imports too."""
+    """The resume measured the target's ceilings again (--ceilings fresh: the source holds two per kind and class);
+    its bundle carries the later, which its rows are held against. A store given the bundle from before the resume
+    and then the one after holds every row against that later one, and a bundle of that store imports too."""
     with open_store(measured.source, read_only=True) as source:
         twice = source.query("SELECT kind, precision, count(*) AS n FROM ceilings GROUP BY ALL HAVING n > 1")
     assert twice, "the resume measured no ceiling again"

@@ -248,9 +248,26 @@ def test_onnxruntime_genai_generates_the_folder_with_its_own_kv_handling(
     assert genai["ttft_ms"] > 0 and genai["details"]["model_file"] == "model.onnx"
     # checked on the same graph: native ORT CPU teacher-forced on its tokens; no fp32 graph, so no quality
     assert genai["tokens_matched"] == TOKENS and genai["token_reference"].endswith(f"{genai_folder.name}/model.onnx")
-    assert genai["agreement_top1"] is None and genai["details"]["quality"] == "not measured: no fp32 graph at hand"
+    assert genai["agreement_top1"] is None and genai["details"]["quality"] == "not measured: no fp32 reference at hand"
     refused = rows["onnxruntime-genai", "fp16"]
     assert refused["status"] == "unsupported" and "a q4 graph; --precision q4 runs it" in refused["error"]
+
+
+@pytest.mark.slow  # ~25 s: the checkpoint's fp32 export; the cheap checks are tests/test_perplexity.py's
+def test_reference_model_gives_a_genai_folder_its_fp32_reference(genai_folder: Path, tmp_path: Path) -> None:
+    """Issue 45: the int4 folder holds no fp32 graph; --reference-model names the Hugging Face weights it was built
+    from, whose fp32 export every generate row is then held against (agreement, KL, first divergence, perplexity
+    ratio)."""
+    checkpoint, db = genai_folder.parent / "checkpoint", tmp_path / "r.duckdb"
+    done = run_cli("native", "--engines", "onnxruntime", "--hardware", "cpu", "--mode", "generate", "--new-tokens",
+                   "4", "--sequence-lengths", "8", "--iterations", "2", "--warmup", "0", "--min-duration", "0",
+                   "--no-reports", "--no-ceilings", "--model-path", str(genai_folder), "--precision", "q4", "--db",
+                   str(db), "--reference-model", str(checkpoint), cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    details = rows_of(db)["onnxruntime", "q4"]["details"]
+    assert 0 <= details["agreement_top1"] <= 1 and "first_divergence" in details and details["kl_passage"] >= 0
+    assert details["quality_reference"].endswith("(fp32, exported from --reference-model)")
+    assert details["perplexity_ratio"] > 0 and "exported from --reference-model" in details["perplexity_reference"]
 
 
 def corrupted_genai(genai_folder: Path, tmp_path: Path, change: Any) -> Path:

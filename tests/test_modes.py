@@ -65,6 +65,23 @@ def test_generation_rows_have_consistent_ttft_tpot_and_tokens_per_second(modes_d
         check_generation_row(modes_db, r, batch=2, tokens=6)
 
 
+def test_torch_and_native_ort_force_the_passage_and_stand_against_the_fp32_graph(modes_db: Path) -> None:
+    """Issue 45: each engine's own session forces the harness's passage untimed after its timed loop; torch's
+    generation is held against the fp32 graph on its own distributions (native ORT's fp32 row is that graph)."""
+    generated = {r["engine"]: json.loads(r["details"]) | r for r in rows(modes_db, "SELECT * FROM results WHERE "
+                                                                         "mode = 'generate'")}  # fmt: skip
+    for engine in ("onnxruntime", "torch"):
+        details = generated[engine]
+        assert details["perplexity"] > 0 and details["perplexity_ratio"] == pytest.approx(1.0, abs=1e-5)
+        assert details["agreement_top1"] == 1.0 and details["first_divergence"] is None
+        assert details["perplexity_method"].startswith(f"{engine}'s own session, one ")  # prefill, step, pass
+    assert "by identity" in generated["onnxruntime"]["quality_reference"]
+    assert (
+        generated["torch"]["kl_mean"] < 1e-6
+        and "beside the row's own engine" in generated["torch"]["quality_reference"]
+    )
+
+
 def check_generation_row(db: Path, r: dict, batch: int, tokens: int) -> None:
     assert r["status"] == "ok" and r["mode"] == "generate" and r["new_tokens"] == tokens
     assert r["ttft_ms"] > 0 and r["tpot_ms"] > 0 and r["ttft_ms"] < r["latency_p50_ms"]
@@ -281,8 +298,9 @@ def test_markdown_keeps_generation_and_training_in_their_own_tables() -> None:
     training = base | dict(mode="training", latency_p50_ms=3.0, throughput_per_s=10.0)
     lines = _mode_sections([generate, training, base | {"mode": "inference"}])
     generated = "| gpt2-tiny | cpu/torch | b1 s32 gen8 | 1.234 | 25920.8 | 2000.0 | 0.500 | 0.600 | 5.000 | — |"
-    generated += " — | — | — | — | — | ok | — | — | — |"
-    # agreement, KL, the tokens' reference, GB/s and its fraction, EOS, prompt, text: not stored (an older row)
+    generated += " — | — | — | — | — | — | — | — | — | ok | — | — | — |"
+    # agreement, KL, first divergence, PPL, its ratio, passage KL, the tokens' reference, GB/s and its fraction,
+    # EOS, prompt, text: not stored (an older row)
     assert generated in lines
     assert "| gpt2-tiny | cpu/torch | b1 s32 training | 3.000 | 10.0 | 500 | ok |" in lines
     assert [line for line in lines if line.startswith("###")] == [

@@ -98,7 +98,7 @@ SHARED_DECLARATIONS = declared(Shared) | {f"store {k}": v for k, v in declared(s
 FLAG_MEANINGS = {
     "--hardware": ("native platforms to run on", "browser EPs to run on", "a filter of the rows read or run"),
     "--model": ("models to run", "the one model whose rows are read (predict: or a spec)"),
-    "--mode": ("modes to run", "recommend: the one mode to rank"),
+    "--mode": ("modes to run", "recommend, predict: the one mode read"),
     "--precision": ("precisions to run", "predict: the one precision to predict for"),
     "--engines": ("native engines to run", "predict: a filter of its targets"),
     "--timeout": ("a case's worker or page", "predict: the graph's export and count"),

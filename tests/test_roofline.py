@@ -22,6 +22,7 @@ from harness.bundle.importer import import_bundles
 from harness.core.graph_cost import weight_bytes
 from harness.core.labels import case_label
 from harness.core.roofline import ceiling_figures
+from harness.run.ceilings import CEILING_BUDGET_MS
 from harness.run.plan import BenchmarkRequest
 from harness.store import open_store
 
@@ -61,6 +62,11 @@ def test_each_target_has_its_ceilings_measured_through_its_own_engine(measured: 
         assert c["error"] is None and c["iterations"] == len(c["samples_ms"]) >= 3 and not c["software_adapter"]
         assert (c["value"], c["spread"]) == pytest.approx(ceiling_figures(c["amount"], c["samples_ms"]))
         assert c["value"] > 0 and c["spread"] >= 0
+        # sized by time (harness.run.ceilings.Sizing), natively and by the page's own loop, and saying so
+        assert c["budget_ms"] == CEILING_BUDGET_MS and f"measured {c['workload']}" in c["sizing"]
+        assert c["reused_from"] is None and c["calibration_s"] > 0
+        engine = "onnxruntime-web " if c["hardware"] == "wasm" else "onnxruntime_version="
+        assert engine in c["software"], c["software"]
 
 
 def test_every_generate_row_has_its_work_and_comes_within_its_ceilings(measured: dict[str, Any]) -> None:

@@ -45,6 +45,7 @@ class Serving:
     def __init__(self, tmp_path: Path, *args: str) -> None:
         self.db = tmp_path / "serve.duckdb"
         quick = QUICK[2:] if "--model-path" in args else QUICK  # a model file instead of bert-tiny
+        quick = QUICK[2:4] if "--ceilings-only" in args else quick  # no model: wasm's ceilings only
         command = [*CLI, "web", "--serve", *quick, "--db", str(self.db), "--output-dir", str(tmp_path / "out"), *args]
         self.process = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
@@ -303,6 +304,26 @@ def test_a_browser_opening_the_url_measures_and_the_run_completes(two_devices: d
     [report] = (Path(served.db).parent / "out").glob(f"{served.runs()[0]['run_id']}.html")
     html = report.read_text()
     assert rows[0]["device"] in html and "HeadlessChrome" in html  # the per-device section
+
+
+@pytest.mark.slow  # ~25 s: two wasm settings' calibrations in a headless Chromium (the flow without a browser:
+# test_ceiling_sizing.py::test_a_served_devices_calibration_adds_each_next_job_after_the_last_and_stores_its_ceiling)
+def test_a_device_opening_the_url_with_ceilings_only_leaves_its_ceilings(serving: Any, browsers: Any) -> None:
+    served = serving("--ceilings-only", "--devices", "1")
+    browsers(served.url)
+    code, stderr = served.finish()
+    assert code == 0, stderr
+    assert served.rows() == []
+    with duckdb.connect(str(served.db), read_only=True) as connection:
+        found = connection.execute("SELECT provider, kind, precision, device, value, budget_ms, software, sizing "
+                                   "FROM ceilings ORDER BY provider, kind, precision").fetchall()  # fmt: skip
+    assert [(p, k, c) for p, k, c, *_ in found] == [
+        (provider, kind, cls) for provider in ("wasm:threads=1", "wasm:threads=2")
+        for kind, cls in (("bandwidth", "bytes"), ("compute", "fp32"), ("compute", "int4"))
+    ]  # fmt: skip
+    for _, _, _, device, value, budget_ms, software, sizing in found:
+        assert device.startswith("headless-chrome") and value > 0 and budget_ms > 0
+        assert "HeadlessChrome" in software and sizing.startswith("probed ")
 
 
 def test_a_served_page_runs_generate_jobs_with_token_parity(serving: Any, browsers: Any) -> None:

@@ -67,6 +67,9 @@ def test_wasm_generates_the_tokens_native_ort_generates(side_by_side: list[dict[
     else:
         assert browser["details"]["memory_growth_flag"] is False and browser["details"]["page_memory_before_mb"] > 0
     assert browser["details"]["output_locations"] == "cpu"  # wasm: every output on the CPU
+    # issue 45: the page forces the passage on its own session; a genuine page's perplexity is native ORT's
+    ppl = [row["details"]["perplexity"] for row in (native, browser)]
+    assert ppl[1] == pytest.approx(ppl[0], rel=1e-6) and browser["details"]["passage_agreement_top1"] == 1.0
 
 
 def test_the_reports_name_the_phase_of_every_rate(side_by_side: list[dict[str, Any]], tmp_path: Path) -> None:

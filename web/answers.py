@@ -298,6 +298,61 @@ def _check_generation(generation: dict[str, Any], samples: list[float], job: Pag
             raise PageResultError(f"{where}.{key} must be {_OBJECT[0]}")
     if not isinstance(generation.get("tokens_stable"), bool):
         raise PageResultError(f"{where}.tokens_stable must be a boolean")
+    _check_passage(generation.get("passage"), job, width)
+
+
+def _check_skipped(skipped: dict[str, Any], positions: int, job: PageJob) -> None:
+    """A passage the page skipped: the job's steps and budget, a measured step and an estimate over the budget."""
+    where = "result.generation.passage.skipped"
+    if skipped.get("steps") != positions or skipped.get("limit_ms") != job.stop.max_time_ms:
+        raise PageResultError(f"{where} must name this job's {positions} steps and its budget ({job.stop.max_time_ms})")
+    if not all(_MS[1](skipped.get(key)) for key in ("step_ms", "estimate_ms")):
+        raise PageResultError(f"{where}.step_ms and estimate_ms must be {_MS[0]}")
+    if not skipped["estimate_ms"] > skipped["limit_ms"]:
+        raise PageResultError(f"{where}: an estimate within the budget is no reason to skip")
+
+
+PASSAGE_METHODS = ("prefill", "steps")  # web/page/generate.mjs's passageScores: how the passage's ids were forced
+
+
+def _check_passage(passage: Any, job: PageJob, width: int | None) -> None:
+    """The perplexity passage's scores where the job forced one (PassageJob): an error's text, or per predicted
+    position (the job's ids but the first) an NLL, an argmax inside the vocabulary and, where the job served the fp32
+    reference, a KL (null for a non-finite number: the harness then says the figure is not measured)."""
+    where = "result.generation.passage"
+    assert job.generate is not None
+    asked = job.generate.passage
+    if asked is None or passage is None:
+        if passage is not None:
+            raise PageResultError(f"{where}: this job forced no passage")
+        if asked is not None:
+            raise PageResultError(f"{where} is missing: this job forced the passage")
+        return
+    if not isinstance(passage, dict):
+        raise PageResultError(f"{where} must be an object")
+    if "error" in passage:
+        _require(passage, "error", (str,), where)
+        return
+    positions = len(asked.ids) - 1
+    if "skipped" in passage:  # its steps would pass the case's budget (web/page/generate.mjs passageScores)
+        _check_skipped(_require(passage, "skipped", (dict,), where), positions, job)
+        return
+    top = width if width is not None else MAX_VOCAB
+    columns = {"nll": _is_number, "argmax": lambda v: _COUNT[1](v) and v < top}
+    if asked.reference_url is not None:
+        columns["kl"] = _is_number
+    elif passage.get("kl") is not None:
+        raise PageResultError(f"{where}.kl: this job served no fp32 reference")
+    for key, valid in columns.items():
+        values = _require(passage, key, (list,), where)
+        nullable = key != "argmax"
+        if len(values) != positions or not all((v is None and nullable) or valid(v) for v in values):
+            raise PageResultError(f"{where}.{key} needs {positions} values, each "
+                                  + ("an id below the vocabulary" if not nullable else "a number or null"))  # fmt: skip
+    if passage.get("method") not in PASSAGE_METHODS:
+        raise PageResultError(f"{where}.method must be one of {', '.join(PASSAGE_METHODS)}")
+    if "ms" in passage and not _MS[1](passage["ms"]):
+        raise PageResultError(f"{where}.ms must be {_MS[0]}")
 
 
 def _check_prefill_logits(logits: Any, batch: int, vocab: int | None) -> int | None:

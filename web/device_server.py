@@ -10,7 +10,9 @@ run's token (every case's files at once) plus four POST routes under /<token>/ap
   Hellos are rate-limited per client address, and a device beyond the run's max_devices is refused
   (429): a flood of made-up devices holds neither memory nor the terminal.
 - next: the device's next job. One page at a time holds a device (its lease); another page of
-  the same device waits until that lease is released or expires.
+  the same device waits until that lease is released or expires. A source that hands its jobs one at a
+  time (JobSource.more: ab's launched browser) may have none yet: `next` waits NEXT_WAIT_S for one, then
+  answers `more` and the page asks again.
 - heartbeat: sent every HEARTBEAT_S by a worker of the holding page (a worker keeps beating while
   the main thread is busy in wasm). A page silent for LEASE_S loses its device, and the job it
   held is offered again to the next page of that device; a job held past --timeout is recorded as
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import binascii
+import contextlib
 import hashlib
 import io
 import ipaddress
@@ -64,6 +67,9 @@ SWEEP_S = 0.25  # how often leases, job timeouts and the end condition are check
 # this tab"); its last posts must find the server still answering, so a finished device ends the serving once
 # its page was told so, or after this long (a page that went away asks nothing more).
 DONE_LINGER_S = 3.0
+# A source that hands its jobs one at a time (harness.browser.launched_session: ab's launched browser) may add one
+# while its page asks: `next` waits this long for it before telling the page to ask again.
+NEXT_WAIT_S = 2.0
 SMALL_BODY = 64 * 1024  # hello, next, heartbeat
 # Refused posts are logged a line each, LOG_BURST at once and LOG_PER_S a second after that (the rest
 # counted in the next line): a flood of bad posts cannot flood the operator's terminal.
@@ -206,6 +212,9 @@ class JobSource(Protocol):
     def unanswered(self, device: Device, job: ServeJob, status: str, why: str) -> dict[str, Any]:
         """Store the row of a job that got no answer (timeout, device disconnected)."""
 
+    # Optional: `more(device) -> bool`, whether jobs may still be added to the device (DeviceServer.add_job) after
+    # it ran out of them; a source without it hands every job at hello.
+
 
 Event = Callable[[str, Device, ServeJob | None], None]  # (kind, device, job): arrived, leased, answered, lost...
 
@@ -346,6 +355,7 @@ class DeviceServer(PageServer):
         self._job_files: dict[str, Path | bytes] = {}
         self._log_budget = TokenBucket(LOG_BURST, LOG_PER_S)
         self._unlogged = 0  # refused posts not logged since the last line
+        self._added = asyncio.Event()  # a job was added (add_job): a waiting `next` takes it
 
     transport = "web --serve: the device page asks this server for jobs over HTTP(S)"
 
@@ -371,6 +381,20 @@ class DeviceServer(PageServer):
             self._served["job"][unique] = source
             urls[name] = f"/{self.token}/job/{unique}"
         return urls
+
+    def add_job(self, device: Device, job: ServeJob) -> None:
+        """One more job for a device that said hello (a source handing jobs one at a time: JobSource.more)."""
+        device.jobs.append(job)
+        self._jobs[job.id] = (device, job)
+        self._added.set()
+
+    def wake(self) -> None:
+        """A waiting `next` asks the source again now (it may have no more jobs to give)."""
+        self._added.set()
+
+    def _more(self, device: Device) -> bool:
+        more = getattr(self.source, "more", None)
+        return bool(more is not None and more(device))
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_route("*", "/{tail:.*}", self._dispatch)
@@ -406,12 +430,14 @@ class DeviceServer(PageServer):
     async def _api(self, request: web.Request, route: list[str]) -> dict[str, Any]:
         if route[0] == "result" and len(route) == 2:
             return await self._result(request, route[1])
-        handlers = {"hello": self._hello, "next": self._next, "heartbeat": self._heartbeat}
-        if len(route) != 1 or route[0] not in handlers:
+        handlers = {"hello": self._hello, "heartbeat": self._heartbeat}
+        if len(route) != 1 or route[0] not in (*handlers, "next"):
             raise ApiError(404, f"no API route '{'/'.join(route)}'; routes: hello, next, heartbeat, result/<job>")
         if route[0] == "hello":
             self._admit_hello(request.remote or "?")  # before the body is read
         data = await _read_json(request, SMALL_BODY)
+        if route[0] == "next":
+            return await self._next(request, data)
         return handlers[route[0]](request, data)
 
     def _admit_hello(self, address: str) -> None:
@@ -466,20 +492,33 @@ class DeviceServer(PageServer):
             "heartbeat_s": HEARTBEAT_S,
         }
 
-    def _next(self, _request: web.Request, data: dict[str, Any]) -> dict[str, Any]:
+    async def _next(self, _request: web.Request, data: dict[str, Any]) -> dict[str, Any]:
         page_id = _page_id(data)
         device = self._device_of(page_id)
         if not self._hold(device, page_id):
             return self._state(device, page_id, False)
-        job = next((j for j in device.jobs if j.holder == page_id and j.outcome is None), None)
-        job = job or next((j for j in device.jobs if j.holder is None and j.outcome is None), None)
+        job = self._next_job(device, page_id)
+        if job is None and self._more(device):  # a job may come: wait a little for it rather than have the page poll
+            self._added.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._added.wait(), NEXT_WAIT_S)
+            if device.holder != page_id:  # its lease lapsed meanwhile
+                return self._state(device, page_id, False)
+            job = self._next_job(device, page_id)
         if job is None:
-            device.told_done = device.finished
-            return self._state(device, page_id, True)
+            more = self._more(device)
+            device.told_done = device.finished and not more
+            return self._state(device, page_id, True) | ({"more": True} if more else {})
         if job.holder is None:
             job.holder, job.taken = page_id, time.monotonic()
             self.on_event("leased", device, job)
         return self._state(device, page_id, True) | {"job": job.public() | {"run": job.page_job.page_json()}}
+
+    @staticmethod
+    def _next_job(device: Device, page_id: str) -> ServeJob | None:
+        """The job this page holds, else the first one nobody holds that has no outcome."""
+        job = next((j for j in device.jobs if j.holder == page_id and j.outcome is None), None)
+        return job or next((j for j in device.jobs if j.holder is None and j.outcome is None), None)
 
     def _heartbeat(self, _request: web.Request, data: dict[str, Any]) -> dict[str, Any]:
         page_id = _page_id(data)

@@ -69,13 +69,23 @@ class Seq2SeqJob:
 
 
 @dataclass(frozen=True)
+class PassageJob:
+    """The perplexity passage (harness.prepare.perplexity), forced untimed after the timed loop: its ids, and the
+    URL of the fp32 reference's log-probabilities over them (float32 [len(ids)-1, vocab]; None: none at hand)."""
+
+    ids: list[int]
+    reference_url: str | None = None
+
+
+@dataclass(frozen=True)
 class GenerateJob:
     """A generate job's part (web/page/generate.mjs): new tokens per generation; the logits width the
     answer's token ids are checked against (None: the graph leaves it symbolic); a folder's past heads and
     head size (where the graph is symbolic); ORT session options (WebGPU: present.* kept on the GPU); the EOS
     ids the generation stops at (--stop-at-eos; empty: EOS ignored, exactly new_tokens tokens); how many of each
     step's largest logits the warm-up returns (checked against native ORT's on the same graph); the KV-cache
-    depth the page fills, untimed, before the prompt (--depths)."""
+    depth the page fills, untimed, before the prompt (--depths); the perplexity passage it forces after the timed
+    loop."""
 
     new_tokens: int
     vocab_size: int | None = None
@@ -85,6 +95,7 @@ class GenerateJob:
     top_k: int = STEP_TOP_K
     depth: int = 0
     seq2seq: Seq2SeqJob | None = None  # an encoder–decoder's generation
+    passage: PassageJob | None = None  # our own loop's perplexity passage, after the timed loop
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from harness.ab.rounds import CaseFailure, WorkerFailure, schedule
+from harness.ab.web_plan import check_browser_half, web_pairs, web_plan
 from harness.ab.worker import VariantJob
-from harness.browser.run import WebPlan, WebRequest
+from harness.browser.run import ALL_BROWSERS, EpSetting, WebPlan, WebRequest
 from harness.core.bounds import MAX_ITERATIONS, MAX_ROUNDS
 from harness.core.options import check, declared, items, option, reuse
 from harness.core.records import PRECISIONS, VARIANTS, Case, Result, Target
@@ -78,6 +79,21 @@ class AbRequest(RunOptions):
     # browser EPs (wasm, webgpu, webnn): both variants in one page; None: no browser half
     web_hardware: list[str] | None = reuse(WebRequest, "hardware", prefix="web", default=None)
     threads: list[int] = reuse(WebRequest, "threads", factory=lambda: [1])  # wasm threads, as `web --threads`
+    # the browsers the browser half runs in, as `web --browser` (each its own pairs: harness.ab.web)
+    browsers: list[str] = reuse(WebRequest, "browsers", factory=lambda: ["chromium"])
+    browser_path: Path | None = reuse(WebRequest, "browser_path", default=None)
+    driver: str = reuse(WebRequest, "driver", default="process")
+    webdriver_url: str | None = reuse(WebRequest, "webdriver_url", default=None)
+    # A in one browser, B in another, interleaved (harness.ab.web_plan): the verdict is the browsers'
+    a_browser: str | None = option(
+        None, flag="--a-browser", choices=ALL_BROWSERS, noun="browser",
+        help=f"The browser half: variant A's browser ({', '.join(ALL_BROWSERS)}), with --b-browser B's, instead of "
+        "--browser (both in each): the browsers compared, interleaved.",
+    )  # fmt: skip
+    b_browser: str | None = option(
+        None, flag="--b-browser", choices=ALL_BROWSERS, noun="browser",
+        help=f"The browser half: variant B's browser ({', '.join(ALL_BROWSERS)}), with --a-browser A's.",
+    )  # fmt: skip
     engines: list[str] | None = engines_option()  # None: the default engines
     # precision (RunOptions'): both variants', unless a_precision / b_precision say otherwise
     a_precision: str | None = option(
@@ -125,16 +141,23 @@ class AbPlan:
         return [Case(b, s, variant.precision) for b, s in shapes]
 
     @property
+    def web_pairs(self) -> list[dict[str, EpSetting]]:
+        """The browser half's pairs of EP settings, a side's each (harness.ab.web_plan)."""
+        return web_pairs(self.request, self.web) if self.web else []
+
+    @property
     def total_results(self) -> int:
-        settings = len(self.web.settings) if self.web else 0
-        return sum(len(self.cases(v)) for v in self.variants) * (len(self.targets) + settings)
+        return sum(len(self.cases(v)) for v in self.variants) * (len(self.targets) + len(self.web_pairs))
 
 
 # --- the request -----------------------------------------------------------------------------------
 def _spec(option: str, text: str) -> ModelSpec:
     try:
         if Path(text).exists():
-            return spec_from_path(Path(text), None)
+            spec = spec_from_path(Path(text), None)
+            if spec.is_gguf_file:  # ab's variants run on ONNX Runtime and torch; a GGUF has no graph for them
+                raise SpecError("a GGUF runs on llama.cpp, with `run` or `web --model-path`, not in ab")
+            return spec
         (spec,) = select_specs([text], None, False)
         return spec
     except SpecError as exc:
@@ -168,6 +191,8 @@ def validate_ab(request: AbRequest) -> AbPlan:
         raise RequestError("ab needs both variants: --a MODEL and --b MODEL (a name, an HF directory or an .onnx file)")
     check_shapes(request)
     check_measuring(request)
+    if request.ceilings_only:
+        raise RequestError("--ceilings-only: ab compares two models; a machine's ceilings: `run` or `native`")
     if request.modes != ["inference"]:
         raise RequestError(f"ab compares inference only (got modes {', '.join(request.modes)})")
     if request.prompt is not None or request.prompt_ids is not None or request.chat or request.stop_at_eos:
@@ -177,7 +202,8 @@ def validate_ab(request: AbRequest) -> AbPlan:
             f"--rounds must be >= {MIN_PAIRED_ROUNDS} (got {request.rounds}): with fewer paired rounds the "
             "signed-rank test can never show a change"
         )
-    check(request, declared(AbRequest), ("rounds", "block", "block_time_s", "threads", "web_hardware"))
+    check(request, declared(AbRequest), ("rounds", "block", "block_time_s", "threads", "web_hardware", "a_browser",
+                                         "b_browser"))  # fmt: skip
     if request.rounds * request.block > MAX_ITERATIONS:  # a variant's iterations per case, as --max-iterations
         raise RequestError(
             f"--rounds × --block: at most {MAX_ITERATIONS:,} iterations per variant and case "
@@ -194,7 +220,8 @@ def validate_ab(request: AbRequest) -> AbPlan:
                 _python(f"--{side}-python", getattr(request, f"{side}_python")))
         for side in VARIANTS
     ]  # fmt: skip
-    web = _web_plan(request) if request.web_hardware else None
+    check_browser_half(request)
+    web = web_plan(request) if request.web_hardware else None
     if any(v.python != sys.executable for v in variants) and web is not None:
         raise RequestError("--a-python/--b-python choose a native worker's environment; the browser half has none")
     hardware = request.hardware or ([] if web else ["cpu"])
@@ -214,18 +241,6 @@ def _check_precisions(request: AbRequest) -> None:
                 f"{opt.flag} {value}: a variant runs one precision; valid: {', '.join(opt.choices or ())}"
             )
         check(request, options, (name,))
-
-
-def _web_plan(request: AbRequest) -> WebPlan:
-    """The browser half's EP settings and launch, checked as `web` checks them."""
-    from harness.browser.run import validate_web
-
-    web = WebRequest(
-        hardware=list(request.web_hardware or []), threads=request.threads, batch_sizes=request.batch_sizes,
-        sequence_lengths=request.sequence_lengths, warmup=request.warmup, timeout_s=request.timeout_s,
-        db_path=request.db_path, output_dir=None,
-    )  # fmt: skip
-    return validate_web(web)
 
 
 # --- a variant's worker ----------------------------------------------------------------------------
@@ -445,12 +460,12 @@ def _prepare(variant: Variant, plan: AbPlan) -> Prepared:
     return Prepared(variant, None, status, f"model preparation failed: {outcome.message or 'no reason given'}")
 
 
-def _blocked(prepared: dict[str, Prepared], target: Target, availability: Availability | None) -> dict | None:
+def _blocked(prepared: dict[str, Prepared], target: Target | None, availability: Availability | None) -> dict | None:
     """Per side, the (status, reason) its cases get when the pair cannot run on the target at all (a
     side that could run is not measured alone); None when both can. availability None: a browser EP."""
     reasons = {}
     for side, each in prepared.items():
-        can = capabilities(target.engine) if availability is not None else None
+        can = capabilities(target.engine) if target is not None and availability is not None else None
         if availability is not None and not availability.ok:
             reasons[side] = ("unsupported", availability.reason)
         elif each.model is None:
@@ -483,13 +498,14 @@ def _unpaired(plan: AbPlan, prepared: dict[str, Prepared]) -> dict[int, dict[str
     return unpaired
 
 
-def _paired_cases(plan: AbPlan, prepared: dict[str, Prepared], unpaired: dict, target: Target, emit: Emit) -> dict:
-    """Each side's cases both sides prepared; the others get their rows on this target here."""
+def _paired_cases(plan: AbPlan, prepared: dict[str, Prepared], unpaired: dict, targets: dict[str, Target],
+                  emit: Emit) -> dict:  # fmt: skip
+    """Each side's cases both sides prepared; the others get their rows on the side's target here."""
     paired: dict[str, list[Case]] = {}
     for side, each in prepared.items():
         cases = plan.cases(each.variant)
         for index in unpaired:
-            emit(each.row(target, cases[index], *unpaired[index][side]))
+            emit(each.row(targets[side], cases[index], *unpaired[index][side]))
         paired[side] = [case for index, case in enumerate(cases) if index not in unpaired]
     return paired
 
@@ -502,9 +518,9 @@ def execute_ab(plan: AbPlan) -> Callable[[Emit], None]:
         unpaired = _unpaired(plan, prepared)
         for target, availability in plan.targets:
             if reasons := _blocked(prepared, target, availability):
-                _emit_blocked(plan, prepared, target, reasons, emit)
+                _emit_blocked(plan, prepared, dict.fromkeys(VARIANTS, target), reasons, emit)
                 continue
-            cases = _paired_cases(plan, prepared, unpaired, target, emit)
+            cases = _paired_cases(plan, prepared, unpaired, dict.fromkeys(VARIANTS, target), emit)
             sides = {side: Side(each.variant, each.model, cases[side]) for side, each in prepared.items()}
             if cases["a"]:
                 run_target(sides, target, plan.request, emit)  # type: ignore[arg-type]
@@ -514,28 +530,30 @@ def execute_ab(plan: AbPlan) -> Callable[[Emit], None]:
     return body
 
 
-def _emit_blocked(plan: AbPlan, prepared: dict[str, Prepared], target: Target, reasons: dict, emit: Emit) -> None:
+def _emit_blocked(plan: AbPlan, prepared: dict[str, Prepared], targets: dict[str, Target], reasons: dict,
+                  emit: Emit) -> None:  # fmt: skip
     for side, each in prepared.items():
         for case in plan.cases(each.variant):
-            emit(each.row(target, case, *reasons[side]))
+            emit(each.row(targets[side], case, *reasons[side]))
 
 
 def _run_web(plan: AbPlan, web: WebPlan, prepared: dict[str, Prepared], unpaired: dict, emit: Emit) -> None:
-    """The browser half: both variants in one page per EP setting (harness.ab.web)."""
+    """The browser half: both variants interleaved per pair of EP settings (harness.ab.web)."""
     from harness.ab.web import WebSide, run_web_pairs
     from harness.web.driver import run_sync
 
-    blocked = {setting.target: _blocked(prepared, setting.target, None) for setting in web.settings}
-    for target, reasons in blocked.items():
-        if reasons:
-            _emit_blocked(plan, prepared, target, reasons, emit)
-    if not any(reasons for reasons in blocked.values()):
-        cases = {target: _paired_cases(plan, prepared, unpaired, target, emit) for target in blocked}
-        paired = next(iter(cases.values()))  # the same cases on every EP setting
-        sides = {side: WebSide(side, each.model, each.variant.precision, paired[side])
-                 for side, each in prepared.items()}  # type: ignore[arg-type]  # fmt: skip
-        if paired["a"]:
-            run_sync(run_web_pairs(web, plan.request, sides, emit))
+    pairs = plan.web_pairs
+    targets = [{side: setting.target for side, setting in pair.items()} for pair in pairs]
+    if reasons := _blocked(prepared, None, None):  # a browser EP blocks a pair for its model alone
+        for each in targets:
+            _emit_blocked(plan, prepared, each, reasons, emit)
+        return
+    cases = [_paired_cases(plan, prepared, unpaired, each, emit) for each in targets]
+    paired = cases[0]  # the same cases on every pair
+    sides = {side: WebSide(side, each.model, each.variant.precision, paired[side])
+             for side, each in prepared.items()}  # type: ignore[arg-type]  # fmt: skip
+    if paired["a"]:
+        run_sync(run_web_pairs(web, plan.request, sides, pairs, emit))
 
 
 def run_ab(request: AbRequest, on_result: Callable[[Result, str], None] | None = None,

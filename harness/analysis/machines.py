@@ -105,6 +105,16 @@ def resolve_machine(db_path: Path, machine: str) -> tuple[str, str]:
     raise AnalysisError(f"no run in {db_path} was made on machine '{machine}'; machines: {known}")
 
 
+def machine_ids(db_path: Path, machine: str) -> set[str]:
+    """The machine ids --machine names (resolve_machine: one id, or every id a label is held by)."""
+    column, value = resolve_machine(Path(db_path), machine)
+    if column == "machine_id":
+        return {value}
+    with open_store(db_path, read_only=True) as store:
+        return {r["machine_id"] for r in store.query("SELECT DISTINCT machine_id FROM runs WHERE machine_label = ?",
+                                                    [value])}  # fmt: skip
+
+
 @contextmanager
 def one_machine(db_path: Path, machine: str | None) -> Iterator[Path]:
     """The store as if it held only the runs of `machine` (resolve_machine): a temporary store holding a copy of

@@ -32,7 +32,8 @@ REPORT_FORMATS = ("json", "md", "csv", "html")  # a run's report files (harness.
 REPORTS = ("latest", "best-hardware", "compatibility", "regressions", "ops", "machines")
 EXPORT_TABLES = ("runs", "hardware", "results", "samples", "operators", "controls")
 EXPORT_FORMATS = ("parquet", "csv")
-METHOD_CHOICES = ("any", "operators")  # predict --method (harness.analysis.predict_model)
+METHOD_CHOICES = ("any", "operators", "roofline")  # predict --method (harness.analysis.predict_model)
+PREDICT_MODES = ("inference", "generate")  # predict --mode (generate: harness.analysis.roofline_predict)
 AB_FORMATS = ("md", "json")  # ab's verdict
 SEVERAL_RUNS = "RUN,RUN,… for several, or all."
 TO_STDOUT = "Default: stdout."
@@ -45,6 +46,7 @@ class Shared:
     model: str | None = option(flag="--model", help="The model, by its stored name (an .onnx file's stem).")
     batch_size: int | None = option(flag="--batch-size", low=1, high=MAX_BATCH, help="The batch size.")
     model_family: str | None = option(flag="--model-family", help="A model family.")
+    mode: str = option(flag="--mode", noun="mode", help="The one mode to read.")
     machine: str | None = option(
         flag="--machine",
         help="Learn from this machine's runs only: an exact machine id, a unique id prefix of at least 8 characters, "
@@ -80,12 +82,18 @@ class Predict:
         "fp32", flag="--precision", choices=PRECISIONS, noun="precision",
         help=f"The precision to predict for: one of {', '.join(PRECISIONS)}.",
     )  # fmt: skip
+    mode: str = reuse(
+        Shared, "mode", default="inference", choices=PREDICT_MODES,
+        note="generate: TTFT, prefill and decode tokens/s at --depths from each target's ceilings (the roofline).",
+    )  # fmt: skip
     evaluate: bool = option(
-        False, flag="--evaluate", help="Print each method's leave-one-model-out latency MAPE per target."
-    )
+        False, flag="--evaluate",
+        help="Print each method's held-out error per target (leave-one-model-out; generate: leave-one-target-out too).",
+    )  # fmt: skip
     method: str = option(
         "any", flag="--method", choices=METHOD_CHOICES, noun="method",
-        help="any: each target by the best method it has; operators: that method's targets only.",
+        help="any: each target by the method with the lowest held-out error it has; operators, roofline: that "
+        "method's targets only.",
     )  # fmt: skip
     max_error: str | None = option(
         None, flag="--max-error",
@@ -93,7 +101,11 @@ class Predict:
         "why instead of a table.",
     )  # fmt: skip
     timeout: float = option(900.0, flag="--timeout", help="Seconds the graph's export and count may take.")
-    machine: str | None = reuse(Shared, "machine", default=None)
+    machine: str | None = reuse(
+        Shared, "machine", default=None,
+        note="generate: its targets are predicted, and one known only by its ceilings learns from the same engine "
+        "and EP on the other machines too.",
+    )  # fmt: skip
     db_path: Path = reuse(Everywhere, "db_path", default=DEFAULT_DB)
     as_json: bool = option(False, flag="--json", help="Print JSON instead of a table.")
 
@@ -104,10 +116,7 @@ class Recommend:
     model_family: str | None = reuse(Shared, "model_family", default=None, note="Its measured models.")
     task: str | None = option(None, flag="--task", help="HF task, e.g. text-generation (maps to a family).")
     batch_size: int = reuse(Shared, "batch_size", default=1, note="Recommend for it.")
-    mode: str = option(
-        "inference", flag="--mode", choices=MODES, noun="mode",
-        help=f"{', '.join(MODES)} (generate: by decode tokens/s).",
-    )  # fmt: skip
+    mode: str = reuse(Shared, "mode", default="inference", choices=MODES, note="generate: ranked by decode tokens/s.")
     min_agreement: float | None = option(
         None, flag="--min-agreement",
         help="generate: only targets whose top-1 agreement with the fp32 model is at least this (0-1).",

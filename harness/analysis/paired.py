@@ -17,6 +17,8 @@ possible two-sided p is 2/64 = 0.031, so fewer rounds can never show a change (M
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +32,8 @@ from harness.core.records import MEASURED
 from harness.core.roofline import limit_fraction
 from harness.core.stats import MIN_PAIRED_ROUNDS
 from harness.store import StoreError, open_store
+
+BROWSER_NAME = re.compile(r"[a-z]{1,16}")  # a browser --a-browser/--b-browser names (chromium, firefox, …)
 
 
 @dataclass(frozen=True)
@@ -68,11 +72,16 @@ def paired_effect(ratios: list[float]) -> PairedEffect:
                         len(ratios), ratios)  # fmt: skip
 
 
-def paired_row(base: dict, a: dict, b: dict, a_rounds: dict, b_rounds: dict, threshold: float) -> ComparisonRow:
-    """One case of an ab run: A's and B's rows compared round by round."""
+def paired_row(base: dict, a: dict, b: dict, a_rounds: dict, b_rounds: dict, threshold: float,
+               browsers: tuple[str, str] | None = None) -> ComparisonRow:  # fmt: skip
+    """One case of an ab run: A's and B's rows compared round by round (`browsers`: A's and B's, when the run put
+    them in two: the row's target then names both)."""
+    target = target_label(base)
+    if browsers is not None:
+        target = f"{target_label(base | {'device': None})} ({browsers[0]} → {browsers[1]})"
     row = ComparisonRow(
         **case_fields(base),
-        target=target_label(base),
+        target=target,
         case=case_label(base),
         status_a=a["status"],
         status_b=b["status"],
@@ -114,6 +123,17 @@ def is_ab_run(db_path: Path, run: str, cwd: Path | None = None) -> bool:
             return False
 
 
+def ab_browsers(info: dict) -> tuple[str, str] | None:
+    """(A's browser, B's) of an ab run that put the variants in two browsers (--a-browser/--b-browser), else None."""
+    try:
+        arguments = json.loads(info.get("arguments") or "{}")
+    except ValueError:
+        return None
+    a, b = (arguments.get(f"{side}_browser") if isinstance(arguments, dict) else None for side in "ab")
+    named = all(isinstance(name, str) and BROWSER_NAME.fullmatch(name) for name in (a, b))  # a bundle's: bounded
+    return (a, b) if named else None  # type: ignore[return-value]
+
+
 def compare_pair(db_path: Path, run: str, threshold: float = 0.05, cwd: Path | None = None) -> Comparison:
     """The paired analysis of an `ab` run (a selector): one row per case, B against A."""
     if not 0 < threshold < 1:
@@ -126,16 +146,18 @@ def compare_pair(db_path: Path, run: str, threshold: float = 0.05, cwd: Path | N
         info = store.run_info(run_id)
         if info["command"] != "ab":
             raise AnalysisError(f"run {run_id} is a '{info['command']}' run, not an `ab` run: compare it with another")
+        browsers = ab_browsers(info)
+        differ = ("model", "precision") + (("device",) if browsers else ())
         sides: dict[tuple, dict[str, dict]] = {}
         for result in store.results(run_id):
-            # the sides may differ in model and precision: a case is the rest
-            key = tuple(v for k, v in case_fields(result).items() if k not in ("model", "precision"))
+            # the sides may differ in model and precision (and browser: --a-browser/--b-browser): a case is the rest
+            key = tuple(v for k, v in case_fields(result).items() if k not in differ)
             sides.setdefault(key, {})[result["variant"]] = result
         rows = []
         for pair in sides.values():
             if "a" in pair and "b" in pair:
                 a, b = pair["a"], pair["b"]
                 rounds = store.rounds(a["result_id"]), store.rounds(b["result_id"])
-                rows.append(paired_row(b, a, b, *rounds, threshold))
+                rows.append(paired_row(b, a, b, *rounds, threshold, browsers))
     runs = {run_id: {k: info[k] for k in ("started_at", "status", "git_sha", "hostname", "command")}}
     return Comparison(str(db_path), run_id, run_id, threshold, 0.5, runs, rows, paired=True)

@@ -1,11 +1,15 @@
-"""`predict` for one model: each target by the best method it has, and both methods' held-out error.
+"""`predict` for one model: each target by the method with the lowest held-out error it has, and the
+methods' held-out errors.
 
 A target with profiles of enough models is predicted from operators (harness.analysis.op_predict):
-the asked model's graph work at each case, priced by that target's fitted per-class costs. That
-graph is counted by the caller (an export, never a run), so a model that was never measured, even
-an unknown `--model-path`, is predicted. Every other target falls back to the log-linear fit on
-parameter counts (harness.analysis.predict). Each row names its method and that method's
-leave-one-model-out error on its target; predictions are never stored as results.
+the asked model's graph work at each case, priced by that target's fitted per-class costs. A target with
+measured ceilings and rows of enough models whose work was counted is predicted by the roofline
+(harness.analysis.roofline_inference): a fixed overhead plus the graph's FLOPs and bytes at fitted fractions of
+its ceilings. Both graphs are counted by the caller (an export, never a run), so a model that was never
+measured, even an unknown `--model-path`, is predicted. Every target can fall back to the log-linear fit
+on parameter counts (harness.analysis.predict), whose error is one over the whole store. Each target takes
+the method whose leave-one-model-out error is lowest (an unknown error ranks last), and each row names its
+method and that error; predictions are never stored as results.
 """
 
 from __future__ import annotations
@@ -19,11 +23,15 @@ import numpy as np
 
 from harness.analysis.op_predict import TargetFit, TargetKey, Work, fit_targets
 from harness.analysis.predict import TARGETS, InsufficientData, Predictor, Query, predict, training_rows
+from harness.analysis.roofline_data import Book, read_book
+from harness.analysis.roofline_fit import lomo_error
+from harness.analysis.roofline_inference import inference_fits, roofline_rows
 from harness.core.labels import MARK_STYLES, marks
 from harness.prepare.prepared import CaseShape
 from harness.store import open_store
 
-OPERATORS, LOG_LINEAR = "operators", "log-linear"
+OPERATORS, LOG_LINEAR, ROOFLINE = "operators", "log-linear", "roofline"
+PREFERENCE = (OPERATORS, ROOFLINE, LOG_LINEAR)  # the order of methods whose errors tie (or are all unknown)
 
 
 @dataclass(frozen=True)
@@ -117,13 +125,21 @@ def _log_linear_rows(db_path: Path, asked: Asked, covered: set[tuple[str, str, s
 
 
 def predict_model(
-    db_path: Path, asked: Asked, fits: Mapping[TargetKey, TargetFit], work: Mapping[CaseShape, Any] | None
+    db_path: Path,
+    asked: Asked,
+    fits: Mapping[TargetKey, TargetFit],
+    work: Mapping[CaseShape, Any] | None,
+    per_item: Mapping[CaseShape, Mapping[str, Any]] | None = None,
 ) -> ModelPredictions:
-    """Operators where `fits` has the target and the graph's `work` (per case, per class) is known;
-    the log-linear fit elsewhere. Raises InsufficientData when neither method can predict anything."""
+    """Every method each target has: operators where `fits` has it and the graph's `work` (per case, per class)
+    is known; the roofline where its ceilings and rows allow and the graph's `per_item` work is known; the
+    log-linear fit: every method's rows (best_per_target keeps each target's best; --method one of them).
+    Raises InsufficientData when no method can predict anything."""
     rows = _operator_rows(asked, fits, work, db_path) if work else []
+    if per_item:
+        rows += roofline_rows(inference_fits(db_path, asked.precision, asked.model, asked.wants), asked, per_item)
     notes = []
-    covered = {key[:3] for key in fits} if work else set()
+    covered: set[tuple[str, str, str]] = set()
     if asked.parameters is None:
         notes.append(f"{LOG_LINEAR}: the model's parameter count is unknown")
     else:
@@ -140,6 +156,17 @@ def predict_model(
     return ModelPredictions(rows, notes)
 
 
+def best_per_target(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each target's rows of the one method with the lowest held-out error (unknown: last; ties: PREFERENCE)."""
+    errors: dict[tuple[str, str, str], dict[str, float]] = {}
+    for row in rows:
+        error = row["held_out_mape"]
+        target = (row["hardware"], row["engine"], row["provider"])
+        errors.setdefault(target, {})[row["method"]] = float("inf") if error is None else error
+    chosen = {t: min(found, key=lambda m: (found[m], PREFERENCE.index(m))) for t, found in errors.items()}
+    return [row for row in rows if chosen[(row["hardware"], row["engine"], row["provider"])] == row["method"]]
+
+
 # --- predict --evaluate ----------------------------------------------------------------------------------
 @dataclass
 class MethodErrors:
@@ -150,6 +177,7 @@ class MethodErrors:
     models: int
     operators: float | None  # leave-one-model-out MAPE of the operator predictor
     log_linear: float | None  # ... and of the log-linear fit, trained on the same results
+    roofline: float | None = None  # ... and of the roofline, on the same results where their ceilings were measured
     notes: list[str] = field(default_factory=list)
 
 
@@ -158,6 +186,7 @@ def compare_methods(db_path: Path) -> list[MethodErrors]:
     the results with profiles. The log-linear fit learns across targets (as it always does), from
     those results only, and its held-out predictions are scored per target."""
     fits = fit_targets(db_path)
+    book = read_book(db_path, "inference")
     profiled = {o.result_id for f in fits.values() for o in f.observations}
     same = [r for r in training_rows(db_path) if r["result_id"] in profiled]
     try:
@@ -177,8 +206,24 @@ def compare_methods(db_path: Path) -> list[MethodErrors]:
             log_linear = float(np.mean([abs(g - y) / y for y, g in pairs])) if pairs else None
         else:
             notes.append(f"{LOG_LINEAR}: {old_why}")
-        errors.append(MethodErrors(target, len(found.observations), len(found.models), found.mape, log_linear, notes))
+        roofline = roofline_error(book, target, profiled)
+        errors.append(MethodErrors(target, len(found.observations), len(found.models), found.mape, log_linear,
+                                   roofline, notes))  # fmt: skip
     return errors
+
+
+def roofline_error(book: Book, target: TargetKey, kept: set[str]) -> float | None:
+    """The roofline's leave-one-model-out latency MAPE on a target's results among `kept` (None: too few models, or
+    no ceilings measured)."""
+    hardware, engine, provider, precision = target
+    points = [
+        p
+        for where in book.rows
+        if (where.hardware, where.engine, where.provider, where.device) == (hardware, engine, provider, "")
+        for p in book.points(where, "inference", precision=precision)
+        if p.result_id in kept
+    ]
+    return lomo_error(points, scored="time")
 
 
 # --- predict --method / --max-error: only what a user can act on -------------------------------------------
@@ -193,11 +238,15 @@ def believable(
     if method == "any" and max_error is None:
         return rows, []
     kept, left_out = [], {}
+    methods: dict[str, set[str]] = {}
+    for row in rows:
+        methods.setdefault(f"{row['hardware']}/{row['engine']}:{row['provider']}", set()).add(row["method"])
     for row in rows:
         target = f"{row['hardware']}/{row['engine']}:{row['provider']}"
         error = row["held_out_mape"]
         if method != "any" and row["method"] != method:
-            left_out[target] = f"{target} has no {method} prediction (only {row['method']})"
+            if method not in methods[target]:
+                left_out[target] = f"{target} has no {method} prediction (only {', '.join(sorted(methods[target]))})"
         elif error is None:
             left_out[target] = f"{target}: {row['method']} has no held-out error (too few models)"
         elif max_error is not None and error > max_error:

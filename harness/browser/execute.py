@@ -56,4 +56,5 @@ def run_web(
         None,
         resume_run_id,
         request.machine_label,
+        ceilings=[plan.ceilings],
     )

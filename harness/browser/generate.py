@@ -16,11 +16,12 @@ from harness.core.generation import MEMORY_GROWTH_BOUND_MB, STEP_TOP_K, StepTop,
 from harness.core.parity import GGML_SIDE, compare
 from harness.core.records import Case, Result
 from harness.prepare.folders import past_shape
+from harness.prepare.perplexity import PREFILL, STEPS, Passage, over_budget, passage_facts
 from harness.prepare.prepared import PreparedModel
-from harness.prepare.quality import Graphs, check_generation, fp32_graph, gguf_quality
+from harness.prepare.quality import Graphs, check_generation, gguf_quality
 from harness.prepare.seq2seq import Seq2SeqFiles, audio_seconds, precision_files, seq2seq_files, start_token
-from harness.web.page_job import GenerateJob, Seq2SeqJob
-from harness.web.runtimes import RUNTIMES
+from harness.web.page_job import GenerateJob, PassageJob, Seq2SeqJob
+from harness.web.runtimes import OWN_RUNTIME, RUNTIMES
 
 # The faults hook's planted kernel bug (tests): the page is served a copy of its graph with one weight matrix
 # scaled by this factor, while the row is checked against the file it names.
@@ -74,15 +75,18 @@ def _on_gpu(model: Path) -> dict[str, Any]:
 
 
 def generate_job(model: Path, case: Case, keeps_on_gpu: bool, layout: tuple[Seq2SeqFiles, int] | None = None,
-                 urls: dict[str, str] | None = None, eos: tuple[int, ...] = ()) -> GenerateJob:  # fmt: skip
+                 urls: dict[str, str] | None = None, eos: tuple[int, ...] = (),
+                 passage: Passage | None = None) -> GenerateJob:  # fmt: skip
     """A page job's generation part: the token count, the logits width (the vocabulary its token ids are
     checked against), a model folder's past heads and head size and, on WebGPU, present.* kept on the GPU
     (only the logits, the first output, come back to the CPU); the EOS ids it stops at (--stop-at-eos), the
     KV-cache depth filled first and each step's top-k the page returns. An encoder–decoder's names its other graphs'
-    URLs (`urls`, keyed as layout_files names them) and the decoder's start token (web/page/seq2seq.mjs)."""
+    URLs (`urls`, keyed as layout_files names them) and the decoder's start token (web/page/seq2seq.mjs). A
+    decoder-only model's `passage` is forced after the timed loop, its fp32 reference at urls[PASSAGE_FILE]."""
     assert case.new_tokens is not None  # a generate case always has its count (harness.run.plan)
     shape = past_shape(model) if layout is None else None  # a folder's config, where the graph is symbolic
     vocab = vocab_size(model)
+    forced = PassageJob(list(passage.ids), (urls or {}).get(PASSAGE_FILE)) if passage and passage.ids else None
     return GenerateJob(
         new_tokens=case.new_tokens,
         vocab_size=vocab,
@@ -92,7 +96,42 @@ def generate_job(model: Path, case: Case, keeps_on_gpu: bool, layout: tuple[Seq2
         eos_ids=list(eos),
         top_k=STEP_TOP_K if vocab is None else min(STEP_TOP_K, vocab),  # each step's logits the page returns
         seq2seq=None if layout is None else _seq2seq_job(layout, keeps_on_gpu, urls or {}),
+        passage=forced if layout is None else None,  # an encoder–decoder's decoder has no free passage
     )
+
+
+PASSAGE_FILE = "passage-fp32.f32"  # the fp32 reference's log-probabilities over the passage, as the page is served it
+
+
+def passage_files(passage: Passage | None) -> dict[str, Path]:
+    """The file a generate job serves beside its graph for the passage: the fp32 reference, where at hand."""
+    return {PASSAGE_FILE: Path(passage.reference)} if passage is not None and passage.reference else {}
+
+
+def page_passage(generation: dict[str, Any], passage: Passage | None, engine: str) -> dict[str, Any]:
+    """A page row's passage facts (harness.prepare.perplexity.passage_facts) from its answer's scores: our own loop
+    forces the passage on its session; another page runtime's API yields tokens, not a forced sequence's logits."""
+    if engine != OWN_RUNTIME:
+        return {"perplexity": None, "perplexity_not_measured": f"{engine}'s API in the page yields generated tokens, "
+                                                               "not the logits of a forced sequence"}  # fmt: skip
+    if passage is None or not passage.ids:
+        return {"perplexity": None, "perplexity_not_measured": passage.source if passage else "no passage prepared"}
+    scored = generation.get("passage")
+    if not isinstance(scored, dict) or "error" in scored:
+        why = scored["error"][:500] if isinstance(scored, dict) else "the page forced no passage"
+        return {"perplexity": None, "perplexity_not_measured": f"the page's forced passage failed: {why}"}
+    if "skipped" in scored:  # checked (web/answers.py): its steps would pass the case's --max-time
+        skipped = scored["skipped"]
+        why = over_budget(skipped["steps"], skipped["step_ms"], skipped["estimate_ms"], skipped["limit_ms"] / 1000)
+        return {"perplexity": None, "perplexity_not_measured": why}
+    if any(v is None for v in scored["nll"] + (scored.get("kl") or [])):
+        return {"perplexity": None, "perplexity_not_measured": "the page's logits over the passage were not finite"}
+    kl = None if scored.get("kl") is None else np.asarray(scored["kl"], dtype=np.float64)
+    forced = PREFILL if scored["method"] == "prefill" else STEPS
+    how = (f"the page's own session (onnxruntime-web), {forced} from an empty KV cache, batch 1, untimed, after the "
+           "timed loop; NLL, argmax and KL computed in the page")  # fmt: skip
+    facts = passage_facts(np.asarray(scored["nll"], dtype=np.float64), np.asarray(scored["argmax"]), kl, passage, how)
+    return facts | ({"perplexity_ms": scored["ms"]} if scored.get("ms") is not None else {})  # the untimed phase's
 
 
 def _seq2seq_job(layout: tuple[Seq2SeqFiles, int], keeps_on_gpu: bool, urls: dict[str, str]) -> Seq2SeqJob:
@@ -140,7 +179,7 @@ def memory_growth(generation: dict[str, Any], details: dict[str, Any], on_gpu: b
 def served_graph(model: Path) -> Path:
     """The file the page is served for `model`: itself, or under the faults hook's SCALED_WEIGHT_FAULT a copy
     with its largest weight matrix scaled by SCALED_WEIGHT_FACTOR (a planted kernel bug the check must catch)."""
-    if SCALED_WEIGHT_FAULT not in injected_faults():
+    if SCALED_WEIGHT_FAULT not in injected_faults() or model.suffix == ".gguf":  # a GGUF's: runtimes.served_gguf
         return model
     import onnx
     from onnx import numpy_helper
@@ -185,12 +224,21 @@ def generation_result(prepared: PreparedModel, target: Any, case: Case, answer: 
             "encoder_samples_ms": generation["encoder_samples_ms"],
             "audio_seconds": seconds,
         }
+    details |= page_passage(generation, prepared.passage, target.engine)
     if not generation["tokens_stable"]:
         details["tokens_unstable"] = "the timed generations did not all give the warm-up's tokens"
     feeds, _ = prepared.load_case((case.batch_size, case.seq_len), case.audio_seconds)  # what the page's job carried
     encoder_decoder = prepared.onnx_past_path is not None and seq2seq_files(prepared.onnx_past_path) is not None
     # speech has no prompt tokens (input_ids None), but its output is text
     fields |= prepared.text_fields(feeds.get("input_ids"), generation["tokens"], details)
+    if prepared.spec.is_gguf_file:  # llama.cpp on the GGUF given as the model: native llama.cpp's tokens the reference
+        from harness.prepare.gguf_model import token_check
+
+        top = _step_top(generation) if generation.get("step_top") else None  # wllama's: log-probabilities
+        agree, facts = token_check(prepared, case, generation["tokens"], top, log_probs=True)
+        details |= facts
+        status, error = ("mismatch", facts["token_parity"]) if agree is False else ("ok", None)
+        return prepared.result(target, case, status, error, details=details, **extra, **fields)
     if model is None or prepared.onnx_past_path is None:
         details["token_parity"] = "not checked: the page's graph is not at hand"
         return prepared.result(target, case, "ok", None, details=details, **extra, **fields)
@@ -199,14 +247,13 @@ def generation_result(prepared: PreparedModel, target: Any, case: Case, answer: 
     graphs = model if layout is None else layout[0]  # an encoder–decoder's: every graph the page ran
     precision = extra.get("precision") or "fp32"
     if RUNTIMES[target.engine].format == "gguf":  # llama.cpp on a GGUF of the same weights: no ONNX graph ran
-        return prepared.result(target, case, *_gguf_check(generation, prepared.onnx_past_path, prompt, precision,
-                                                          details), details=details, **extra, **fields)  # fmt: skip
-    status, error, parity_fields = _parity(generation, graphs, prepared.onnx_past_path, prompt, precision, details,
-                                           case.depth or 0)  # fmt: skip
+        return prepared.result(target, case, *_gguf_check(generation, prepared, prompt, precision, details),
+                               details=details, **extra, **fields)  # fmt: skip
+    status, error, parity_fields = _parity(generation, graphs, prepared, prompt, precision, details, case.depth or 0)
     return prepared.result(target, case, status, error, details=details, **parity_fields, **extra, **fields)
 
 
-def _gguf_check(generation: dict[str, Any], source: Path, prompt: dict[str, np.ndarray], precision: str,
+def _gguf_check(generation: dict[str, Any], prepared: PreparedModel, prompt: dict[str, np.ndarray], precision: str,
                 details: dict[str, Any]) -> tuple[str, str | None]:  # fmt: skip
     """(status, error) of a generation llama.cpp ran on the GGUF the harness wrote of the model's weights, by native
     llama.cpp's rule (harness.run.native): at fp32 (GGUF F32: the weights the fp32 graph holds) its tokens and each
@@ -214,7 +261,8 @@ def _gguf_check(generation: dict[str, Any], source: Path, prompt: dict[str, np.n
     teacher-forced on the fp32 graph; at another precision no graph computes llama.cpp's own blocks (Q4_0 is not
     MatMulNBits, F16 weights are not an fp16 graph), so only its agreement with the fp32 graph is measured
     (quality, never a mismatch)."""
-    reference = fp32_graph(source)
+    source, reference = prepared.onnx_past_path, prepared.fp32_reference
+    assert source is not None  # a page generation ran the model's graph for generation, or a GGUF of it
     tokens = generation["tokens"]
     if reference is None:
         details["token_parity"] = "not checked: no fp32 graph of the model is at hand"
@@ -223,24 +271,25 @@ def _gguf_check(generation: dict[str, Any], source: Path, prompt: dict[str, np.n
     try:
         if precision == "fp32":
             agree, facts, _ = check_generation(reference, source, prompt, tokens, precision, GGML_SIDE, top,
-                                               log_probs=True)  # fmt: skip
+                                               log_probs=True, fp32=reference)  # fmt: skip
             details |= facts | {"token_reference": f"{facts['token_reference']} (fp32: the GGUF's weights)",
                                 "step_top_values": "log-probabilities, against native ORT's log-softmax"}  # fmt: skip
             return ("ok", None) if agree else ("mismatch", facts["token_parity"])
-        details |= gguf_quality(source, prompt, tokens, precision)
+        details |= gguf_quality(source, prompt, tokens, precision, reference)
     except ValueError as exc:
         return "error", f"parity check failed: {exc}"
     return "ok", None
 
 
-def _parity(generation: dict[str, Any], model: Graphs, source: Path, prompt: dict[str, np.ndarray], precision: str,
-            details: dict[str, Any], depth: int = 0) -> tuple[str, str | None, dict[str, Any]]:  # fmt: skip
+def _parity(generation: dict[str, Any], model: Graphs, prepared: PreparedModel, prompt: dict[str, np.ndarray],
+            precision: str, details: dict[str, Any], depth: int = 0) -> tuple[str, str | None, dict]:  # fmt: skip
     """(status, error, fields): the prefill logits within the precision's tolerance of native ORT's on the same
     file, then every step's top-k and the tokens (harness.core.generation.token_check)."""
     top = _step_top(generation) if generation.get("step_top") is not None else None  # another runtime's: optional
     try:
-        agree, facts, native = check_generation(model, source, prompt, generation["tokens"], precision, "browser",
-                                                top, depth)  # fmt: skip
+        assert prepared.onnx_past_path is not None  # the page ran the model's graph for generation
+        agree, facts, native = check_generation(model, prepared.onnx_past_path, prompt, generation["tokens"], precision,
+                                                "browser", top, depth, fp32=prepared.fp32_reference)  # fmt: skip
         if generation.get("prefill_logits") is None:  # a runtime whose API returns no logits: its tokens alone
             details |= facts | {"logits_checked": "no: the page runtime returns no logits; its tokens are checked"}
             return ("ok", None, {}) if agree else ("mismatch", facts["token_parity"], {})

@@ -3,9 +3,10 @@ through the served page: the protocol `web --serve` gives a phone (harness.web.d
 started, watched and killed here (harness.web.launched). Its rows are a `web` run's, the target's device naming
 the browser (wasm/onnxruntime-web:wasm:threads=1 @ firefox), checked by the same validator and build_result.
 
-What the served protocol cannot see, the loop here does: a browser that exits mid-job (crash, kill) gets that job
+What the served protocol cannot see, KeptBrowser does: a browser that exits mid-job (crash, kill) gets that job
 an `error` row at once, a job past --timeout a `timeout` row, and either way the browser is closed (its whole
-process group) and launched again, fresh, for the jobs left, at most MAX_LAUNCHES times. Ctrl-C closes it too.
+process group) and launched again, fresh, for the jobs left, at most one launch per job and one more (max_launches).
+Ctrl-C closes it too. `ab` keeps its launched browser with the same KeptBrowser (harness.browser.launched_session).
 
 from harness.browser.execute import run_web
 from harness.browser.run import WebRequest
@@ -50,15 +51,15 @@ class LaunchedJobs(ServedJobs):
     """The served jobs of one launched browser: the run's own settings (its --threads, not the device's cores),
     rows that name the browser and how it was driven."""
 
-    def __init__(self, plan: WebPlan, models: list[Prepared], emit: Emit, choice: LaunchedChoice,
+    def __init__(self, plan: WebPlan, models: list[Prepared], emit: Emit, kept: KeptBrowser,
                  faults: Mapping[str, str]) -> None:  # fmt: skip
         super().__init__(plan, models, self._record)  # type: ignore[arg-type]  # a WebPlan serves as a ServePlan
         self.store = emit
         self.stored: set[str] = set()  # the keys this browser's part stored: never twice (never_opened)
-        self.choice = choice
+        self.kept = kept
+        self.choice = kept.choice
         self.faults = faults
-        self.own = [s for s in plan.settings if s.device == choice.device and s.runtime == OWN_RUNTIME]
-        self.launch_facts: dict[str, Any] = {}  # the current browser's (harness.web.launched.Launcher.facts)
+        self.own = [s for s in plan.settings if s.device == self.choice.device and s.runtime == OWN_RUNTIME]
 
     def _record(self, row: Any) -> None:
         if isinstance(row, Result):
@@ -69,19 +70,7 @@ class LaunchedJobs(ServedJobs):
         return self.own
 
     def details(self, device: Any, page: Any | None, lost: list[str]) -> dict[str, Any]:
-        facts = page.facts if page is not None else device.facts
-        agent = str(facts.get("user_agent") or "")
-        found = re.search(USER_AGENT_VERSION[self.choice.kind], agent)
-        return (
-            device_details(device, page, lost)
-            | self.launch_facts
-            | {
-                "served_device": False,  # launched here: this machine's browser
-                "browser": self.choice.kind,
-                "browser_version": found.group(1) if found else None,  # the page's own user agent: what ran
-                "browser_launched_as": self.choice.driver,
-            }
-        )
+        return launched_details(self.kept, device, page, lost)
 
     def fault(self, setting: EpSetting) -> str | None:
         return self.faults.get(f"{self.choice.kind}/{setting.provider}")
@@ -118,39 +107,74 @@ class LaunchedJobs(ServedJobs):
             if row is None:
                 assert prepared is not None
                 row = prepared.result(setting.target, case, "error", why)
-            row.details |= {"browser": self.choice.kind} | self.launch_facts
+            row.details |= {"browser": self.choice.kind} | self.kept.launch_facts
             self.emit(row)
+
+    def give_up(self, server: Any, why: str) -> None:
+        """The browser cannot be kept up: every job left gets this error row."""
+        if not server.devices:  # it never said hello: no device holds the jobs
+            self.never_opened(why)
+            return
+        for device in server.devices.values():
+            for job in device.jobs:
+                if job.outcome is None:
+                    job.outcome = self.unanswered(device, job, "error", why)
+
+
+def launched_details(kept: KeptBrowser, device: Any, page: Any | None, lost: list[str]) -> dict[str, Any]:
+    """What a launched browser's row says of it: the served device's facts, how it was launched, and the browser
+    and version its page's own user agent names (what ran, not what was asked for)."""
+    facts = page.facts if page is not None else device.facts
+    agent = str(facts.get("user_agent") or "")
+    found = re.search(USER_AGENT_VERSION[kept.choice.kind], agent)
+    return (
+        device_details(device, page, lost)
+        | kept.launch_facts
+        | {
+            "served_device": False,  # launched here: this machine's browser
+            "browser": kept.choice.kind,
+            "browser_version": found.group(1) if found else None,
+            "browser_launched_as": kept.choice.driver,
+        }
+    )
 
 
 def _held_jobs(server: Any) -> list[tuple[Any, Any]]:
     return [(d, j) for d in server.devices.values() for j in d.jobs if j.holder is not None and j.outcome is None]
 
 
-def _fail_held(server: Any, jobs: LaunchedJobs, status: str, why: str) -> None:
+def _fail_held(server: Any, source: Any, status: str, why: str) -> None:
     """The job the browser was running when it died gets its row now (a served device's would wait for a page)."""
     for device, job in _held_jobs(server):
-        job.outcome = jobs.unanswered(device, job, status, why)
+        job.outcome = source.unanswered(device, job, status, why)
         job.holder = None
         device.holder = None
 
 
-def _unfinished(server: Any) -> int:
-    return sum(job.outcome is None for device in server.devices.values() for job in device.jobs)
+class KeptBrowser:
+    """One launched browser kept at the served page (`web`'s and `ab`'s alike): launched, watched, and after a
+    crash or a hung job closed (its whole process group) and launched again, fresh, at most `launches` times."""
 
-
-class _Watch:
-    """The launched browser's life: when it opened, whether a job timed out in it (its page is then stuck)."""
-
-    def __init__(self) -> None:
+    def __init__(self, choice: LaunchedChoice, headless: bool, args: tuple[str, ...], launches: int) -> None:
+        self.choice, self.headless, self.args, self.max_launches = choice, headless, args, launches
         self.browser: Launcher | None = None
         self.opened = 0.0
         self.launches = 0
-        self.stuck = False
+        self.stuck = False  # a job timed out in it: its page is still inside that job
+        self.greeted = False  # a page of this launch took the device's lease (said hello, or asked for a job)
         self.kill_at: float | None = None  # test-only: when the planted 'kill' fault kills the browser
+        self.launch_facts: dict[str, Any] = {}  # the current browser's (harness.web.launched.Launcher.facts)
+
+    @property
+    def label(self) -> str:
+        return f"{self.choice.kind} ({self.choice.version or self.choice.driver})"
 
     def on_event(self, kind: str, _device: Any, job: Any) -> None:
+        """The device server's events (harness.web.device_server.Event)."""
         if kind == "timeout":
             self.stuck = True
+        if kind == "holding":
+            self.greeted = True
         if kind == "leased" and job is not None and job.page_job.fault == "kill":
             self.kill_at = time.monotonic() + KILL_FAULT_DELAY_S
 
@@ -166,17 +190,49 @@ class _Watch:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
 
+    async def keep(self, server: Any, source: Any) -> str | None:
+        """One look at the browser: a dead one's held job gets its `error` row (source.unanswered), a dead or stuck
+        one is closed, and a new one is launched at the served page. Returns why the browser cannot be kept up (it
+        never opened the page, or was launched too often), else None. Raises LaunchError or WebDriverError."""
+        self.planted_kill()
+        browser = self.browser
+        if browser is not None and not browser.alive():
+            _fail_held(server, source, "error", _ended(browser, self.label))
+            await self._drop(server)
+        elif browser is not None and self.stuck:  # the sweep stored the timeout; the page is still inside the job
+            await self._drop(server)
+        elif browser is not None and not self.greeted and time.monotonic() - self.opened > HELLO_TIMEOUT_S:
+            return f"{self.label} did not open the served page within {HELLO_TIMEOUT_S:g} s"
+        if self.browser is None:
+            if self.launches >= self.max_launches:
+                return f"{self.label} was launched {self.launches} times and did not stay up; the jobs left did not run"
+            await self._launch(server.device_url)
+        return None
 
-async def _relaunch(watch: _Watch, server: Any, jobs: LaunchedJobs, choice: LaunchedChoice, headless: bool,
-                    args: tuple[str, ...]) -> None:  # fmt: skip
-    if watch.browser is not None:
-        await watch.browser.close()
-    watch.browser, watch.stuck = launcher(choice, headless, args), False
-    watch.launches += 1
-    jobs.launch_facts = {}
-    await watch.browser.open(server.device_url)
-    jobs.launch_facts = watch.browser.facts()
-    watch.opened = time.monotonic()
+    async def _drop(self, server: Any) -> None:
+        """Close the browser; its pages are gone, so none of them holds a device (the next one need not wait for a
+        lease to lapse)."""
+        assert self.browser is not None
+        await self.browser.close()
+        self.browser = None
+        for device in server.devices.values():
+            device.holder = None
+
+    async def _launch(self, url: str) -> None:
+        self.browser, self.stuck, self.greeted = launcher(self.choice, self.headless, self.args), False, False
+        self.launches += 1
+        self.launch_facts = {}
+        await self.browser.open(url)
+        self.launch_facts = self.browser.facts()
+        self.opened = time.monotonic()
+
+    async def close(self) -> None:
+        """Close the browser, and kill whatever of its process group is left: no browser outlives the run."""
+        if self.browser is not None:
+            with contextlib.suppress(Exception):
+                await self.browser.close()
+            self.browser.kill()
+            self.browser = None
 
 
 def _ended(browser: Launcher, label: str) -> str:
@@ -187,36 +243,15 @@ def _ended(browser: Launcher, label: str) -> str:
     return f"{label} exited{how} while running this job{said}"
 
 
-async def _serve(server: Any, jobs: LaunchedJobs, choice: LaunchedChoice, watch: _Watch, request: Any) -> None:
-    """Launch, watch and relaunch the browser until its device finished every job (or it cannot be kept up)."""
-    label = f"{choice.kind} ({choice.version or choice.driver})"
-    total = len(jobs.pending())
-    headless, args = not request.headed, ()
+async def _serve(server: Any, jobs: LaunchedJobs, kept: KeptBrowser) -> None:
+    """Keep the browser up until its device finished every job (or it cannot be kept up)."""
     while True:
         server.sweep()
         if server.finished_devices() >= 1:
             return
-        watch.planted_kill()
-        browser = watch.browser
-        if browser is not None and not browser.alive():
-            _fail_held(server, jobs, "error", _ended(browser, label))
-            await browser.close()
-            watch.browser = None
-        elif browser is not None and watch.stuck:  # sweep stored the timeout; the page is still inside the job
-            await browser.close()
-            watch.browser = None
-        elif browser is not None and not server.devices and time.monotonic() - watch.opened > HELLO_TIMEOUT_S:
-            jobs.never_opened(f"{label} did not open the served page within {HELLO_TIMEOUT_S:g} s")
+        if (why := await kept.keep(server, jobs)) is not None:
+            jobs.give_up(server, why)
             return
-        if watch.browser is None:
-            if watch.launches >= max_launches(total):
-                why = f"{label} was launched {watch.launches} times and did not stay up; the jobs left were not run"
-                for device in server.devices.values():
-                    for job in device.jobs:
-                        if job.outcome is None:
-                            job.outcome = jobs.unanswered(device, job, "error", why)
-                return
-            await _relaunch(watch, server, jobs, choice, headless, args)
         await asyncio.sleep(SWEEP_S)
 
 
@@ -225,22 +260,24 @@ async def run_launched(plan: WebPlan, choice: LaunchedChoice, models: list[Prepa
     """This browser's part of the run: serve its jobs on loopback and launch it at them."""
     from harness.web.device_server import DeviceServer
 
-    jobs = LaunchedJobs(plan, models, emit, choice, faults)
+    kept = KeptBrowser(choice, not plan.request.headed, (), 1)
+    jobs = LaunchedJobs(plan, models, emit, kept, faults)
     jobs.refuse_other_runtimes()
     if not jobs.pending():
         return
-    watch = _Watch()
-    host = "0.0.0.0" if choice.webdriver_url else "127.0.0.1"  # a remote driver's browser must reach the page
-    server = DeviceServer(jobs, plan.request.timeout_s, host, 0, None, watch.on_event, max_devices=1)
+    kept.max_launches = max_launches(len(jobs.pending()))
+    server = DeviceServer(jobs, plan.request.timeout_s, served_host(choice), 0, None, kept.on_event, max_devices=1)
     await server.start()
     try:
-        await _serve(server, jobs, choice, watch, plan.request)
+        await _serve(server, jobs, kept)
     except (LaunchError, WebDriverError) as exc:  # not found, or its driver refused: every job left says why
         jobs.never_opened(str(exc))
     finally:
-        if watch.browser is not None:
-            with contextlib.suppress(Exception):
-                await watch.browser.close()
-            watch.browser.kill()
+        await kept.close()
         server.record_disconnected()
         await server.stop()
+
+
+def served_host(choice: LaunchedChoice) -> str:
+    """Where the served page listens: loopback, unless a remote driver's browser must reach it."""
+    return "0.0.0.0" if choice.webdriver_url else "127.0.0.1"

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from functools import cache, partial
 from pathlib import Path
 from typing import Any
@@ -28,11 +28,14 @@ from harness.browser.generate import (
     generate_job,
     generation_result,
     layout_files,
+    passage_files,
     prompt_feeds,
     seq2seq_layout,
     served_graph,
 )
+from harness.browser.page_ceilings import calibrate_in_page
 from harness.browser.runtimes import (
+    gguf_generate_job,
     gguf_precisions,
     runtime_details,
     runtime_fields,
@@ -53,14 +56,12 @@ from harness.prepare.prepared import PreparedModel, PrepareJob, audio_lengths, i
 from harness.prepare.seq2seq import precision_files, seq2seq_files
 from harness.prepare.specs import ModelSpec
 from harness.prepare.variants import model_for_precision
+from harness.run.ceiling_job import only_calibrations
+from harness.run.ceiling_reuse import CeilingBook
 from harness.run.ceilings import (
-    CEILING_ITERATIONS,
-    CEILING_MAX_ITERATIONS,
-    CEILING_MAX_TIME_S,
-    CEILING_MIN_DURATION_S,
-    CEILING_MIN_ITERATIONS,
-    CEILING_WARMUP,
     Calibration,
+    Prior,
+    Size,
     calibration_feeds,
     calibration_path,
     ceilings_asked,
@@ -206,6 +207,7 @@ class WebPlan:
     profile: GpuProfile | None = None  # the launch profile (None: a remote browser brings its own flags)
     done: frozenset[str] = frozenset()  # result keys a resumed run already holds: never run twice
     launched: tuple[Any, ...] = ()  # harness.web.launched.LaunchedChoice: Firefox, Safari (the served page)
+    ceilings: CeilingBook = field(default_factory=CeilingBook)  # earlier ceilings it may take (record_run loads)
 
     def cases(self, spec: ModelSpec) -> list[Case]:
         return web_cases(self.request, spec)
@@ -366,6 +368,9 @@ def _check_browsers(request: WebRequest) -> None:
         raise RequestError("--browser-endpoint reaches a remote Chromium; Firefox and Safari take --webdriver-url")
     if (request.driver != "process" or request.webdriver_url) and not launched:
         raise RequestError("--driver and --webdriver-url drive Firefox or Safari (--browser firefox|safari)")
+    if launched and request.ceilings_only:
+        raise RequestError(f"--ceilings-only: {', '.join(launched)} (launched outside Playwright) measure no ceilings "
+                           "yet; measure a Chromium's, or a device's with web --serve --ceilings-only")  # fmt: skip
     if launched and request.profile:
         raise RequestError("--profile: a trace comes from a Chromium the harness drives, not from Firefox or Safari")
     if request.webdriver_url is not None:
@@ -492,6 +497,8 @@ def _file_stem(name: str) -> str:
 def case_model(prepared: PreparedModel, case: Case) -> tuple[Path | None, str, dict[str, Any]]:
     """The file a case runs in the page: the export (generate: the graph with past key/values) in the
     case's precision, as precision_model gives it."""
+    if prepared.spec.is_gguf_file and case.precision in prepared.gguf_files:  # the GGUF given as the model
+        return Path(prepared.gguf_files[case.precision]), case.precision, {}
     if case.mode != "generate":
         assert prepared.onnx_path is not None
         return precision_model(prepared.onnx_path, case.precision)
@@ -576,10 +583,10 @@ def page_job(
         return runtime_job(files, prepared, setting, case, stop, fault, model, prompt_feeds(feeds))
     if case.mode == "generate":  # its own file name: the page keeps one session per URL
         layout = seq2seq_layout(prepared.onnx_past_path, case.precision)
-        also = {} if layout is None else layout_files(f"{name}-past", layout[0])
+        also = passage_files(prepared.passage) if layout is None else layout_files(f"{name}-past", layout[0])
         gpu = EPS[setting.ep].gpu_adapter
         # its URLs once the job's files are served
-        generate = partial(generate_job, model, case, gpu, layout, eos=prepared.eos)
+        generate = partial(generate_job, model, case, gpu, layout, eos=prepared.eos, passage=prepared.passage)
         served = served_graph(model)  # the model itself, but for the faults hook's planted weight
         return web_job(files, f"{name}-past", served, prompt_feeds(feeds, layout is not None), setting, stop,
                        case.key, fault, generate, also)  # fmt: skip
@@ -631,7 +638,8 @@ def runtime_job(files: Any, prepared: PreparedModel, setting: EpSetting, case: C
     inputs = [PageInput(name, urls[key], str(array.dtype), list(array.shape))
               for name, (key, array) in zip(feeds, arrays.items(), strict=True)]  # fmt: skip
     model_url = urls[main]
-    generate = generate_job(model, case, False, eos=prepared.eos)
+    gguf = prepared.spec.is_gguf_file  # a GGUF given as the model: no ONNX graph states its vocabulary
+    generate = gguf_generate_job(prepared, case) if gguf else generate_job(model, case, False, eos=prepared.eos)
     return PageJob(model_url=model_url, inputs=inputs, ep=setting.ep, threads=setting.threads, stop=stop,
                    case=case.key, fault=fault, generate=generate, runtime_model_base=model_url.removesuffix(main),
                    **runtime_fields(setting.runtime, case))  # fmt: skip
@@ -662,35 +670,29 @@ async def measure_control(files: Any, session: Any, setting: EpSetting, position
     return control
 
 
-# a calibration's stop rule (harness.run.ceilings): the native one, in every page
-CEILING_STOP = StopRule(
-    warmup=CEILING_WARMUP,
-    iterations=CEILING_ITERATIONS,
-    min_duration_ms=CEILING_MIN_DURATION_S * 1000,
-    max_iterations=CEILING_MAX_ITERATIONS,
-    min_iterations=CEILING_MIN_ITERATIONS,
-    max_time_ms=CEILING_MAX_TIME_S * 1000,
-)
+def calibration_job(files: Any, setting: EpSetting, calibration: Calibration, size: Size, stop: StopRule) -> PageJob:
+    """A calibration graph's page job at one of its sizes (harness.run.ceilings), under a probe's or a
+    measurement's stop rule (harness.browser.page_ceilings)."""
+    path, feeds = calibration_path(calibration, size), calibration_feeds(calibration, size)
+    return web_job(files, size.name, path, feeds, setting, stop, size.name)
+
+
+def software_adapter(facts: dict[str, Any], setting: EpSetting) -> bool:
+    """Whether a page answer ran WebGPU on a software adapter: its ceiling is flagged as its results are."""
+    return bool(_page_details(facts, setting, {}).get("fallback_adapter"))
 
 
 async def measure_page_ceilings(files: Any, session: Any, setting: EpSetting, calibrations: list[Calibration],
-                                timeout_s: float) -> list[Ceiling]:  # fmt: skip
-    """The target's ceilings (harness.run.ceilings) in the page, on the EP setting: each calibration graph a
-    page job timed by the page's own loop; a software adapter's ceiling is flagged as its results are."""
-    found = []
-    for calibration in calibrations:
-        ceiling = Ceiling(setting.target, calibration.kind, calibration.precision, calibration.name, calibration.amount)
-        job = web_job(files, calibration.name, calibration_path(calibration), calibration_feeds(calibration),
-                      setting, CEILING_STOP, calibration.name)  # fmt: skip
-        answer = await session.run_job(files.page_url, (calibration.name, setting), job, timeout_s)
-        if answer["status"] == "ok":
-            ceiling.samples_ms, ceiling.load_avg_1m = answer["samples_ms"], os.getloadavg()[0]
-            facts = _page_details(answer.get("facts", {}), setting, {})
-            ceiling.software_adapter = bool(facts.get("fallback_adapter"))
-        else:
-            ceiling.error = answer["error"]
-        found.append(ceiling)
-    return found
+                                prior: Sequence[Prior], timeout_s: float) -> list[Ceiling]:  # fmt: skip
+    """The target's ceilings in the page, on the EP setting, sized and timed by the page's own loop
+    (harness.browser.page_ceilings), every job in one page of their own; `prior`: the earlier ceilings it may take."""
+
+    async def run_page(calibration: Calibration, size: Size, stop: StopRule) -> dict[str, Any]:
+        job = calibration_job(files, setting, calibration, size, stop)
+        return await session.run_job(files.page_url, ("ceilings", setting), job, timeout_s)
+
+    adapter = partial(software_adapter, setting=setting)
+    return await calibrate_in_page(run_page, setting.target, calibrations, prior, adapter)
 
 
 async def page_refusal(session: Any, setting: EpSetting, case: Case, request: WebRequest,
@@ -761,7 +763,8 @@ def prepare_spec(plan: Any, spec: ModelSpec) -> Prepared:
     job = PrepareJob(spec, shapes, with_past=(generates or prefill) and spec.has_past_export, reference_tokens=tokens,
                      plain=plain, stop_at_eos=plan.request.stop_at_eos, reference_depths=depths,
                      prefill=prefill, audio_seconds=audio_lengths(cases),
-                     gguf_precisions=gguf_precisions(getattr(plan.request, 'runtimes', ()), cases))  # fmt: skip
+                     gguf_precisions=gguf_precisions(getattr(plan.request, 'runtimes', ()), cases),
+                     reference_model=getattr(plan.request, "reference_model", None))  # fmt: skip
     prepared, outcome = prepare_isolated(job, plan.request.prepare_timeout_s)
     if prepared:
         return spec, prepared, ""
@@ -823,7 +826,8 @@ async def _run_ep(
                 asked = ceilings_asked(plan.request.no_ceilings)
                 held = own_loop(setting)
                 needed = wanted([case.precision], measured.setdefault(held.target, set()), asked)
-                for ceiling in await measure_page_ceilings(files, session, held, needed, timeout_s):
+                prior = plan.ceilings.for_target(held.target, plan.request.ceilings) if needed else ()
+                for ceiling in await measure_page_ceilings(files, session, held, needed, prior, timeout_s):
                     emit(ceiling)
                 # a fault for one runtime's setting ("transformers.js/wasm:threads=1"), or for every runtime's
                 fault = faults.get(f"{setting.runtime}/{setting.provider}", faults.get(setting.provider))
@@ -837,6 +841,25 @@ async def _run_ep(
     finally:
         if session is not None:
             await session.close()
+
+
+async def _ep_ceilings(playwright: Any, files: Any, plan: WebPlan, ep: str, emit: Emit) -> None:
+    """--ceilings-only: the EP's ceilings at each of its settings (the page's own loop), and no model."""
+    from harness.web.driver import BrowserSession
+
+    calibrations = list(only_calibrations(plan.request.precision))
+    session = BrowserSession(playwright, plan.browser_source(ep), files)
+    seen = False
+    try:
+        for setting in dict.fromkeys(own_loop(s) for s in plan.settings if s.ep == ep and s.device is None):
+            prior = plan.ceilings.for_target(setting.target, plan.request.ceilings)
+            timeout_s = plan.request.timeout_s
+            for ceiling in await measure_page_ceilings(files, session, setting, calibrations, prior, timeout_s):
+                emit(ceiling)
+            if not seen and session.browser is not None:
+                seen = await platform_seen(session, setting, emit)
+    finally:
+        await session.close()
 
 
 def own_loop(setting: EpSetting) -> EpSetting:
@@ -883,6 +906,9 @@ async def run_playwright(plan: WebPlan, models: list[Prepared], emit: Emit, faul
     try:
         async with async_playwright() as playwright:
             for ep in dict.fromkeys(s.ep for s in plan.settings if s.device is None):  # one browser launch per EP
-                await _run_ep(playwright, files, plan, models, ep, emit, faults)
+                if plan.request.ceilings_only:
+                    await _ep_ceilings(playwright, files, plan, ep, emit)
+                else:
+                    await _run_ep(playwright, files, plan, models, ep, emit, faults)
     finally:
         await files.stop()

@@ -11,9 +11,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+from harness.core.generation import STEP_TOP_K
 from harness.core.records import Case
+from harness.prepare.gguf_file import NO_ONNX
 from harness.prepare.prepared import PreparedModel
 from harness.web import runtime_dist
+from harness.web.page_job import GenerateJob
 from harness.web.runtimes import OWN_RUNTIME, RUNTIMES
 
 # transformers.js names a precision's file by a suffix (model.onnx, model_fp16.onnx, model_q4.onnx): the dtype it
@@ -32,11 +35,13 @@ WEBLLM_NEEDS = (
 def runtime_refusal(prepared: PreparedModel, runtime: str, ep: str, case: Case) -> str | None:
     """Why `runtime` cannot run this case here (the row is then `unsupported` with it), or None. Our own loop
     refuses nothing here (its EPs and modes are planned as before)."""
+    table = RUNTIMES[runtime]
+    if prepared.spec.is_gguf_file and table.format != "gguf":  # a GGUF given as the model
+        return f"not applicable: {NO_ONNX}; {runtime} loads {table.format} files (--runtimes llama.cpp runs it)"
     if runtime == OWN_RUNTIME:
         return None
     if runtime == "webllm":
         return WEBLLM_NEEDS
-    table = RUNTIMES[runtime]
     if (why := table.refusal(ep, case.mode)) is not None:
         return why
     if (missing := runtime_dist.problem(runtime)) is not None:  # its npm files: make setup
@@ -162,6 +167,15 @@ def transformers_js_graph(model: Path) -> Path:
     return renamed
 
 
+def gguf_generate_job(prepared: PreparedModel, case: Case) -> GenerateJob:
+    """The generation part of a page job on a GGUF given as the model: its vocabulary from the file's header (no
+    ONNX graph states one), the EOS ids it stops at, each step's top-k (llama.cpp's log-probabilities)."""
+    assert case.new_tokens is not None
+    vocab = int(prepared.spec.config["vocab_size"])
+    return GenerateJob(new_tokens=case.new_tokens, vocab_size=vocab, past_shape=None, session_options=None,
+                       depth=case.depth or 0, eos_ids=list(prepared.eos), top_k=min(STEP_TOP_K, vocab))  # fmt: skip
+
+
 def runtime_fields(runtime: str, case: Case) -> dict[str, Any]:
     """The job's runtime fields beside its model URL (web/page_job.py's PageJob)."""
     fields: dict[str, Any] = {"runtime": runtime}
@@ -183,6 +197,8 @@ def runtime_model(prepared: PreparedModel, runtime: str, case: Case, model: Path
     ONNX graph of the same weights and precision (the row says so)."""
     if runtime == OWN_RUNTIME:
         return {}
+    if prepared.spec.is_gguf_file:  # the GGUF given as the model: no ONNX graph to count its work on
+        return {"model_file": model.name, "model_bytes": model.stat().st_size}
     if RUNTIMES[runtime].format == "gguf":
         gguf = Path(gguf_files(prepared)[case.precision])
         return {"model_file": gguf.name, "model_bytes": gguf.stat().st_size,

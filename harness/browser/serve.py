@@ -18,7 +18,7 @@ from __future__ import annotations
 import ssl
 import statistics
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from harness.browser.run import (
     prepare_spec,
     web_cases,
 )
+from harness.browser.served_ceilings import ServedCeilings
 from harness.core.bounds import MAX_DEVICES, MAX_PORT
 from harness.core.generation import STEP_TOP_K
 from harness.core.labels import case_label
@@ -41,6 +42,9 @@ from harness.core.options import check, declared, option, reuse
 from harness.core.records import Case, Result, result_key
 from harness.prepare.prepared import PreparedModel
 from harness.prepare.specs import ModelSpec
+from harness.run.ceiling_job import only_calibrations
+from harness.run.ceiling_reuse import CeilingBook
+from harness.run.ceilings import Calibration, ceilings_asked, wanted
 from harness.run.plan import MAX_TIMEOUT_S, RequestError, RunOptions
 from harness.run.recording import Body, Emit, RunSummary, record_run
 from harness.web.eps import EPS, WEB_HARDWARE
@@ -113,6 +117,7 @@ class ServePlan:
     request: ServeRequest
     tls: ssl.SSLContext | None
     done: frozenset[str] = frozenset()  # result keys a resumed run holds: a device gets only what it lacks
+    ceilings: CeilingBook = field(default_factory=CeilingBook)  # earlier ceilings it may take (record_run loads)
 
     def cases(self, spec: ModelSpec) -> list[Case]:
         return web_cases(self.request, spec)
@@ -237,6 +242,8 @@ class ServedJobs:
         self.models = models
         self.emit = emit
         self._jobs: dict[str, _Job] = {}
+        self._ceilings = ServedCeilings(emit)  # each device setting's calibration slots
+        self._files: Any = None  # the server the jobs' files are served through
 
     def describe(self) -> dict[str, Any]:
         request = self.plan.request
@@ -254,7 +261,10 @@ class ServedJobs:
         from harness.web.device_server import ServeJob
 
         jobs = []
+        self._files = files
         for setting in self.settings(device):
+            prior = self.plan.ceilings.for_target(setting.target, self.plan.request.ceilings)
+            jobs += self._ceilings.jobs(files, setting, self.calibrations(), prior)
             for spec, prepared, why in self.models:
                 for case in self.plan.cases(spec):
                     key = result_key(spec.name, setting.target, case)
@@ -267,6 +277,14 @@ class ServedJobs:
 
     def settings(self, device: Any) -> list[EpSetting]:
         return device_settings(self.plan.request, device)
+
+    def calibrations(self) -> tuple[Calibration, ...]:
+        """Each setting's ceilings: every class with --ceilings-only, else those its cases' precisions need."""
+        request = self.plan.request
+        if request.ceilings_only:
+            return only_calibrations(request.precision)
+        precisions = [case.precision for spec in self.plan.specs for case in self.plan.cases(spec)]
+        return tuple(wanted(precisions, set(), ceilings_asked(request.no_ceilings)))
 
     def details(self, device: Any, page: Any | None, lost: list[str]) -> dict[str, Any]:
         return device_details(device, page, lost)
@@ -301,6 +319,8 @@ class ServedJobs:
         return page, answer_limit(_answer_bytes(prepared, case, self.plan.request), self.plan.request.max_iterations)
 
     def answered(self, device: Any, job: Any, answer: dict[str, Any], page: Any) -> dict[str, Any]:
+        if self._ceilings.holds(job):
+            return self._ceilings.answered(self._files, device, job, answer)
         found = self._jobs[job.key]
         details = self.details(device, page, job.lost) | found.conversion
         details["input_shapes"] = found.page.input_shapes
@@ -313,6 +333,8 @@ class ServedJobs:
         return _summary(result)
 
     def unanswered(self, device: Any, job: Any, status: str, why: str) -> dict[str, Any]:
+        if self._ceilings.holds(job):
+            return self._ceilings.unanswered(job, status, why)
         found = self._jobs[job.key]
         page = device.pages.get(job.holder) if job.holder else None
         details = self.details(device, page, job.lost)
@@ -374,4 +396,5 @@ def run_serve(
         None,
         resume_run_id,
         request.machine_label,
+        ceilings=[plan.ceilings],
     )

@@ -98,7 +98,7 @@ LATENCIES = ("latency_mean_ms", "latency_p50_ms", "latency_p90_ms", "latency_p95
 IDENTIFIERS = {
     "runs": ("run_id", "run_uuid", "machine_id", "machine_label"),
     "results": ("result_id", "run_id", "device"),
-    "ceilings": ("run_id", "device"),
+    "ceilings": ("run_id", "device", "reused_from"),  # reused_from: the run that measured a reused ceiling
 }
 CEILING_CLASSES = (BANDWIDTH_CLASS, *sorted({c for p in MEANINGS if (c := precision_class(p))}))
 # a ceiling's figures as harness.core.roofline.ceiling_figures gives them, from its own amount and samples
@@ -197,6 +197,7 @@ RULES = [
     ),
     Rule("ceilings", "value", _differs("value", CEILING_VALUE), f"{CEILING_VALUE}, recomputed on import"),
     Rule("ceilings", "spread", _differs("spread", CEILING_SPREAD), f"{CEILING_SPREAD}, recomputed on import"),
+    *(Rule("ceilings", c, _not_positive(c), f"NULL or {POSITIVE}") for c in ("budget_ms", "calibration_s")),
 ]
 
 

@@ -16,8 +16,9 @@ from harness.core.paths import unwritable_file
 
 # ab's request (harness.ab.run.AbRequest): its own fields and the run options it takes, each written once on
 # its field (--hardware is native's, --web-hardware web's --hardware, --threads web's).
-OWN = ("a", "b", "hardware", "web_hardware", "threads", "a_precision", "b_precision", "a_python", "b_python",
-       "rounds", "block", "block_time_s")  # fmt: skip
+OWN = ("a", "b", "hardware", "web_hardware", "threads", "browsers", "browser_path", "driver", "webdriver_url",
+       "a_browser", "b_browser", "a_precision", "b_precision", "a_python", "b_python", "rounds", "block",
+       "block_time_s")  # fmt: skip
 OPTIONS = ("engines", "batch_sizes", "sequence_lengths", "precision", "warmup", "timeout_s", "db_path", "machine_label")
 
 

@@ -1,5 +1,6 @@
-"""`accelharness predict`: a model's latency on every measured target, by operators or the log-linear
-fit, or (--evaluate) both methods' leave-one-model-out error on the store."""
+"""`accelharness predict`: a model's latency on every measured target, by operators, the log-linear fit or the
+roofline, or (--evaluate) each method's leave-one-model-out error on the store; `--mode generate`: its TTFT,
+prefill and decode tokens/s by the roofline (harness.cli.predict_generate)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from harness.cli.common import (
     with_options,
 )
 from harness.core.options import check, declared
-from harness.run.plan import MAX_TIMEOUT_S, RequestError, RunOptions, check_seconds
+from harness.run.plan import MAX_TIMEOUT_S, RequestError, RunOptions, check_context, check_seconds
 from harness.store import StoreError
 
 if TYPE_CHECKING:
@@ -34,11 +35,13 @@ METHODS = {
     "operators": "per-op-class costs fitted on this target's profiled runs (--profile), summed over the model's "
     "ONNX graph at each case (counted, not run), calibrated on measured latencies",
     "log-linear": "ridge regression in log space on parameter counts, batch, sequence, family and target",
+    "roofline": "a fixed overhead plus the graph's FLOPs and bytes per item (counted, not run) at fitted fractions of "
+    "the target's measured compute and bandwidth ceilings, fitted on this target's rows of other models",
 }
 
 
 # The run options predict takes (harness.run.plan.RunOptions): the cases to predict, each written once on its field.
-CASES = ("batch_sizes", "sequence_lengths")
+CASES = ("batch_sizes", "sequence_lengths", "new_tokens", "depths")
 
 
 # predict's own options: harness.analysis.options.Predict (its --precision the one it predicts for)
@@ -52,6 +55,7 @@ def predict(
     hardware: str | None,
     engines: str | None,
     precision: str,
+    mode: str,
     evaluate: bool,
     method: str,
     max_error: str | None,
@@ -64,6 +68,10 @@ def predict(
     """Predict latency (and, by the log-linear fit, throughput and memory) for untested combinations, even
     for a model never measured: each target by operators where it has profiles, else by the log-linear fit;
     every row names its method and that method's held-out error."""
+    refuse_bad(Predict, mode=mode)
+    if mode == "generate":
+        return _generate(model, model_path, model_family, hardware, engines, precision, evaluate, method, max_error,
+                         timeout, machine, db_path, as_json, options)  # fmt: skip
     if evaluate:
         if model or model_path:
             raise fail("--evaluate scores the predictors on the whole store; it takes no --model or --model-path")
@@ -87,7 +95,17 @@ def predict(
     error_bound = _error_bound(method, max_error)
     from harness.analysis.op_predict import MIN_MODELS
     from harness.analysis.predict import InsufficientData
-    from harness.analysis.predict_model import OPERATORS, Asked, believable, operator_fits, predict_model
+    from harness.analysis.predict_model import (
+        OPERATORS,
+        ROOFLINE,
+        Asked,
+        believable,
+        best_per_target,
+        operator_fits,
+        predict_model,
+    )
+    from harness.analysis.roofline_fit import MIN_FIT_MODELS
+    from harness.analysis.roofline_inference import inference_fits
 
     spec = _spec(model, model_path, model_family)
     if spec is not None and not spec.inputs.uses_sequence:
@@ -105,14 +123,20 @@ def predict(
                     f"no target here has operator profiles of {MIN_MODELS}+ models at {precision} (run with --profile)"
                 )
                 return _refuse(asked.model, [why], as_json)
-            counts = spec is not None and (fits or model_path)  # a graph to count, and a use for it
+            roofs = inference_fits(scoped, precision, asked.model, asked.wants)
+            if method == ROOFLINE and not roofs:
+                why = f"no target here has ceilings and rows of {MIN_FIT_MODELS}+ models with their work counted"
+                return _refuse(asked.model, [why], as_json)
+            counts = spec is not None and (fits or roofs or model_path)  # a graph to count, and a use for it
             counted, notes = _count(spec, asked, timeout, model_path) if counts else (None, [])
             asked = dataclasses.replace(asked, **_facts(scoped, asked, counted, model_path))
-            result = predict_model(scoped, asked, fits, counted.work if counted else None)
+            per_item = counted.per_item if counted and roofs else None
+            result = predict_model(scoped, asked, fits, counted.work if counted else None, per_item)
     except (StoreError, InsufficientData, AnalysisError) as exc:
         raise fail(str(exc)) from None
     result.notes[:0] = notes
-    result.rows, left_out = believable(result.rows, method, error_bound)
+    chosen = best_per_target(result.rows) if method == "any" else result.rows  # each target's lowest error
+    result.rows, left_out = believable(chosen, method, error_bound)
     if not result.rows:
         return _refuse(asked.model, notes + left_out, as_json)
     result.notes += [f"left out: {why}" for why in left_out]
@@ -120,6 +144,44 @@ def predict(
         console.print_json(json.dumps(dataclasses.asdict(result) | {"methods": METHODS}, default=str))
         return
     _print_predictions(asked, result)
+
+
+def _generate(model: str | None, model_path: Path | None, family: str | None, hardware: str | None,
+              engines: str | None, precision: str, evaluate: bool, method: str, max_error: str | None,
+              timeout: float, machine: str | None, db_path: Path, as_json: bool,
+              options: dict[str, Any]) -> None:  # fmt: skip
+    """--mode generate: the checks every prediction has, then harness.cli.predict_generate."""
+    from harness.cli.predict_generate import Filters, evaluate_generation, predict_generation
+
+    filters = Filters(split_list(hardware, "--hardware"), split_list(engines, "--engines"), machine)
+    if evaluate:
+        if model or model_path:
+            raise fail("--evaluate scores the predictors on the whole store; it takes no --model or --model-path")
+        return evaluate_generation(db_path, filters, as_json) if db_path.exists() else _no_store(db_path)
+    if (model is None) == (model_path is None):
+        raise fail("give one of --model (a spec) or --model-path (an .onnx file with past key/values, or a folder)")
+    cases = RunOptions(**request_values(RunOptions, options))
+    refuse_bad(Predict, precision=precision)
+    bound = _error_bound(method, max_error)
+    spec = _spec(model, model_path, family)
+    if spec is None:
+        raise fail(f"--mode generate counts the model's graph from its spec: '{model}' is not a spec "
+                   "(`accelharness models`); give --model-path for a model of your own")  # fmt: skip
+    if not spec.is_onnx_file and (not spec.has_past_export or spec.is_seq2seq):
+        raise fail(f"--mode generate predicts decoder-only language models; {spec.name} is not one")
+    try:
+        check(cases, declared(RunOptions), CASES)
+        check_seconds("--timeout", timeout, positive=True, limit=MAX_TIMEOUT_S)
+        check_context([spec], cases.sequence_lengths, cases.new_tokens, depths=cases.depths)
+    except RequestError as exc:
+        raise fail(str(exc)) from None
+    if not db_path.exists():
+        return _no_store(db_path)
+    predict_generation(spec, precision, cases, filters, db_path, timeout, method, bound, as_json)
+
+
+def _no_store(db_path: Path) -> None:
+    raise fail(f"no store at {db_path}: run benchmarks first (accelharness run --mode generate ...)")
 
 
 def _error_bound(method: str, max_error: str | None) -> float | None:
@@ -237,10 +299,11 @@ def _evaluate(db: Path, as_json: bool) -> None:
         console.print(f"no profiled results in {shown(db)}: run benchmarks with --profile first")
         return
     table = Table(title="Leave-one-model-out MAPE for latency, on the profiled results")
-    for name in ("target", "precision", "results", "models", "operators", "log-linear (same results)"):
+    for name in ("target", "precision", "results", "models", "operators", "log-linear (same results)",
+                 "roofline (same results)"):  # fmt: skip
         table.add_column(name)
     for e in found:
-        cells = [f"{v:.1%}" if v is not None else "—" for v in (e.operators, e.log_linear)]
+        cells = [f"{v:.1%}" if v is not None else "—" for v in (e.operators, e.log_linear, e.roofline)]
         target = shown(f"{e.target[0]}/{e.target[1]}:{e.target[2]}")
         table.add_row(target, shown(e.target[3]), str(e.rows), str(e.models), *cells)
     console.print(table)

@@ -71,8 +71,10 @@ def run_with_progress(
 
 
 def print_summary(summary: RunSummary, rows: list[Result]) -> RunSummary:
-    """The results table, where the run is stored and its reports (exit 1 if they could not be written)."""
-    console.print(summary_table(rows))
+    """The results table (a run of --ceilings-only: its ceilings), where the run is stored and its reports (exit 1
+    if they could not be written)."""
+    ceilings = ceilings_table(summary) if not rows else None
+    console.print(ceilings or summary_table(rows))
     console.print(f"run [bold]{summary.run_id}[/bold] → {summary.db_path}: {summary.counts}")
     for path in summary.reports:
         console.print(f"  report: {path}")
@@ -123,4 +125,28 @@ def summary_table(rows: list[Result]) -> Table:
             f"{r.max_abs_diff:.2g}" if r.max_abs_diff is not None else "—",
             Text("; ".join(notes)),  # text, not markup: "[/x]" in an error would stop the table
         )
+    return table
+
+
+def ceilings_table(summary: RunSummary) -> Table | None:
+    """The run's ceilings as stored (harness.run.ceilings: its size, value, spread; reused or why none), or None
+    where it stored none."""
+    from harness.core.labels import target_label
+    from harness.core.roofline import UNITS
+    from harness.store import open_store
+
+    with open_store(summary.db_path, read_only=True) as store:
+        ceilings = store.ceilings(summary.run_id)
+    if not ceilings:
+        return None
+    table = Table(title="Ceilings")
+    for name in ("target", "ceiling", "class", "size", "value", "spread", "runs", "note"):
+        table.add_column(name, overflow="fold")
+    for c in ceilings:
+        value = f"{c['value']:.3g} {UNITS.get(c['kind'], '')}" if c["value"] is not None else "—"
+        spread = f"{c['spread']:.1%}" if c["spread"] is not None else "—"
+        reused = f"reused from run {c['reused_from']} (measured {c['measured_at']:%Y-%m-%d %H:%M} UTC)"
+        note = c["error"] or (reused if c["reused_from"] else f"sized to a run of {c['budget_ms']:g} ms")
+        cells = [target_label(c), c["kind"], c["precision"], c["workload"], value, spread, c["iterations"], note]
+        table.add_row(*(Text(terminal_text(str(cell))[:200]) for cell in cells))  # text from the store, not markup
     return table

@@ -59,6 +59,15 @@ MAX_HEAD_SIZE = 65_536  # one attention head's width
 MAX_VOCAB = 4 * 2**20  # tokens in a vocabulary
 MAX_CONTEXT = 16 * 2**20  # positions, context length, a generation's max_length
 MAX_NAME_CHARS = 96  # a file name made from stored text (a run id): room for a hash and a suffix under 255 bytes
+# A GGUF given as the model (--model-path x.gguf, harness.prepare.gguf_file): its header walked as data, every count
+# and length bounded before it is trusted. Today's GGUFs: a 405B model in one file is ~250 GB at Q4 (split files
+# are refused), ~1,100 tensors, ~40 metadata keys, 256 K tokens and merges, a chat template under 20 KB.
+GGUF_BYTES_BOUND = 512 * 2**30  # the file (no MAX_ prefix: past INT32, as WORK_BYTES_BOUND)
+MAX_GGUF_TENSORS = 65_536  # tensors in its header (a mixture of experts' per-expert tensors included)
+MAX_GGUF_KEYS = 4096  # metadata keys
+MAX_GGUF_STRING_BYTES = 2**20  # one string: a key, a value, a tensor's name, one token's text
+MAX_GGUF_ARRAY = MAX_VOCAB  # items of one metadata array (the tokens, their types, the merges)
+MAX_GGUF_HEADER_BYTES = 512 * 2**20  # the header: metadata and tensor infos, before the tensors' data
 # Prompts (harness.prepare.prompts): a folder's tokenizer files are data from elsewhere, bounded before they are
 # read; a prompt given on the command line is bounded before it is tokenized. Llama 3's tokenizer.json is 9 MB,
 # Gemma 3's 33 MB; a chat template of today's models is under 20 KB.
@@ -90,6 +99,7 @@ DETAILS_BYTES_PER_ITERATION = 32  # a row's details: MAX_TEXT_CELL_BYTES and a n
 WORK_BYTES_BOUND = 2**48  # bytes read per token or item, a graph's weight bytes, a decode step's KV cache bytes
 WORK_FLOPS_BOUND = 2**60  # FLOPs per token or item
 MAX_WORK_POSITIONS = MAX_SEQUENCE + MAX_DEPTH + MAX_NEW_TOKENS  # a decode step's mean cached positions
+MAX_GRAPH_NODES = 2**24  # the nodes a decode step dispatches (a 2 GiB ONNX file's protobuf holds fewer)
 # A folder's chat template is a program from elsewhere (harness.prepare.prompts): rendered in a process of its own,
 # stopped at this deadline and held to this much address space above its start. A template of today's models
 # renders in milliseconds and a few MiB.

@@ -48,6 +48,7 @@ PER_ELEMENT = {
     "MeanVarianceNormalization": 8,
 }
 METADATA_ONLY = frozenset({"Shape", "Size"})  # they read a tensor's dims, not its data
+VIEWS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})  # an engine aliases, not copies
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,11 @@ class NodeCost:
     flops: float | None  # None: shapes unknown, or an op type without a rule
     bytes: float | None
     weighted: bool  # an operand is constant (weights): a linear layer, not an activation x activation product
+    # what a run dispatches and moves besides the weights: an engine folds a node computed from constants alone at
+    # load time (folded: never dispatched), and a view (VIEWS) moves nothing; moved is the node's non-constant
+    # inputs read and its outputs written (None: a shape unknown)
+    folded: bool = False
+    moved: float | None = None
 
     @property
     def op_class(self) -> str:
@@ -94,6 +100,17 @@ class GraphCost:
     @property
     def bytes(self) -> float:
         return sum(n.bytes or 0.0 for n in self.nodes)
+
+    @property
+    def dispatched(self) -> int:
+        """Nodes a run calls a kernel for each time (folded and Constant nodes are not): a step's fixed cost."""
+        return sum(1 for n in self.nodes if not n.folded and n.op_type != "Constant")
+
+    @property
+    def activation_bytes(self) -> float | None:
+        """Bytes the dispatched nodes move besides the weights (None: a node's shapes unknown)."""
+        moved = [n.moved for n in self.nodes if not n.folded]
+        return None if any(m is None for m in moved) else float(sum(m for m in moved if m is not None))
 
     def work_by_class(self) -> dict[str, list[float]]:
         """Per op class: [FLOPs, bytes, nodes], what the operator predictor prices (JSON-ready)."""
@@ -217,6 +234,8 @@ def _costs(graph: onnx.GraphProto, tensors: dict[str, TensorInfo], inference: st
             unknown_shapes += 1
         attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         weighted = any(name in constants for name in node.input[1:] if name)
+        folded = all(name in constants for name in node.output if name)
+        variable = [tensors.get(name, unknown) for name in node.input if name and name not in constants]
         nodes.append(
             NodeCost(
                 name=node.name or f"{node.op_type}_{index}",
@@ -224,6 +243,8 @@ def _costs(graph: onnx.GraphProto, tensors: dict[str, TensorInfo], inference: st
                 flops=node_flops(node.op_type, inputs, outputs, attributes),
                 bytes=node_bytes(node.op_type, inputs, outputs),
                 weighted=weighted,
+                folded=folded,
+                moved=0.0 if node.op_type in VIEWS else node_bytes(node.op_type, variable, outputs),
             )
         )
     return GraphCost(nodes, unknown_shapes, inference)
@@ -358,7 +379,8 @@ Work = tuple[dict[str, float | None], dict[str, Any]]  # (a Result's WORK_FIELDS
 # How each count was made, as its details' work_counted says (harness.prepare.work_memo writes it from here, never
 # from a remembered entry)
 GENERATION_COUNTED = ("harness.core.graph_cost: weights by stored type, the KV cache at the steps' mean depth, "
-                      "FLOPs by shape inference")  # fmt: skip
+                      "FLOPs by shape inference, a step's dispatched nodes and the bytes they move besides the "
+                      "weights")  # fmt: skip
 INFERENCE_COUNTED = "harness.core.graph_cost: weights by stored type, inputs and outputs, FLOPs by shape inference"
 
 
@@ -366,7 +388,9 @@ def generation_work(path: Path, batch: int, prompt: int, depth: int, new_tokens:
                     shape: tuple[int, int] | None = None) -> Work:  # fmt: skip
     """(the Result's work fields, facts for details) of a generation on a graph with past key/values: per
     decode token the weights and the KV cache a step reads at the mean depth of the decode steps (prompt +
-    depth + (N-2)/2 cached positions), and the step's FLOPs there; per prompt token the prefill's FLOPs."""
+    depth + (N-2)/2 cached positions), and the step's FLOPs there; per prompt token the prefill's FLOPs. Facts
+    besides: the step's dispatched nodes and the bytes they move besides the weights (its activations: the KV
+    cache as the graph concatenates, expands and attends over it), what generation's prediction prices."""
     pasts = _pasts(path, shape)
     weights = weight_bytes(path)
     context = prompt + depth + max(new_tokens - 2, 0) / 2
@@ -379,6 +403,7 @@ def generation_work(path: Path, batch: int, prompt: int, depth: int, new_tokens:
         "prefill_flops_per_token": prefill.flops / (batch * prompt) if not prefill.unknown_shapes else None,
     }
     facts = {"weight_bytes": weights, "kv_bytes_per_step": kv, "kv_mean_positions": context,
+             "step_nodes": step.dispatched, "step_activation_bytes": step.activation_bytes,
              "work_counted": GENERATION_COUNTED}  # fmt: skip
     return fields, facts
 

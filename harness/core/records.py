@@ -227,3 +227,9 @@ class Ceiling:
     software_adapter: bool = False  # WebGPU on a software (fallback) adapter: flagged as its results are
     load_avg_1m: float | None = None
     error: str | None = None
+    budget_ms: float | None = None  # the time one run's size was chosen to fit (harness.run.ceilings)
+    sizing: str | None = None  # how that size was chosen: each probe's size and measured time
+    software: str | None = None  # what measured it (engine, browser, adapter): what a later run must match to reuse it
+    calibration_s: float | None = None  # the calibration's own wall time, probes and loads included
+    reused_from: str | None = None  # the run that measured it, when this run copied it (harness.run.ceiling_reuse)
+    measured_at: Any = None  # a copy's: when the original was measured (None: now, as it is stored)

@@ -205,7 +205,12 @@ def _genai_decoder(folder: Path) -> dict[str, Any]:
 def own_precision(path: Path) -> str | None:
     """The one precision a model folder holds, as read from its graph (an onnxruntime-genai int4 folder: q4), or
     None: not an ONNX folder, a transformers.js folder of several files, or one that cannot be read (its checks
-    refuse it, by name, when the run is validated). What runs when --precision is not given."""
+    refuse it, by name, when the run is validated). What runs when --precision is not given. A GGUF's is the kind
+    of its weights' quantization (harness.prepare.gguf_file: Q4_1 is q4)."""
+    if path.suffix == ".gguf" and path.is_file():
+        from harness.prepare.gguf_file import gguf_precision
+
+        return gguf_precision(path)
     try:
         graph = folder_graph(path) if path.is_dir() else None
         if graph is not None and split_name(graph)[0] == ENCODER:  # an encoder–decoder's: each graph's

@@ -69,8 +69,9 @@ def shares_kv_buffer(path: Path) -> bool:
 def generates_with_past(spec: Any) -> bool:
     """Whether a model generates on ONNX graphs with past key/values: a decoder-only spec (its `-past`
     export), an .onnx file whose graph takes past key/values, or a folder's encoder–decoder layout (its graph
-    the encoder, a decoder beside it: harness.prepare.folder_layouts)."""
-    if spec.has_past_export:
+    the encoder, a decoder beside it: harness.prepare.folder_layouts); and a GGUF given as the model, on
+    llama.cpp's own KV-cache loop (the engines that need ONNX say so in its rows)."""
+    if spec.has_past_export or spec.is_gguf_file:
         return True
     return spec.is_onnx_file and (onnx_takes_past(spec.local_path) or seq2seq_decoder(spec.local_path) is not None)
 
@@ -265,22 +266,27 @@ def greedy(session: Any, inputs: dict[str, np.ndarray], new_tokens: int, stamp: 
 
 
 def forced_logits(session: Any, inputs: dict[str, np.ndarray], tokens: np.ndarray,
-                  shape: tuple[int, int] | None = None, depth: int = 0) -> np.ndarray:  # fmt: skip
+                  shape: tuple[int, int] | None = None, depth: int = 0, device: str | None = None,
+                  after: Callable[[int], None] | None = None) -> np.ndarray:  # fmt: skip
     """Teacher forcing: the logits at every position the loop computes when fed the prompt and then `tokens`
     [batch, N] (another side's generation) instead of its own choices, as float32 [batch, L, vocab]: the
     prefill's positions (every prompt position where the graph returns them all, else the last), then one
     per later token; the last N predict `tokens` one by one. The prefix up to a first difference is the
     native loop's own, so its logits there are native greedy's. depth: after a KV cache filled to that many
-    tokens (fill_cache), as the generation checked ran."""
+    tokens (fill_cache), as the generation checked ran; device: the presents kept on that ORT device, as the timed
+    loop keeps them (bound_step); after(n): called once n runs are done (a caller's budget may stop it there)."""
     output_names = [o.name for o in session.get_outputs()]
     pasts = [past_input(name) for name in output_names[1:]]
     if depth:
         feeds, mask = fill_cache(session, inputs, depth, shape)
     else:
         mask, feeds = inputs["attention_mask"], prefill_feeds(session, inputs, shape)
+    run = bound_step(session, output_names, device)
     kept = []
     for step in range(tokens.shape[1]):
-        logits, *presents = session.run(output_names, feeds)
+        logits, *presents = run(feeds)
+        if after is not None:
+            after(step + 1)
         kept.append(np.asarray(logits, dtype=np.float32) if step == 0 else np.asarray(logits[:, -1:], np.float32))
         if step == tokens.shape[1] - 1:
             break

@@ -21,12 +21,13 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 
 from harness.core.failures import classify
-from harness.core.records import Case, Result, Target
+from harness.core.records import Case, Result, Target, UnsupportedError
 from harness.prepare.specs import ModelSpec
 
 if TYPE_CHECKING:  # harness.prepare.export imports torch: workers that only run ORT/OpenVINO never need it
     from harness.prepare.export import ExportOutcome
     from harness.prepare.greedy import Greedy
+    from harness.prepare.perplexity import Passage
     from harness.prepare.weights import Weights
     from harness.prepare.wer import Reference
 
@@ -70,6 +71,13 @@ class PreparedModel:
     gguf_files: dict[str, str] = field(default_factory=dict)
     gguf_facts: dict[str, dict[str, Any]] = field(default_factory=dict)
     gguf_error: str | None = None
+    # the passage every generate row's perplexity is measured on, with the fp32 reference over it (harness.prepare.
+    # perplexity): made where the model generates on an ONNX graph with past; None where it was not made
+    passage: Passage | None = None
+    # the fp32 graph every generate row's quality is held against: its own, or --reference-model's export; None: none
+    fp32_reference: Path | None = None
+    # what every row says of a model file from elsewhere: a GGUF's name, SHA-256 and header (harness.prepare.gguf_model)
+    facts: dict[str, Any] = field(default_factory=dict)
 
     def text_fields(self, input_ids: np.ndarray | None, generated: list[list[int]] | None,
                     details: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
@@ -94,6 +102,7 @@ class PreparedModel:
             "reference": self.reference,
             "export": self.export,
             "parameters": self.parameters,
+            **self.facts,
         } | dict(fields.pop("details", {}))
         if self.speech is not None:  # what a speech model heard, for every row of it
             details["audio_input"] = self.audio_input(case)
@@ -173,6 +182,9 @@ class PrepareJob:
     # a GGUF of the weights at each of these precisions (a llama-family decoder's; harness.prepare.gguf_export), for
     # the engines that run one (Capabilities.runs_gguf)
     gguf_precisions: tuple[str, ...] = ()
+    # --reference-model: a Hugging Face folder of the same weights whose fp32 export is the reference of a model
+    # whose own fp32 graph is not at hand (an onnxruntime-genai int4 folder)
+    reference_model: Path | None = None
 
 
 def inference_on_past(spec: ModelSpec, modes: list[str] | tuple[str, ...]) -> bool:
@@ -659,6 +671,10 @@ def _case_dir(key: str) -> Path:
 def prepare_steps(job: PrepareJob) -> Iterator[Phase | PreparedModel]:
     """Worker entry point (a generator, as harness.run.isolation expects): a Phase before each long step,
     then the PreparedModel."""
+    if job.spec.is_gguf_file:  # llama.cpp is its tokenizer and reference: prepared by harness.run.gguf_prepare
+        from harness.prepare.gguf_file import NO_ONNX
+
+        raise UnsupportedError(f"{NO_ONNX}; it is prepared with llama.cpp (harness.run.gguf_prepare)")
     if job.spec.is_onnx_file:
         prepared = _prepare_onnx_file(job)
         if job.gguf_precisions:
@@ -678,7 +694,40 @@ def prepare_steps(job: PrepareJob) -> Iterator[Phase | PreparedModel]:
     if job.reference_tokens and prepared.onnx_past_path is not None:
         yield Phase(job.spec.name, "native ONNX Runtime's reference tokens")
         _reference_generations(prepared, job.reference_tokens, job.reference_depths)
+    if prepared.onnx_past_path is not None and (job.with_past or job.reference_tokens):  # it generates on a graph
+        yield Phase(job.spec.name, "the fp32 reference over the perplexity passage")
+        prepared.fp32_reference = _fp32_reference(prepared.onnx_past_path, job.reference_model)
+        prepared.passage = _passage(prepared)
     yield prepared
+
+
+def _fp32_reference(source: Path, reference_model: Path | None) -> Path | None:
+    """The fp32 graph a decoder-only model's rows are held against: its own (harness.prepare.quality.fp32_graph),
+    else --reference-model's export with past (prepared as any model is, cached); None where neither is at hand."""
+    from harness.prepare.quality import fp32_graph
+    from harness.prepare.specs import spec_from_path
+
+    own = fp32_graph(source)
+    if own is not None or reference_model is None:
+        return own if isinstance(own, Path) else None
+    job = PrepareJob(spec_from_path(Path(reference_model), None), [], with_past=True, plain=False)
+    return next(prepare_model(job)).onnx_past_path
+
+
+def _passage(prepared: PreparedModel) -> Passage:
+    """The passage's ids and the fp32 reference's log-probabilities over them (harness.prepare.perplexity); an
+    encoder–decoder's rows are scored by their task (speech: WER), not on the passage."""
+    from harness.prepare.perplexity import Passage, passage_ids, with_reference
+    from harness.prepare.seq2seq import seq2seq_files
+
+    assert prepared.onnx_past_path is not None
+    if seq2seq_files(prepared.onnx_past_path) is not None:
+        return Passage((), "not measured: an encoder–decoder's decoder writes from its encoder's input (speech rows "
+                           "are scored by their WER), not a free-running passage")  # fmt: skip
+    from harness.prepare.quality import GIVEN_REFERENCE, fp32_graph
+
+    given = prepared.fp32_reference is not None and fp32_graph(prepared.onnx_past_path) is None
+    return with_reference(passage_ids(prepared.spec), prepared.fp32_reference, f", {GIVEN_REFERENCE}" if given else "")
 
 
 def prepare_model(job: PrepareJob) -> Iterator[PreparedModel]:

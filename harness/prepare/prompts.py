@@ -90,7 +90,7 @@ def random_prompt(vocabulary: Vocabulary, batch: int, seq: int) -> np.ndarray:
 def tokenizer_folder(model_path: Path | None) -> Path | None:
     """The folder whose tokenizer serves a model: an HF folder itself, a graph's model folder (a genai folder,
     transformers.js's onnx/ parent); None for a built-in spec or a lone file."""
-    if model_path is None:
+    if model_path is None or model_path.suffix == ".gguf":  # a GGUF's vocabulary: its own (harness.prepare.gguf_vocab)
         return None
     if model_path.is_dir():
         return model_path
@@ -459,7 +459,7 @@ def table_rows(spec: Any) -> int | None:
 
         return index_tables(spec.local_path).get("input_ids")
     config = spec.config
-    if spec.local_path is not None:
+    if spec.local_path is not None and not getattr(spec, "is_gguf_file", False):  # a GGUF's: its header's, in its spec
         from harness.prepare.folder_checks import read_config
 
         config = read_config(spec.local_path, "config.json")
@@ -525,7 +525,7 @@ def model_eos_ids(spec: Any) -> tuple[int, ...]:
 def _stated_model_eos(spec: Any) -> tuple[int, ...]:
     """The EOS ids a model states: its folder's (stated_eos_ids), else a built-in spec's config."""
     found = stated_eos_ids(tokenizer_folder(spec.local_path))
-    if found or spec.local_path is not None:
+    if found or (spec.local_path is not None and not getattr(spec, "is_gguf_file", False)):  # a GGUF's: its config
         return found
     return _id_values(spec.config.get("eos_token_id"))
 
@@ -554,6 +554,20 @@ def _ids_text(ids: Iterable[int], shown: int = 8) -> str:
     return ", ".join(map(str, ids[:shown])) + more
 
 
+def _decoded(spec: Any, generated: list[list[int]]) -> list[str] | None:
+    """The generated ids as text: a GGUF's by its own vocabulary (harness.prepare.gguf_vocab), else the folder's
+    tokenizer's."""
+    if getattr(spec, "is_gguf_file", False):
+        from harness.prepare.gguf_file import GgufError
+        from harness.prepare.gguf_vocab import decode as gguf_decode
+
+        try:
+            return gguf_decode(spec.local_path, generated)
+        except (GgufError, ValueError) as exc:
+            raise PromptError(f"the GGUF's vocabulary cannot decode them: {exc}") from exc
+    return decode(tokenizer_folder(spec.local_path), generated)
+
+
 def _bounded_texts(texts: list[str], generated: list[list[int]], details: dict[str, Any]) -> list[str]:
     """Each text cut to MAX_TOKEN_TEXT_CHARS per token it decodes, the bound import holds a bundle's texts to (a
     folder's tokenizer may spell one token as a megabyte), and the row says so."""
@@ -571,7 +585,7 @@ def text_fields(spec: Any, input_ids: np.ndarray, generated: list[list[int]] | N
     when it ran to --new-tokens; `asked`: --stop-at-eos); why a text is NULL (a tokenizer that cannot decode the
     tokens included), and the policy (_eos_policy), go to `details`."""
     try:
-        texts = decode(tokenizer_folder(spec.local_path), generated) if generated else None
+        texts = _decoded(spec, generated) if generated else None
         why = "no tokens were kept" if not generated else f"the model has no {TOKENIZER_FILE}"
     except PromptError as exc:  # a tokenizer that cannot be read costs the row its text, not its measurement
         texts, why = None, str(exc)

@@ -10,6 +10,7 @@ KL(P_fp32 || P_row) in nats. A quantized row is never a mismatch for this: it is
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from harness.core.generation import StepTop, token_check
+from harness.core.parity import GGML_SIDE
 from harness.core.records import UnsupportedError
 from harness.prepare.folders import file_precision, past_shape
 from harness.prepare.greedy import cpu_session, forced_logits
@@ -29,6 +31,11 @@ Graphs = Path | Seq2SeqFiles
 
 # the engine every generation's tokens are checked against, named on the row (token_reference)
 REFERENCE_ENGINE = "onnxruntime CPUExecutionProvider"
+NO_REFERENCE = "no fp32 reference at hand"
+GIVEN_REFERENCE = "exported from --reference-model"  # a reference the folder does not hold: the user's HF weights
+# a row's quality beside fp32 on its generated sequence: what a check on the graph states, replacing a worker's
+QUALITY_KEYS = ("agreement_top1", "kl_mean", "quality_positions", "first_divergence", "quality_reference", "quality",
+                "kl_mean_not_measured")  # fmt: skip
 
 
 @lru_cache(maxsize=2)  # a row's graph and the fp32 one: loaded once for a run's rows of the same files
@@ -107,12 +114,13 @@ Checked = tuple[bool, dict[str, Any], np.ndarray]  # (agree, facts for the row, 
 
 def check_generation(graph: Graphs, source: Path, prompt: dict[str, np.ndarray], tokens: list[list[int]],
                      precision: str, side: str, top: StepTop | None = None, depth: int = 0,
-                     log_probs: bool = False) -> Checked:  # fmt: skip
+                     log_probs: bool = False, fp32: Graphs | None = None) -> Checked:  # fmt: skip
     """A generation that ran `graph` (the file `source`'s precision gave, or an encoder–decoder's files)
-    checked: token_check against native
-    ORT CPU teacher-forced on the same graph and, at a precision other than fp32 with the fp32 graph of
-    `source` at hand, agreement_top1 and kl_mean on the same sequence; with native's logits at each
-    generated step [batch, N, vocab]. depth: the KV cache the generation filled first (--depths)."""
+    checked: token_check against native ORT CPU teacher-forced on the same graph and, with the fp32 graph of
+    `source` at hand, agreement_top1, kl_mean and first_divergence on the same sequence (the fp32 graph itself: 1,
+    0 by identity, its tokens compared; llama.cpp's F32 GGUF: its tokens alone, tokens_against); with native's
+    logits at each generated step [batch, N, vocab]. depth: the KV cache the generation filled first (--depths);
+    fp32: the reference where `source` holds no fp32 graph (--reference-model's export)."""
     ids = np.asarray(tokens, dtype=np.int64)
     logits = forced(graph, prompt, ids, depth)
     steps = logits[:, -ids.shape[1] :]
@@ -120,38 +128,111 @@ def check_generation(graph: Graphs, source: Path, prompt: dict[str, np.ndarray],
     # log-softmax; a gap between two tokens is the same in either, so the near-tie rule reads them alike
     agree, facts = token_check(ids, _log_softmax(steps) if log_probs else steps, precision, side, top)
     facts["token_reference"] = f"{REFERENCE_ENGINE} on {graphs_name(graph)}"
-    reference = fp32_graph(source) if precision != "fp32" else None
-    if reference is None or reference == graph:
-        facts["quality"] = "not measured: " + ("the row is fp32" if precision == "fp32" else "no fp32 graph at hand")
+    own = fp32_graph(source)
+    reference = own or fp32
+    if reference is None:
+        facts["quality"] = f"not measured: {NO_REFERENCE}"
         return agree, facts, steps
-    found = quality(*(_sequence_logits(g, prompt, ids, depth) for g in (reference, graph)))
+    given = "" if own is not None else f", {GIVEN_REFERENCE}"  # --reference-model's export, not the folder's own
+    if reference == graph and side == GGML_SIDE:  # llama.cpp's F32 GGUF of the same weights: its tokens alone
+        return agree, facts | tokens_against(reference, prompt, tokens, steps), steps
+    if reference == graph:  # the fp32 reference itself: agreement and KL by identity, its tokens still compared
+        facts |= {"agreement_top1": 1.0, "kl_mean": 0.0, "first_divergence": first_divergence(steps, ids),
+                  "quality_reference": f"{REFERENCE_ENGINE} on {graphs_name(graph)} (fp32): the row ran the fp32 "
+                                       "reference graph itself, so agreement 1 and KL 0 by identity; first_divergence: "
+                                       "where its tokens leave that graph's argmax"}  # fmt: skip
+        return agree, facts, steps
+    fp32 = _sequence_logits(reference, prompt, ids, depth)
+    found = quality(fp32, _sequence_logits(graph, prompt, ids, depth))
     facts |= {"agreement_top1": found.agreement_top1, "kl_mean": found.kl_mean, "quality_positions": found.positions,
-              "quality_reference": f"{REFERENCE_ENGINE} on {graphs_name(reference)} (fp32)"}  # fmt: skip
+              "first_divergence": first_divergence(fp32[:, -ids.shape[1] :], ids),
+              "quality_reference": f"{REFERENCE_ENGINE} on {graphs_name(reference)} (fp32{given})"}  # fmt: skip
     return agree, facts, steps
 
 
-def tokens_against(reference: Graphs, prompt: dict[str, np.ndarray], tokens: list[list[int]]) -> dict[str, Any]:
+def first_divergence(reference_steps: np.ndarray, ids: np.ndarray) -> int | None:
+    """The first generated position (0-based, the earliest over the batch's rows) where a row's tokens leave the
+    reference's greedy tokens, from the reference's logits teacher-forced on them [batch, N, vocab] (up to that
+    position the forced prefix is the reference's own greedy one); None where they never do."""
+    same = reference_steps.argmax(axis=-1) == ids
+    parted = [int(np.argmin(row)) for row in same if not row.all()]
+    return min(parted) if parted else None
+
+
+def engine_against(forced: Callable[[tuple[int, ...]], np.ndarray], reference: Path, feeds: dict[str, np.ndarray],
+                   tokens: list[list[int]], depth: int) -> dict[str, Any]:  # fmt: skip
+    """A generation beside the fp32 graph on its own engine's distributions (`forced`: its session's logits over a
+    forced sequence, each position's predicting the next id): both teacher-forced on the row's prompt and tokens,
+    top-1 agreement and mean KL(P_fp32 || P_row) over the positions, and the first divergence of its tokens from
+    the fp32 graph's greedy ones."""
+    if depth:
+        return {"quality": "not measured on the engine's own logits: its forced pass starts from an empty KV cache"}
+    prompt = {name: feeds[name] for name in ("input_ids", "attention_mask")}
+    if not np.all(prompt["attention_mask"] == 1):
+        return {"quality": "not measured on the engine's own logits: a padded prompt"}
+    ids = np.asarray(tokens, dtype=np.int64)
+    sequences = np.concatenate([prompt["input_ids"], ids], axis=1)
+    rows = [forced(tuple(int(i) for i in row)) for row in sequences]
+    fp32 = _sequence_logits(reference, prompt, ids)
+    found = quality(fp32, np.stack(rows))
+    return {"agreement_top1": found.agreement_top1, "kl_mean": found.kl_mean, "quality_positions": found.positions,
+            "first_divergence": first_divergence(fp32[:, -ids.shape[1] :], ids),
+            "quality_reference": f"{REFERENCE_ENGINE} on {graph_name(reference)} (fp32) beside the row's own "
+                                 "engine, both teacher-forced on the row's tokens"}  # fmt: skip
+
+
+def tokens_against(reference: Graphs, prompt: dict[str, np.ndarray], tokens: list[list[int]],
+                   steps: np.ndarray | None = None) -> dict[str, Any]:  # fmt: skip
     """A generation of other weights than any graph at hand (a GGUF's own quantized blocks) beside the fp32 graph:
     teacher-forced on the generation's tokens, the share of its tokens that are the fp32 graph's argmax after the
     same prefix (agreement_top1 over the generated positions) and the first position where they part. KL needs the
     row's whole distribution, which such a runtime's answer does not carry: not measured."""
     ids = np.asarray(tokens, dtype=np.int64)
-    argmax = forced(reference, prompt, ids)[:, -ids.shape[1] :].argmax(axis=-1)
-    same = argmax == ids
-    parted = [int(np.argmin(row)) for row in same if not row.all()]
+    steps = forced(reference, prompt, ids)[:, -ids.shape[1] :] if steps is None else steps
+    same = steps.argmax(axis=-1) == ids
     return {"agreement_top1": float(same.mean()), "quality_positions": int(ids.shape[1]),
-            "first_divergence": min(parted) if parted else None,
+            "first_divergence": first_divergence(steps, ids),
             "quality_reference": f"{REFERENCE_ENGINE} on {graphs_name(reference)} (fp32), teacher-forced on the "
                                  "row's tokens: each token against its argmax",
             "kl_mean_not_measured": "the runtime returns no whole next-token distribution"}  # fmt: skip
 
 
 def gguf_quality(source: Path, prompt: dict[str, np.ndarray], tokens: list[list[int]],
-                 precision: str) -> dict[str, Any]:  # fmt: skip
+                 precision: str, fp32: Graphs | None = None) -> dict[str, Any]:  # fmt: skip
     """A llama.cpp row (native or in the page) at another precision than fp32: its GGUF's own blocks (Q4_0, F16,
     Q8_0), which no ONNX graph holds, so no kernel check; its tokens beside the fp32 graph's argmax (tokens_against),
     where that graph is at hand. Quality, never a mismatch."""
     facts: dict[str, Any] = {"token_parity": f"not checked: no graph computes this GGUF's {precision} blocks; its "
                                              "agreement with the fp32 graph is its quality"}  # fmt: skip
-    reference = fp32_graph(source)
+    reference = fp32_graph(source) or fp32
     return facts if reference is None else facts | tokens_against(reference, prompt, tokens)
+
+
+class ReferenceModelError(ValueError):
+    """A --reference-model that cannot be the model's fp32 reference; the message says why and what is valid."""
+
+
+def check_reference_model(path: Path, model: Any) -> Any:
+    """--reference-model checked before a run: a Hugging Face checkpoint folder (not ONNX files) of a decoder-only
+    model, whose token table has the model's rows (the same ids mean the same tokens). Returns its spec."""
+    from harness.prepare.prompts import PromptError, table_rows
+    from harness.prepare.specs import SpecError, spec_from_path
+
+    shown = f"--reference-model {path}"
+    if not path.is_dir():
+        raise ReferenceModelError(f"{shown}: not a folder; a Hugging Face model folder (config.json and weights)")
+    try:
+        spec = spec_from_path(path, None)
+    except SpecError as exc:
+        raise ReferenceModelError(str(exc).replace(f"--model-path {path}", shown)) from None
+    if spec.is_onnx_file or not spec.has_past_export or spec.is_seq2seq:
+        raise ReferenceModelError(f"{shown}: the reference is the fp32 export of a decoder-only model; give the "
+                                  "Hugging Face checkpoint folder of one (config.json and weights)")  # fmt: skip
+    try:
+        rows, theirs = table_rows(model), table_rows(spec)
+    except (PromptError, ValueError, OSError) as exc:
+        raise ReferenceModelError(f"{shown}: its vocabulary cannot be read: {str(exc)[:200]}") from None
+    if rows and theirs and rows != theirs:
+        raise ReferenceModelError(f"{shown}: its token table has {theirs:,} rows, the model's {rows:,}: not the same "
+                                  "model's weights")  # fmt: skip
+    return spec

@@ -1,7 +1,10 @@
 """Declarative model specs: models/*.toml (and --model-path) → ModelSpec.
 
 A spec file describes one architecture with a `base` variant (the real model's dimensions) and
-a `tiny` variant (overrides for fast runs). Each variant is a separately named model.
+a `tiny` variant (overrides for fast runs). Each variant is a separately named model. A decoder may add a
+`small` variant (overrides too, random weights, a few to tens of MB): a size between where a step's fixed
+cost and where its bytes dominate, for predicting generation (harness.analysis.roofline_predict); it is run
+by name only, never by --small-models nor by default.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ INPUT_KINDS = (
 )
 NO_SEQUENCE_KINDS = ("vision", "audio")  # kinds whose inputs have no token axis
 SEQ2SEQ_KINDS = ("seq2seq", "audio-features")  # the encoder–decoder kinds that generate on ONNX Runtime
-VARIANTS = ("base", "tiny")
+VARIANTS = ("base", "tiny", "small")
 
 
 class SpecError(ValueError):
@@ -112,8 +115,9 @@ class ModelSpec:
 
     @property
     def is_generative(self) -> bool:
-        """Architectures with a language-model head that transformers' generate() can drive."""
-        return self.architecture.endswith(("LMHeadModel", "ForCausalLM", "ForConditionalGeneration"))
+        """Architectures with a language-model head that transformers' generate() can drive, and a GGUF's decoder."""
+        heads = ("LMHeadModel", "ForCausalLM", "ForConditionalGeneration")
+        return self.is_gguf_file or self.architecture.endswith(heads)
 
     @property
     def has_past_export(self) -> bool:
@@ -153,6 +157,11 @@ class ModelSpec:
     @property
     def is_onnx_file(self) -> bool:
         return self.local_path is not None and self.local_path.suffix == ".onnx"
+
+    @property
+    def is_gguf_file(self) -> bool:
+        """A GGUF given as the model (--model-path x.gguf): llama.cpp runs it, natively and in the page."""
+        return self.local_path is not None and self.local_path.suffix == ".gguf" and self.architecture == "gguf"
 
     def fingerprint(self) -> str:
         """Everything that determines the module's graph and weights, as canonical JSON."""
@@ -203,7 +212,7 @@ def _parse_inputs(table: dict[str, Any], where: str) -> InputSpec:
 
 
 def parse_spec_file(path: Path, text: str) -> list[ModelSpec]:
-    """Parse one spec file into its base and tiny ModelSpecs."""
+    """Parse one spec file into its base, tiny and small ModelSpecs."""
     where = str(path)
     try:
         data = tomllib.loads(text)
@@ -255,13 +264,16 @@ def load_specs() -> dict[str, ModelSpec]:
 
 
 def spec_from_path(path: Path, family: str | None) -> ModelSpec:
-    """A spec for --model-path: an .onnx file, a folder of ONNX files (onnxruntime-genai, transformers.js,
-    optimum: harness.prepare.folders), or an HF model directory (config.json [+ weights])."""
+    """A spec for --model-path: an .onnx file, a GGUF (llama.cpp's file: harness.prepare.gguf_file), a folder of ONNX
+    files (onnxruntime-genai, transformers.js, optimum: harness.prepare.folders), or an HF model directory
+    (config.json [+ weights])."""
     from harness.prepare.folder_checks import FolderError, check_external_data, check_folder_files, refuse_special
     from harness.prepare.folders import folder_graph, folder_root
 
     if not path.exists():
         raise SpecError(f"--model-path {path}: no such file or directory")
+    if path.suffix == ".gguf" and not path.is_dir():  # llama.cpp's file: its header read as data, bounded
+        return _gguf_file_spec(path, family)
     try:
         if not path.is_dir():
             refuse_special(path)  # a FIFO given as the model would block its read for good
@@ -271,7 +283,7 @@ def spec_from_path(path: Path, family: str | None) -> ModelSpec:
             check_folder_files(root)
         if path.is_file():
             if path.suffix != ".onnx":
-                raise SpecError(f"--model-path {path}: expected an .onnx file or a model folder")
+                raise SpecError(f"--model-path {path}: expected an .onnx file, a .gguf file or a model folder")
             check_external_data(path, path.parent)  # a lone file's weights stay in its own folder too
             return _onnx_file_spec(path, path.stem, family)
         graph = folder_graph(path)
@@ -298,6 +310,25 @@ def _onnx_file_spec(path: Path, name: str, family: str | None) -> ModelSpec:
         file_batch=file_batch,
         file_seq=file_seq,
     )
+
+
+def _gguf_file_spec(path: Path, family: str | None) -> ModelSpec:
+    """A GGUF given as the model (harness.prepare.gguf_file): its header checked before a run exists; its context,
+    vocabulary, BOS and EOS in the spec's config, where the run's checks read a model's."""
+    from harness.prepare.gguf_file import PRECISIONS, GgufError, read_gguf
+
+    try:
+        facts = read_gguf(path)
+    except GgufError as exc:
+        raise SpecError(f"--model-path {path}: refused as a GGUF: {exc}") from exc
+    if facts.precision is None:
+        raise SpecError(f"--model-path {path}: its weights are {facts.quantization}, which no harness precision "
+                        f"names (taken: {', '.join(PRECISIONS)})")  # fmt: skip
+    config = {"max_position_embeddings": facts.context_length, "vocab_size": facts.vocab_size,
+              "bos_token_id": facts.bos, "eos_token_id": facts.eos}  # fmt: skip
+    return ModelSpec(name=path.stem, family=family or "text_generation", variant="file", model_type="gguf",
+                     architecture="gguf", outputs=(), inputs=InputSpec(kind="text"), config=config,
+                     local_path=path.resolve(), source=str(path))  # fmt: skip
 
 
 def graph_family(graph: Path) -> str:

@@ -28,7 +28,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from harness.core.bounds import MAX_WORK_POSITIONS, WORK_BYTES_BOUND, WORK_FLOPS_BOUND
+from harness.core.bounds import MAX_GRAPH_NODES, MAX_WORK_POSITIONS, WORK_BYTES_BOUND, WORK_FLOPS_BOUND
 from harness.core.records import WORK_FIELDS
 from harness.prepare.cache import cache_root
 from harness.prepare.folder_checks import read_regular
@@ -38,7 +38,9 @@ MAX_ENTRY_BYTES = 1 << 20  # a counted row's fields and facts are a few hundred 
 Work = tuple[dict[str, Any], dict[str, Any]]
 WEIGHT_KINDS = frozenset({"int4", "fp32", "fp16", "bf16", "int8", "other"})  # graph_cost.weight_bytes' keys
 COUNTED = "work_counted"  # the facts' text: how the count was made (graph_cost's words, never an entry's)
-FACT_NAMES = ("weight_bytes", "kv_bytes_per_step", "kv_mean_positions", COUNTED)  # every fact a count gives
+STEP_FACTS = ("step_nodes", "step_activation_bytes")  # a decode step's dispatched nodes and the bytes they move
+# every fact a count gives
+FACT_NAMES = ("weight_bytes", "kv_bytes_per_step", "kv_mean_positions", *STEP_FACTS, COUNTED)
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,7 @@ def kinds() -> dict[str, Kind]:
 
     generation = Kind(
         frozenset(("bytes_per_token", "flops_per_token", "prefill_flops_per_token")),
-        frozenset(("weight_bytes", "kv_bytes_per_step", "kv_mean_positions")),
+        frozenset(("weight_bytes", "kv_bytes_per_step", "kv_mean_positions", *STEP_FACTS)),
         GENERATION_COUNTED,
     )
     inference = Kind(frozenset(("bytes_per_item", "flops_per_item")), frozenset(("weight_bytes",)), INFERENCE_COUNTED)
@@ -109,6 +111,10 @@ def _fact_valid(name: str, value: Any) -> bool:
             and set(value) <= WEIGHT_KINDS
             and all(_number(v, WORK_BYTES_BOUND) for v in value.values())
         )
+    if name == "step_nodes":
+        return _number(value, MAX_GRAPH_NODES)
+    if name == "step_activation_bytes":  # None: a node's shapes unknown, as a field may be
+        return value is None or _number(value, WORK_BYTES_BOUND)
     return _number(value, MAX_WORK_POSITIONS if name == "kv_mean_positions" else WORK_BYTES_BOUND)
 
 

@@ -22,7 +22,7 @@ from harness.core.labels import BASELINE_LABEL, case_label, flags, target_label,
 from harness.core.paths import inside, safe_name
 from harness.core.records import MEASURED
 from harness.report.data import RunReport
-from harness.report.generation import TEXT_COLUMNS, WER_HEADER, wer_text
+from harness.report.generation import TEXT_COLUMNS, WER_HEADER, quality_cells, wer_text
 
 
 def write_json(report: RunReport, path: Path) -> None:
@@ -129,6 +129,10 @@ MODE_SECTIONS = {
             ("tokens = native ORT", "tokens_matched", 0),
             ("top-1 agreement vs fp32", "agreement_top1", 3),
             ("KL vs fp32", "kl_mean", 4),
+            ("first divergence vs fp32", "first_divergence", None),  # where its tokens leave fp32's ("none": never)
+            ("PPL (passage)", "perplexity", 2),  # on the harness's passage (harness.prepare.perplexity)
+            ("PPL ÷ fp32", "perplexity_ratio", 4),
+            ("KL passage", "kl_passage", 5),
             ("tokens checked on", "token_reference", None),
             ("tg GB/s", "achieved_gbps", 3),  # bytes per decode token x tg tokens/s (docs/measurement.md)
             ("of bandwidth ceiling", "bandwidth_fraction", 3),
@@ -160,7 +164,7 @@ def _mode_sections(results: list[dict[str, Any]]) -> list[str]:
     """One table per non-inference mode present in the results (MODE_SECTIONS)."""
     lines: list[str] = []
     for mode, (title, columns) in MODE_SECTIONS.items():
-        rows = [r for r in results if r.get("mode") == mode]
+        rows = [r | quality_cells(r) for r in results if r.get("mode") == mode]  # details' figures as cells
         if not rows:
             continue
         columns = [c for c in columns if c[1] not in WHERE_MEASURED or any(r.get(c[1]) is not None for r in rows)]

@@ -1,5 +1,6 @@
 """The HTML report's generation section: per model, every target's TTFT and its prefill (pp) and decode (tg)
-rates side by side, native and browser, quality beside the fp32 graph (top-1 agreement, mean KL), token parity
+rates side by side, native and browser, quality beside the fp32 graph (top-1 agreement, mean KL, where the tokens
+first leave fp32's; perplexity on the harness's passage, its ratio to fp32's and the KL over it), token parity
 with native ONNX Runtime and the graph it was checked on, the EOS policy, prompt and output text (model output:
 escaped), and the step-time curve
 (the median time of each decode step over the generated positions) as inline SVG."""
@@ -24,12 +25,13 @@ NO_CURVE = "No decode steps to draw (one token, or no measured row)."
 COLUMNS = (("TTFT p50 ms", "ttft_ms", 3), (PREFILL_RATE, "prefill_tokens_per_s", 1),
            (DECODE_RATE, "decode_tokens_per_s", 1), ("TPOT p50 ms", "tpot_ms", 3), ("TPOT p90 ms", "tpot_p90_ms", 3),
            ("e2e p50 ms", "latency_p50_ms", 3), ("top-1 agreement vs fp32", "agreement_top1", 3),
-           ("KL vs fp32", "kl_mean", 4), ("encoder p50 ms", "encoder_ms", 3),
-           ("real-time factor", "real_time_factor", 1))  # fmt: skip
+           ("KL vs fp32", "kl_mean", 4), ("first divergence vs fp32", "first_divergence", None),
+           ("PPL (passage)", "perplexity", 2), ("PPL ÷ fp32", "perplexity_ratio", 4), ("KL passage", "kl_passage", 5),
+           ("encoder p50 ms", "encoder_ms", 3), ("real-time factor", "real_time_factor", 1))  # fmt: skip
 
 
-def _fmt(value: float | None, digits: int) -> str:
-    return "—" if value is None else f"{value:.{digits}f}"
+def _fmt(value: float | str | None, digits: int | None) -> str:
+    return "—" if value is None else str(value) if digits is None else f"{value:.{digits}f}"
 
 
 def _parity(row: dict[str, Any]) -> str:
@@ -99,6 +101,32 @@ def _row_details(row: dict[str, Any]) -> dict[str, Any]:
     return details if isinstance(details, dict) else {}
 
 
+def _number(value: Any) -> float | None:
+    """A stored number (from elsewhere: a bundle's details) as a float, or None where it is not a finite one."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
+
+
+def divergence_text(details: dict[str, Any]) -> str | None:
+    """Where a row's greedy tokens leave the fp32 reference's, as a table shows it: the position, "none" where they
+    never do (the stored null beside a measured agreement), None where it was not measured."""
+    if "first_divergence" not in details:
+        return None
+    value = details["first_divergence"]
+    if value is None:
+        return "none"
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def quality_cells(row: dict[str, Any]) -> dict[str, Any]:
+    """A generate row's quality figures kept in its details, as cells beside its speed (harness.prepare.perplexity,
+    harness.prepare.quality): perplexity on the passage, its ratio to fp32's, the KL over the passage and the first
+    divergence of its tokens from the fp32 reference's."""
+    details = _row_details(row)
+    figures = {key: _number(details.get(key)) for key in ("perplexity", "perplexity_ratio", "kl_passage")}
+    return figures | {"first_divergence": divergence_text(details)}
+
+
 def wer_value(row: dict[str, Any]) -> float | None:
     """A speech row's stored word error rate (a number from elsewhere that is not one: None)."""
     value = _row_details(row).get("wer")
@@ -130,9 +158,10 @@ def _table(rows: list[dict[str, Any]]) -> str:
     headers = ("target", "case", "status", *(c[0] for c in COLUMNS), *((WER_HEADER,) if speech else ()),
                "tokens = native ORT", "tokens checked on", *(c[0] for c in TEXT_COLUMNS))  # fmt: skip
     head = "".join(f"<th>{escape(h)}</th>" for h in headers)
+    rows = [r | quality_cells(r) for r in rows]  # the figures a row keeps in its details, beside its speed
     body = "".join(
         f"<tr><td>{escape(target_label(r))}</td><td>{escape(case_label(r))}</td><td>{escape(r['status'])}</td>"
-        + "".join(f'<td class="num">{_fmt(r.get(field), digits)}</td>' for _, field, digits in COLUMNS)
+        + "".join(f'<td class="num">{escape(_fmt(r.get(field), digits))}</td>' for _, field, digits in COLUMNS)
         + (f'<td class="num">{escape(wer_text(r, rows))}</td>' if speech else "")
         + f'<td class="num">{_parity(r)}</td><td>{escape(r.get("token_reference") or "—")}</td>'
         + "".join(f'<td class="gen-text">{escape(terminal_text(shown(r)))}</td>' for _, shown in TEXT_COLUMNS)

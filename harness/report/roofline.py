@@ -91,12 +91,22 @@ def _number(value: float | None) -> str:
     return "—" if value is None else f"{value:.3g}"
 
 
+def _note(ceiling: Row) -> str:
+    """Why a ceiling has no value, else its graph, whether it was reused, and a software adapter's mark."""
+    if ceiling["error"]:
+        return str(ceiling["error"])
+    notes = [str(ceiling["workload"])]
+    if ceiling.get("reused_from"):
+        notes.append(f"reused from run {ceiling['reused_from']} (measured {ceiling['measured_at']})")
+    return "; ".join(notes + (["software adapter"] if ceiling["software_adapter"] else []))
+
+
 def _ceiling_rows(ceilings: list[Row]) -> str:
     body = "".join(
         f"<tr><td>{escape(short_target(c))}</td><td>{escape(c['kind'])}</td><td>{escape(c['precision'])}</td>"
         f"<td class='num'>{_number(c['value'])} {UNITS.get(c['kind'], '')}</td>"
         f"<td class='num'>±{_fraction(c['spread'])}</td><td class='num'>{c['iterations']}</td>"
-        f"<td>{escape(c['error'] or ('software adapter' if c['software_adapter'] else ''))}</td></tr>"
+        f"<td>{escape(_note(c))}</td></tr>"
         for c in ceilings
     )  # fmt: skip
     # scrolls inside its own box when wider than the page (harness.report.html's .table-scroll)
@@ -139,8 +149,9 @@ def roofline_html(report: RunReport, inline: Any) -> str:
             prefix = "roofline-" + str(report.run["run_id"]) + f"-{index}"
             plots.append(f"<figure>{inline(_svg(figure), prefix)}</figure>")
     return (
-        "<h3>Against the limit</h3><p class='sub'>Each target's ceilings, measured in this run through its own "
-        "engine (docs/measurement.md); a row's achieved GB/s (decode: bytes per token × tg tokens/s) and GFLOP/s "
+        "<h3>Against the limit</h3><p class='sub'>Each target's ceilings, measured through its own engine on a "
+        "graph sized to the target (in this run, or reused from an earlier one: the note says which; "
+        "docs/measurement.md); a row's achieved GB/s (decode: bytes per token × tg tokens/s) and GFLOP/s "
         "(prefill: FLOPs per prompt token × pp tokens/s; inference: per item × items/s), and their fractions of "
         f"them.</p>{_ceiling_rows(report.ceilings)}{_result_rows(report.results)}{''.join(plots)}"
     )

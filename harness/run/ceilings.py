@@ -1,23 +1,31 @@
-"""Each target's ceilings, measured through its own engine: the calibration graphs and their measurement.
+"""Each target's ceilings, measured through its own engine: the calibration graphs, their sizes, and their measurement.
 
 A ceiling is what the target reaches on a graph whose work is known exactly, timed like a result
 (harness.run.measure's loop natively; the page's performance.now loop in the browser, on the same files):
-  bandwidth      Expand(x) -> E, Add(E, x) -> T, Slice(T) -> 16 values: E (64 MiB fp32) written, read, and T
-                 (64 MiB) written per run: 192 MiB. x is a runtime scalar, so no engine folds the graph away at
-                 load time; the file is tiny (nothing to fetch or check), and the Slice keeps the answer
-                 small (E and T stay in the engine's own memory, as activations do).
-  compute fp32   MatMul(X [512, 1024], W [1024, 1024]) -> Slice: 2·M·K·N FLOPs per run.
-  compute int4   MatMulNBits (ONNX Runtime's int4 weight-only MatMul, block 32) at the same shape: what q4
+  bandwidth      Expand(x) -> E, Add(E, x) -> T, Slice(T) -> 16 values: E written, read, and T written per run
+                 (3 x 4 bytes per element). x is a runtime scalar, so no engine folds the graph away at load
+                 time; the file is tiny (nothing to fetch or check), and the Slice keeps the answer small (E and
+                 T stay in the engine's own memory, as activations do).
+  compute fp32   MatMul(X [M, K], W [K, N]) -> Slice: 2·M·K·N FLOPs per run.
+  compute int4   MatMulNBits (ONNX Runtime's int4 weight-only MatMul, block 32) at the same shapes: what q4
                  rows compute with, where the engine has the kernel (elsewhere the row says why not).
-Each is short and bounded (a few runs, at most CEILING_MAX_TIME_S of them per graph); a graph an engine
-cannot run is recorded with the engine's reason and holds no value. The figures: harness.core.roofline.
+Each graph is sized by time, not fixed (Sizing): a ladder of sizes, each about twice the work of the one below. A
+probe times a warm run of the smallest; its rate picks the largest size whose run fits CEILING_BUDGET_MS, but no
+further than the reference size (every ceiling's size before issue 46), which is probed in turn and whose rate
+chooses the size measured (a few runs, at most CEILING_MAX_TIME_S of them). A fast target thus runs a large graph
+(never a bandwidth graph inside a cache: a target that runs BANDWIDTH_FLOOR's 64 MiB tensors within SLACK
+budgets runs them), a software adapter or a phone a small one, in seconds either way. Each ceiling states its
+size (workload, amount), its budget and its probes. A graph an engine cannot run is recorded with the engine's
+reason and holds no value. The figures: harness.core.roofline; reusing a ceiling measured earlier:
+harness.run.ceiling_reuse.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,23 +39,60 @@ from harness.prepare.cache import cache_root
 if TYPE_CHECKING:  # graph_cost imports onnx: a worker counting a row pays for it, the planning parent does not
     from harness.core.graph_cost import Work
 
-BANDWIDTH_ELEMENTS = 16 * 2**20  # 64 MiB of fp32: well past any CPU's last-level cache
-M, K, N = 512, 1024, 1024  # the MatMul: 1.07 GFLOP per run
 BLOCK = 32  # MatMulNBits' block size, as harness.prepare.variants quantizes q4
 KEPT = 16  # values each graph answers with
 CEILING_WARMUP, CEILING_ITERATIONS, CEILING_MIN_DURATION_S, CEILING_MIN_ITERATIONS = 1, 5, 0.1, 3
 CEILING_MAX_ITERATIONS = 50  # a fast target's 0.1 s of samples
-CEILING_MAX_TIME_S = 1.0  # per graph: a slow target (wasm, a software adapter) stops at its minimum iterations
+CEILING_MAX_TIME_S = 1.0  # per graph: a target slower than its smallest size stops at its minimum iterations
+# The time one run of a calibration is sized to: long enough that a page's coarsest timer (0.1 ms) and its fixed cost
+# per run (SwiftShader's WebGPU: ~10 ms of dispatch and read-back whatever the size, measured here) stay small beside
+# it, short enough that a graph's first run, warm-up and ~5 timed runs stay near 0.35 s (docs/measurement.md).
+CEILING_BUDGET_MS = 50.0
+# A probed run of at least this share of the budget (2.5 ms: 25 steps of a page's coarsest timer) is long enough to be
+# measured as it is. Moving on costs a load and its first runs, and here gave another figure, not a better one: on
+# this 2-core CPU, quiet, the 128 MiB bandwidth graph 16.0 GB/s against the 64 MiB one's 18.6, the 8.6 GFLOP MatMul
+# 329 GFLOP/s against 351 for 1.07 GFLOP. So a CPU and wasm keep the sizes every ceiling had before; a GPU grows.
+ENOUGH = 0.05
+# Budgets a run may take where the budget alone would shrink the graph: the bandwidth floor's (rather than fit a
+# cache), and the reference size's when the smallest size's rate predicts it (pessimistic: wasm's MatMulNBits ran
+# the smallest size slower than the reference one): the reference is probed then, and its own rate chooses.
+SLACK = 4.0
+PROBE_RUNS = 2  # timed runs of a probe, the faster taken: one descheduled moment does not shrink a graph
+MAX_PROBES = 2  # the smallest size, then at most the reference size: then the size is chosen
+CALIBRATION_VERSION = 2  # part of what a reused ceiling must match: bump when a graph or the sizing changes
 SEED = 20261126
+
+# Elements of each bandwidth tensor: 256 Ki to 32 Mi fp32 values (1 to 128 MiB; two such tensors live at once). A
+# target that runs the 16 Mi one (64 MiB, well past a laptop's or phone's last-level cache) within SLACK
+# budgets never runs a smaller one.
+BANDWIDTH_SIZES = tuple(2**k for k in range(18, 26))
+BANDWIDTH_FLOOR = BANDWIDTH_SIZES.index(16 * 2**20)
+# (M, K, N) of the MatMuls: 8.4 MFLOP to 34 GFLOP, each about twice the one before; K a multiple of BLOCK.
+MATMUL_SIZES = (
+    (64, 256, 256), (128, 256, 256), (256, 256, 256), (128, 512, 512), (256, 512, 512), (512, 512, 512),
+    (256, 1024, 1024), (512, 1024, 1024), (1024, 1024, 1024), (512, 2048, 2048), (1024, 2048, 2048),
+    (2048, 2048, 2048), (4096, 2048, 2048),
+)  # fmt: skip
+MATMUL_REFERENCE = MATMUL_SIZES.index((512, 1024, 1024))  # 1.07 GFLOP
+
+
+@dataclass(frozen=True)
+class Size:
+    """One size of a calibration: its graph's name (the ceiling's workload), dimensions, and work per run."""
+
+    name: str
+    dims: tuple[int, ...]  # bandwidth: (elements,); compute: (M, K, N)
+    amount: float  # bytes moved or FLOPs per run
 
 
 @dataclass(frozen=True)
 class Calibration:
     kind: str  # bandwidth | compute
     precision: str  # compute: the precision class; bandwidth: BANDWIDTH_CLASS
-    name: str  # the graph's file stem, stored as the ceiling's workload
-    amount: float  # bytes moved or FLOPs per run
-    build: Callable[[], Any]  # the onnx.ModelProto
+    sizes: tuple[Size, ...]  # smallest first
+    build: Callable[[tuple[int, ...]], Any]  # the onnx.ModelProto of a size's dims
+    reference: int  # the size the first jump goes no further than: the one every ceiling had before issue 46
+    floor: int = 0  # the smallest size a target that runs it within SLACK budgets is measured at
 
 
 def _model(
@@ -73,72 +118,181 @@ def _slice(source: str, dims: int) -> tuple[list[Any], list[Any]]:
     return [helper.make_node("Slice", [source, "starts", "ends"], ["y"])], [starts, ends]
 
 
-def bandwidth_graph() -> Any:
+def bandwidth_graph(dims: tuple[int, ...]) -> Any:
     from onnx import TensorProto, helper, numpy_helper
 
-    shape = numpy_helper.from_array(np.array([BANDWIDTH_ELEMENTS], np.int64), "shape")
+    shape = numpy_helper.from_array(np.array(dims, np.int64), "shape")
     sliced, constants = _slice("t", 1)
     nodes = [helper.make_node("Expand", ["x", "shape"], ["e"]), helper.make_node("Add", ["e", "x"], ["t"]), *sliced]
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
     return _model(nodes, [x], [shape, *constants], "bandwidth")
 
 
-def _activations() -> Any:
+def _activations(m: int, k: int) -> Any:
     from onnx import TensorProto, helper
 
-    return helper.make_tensor_value_info("x", TensorProto.FLOAT, [M, K])
+    return helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])
 
 
-def matmul_graph() -> Any:
+def matmul_graph(dims: tuple[int, ...]) -> Any:
     from onnx import helper, numpy_helper
 
+    m, k, n = dims
     rng = np.random.default_rng(SEED)
-    weight = numpy_helper.from_array((rng.standard_normal((K, N)) / np.sqrt(K)).astype(np.float32), "w")
+    weight = numpy_helper.from_array((rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32), "w")
     sliced, constants = _slice("t", 2)
-    return _model([helper.make_node("MatMul", ["x", "w"], ["t"]), *sliced], [_activations()], [weight, *constants],
-                  "matmul-fp32")  # fmt: skip
+    return _model([helper.make_node("MatMul", ["x", "w"], ["t"]), *sliced], [_activations(m, k)],
+                  [weight, *constants], "matmul-fp32")  # fmt: skip
 
 
-def matmul_int4_graph() -> Any:
+def matmul_int4_graph(dims: tuple[int, ...]) -> Any:
     from onnx import helper, numpy_helper
 
+    m, k, n = dims
     rng = np.random.default_rng(SEED)
-    blocks = numpy_helper.from_array(rng.integers(0, 256, (N, K // BLOCK, BLOCK // 2), dtype=np.uint8), "b")
-    scales = numpy_helper.from_array(np.full(N * K // BLOCK, 0.01, np.float32), "scales")
+    blocks = numpy_helper.from_array(rng.integers(0, 256, (n, k // BLOCK, BLOCK // 2), dtype=np.uint8), "b")
+    scales = numpy_helper.from_array(np.full(n * k // BLOCK, 0.01, np.float32), "scales")
     node = helper.make_node("MatMulNBits", ["x", "b", "scales"], ["t"], domain="com.microsoft",
-                            K=K, N=N, bits=4, block_size=BLOCK)  # fmt: skip
+                            K=k, N=n, bits=4, block_size=BLOCK)  # fmt: skip
     sliced, constants = _slice("t", 2)
-    return _model([node, *sliced], [_activations()], [blocks, scales, *constants], "matmul-int4", ("com.microsoft",))
+    return _model([node, *sliced], [_activations(m, k)], [blocks, scales, *constants], "matmul-int4",
+                  ("com.microsoft",))  # fmt: skip
+
+
+def _bandwidth_sizes() -> tuple[Size, ...]:
+    return tuple(Size(f"bandwidth-expand-add-{4 * n // 2**20}mib", (n,), 3.0 * 4 * n) for n in BANDWIDTH_SIZES)
+
+
+def _matmul_sizes(stem: str) -> tuple[Size, ...]:
+    return tuple(Size(f"{stem}-{m}x{k}x{n}", (m, k, n), 2.0 * m * k * n) for m, k, n in MATMUL_SIZES)
 
 
 # One entry per ceiling a target gets: a new one (fp16, int8) is one line here.
 CALIBRATIONS = (
-    Calibration(
-        "bandwidth", BANDWIDTH_CLASS, "bandwidth-expand-add-64mib", 3.0 * 4 * BANDWIDTH_ELEMENTS, bandwidth_graph
-    ),
-    Calibration("compute", "fp32", f"matmul-fp32-{M}x{K}x{N}", 2.0 * M * K * N, matmul_graph),
-    Calibration("compute", "int4", f"matmulnbits-int4-{M}x{K}x{N}", 2.0 * M * K * N, matmul_int4_graph),
+    Calibration("bandwidth", BANDWIDTH_CLASS, _bandwidth_sizes(), bandwidth_graph, BANDWIDTH_FLOOR, BANDWIDTH_FLOOR),
+    Calibration("compute", "fp32", _matmul_sizes("matmul-fp32"), matmul_graph, MATMUL_REFERENCE),
+    Calibration("compute", "int4", _matmul_sizes("matmulnbits-int4"), matmul_int4_graph, MATMUL_REFERENCE),
 )
 
 
-def calibration_feeds(calibration: Calibration) -> dict[str, np.ndarray]:
+def calibration_feeds(calibration: Calibration, size: Size) -> dict[str, np.ndarray]:
     if calibration.kind == "bandwidth":
         return {"x": np.ones(1, np.float32)}
-    return {"x": np.random.default_rng(SEED + 1).standard_normal((M, K)).astype(np.float32)}
+    m, k, _ = size.dims
+    return {"x": np.random.default_rng(SEED + 1).standard_normal((m, k)).astype(np.float32)}
 
 
 @cache
-def calibration_path(calibration: Calibration) -> Path:
-    """The calibration's ONNX file in the cache, written once (atomically: workers may race to write it)."""
+def calibration_path(calibration: Calibration, size: Size) -> Path:
+    """The size's ONNX file in the cache, written once (atomically: workers may race to write it)."""
     import onnx
 
-    path = cache_root() / "ceilings" / f"{calibration.name}.onnx"
+    path = cache_root() / "ceilings" / f"{size.name}.onnx"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.tmp")
-        onnx.save(calibration.build(), partial)
+        onnx.save(calibration.build(size.dims), partial)
         partial.replace(path)
     return path
+
+
+def _work(calibration: Calibration, amount: float) -> str:
+    unit = "B" if calibration.kind == "bandwidth" else "FLOP"
+    scaled = next((amount / f, p) for f, p in ((1e9, "G"), (1e6, "M"), (1e3, "k"), (1, "")) if amount >= f)
+    return f"{scaled[0]:.3g} {scaled[1]}{unit}"
+
+
+@dataclass
+class Sizing:
+    """Where a calibration stands in its ladder: the size to run next, and the probes so far ((size index, ms of
+    one warm run)). A probe's rate gives the largest size that runs within the budget (the smallest if none does;
+    the bandwidth floor if it runs within SLACK budgets). The first probe runs the smallest size, whose rate (a
+    graph inside a cache, or mostly a run's fixed cost) says little of a large one's: its jump goes no further
+    than the reference size, and to it where that rate puts its run within SLACK budgets; probed in turn. A
+    probed size whose run takes ENOUGH of the budget, and no more, stays. Done once the choice is no larger than
+    the size just probed, or MAX_PROBES are spent; `index` is then the size to measure."""
+
+    calibration: Calibration
+    budget_ms: float = field(default_factory=lambda: CEILING_BUDGET_MS)  # read when made (a test plants a budget)
+    index: int = 0
+    probes: list[tuple[int, float]] = field(default_factory=list)
+    done: bool = False
+    why: str = "not probed"  # the rule that chose the size, in words (note())
+
+    @property
+    def size(self) -> Size:
+        return self.calibration.sizes[self.index]
+
+    def observe(self, ms: float) -> None:
+        self.probes.append((self.index, ms))
+        per_ms = self.size.amount / max(ms, 1e-6)
+        choice, self.why = self.fitting(per_ms)
+        reference = self.calibration.reference
+        if len(self.probes) == 1 and self.index < reference:
+            near = self.calibration.sizes[reference].amount / max(per_ms, 1e-9) <= SLACK * self.budget_ms
+            choice = reference if near or choice >= reference else choice
+        if ENOUGH * self.budget_ms <= ms <= self.budget_ms and self.index >= self.calibration.floor:
+            choice = self.index  # long enough, within the budget (and not inside a cache): measured as it is
+            self.why = f"its probe ran {ENOUGH * self.budget_ms:g} ms to the budget: long enough as it is"
+        self.done = choice <= self.index or len(self.probes) >= MAX_PROBES
+        self.index = choice
+
+    def fitting(self, per_ms: float) -> tuple[int, str]:
+        """The largest size whose run takes at most the budget at `per_ms` (work per ms), else the smallest; and
+        why, in words."""
+        sizes, floor = self.calibration.sizes, self.calibration.floor
+        choice = max((i for i, size in enumerate(sizes) if size.amount / per_ms <= self.budget_ms), default=None)
+        if (choice is None or choice < floor) and sizes[floor].amount / per_ms <= SLACK * self.budget_ms:
+            return floor, f"the floor, its run within {SLACK:g} budgets at the last probe's rate: past a cache"
+        if choice is None:
+            return 0, "the smallest: no size's run fits the budget at the last probe's rate"
+        return choice, "the largest whose run fits the budget at the last probe's rate"
+
+    @property
+    def probed_last(self) -> bool:
+        """Whether the size to measure is the one the last probe ran (its session may be kept)."""
+        return bool(self.probes) and self.probes[-1][0] == self.index
+
+    def note(self) -> str:
+        """How the size was chosen, stored with the ceiling."""
+        probes = ", ".join(f"{_work(self.calibration, self.calibration.sizes[i].amount)} in {ms:.3g} ms"
+                           for i, ms in self.probes)  # fmt: skip
+        return f"probed {probes}; measured {self.size.name} ({self.budget_ms:g} ms budget): {self.why}"
+
+    def stated(self, ceiling: Ceiling) -> Ceiling:
+        """The ceiling of the chosen size, stating it: its workload, amount, budget and probes."""
+        return replace(ceiling, workload=self.size.name, amount=self.size.amount, budget_ms=self.budget_ms,
+                       sizing=self.note())  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Prior:
+    """A ceiling measured earlier on this machine that a calibration may take instead of measuring
+    (harness.run.ceiling_reuse finds them): this run's own (a resumed run: nothing to store again), or another
+    run's within the reuse age (stored again in this run as a copy naming that run, measured_at the original's)."""
+
+    ceiling: Ceiling
+    own: bool
+
+
+def reusable(prior: Sequence[Prior], calibration: Calibration, software: str) -> Prior | None:
+    """The newest earlier ceiling of the calibration measured with the same software (this run's own first)."""
+    same = [p for p in prior if (p.ceiling.kind, p.ceiling.precision, p.ceiling.software) ==
+            (calibration.kind, calibration.precision, software)]  # fmt: skip
+    return max(same, key=lambda p: (p.own, p.ceiling.measured_at), default=None)
+
+
+def new_ceiling(target: Target, calibration: Calibration) -> Ceiling:
+    """The ceiling a calibration will give, at its smallest size until one is chosen."""
+    first = calibration.sizes[0]
+    return Ceiling(target, calibration.kind, calibration.precision, first.name, first.amount)
+
+
+def engine_software(facts: dict[str, Any]) -> str:
+    """What measured a native ceiling, from the session's own facts: the calibrations' version and every engine
+    version the session names (onnxruntime_version, openvino_version…). The target holds the EP and threads."""
+    versions = [f"{k}={v}" for k, v in sorted(facts.items()) if k.endswith("_version") and isinstance(v, str)]
+    return "; ".join([f"calibration {CALIBRATION_VERSION}", *versions])[:500]
 
 
 # Set to 1, --no-ceilings is every run's default: a test suite's hundreds of runs each paid its targets'
@@ -146,9 +300,10 @@ def calibration_path(calibration: Calibration) -> Path:
 NO_CEILINGS_ENV = "ACCELHARNESS_NO_CEILINGS"
 
 
-def ceilings_asked(no_ceilings: bool) -> bool:
-    """Whether a run measures its targets' ceilings: unless --no-ceilings, or ACCELHARNESS_NO_CEILINGS=1."""
-    return not no_ceilings and os.environ.get(NO_CEILINGS_ENV) != "1"
+def ceilings_asked(no_ceilings: bool, only: bool = False) -> bool:
+    """Whether a run measures its targets' ceilings: unless --no-ceilings, or ACCELHARNESS_NO_CEILINGS=1 (a default
+    that --ceilings-only, `only`, overrides: it asks for nothing else)."""
+    return not no_ceilings and (only or os.environ.get(NO_CEILINGS_ENV) != "1")
 
 
 def wanted(precisions: Iterable[str | None], measured: set[tuple[str, str]], asked: bool = True) -> list[Calibration]:
@@ -163,28 +318,92 @@ def wanted(precisions: Iterable[str | None], measured: set[tuple[str, str]], ask
     return found
 
 
-def measure_ceilings(backend: Any, target: Target, calibrations: Iterable[Calibration]) -> Iterator[Ceiling]:
-    """The calibrations on the target, each session loaded, measured and dropped in turn; one the engine
-    cannot run holds its reason."""
+def measure_ceilings(
+    backend: Any, target: Target, calibrations: Iterable[Calibration], prior: Sequence[Prior] = ()
+) -> Iterator[Ceiling]:
+    """The calibrations on the target, each sized (Sizing) and measured, its sessions loaded and dropped in turn; one
+    measured earlier with the same software (`prior`, the target's: harness.run.ceiling_reuse) is taken instead;
+    one the engine cannot run holds its reason."""
     from harness.core.failures import classify
-    from harness.native.base import LoadRequest
-    from harness.prepare.specs import spec_from_path
+
+    software: list[str] = []  # the engine's (engine_software), read from the first session loaded
+    load = _Loader(backend, target)
+    for calibration in calibrations:
+        started = time.perf_counter()
+        try:
+            found = _calibrate(load, target, calibration, prior, software)
+        except Exception as exc:  # a ceiling failing is recorded, and never stops the job
+            found = new_ceiling(target, calibration)
+            found.error = classify(exc)[1]
+        if found is not None and found.reused_from is None:
+            found.calibration_s = time.perf_counter() - started
+        if found is not None:  # None: this run holds it already (resumed)
+            yield found
+
+
+def _calibrate(
+    load: _Loader, target: Target, calibration: Calibration, prior: Sequence[Prior], software: list[str]
+) -> Ceiling | None:
     from harness.run.measure import MeasureConfig, measure
     from harness.run.memory import PeakRss
 
+    sizing = Sizing(calibration)
+    session, feeds = load(calibration, sizing.size)
+    software[:] = software or [engine_software(session.facts)]
+    if (earlier := reusable(prior, calibration, software[0])) is not None:
+        return None if earlier.own else earlier.ceiling
+    while not sizing.done:
+        sizing.observe(_probe(session, feeds))
+        if not sizing.probed_last:  # the next size to probe, or the one chosen
+            session = None  # one graph's tensors in memory at a time
+            session, feeds = load(calibration, sizing.size)
     config = MeasureConfig(CEILING_WARMUP, CEILING_ITERATIONS, CEILING_MIN_DURATION_S, CEILING_MAX_ITERATIONS,
                            min_iterations=CEILING_MIN_ITERATIONS, max_time_s=CEILING_MAX_TIME_S)  # fmt: skip
-    for calibration in calibrations:
-        ceiling = Ceiling(target, calibration.kind, calibration.precision, calibration.name, calibration.amount)
-        try:
-            path, feeds = calibration_path(calibration), calibration_feeds(calibration)
-            session = backend.load(LoadRequest(spec_from_path(path, None), path, "fp32", feeds), target)
-            measured = measure(session, feeds, config, PeakRss())
-            ceiling.samples_ms, ceiling.load_avg_1m = measured.samples_ms, measured.load_avg_1m
-            del session
-        except Exception as exc:  # a ceiling failing is recorded, and never stops the job
-            ceiling.error = classify(exc)[1]
-        yield ceiling
+    measured = measure(session, feeds, config, PeakRss())
+    ceiling = sizing.stated(new_ceiling(target, calibration))
+    ceiling.samples_ms, ceiling.load_avg_1m, ceiling.software = measured.samples_ms, measured.load_avg_1m, software[0]
+    return ceiling
+
+
+@dataclass
+class _Loader:
+    """Loads a target's calibration graphs as its rows' sessions are loaded: the EP apart from its thread count
+    (harness.core.threads.split_threads: the count the target names runs), the machine's other load read once per
+    target for an engine that reads it (a 0.2 s window: per load, it was most of a fast target's calibration)."""
+
+    backend: Any
+    target: Target
+    busy: float | None = None
+    read: bool = False
+
+    def __call__(self, calibration: Calibration, size: Size) -> tuple[Any, dict[str, np.ndarray]]:
+        from harness.core.threads import split_threads
+        from harness.native import capabilities
+        from harness.native.base import LoadRequest, others_busy_cpus
+        from harness.prepare.specs import spec_from_path
+
+        if not self.read and capabilities(self.target.engine).reads_machine_load:
+            self.busy, self.read = others_busy_cpus(), True
+        target, threads = split_threads(self.target)
+        path, feeds = calibration_path(calibration, size), calibration_feeds(calibration, size)
+        request = LoadRequest(spec_from_path(path, None), path, "fp32", feeds, threads=threads,
+                              others_busy_cpus=self.busy)  # fmt: skip
+        return self.backend.load(request, target), feeds
+
+
+def _probe(session: Any, feeds: dict[str, np.ndarray]) -> float:
+    """A warm run's ms, by the session's own clock as measure() times: the faster of PROBE_RUNS after two untimed
+    runs, as measure()'s first run and warm-up (and the page's) come before its samples. ORT's CPU EP took 56 and
+    57 ms for the 64 MiB bandwidth graph's first two runs (its arena's pages touched), then 11-13 ms."""
+    prepared = session.prepare(feeds)
+    session.run(prepared)
+    session.run(prepared)
+    times = []
+    for _ in range(PROBE_RUNS):
+        session.clock.start()
+        session.run(prepared)
+        times.append(session.clock.stop())
+    return min(times)
 
 
 def row_work(model: Path | None, case: Case, input_shapes: dict[str, list[int]]) -> Work:
@@ -193,6 +412,10 @@ def row_work(model: Path | None, case: Case, input_shapes: dict[str, list[int]])
     leaves the fields NULL and says why, never a guess."""
     if model is None:
         return {}, {"work_counted": "not counted: no ONNX file known to have run (an engine building its own model)"}
+    if model.suffix == ".gguf":  # a GGUF given as the model: its weight bytes per token are counted from its tensors
+        from harness.prepare.gguf_file import NOT_COUNTED
+
+        return {}, {"work_counted": NOT_COUNTED}
     from harness.prepare.work_memo import only_work, remembered_work
 
     if case.mode not in ("generate", "inference"):

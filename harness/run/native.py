@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, replace
-from pathlib import Path
 
 import numpy as np
 
@@ -19,8 +18,10 @@ from harness.core.profiles import PROFILE_ITERATIONS
 from harness.core.records import Case, Control, Result, Target
 from harness.native import capabilities
 from harness.native.base import Availability
+from harness.prepare.gguf_file import NO_ONNX, NOT_COUNTED
 from harness.prepare.prepared import PreparedModel, PrepareJob, audio_lengths, inference_on_past, unprepared_result
 from harness.prepare.specs import ModelSpec
+from harness.run.ceiling_job import measure_targets
 from harness.run.ceilings import ceilings_asked, wanted
 from harness.run.measure import MeasureConfig
 from harness.run.plan import BenchmarkRequest, Plan, check_engines, validate
@@ -34,7 +35,9 @@ def _prepare(plan: Plan, spec: ModelSpec) -> tuple[PreparedModel | None, str | N
     prefill = inference_on_past(spec, plan.request.modes) and plan.exports_past(spec)
     job = PrepareJob(spec, shapes, with_past=plan.exports_past(spec), plain=plan.exports_plain(spec),
                      stop_at_eos=plan.request.stop_at_eos, prefill=prefill,
-                     audio_seconds=audio_lengths(cases), gguf_precisions=plan.gguf_precisions(spec))  # fmt: skip
+                     audio_seconds=audio_lengths(cases), gguf_precisions=plan.gguf_precisions(spec),
+                     reference_model=plan.request.reference_model,
+                     reference_tokens=plan.request.new_tokens if spec.is_gguf_file else 0)  # fmt: skip
     prepared, outcome = prepare_isolated(job, plan.request.prepare_timeout_s)
     if prepared:
         return prepared, None, "ok"
@@ -77,6 +80,9 @@ def _run_model(plan: Plan, spec: ModelSpec, emit: Emit, measured: dict[Target, s
         if spec.is_onnx_file and not capabilities(target.engine).runs_onnx_files:
             for case in cases:
                 emit(unprepared_result(spec, target, case, "unsupported", "not applicable: the model is an .onnx file"))
+        elif spec.is_gguf_file and not capabilities(target.engine).runs_gguf:
+            for case in cases:
+                emit(unprepared_result(spec, target, case, "unsupported", f"not applicable: {NO_ONNX}"))
         elif prepared is None:
             for case in cases:
                 failed = "error" if status == "finished" else status
@@ -98,7 +104,9 @@ def _run_model(plan: Plan, spec: ModelSpec, emit: Emit, measured: dict[Target, s
                 # the target's ceilings, measured once per run, before the first job that needs each of them
                 asked = ceilings_asked(plan.request.no_ceilings)
                 calibrations = tuple(wanted((c.precision for c in runnable), measured.setdefault(target, set()), asked))
-                run_job(Job(prepared, target, runnable, measure, calibrations), plan.request.timeout_s, checked)
+                prior = plan.ceilings.for_target(target, plan.request.ceilings) if calibrations else ()
+                job = Job(prepared, target, runnable, measure, calibrations, prior)
+                run_job(job, plan.request.timeout_s, checked)
 
 
 def checked_generation(prepared: PreparedModel, result: Result | Control) -> Result | Control:
@@ -109,6 +117,8 @@ def checked_generation(prepared: PreparedModel, result: Result | Control) -> Res
         return result  # a drift control's measurement, or a row with nothing to check
     if not result.generated_tokens:
         return result
+    if prepared.spec.is_gguf_file:  # llama.cpp on a GGUF given as the model: its reference is native llama.cpp's
+        return _gguf_checked(prepared, result)
     from harness.prepare.quality import check_generation, ran_graphs
 
     source = prepared.onnx_past_path
@@ -122,12 +132,12 @@ def checked_generation(prepared: PreparedModel, result: Result | Control) -> Res
         feeds, _ = prepared.load_case((case.batch_size, case.seq_len), case.audio_seconds)
         prompt = {k: v for k, v in feeds.items() if k in ("input_ids", "attention_mask", "input_features")}
         if capabilities(result.target.engine).runs_gguf and result.precision != "fp32":
-            return replace(result, details=_gguf_quality(source, prompt, result))
+            return replace(result, details=_gguf_quality(prepared, prompt, result))
         graph = ran_graphs(source, result.precision)  # an encoder–decoder's: each graph at its own precision
         top = _engine_top(result.details)  # an engine's own logits per step, where it returned them
         side = GGML_SIDE if capabilities(result.target.engine).runs_gguf else "native"  # other kernels than ORT's
-        agree, facts, _ = check_generation(graph, source, prompt, result.generated_tokens, result.precision,
-                                           side, top=top, depth=case.depth or 0)  # fmt: skip
+        agree, facts, _ = check_generation(graph, source, prompt, result.generated_tokens, result.precision, side,
+                                           top=top, depth=case.depth or 0, fp32=prepared.fp32_reference)  # fmt: skip
     except Exception as exc:  # the check's own failure is the row's error, never the run's
         return replace(result, status="error", error=f"token check failed: {type(exc).__name__}: {exc}"[:500])
     details = _without_top(result.details) | facts
@@ -149,14 +159,31 @@ def _engine_top(details: dict) -> StepTop | None:
 
 
 def _without_top(details: dict) -> dict:
-    return {key: value for key, value in details.items() if key != ENGINE_TOP}
+    """The worker's details without the engine's top-k and its own quality facts: the check's replace them."""
+    from harness.prepare.quality import QUALITY_KEYS
+
+    return {key: value for key, value in details.items() if key != ENGINE_TOP and key not in QUALITY_KEYS}
 
 
-def _gguf_quality(source: Path, prompt: dict, result: Result) -> dict:
+def _gguf_checked(prepared: PreparedModel, result: Result) -> Result:
+    """A row of a GGUF given as the model: its tokens against native llama.cpp's on the same file (harness.prepare.
+    gguf_model.token_check: equal, else `mismatch`)."""
+    from harness.prepare.gguf_model import token_check
+
+    agree, facts = token_check(prepared, result.case, result.generated_tokens, _engine_top(result.details))
+    details = _without_top(result.details) | facts | {"work_counted": NOT_COUNTED}  # no ONNX file ran
+    if agree is False:
+        return replace(result, status="mismatch", error=facts["token_parity"], details=details)
+    return replace(result, details=details)
+
+
+def _gguf_quality(prepared: PreparedModel, prompt: dict, result: Result) -> dict:
     """A GGUF row at another precision than fp32: harness.prepare.quality.gguf_quality, the engine's top-k dropped."""
     from harness.prepare.quality import gguf_quality
 
-    facts = gguf_quality(source, prompt, result.generated_tokens or [], result.precision)
+    assert prepared.onnx_past_path is not None
+    facts = gguf_quality(prepared.onnx_past_path, prompt, result.generated_tokens or [], result.precision,
+                         prepared.fp32_reference)  # fmt: skip
     return _without_top(result.details) | facts
 
 
@@ -164,6 +191,9 @@ def execute_native(plan: Plan) -> Body:
     """The native part of a run, as a body for harness.run.recording.record_run."""
 
     def body(emit: Emit) -> None:
+        if plan.request.ceilings_only:  # no model: each target's ceilings in a worker of its own
+            measure_targets(plan, emit)
+            return
         measured: dict[Target, set[tuple[str, str]]] = {}  # each target's ceilings measured in this run
         for spec in plan.specs:
             _run_model(plan, spec, emit, measured)
@@ -196,4 +226,5 @@ def run_native(
         resume_run_id,
         request.machine_label,
         tuple(check_engines(request.engines, request.hardware)),  # this run's, not every engine this process probed
+        [plan.ceilings],
     )

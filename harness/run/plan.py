@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ from harness.prepare.prepared import inference_on_past
 from harness.prepare.prompts import PromptError, given_prompt, model_eos_ids
 from harness.prepare.specs import FAMILIES, ModelSpec, SpecError, check_families, select_specs, spec_from_path
 from harness.prepare.wer import TranscriptError, read_transcript
+from harness.run.ceiling_reuse import CEILING_MODES, REUSE_AGE, CeilingBook
 from harness.run.hardware import DEFAULT_NATIVE_PLATFORMS, NATIVE_PLATFORMS, native_targets
 from harness.run.machine import machine_label
 from harness.run.outputs import Outputs
@@ -71,6 +72,15 @@ NO_CEILINGS_HELP = (
     "Measure no ceilings (each target's memory bandwidth and compute, a few seconds per target per run): the "
     "rows keep their bytes and FLOPs, with no fraction of a ceiling. ACCELHARNESS_NO_CEILINGS=1 makes this "
     "the default (the test suite's)."
+)
+CEILINGS_HELP = (
+    f"{' or '.join(CEILING_MODES)}: reuse takes a target's ceilings measured on this machine with the same software "
+    f"within {REUSE_AGE.total_seconds() / 3600:g} h (copied into the run, naming the run that measured them; a "
+    "resumed run takes its own), fresh measures every one again."
+)
+CEILINGS_ONLY_HELP = (
+    "Measure the targets' ceilings (--hardware, --threads: bandwidth, compute per precision class) and run no "
+    "model: a machine known by its ceilings (`predict`)."
 )
 PROFILE_HELP = (
     "After each inference case's timed loop, a few profiled iterations: time per operator (node, op type, "
@@ -115,6 +125,12 @@ AUDIO_SECONDS_HELP = (
     f"window ({MAX_AUDIO_SECONDS} s for Whisper, whose encoder always reads the whole window). The real-time factor "
     "divides it by the generation's time. Default: the whole window."
 )
+REFERENCE_MODEL_HELP = (
+    "--mode generate with --model-path: a Hugging Face model folder (config.json and weights) of the same weights, "
+    "whose fp32 export is the reference every generate row's top-1 agreement, KL, first divergence and perplexity "
+    "ratio are held against, where the folder holds no fp32 graph (an onnxruntime-genai int4 folder). Without it such "
+    "rows say: no fp32 reference at hand."
+)
 MACHINE_LABEL_HELP = (
     "Name this machine in reports across machines (default: ACCELHARNESS_MACHINE_LABEL); letters, "
     "digits, '.', '_', '-', at most 64."
@@ -132,6 +148,8 @@ class RunOptions:
     model_families: list[str] | None = option(None, flag="--model-families", many=True, help=",".join(FAMILIES))
     small_models: bool = option(False, flag="--small-models", help="Use the tiny variant of each selected family.")
     model_path: Path | None = reuse(Shared, "model_path", default=None)
+    # the fp32 reference of a --model-path folder that holds no fp32 graph (harness.prepare.quality)
+    reference_model: Path | None = option(None, flag="--reference-model", help=REFERENCE_MODEL_HELP)
     batch_sizes: list[int] = option(
         factory=lambda: [1], flag="--batch-sizes", many=True, low=1, high=MAX_BATCH, help="Comma-separated batch sizes."
     )
@@ -205,6 +223,9 @@ class RunOptions:
     no_reports: bool = option(False, flag="--no-reports", help=NO_REPORTS_HELP)
     # --no-ceilings: no calibration before a target's first case (harness.run.ceilings.ceilings_asked)
     no_ceilings: bool = option(False, flag="--no-ceilings", help=NO_CEILINGS_HELP)
+    # reuse: a target's ceilings measured earlier here with the same software (harness.run.ceiling_reuse)
+    ceilings: str = option("reuse", flag="--ceilings", choices=CEILING_MODES, help=CEILINGS_HELP)
+    ceilings_only: bool = option(False, flag="--ceilings-only", help=CEILINGS_ONLY_HELP)  # no model, no --model
     profile: bool = option(False, flag="--profile", help=PROFILE_HELP)  # profiled iterations after the timed loop
     # names this machine in reports across machines (harness.run.machine)
     machine_label: str | None = option(None, flag="--machine-label", help=MACHINE_LABEL_HELP)
@@ -242,6 +263,7 @@ class Plan:
     targets: list[tuple[Target, Availability]]
     request: BenchmarkRequest
     done: frozenset[str] = frozenset()  # result keys a resumed run already holds: never run twice
+    ceilings: CeilingBook = field(default_factory=CeilingBook)  # earlier ceilings it may take (record_run loads)
 
     def cases(self, spec: ModelSpec, target: Target | None = None) -> list[Case]:
         """The cases of a spec on a target (all targets when None). Each mode is planned on the engines
@@ -345,6 +367,8 @@ def validate(request: BenchmarkRequest) -> Plan:
     check(request, declared(BenchmarkRequest), ("native_threads",))
     engines = check_engines(request.engines, request.hardware)
     specs = check_selection(request)
+    if request.engines is None and all(spec.is_gguf_file for spec in specs):  # what a llama-bench user runs
+        engines = [engine for engine in ENGINES if capabilities(engine).runs_gguf]
     check_generation(request, specs, request.modes)
     check_paths(request)
     targets = choose_targets(request.hardware, engines)
@@ -370,6 +394,15 @@ def check_generation(request: RunOptions, specs: list[ModelSpec], modes: list[st
     if "generate" in modes:
         check_context(specs, request.sequence_lengths, request.new_tokens, depths=items(request.depths))
         check_audio_seconds(specs, items(request.audio_seconds or []))
+    if request.reference_model is not None:
+        from harness.prepare.quality import ReferenceModelError, check_reference_model
+
+        if request.model_path is None or "generate" not in modes:
+            raise RequestError("--reference-model names the fp32 weights of a --model-path folder's generate rows")
+        try:
+            check_reference_model(Path(request.reference_model), specs[0])
+        except ReferenceModelError as exc:
+            raise RequestError(str(exc)) from None
 
 
 def check_audio_seconds(specs: list[ModelSpec], lengths: list[int], name: str = "--audio-seconds") -> None:
@@ -422,7 +455,10 @@ def choose_targets(hardware: list[str] | None, engines: list[str]) -> list[tuple
 
 
 def check_selection(request: RunOptions) -> list[ModelSpec]:
-    """The specs a request's --model / --model-families / --small-models / --model-path select."""
+    """The specs a request's --model / --model-families / --small-models / --model-path select (none for
+    --ceilings-only, which check_ceilings refuses them with)."""
+    if request.ceilings_only:
+        return []
     try:
         check_families(request.model_families)
         if request.model_path is not None:
@@ -441,7 +477,26 @@ def check_selection(request: RunOptions) -> list[ModelSpec]:
     if not specs:
         raise RequestError("the model selection is empty: check --model / --model-families")
     check_graph_precisions(request, specs)
+    check_gguf(request, specs)
     return [with_audio(request, with_prompt(request, spec)) for spec in specs]
+
+
+def check_gguf(request: RunOptions, specs: list[ModelSpec]) -> None:
+    """A GGUF given as the model generates, at the precision its weights hold, from ids (its own vocabulary's, or
+    --prompt-ids): llama.cpp runs it, and the harness tokenizes no --prompt text with a GGUF's tokenizer."""
+    gguf = next((spec for spec in specs if spec.is_gguf_file), None)
+    if gguf is None:
+        return
+    if list(request.modes) != ["generate"]:
+        raise RequestError(f"{gguf.name} is a GGUF: llama.cpp generates from it; give --mode generate alone")
+    own = own_precision(Path(request.model_path)) if request.model_path else None
+    if request.precision is not None and precisions(request) != [own]:
+        raise RequestError(f"{gguf.name} is a GGUF whose weights are {own}: it runs at the precision it holds; "
+                           f"drop --precision (or give {own})")  # fmt: skip
+    if request.prompt is not None or request.chat:
+        raise RequestError(f"{gguf.name} is a GGUF: its prompt is drawn from the harness's passage with llama.cpp's "
+                           "own tokenizer, or given as --prompt-ids; --prompt text is not taken for a "
+                           "GGUF")  # fmt: skip
 
 
 def with_audio(request: RunOptions, spec: ModelSpec) -> ModelSpec:
@@ -519,6 +574,7 @@ def check_measuring(request: RunOptions) -> None:
     what depends on another option: --max-iterations at least --iterations, and the machine label."""
     check(request, declared(RunOptions))
     check_count("--max-iterations", request.max_iterations, MAX_ITERATIONS, low=request.iterations)
+    check_ceilings(request)
     try:
         machine_label(request.machine_label)
     except ValueError as exc:
@@ -531,3 +587,17 @@ def check_paths(request: RunOptions) -> None:
         raise RequestError(f"--db {request.db_path}: {why}; nothing was run")
     if request.output_dir is not None and (why := unwritable_directory(Path(request.output_dir))):
         raise RequestError(f"--output-dir {request.output_dir}: {why}; nothing was run")
+
+
+def check_ceilings(request: RunOptions) -> None:
+    """--ceilings-only, --ceilings and --no-ceilings together, and what --ceilings-only would leave unused."""
+    if request.no_ceilings and (request.ceilings_only or request.ceilings == "fresh"):
+        given = "--ceilings-only" if request.ceilings_only else "--ceilings fresh"
+        raise RequestError(f"{given} measures ceilings and --no-ceilings measures none: drop one of them")
+    if not request.ceilings_only:
+        return
+    named = [flag for flag, value in (("--model", request.models), ("--model-families", request.model_families),
+             ("--small-models", request.small_models), ("--model-path", request.model_path),
+             ("--profile", request.profile)) if value]  # fmt: skip
+    if named:
+        raise RequestError(f"--ceilings-only runs no model: drop {', '.join(named)}")

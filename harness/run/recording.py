@@ -11,12 +11,13 @@ from __future__ import annotations
 import errno
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness.core.records import Ceiling, Control, Result
+from harness.run.ceiling_reuse import CeilingBook
 from harness.run.hardware import PlatformStatus, hardware_rows, platform_row
 from harness.run.machine import machine_facts
 from harness.run.outputs import Outputs, write_outputs
@@ -60,6 +61,7 @@ def record_run(
     resume_run_id: str | None = None,
     machine_label: str | None = None,
     engines: tuple[str, ...] | None = None,
+    ceilings: Sequence[CeilingBook] = (),
 ) -> RunSummary:
     """Run each body under one run id; on_result(result, result_id) follows every commit.
 
@@ -68,7 +70,8 @@ def record_run(
     ACCELHARNESS_MACHINE_LABEL) names the machine in reports across machines. The hardware table holds the
     native platforms the run's engines serve (`engines`; None: those this process probed), probed at its
     start, and each browser platform the run drove, as that browser's own page saw it (emitted by the
-    browser body; a platform not run is not probed)."""
+    browser body; a platform not run is not probed). Each of `ceilings` (its plans' books) is given the earlier
+    ceilings this run may take (harness.run.ceiling_reuse) before a body runs."""
     host = host_facts()
     counts: Counter[str] = Counter()
     commit_lock = threading.Lock()  # every write: each result, closing the run, closing the file
@@ -82,6 +85,8 @@ def record_run(
             store.reopen_run(run_id)
         closed = threading.Event()
         platforms = {row["platform"] for row in store.hardware_rows(run_id)}  # one row each, resumed or not
+        for book in ceilings:
+            book.load(store, run_id)
 
         def emit(result: Result | Control | Ceiling | PlatformStatus) -> None:
             if isinstance(result, PlatformStatus):

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import groupby
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,14 +31,18 @@ from harness.core.threads import split_threads
 from harness.native import capabilities
 from harness.prepare.cache import remove_stale_staging
 from harness.prepare.graph_work import GraphWork, count_graph
+from harness.prepare.perplexity import StepBudget, engine_quality
 from harness.prepare.prepared import Phase, PreparedModel, PrepareJob, needs_torch, prepare_steps
 from harness.prepare.seq2seq import audio_seconds
-from harness.run.ceilings import Calibration, measure_ceilings, row_work
+from harness.run.ceilings import Calibration, Prior, measure_ceilings, row_work
 from harness.run.control import ControlProbe, control_positions
 from harness.run.isolation import Outcome, run_isolated, start_method
 from harness.run.measure import MeasureConfig, Measurement, measure, measure_generation, measure_training
 from harness.run.memory import PeakRss, rss_mb
 from harness.run.profiling import profiled_fields
+
+if TYPE_CHECKING:  # predict's generation count: the worker that runs benchmarks never needs it
+    from harness.prepare.graph_work import GenerationJob, GenerationWork
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,7 @@ class Job:
     cases: list[Case]
     measure: MeasureConfig
     calibrations: tuple[Calibration, ...] = ()  # the target's ceilings this job measures first (run.ceilings)
+    prior: tuple[Prior, ...] = ()  # the target's earlier ceilings it may take instead (run.ceiling_reuse)
 
 
 def _run_mode(job: Job, session: Any, case: Case, feeds: dict[str, np.ndarray], rss: PeakRss,
@@ -89,6 +94,10 @@ def _measure_case(job: Job, session: Any, case: Case, load_facts: dict, rss: Pea
     text: dict[str, Any] = {}
     if case.mode == "generate":  # speech has no prompt tokens (input_ids None), but its output is text
         text = job.prepared.text_fields(feeds.get("input_ids"), measured.generated_tokens, details)
+        # untimed, after the timed loop: the passage's perplexity and the row beside fp32, on its own session
+        budget = StepBudget(job.measure.max_time_s)
+        details |= engine_quality(session, job.prepared, feeds, measured.generated_tokens, case.depth or 0,
+                                  job.target.engine, budget)  # fmt: skip
     operators = []
     if job.measure.profile_iterations > 0:
         error = measured.profile_error or (None if case.mode == "inference" else "profiles cover inference only")
@@ -205,7 +214,7 @@ def benchmark_job(job: Job) -> Iterator[Result | Control]:
     probe = ControlProbe(backend, job.target, job.prepared.spec.name)
     positions = control_positions(len(job.cases))
     yield probe.measure(positions[-1])
-    yield from measure_ceilings(backend, job.target, job.calibrations)
+    yield from measure_ceilings(backend, job.target, job.calibrations, job.prior)
     for index, result in enumerate(_case_results(job, backend)):
         yield result
         if index in positions:
@@ -291,6 +300,18 @@ def count_isolated(job: PrepareJob, timeout_s: float) -> GraphWork:
     return found[0]
 
 
+def count_generation_isolated(job: GenerationJob, timeout_s: float) -> GenerationWork:
+    """A model's generation graph counted at each case (harness.prepare.graph_work.count_generation), in a
+    child process as count_isolated counts. Raises RuntimeError saying why it failed."""
+    from harness.prepare.graph_work import count_generation, generation_needs_torch
+
+    found: list[GenerationWork] = []
+    outcome = run_isolated(count_generation, job, timeout_s, found.append, uses_torch=generation_needs_torch(job.spec))
+    if not found:
+        raise RuntimeError(f"counting {job.spec.name}'s generation graph failed ({outcome.status}): {outcome.message}")
+    return found[0]
+
+
 # Who is shown a preparation's phases (the CLI's progress line): a list, as suites prepare from several threads.
 _phase_listeners: list[Callable[[Phase], None]] = []
 
@@ -317,9 +338,14 @@ def prepare_isolated(job: PrepareJob, timeout_s: float) -> tuple[PreparedModel |
         else:
             found.append(item)
 
-    uses_torch = _prepare_needs_torch(job)
+    uses_torch = not job.spec.is_gguf_file and _prepare_needs_torch(job)
+    steps = prepare_steps
+    if job.spec.is_gguf_file:  # llama.cpp is a GGUF's tokenizer and reference: prepared with it
+        from harness.run.gguf_prepare import prepare_gguf_steps
+
+        steps = prepare_gguf_steps
     try:
-        outcome = run_isolated(prepare_steps, job, timeout_s, on_item, uses_torch=uses_torch, limit="--prepare-timeout")
+        outcome = run_isolated(steps, job, timeout_s, on_item, uses_torch=uses_torch, limit="--prepare-timeout")
     finally:  # a killed, crashed or interrupted export never ran its cleanup: its worker is gone now
         remove_stale_staging()
     return (found[0] if found else None), outcome

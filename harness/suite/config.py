@@ -51,6 +51,7 @@ modes = ["inference"]            # {", ".join(MODES)} (the browser: {", ".join(W
 # prompt_ids = [1, 2, 3]         # with "generate": the prompt as token ids (--prompt-ids)
 # stop_at_eos = true             # with "generate": stop at the model's EOS id (--stop-at-eos; default: EOS ignored)
 # no_ceilings = true             # measure no target's bandwidth and compute ceilings (--no-ceilings)
+# ceilings = "fresh"             # measure them again rather than reuse this machine's of the last day (--ceilings)
 
 # family -> models (`accelharness models` lists them; the -tiny variants build in seconds)
 [model_families]
@@ -123,6 +124,7 @@ class SuiteConfig:
     prompt_ids: list[int] | None = None  # --prompt-ids: the prompt as token ids
     stop_at_eos: bool = False  # --stop-at-eos: generations stop at the model's EOS id
     no_ceilings: bool = False  # --no-ceilings: no target's ceilings measured
+    ceilings: str = RunOptions.ceilings  # --ceilings: reuse a target's ceilings of the last day here, or fresh
     web_runtimes: list[str] = field(default_factory=lambda: [OWN_RUNTIME])  # page runtimes, each a target
     source: Path | None = None  # the file it came from, for messages
 
@@ -137,8 +139,8 @@ SECTIONS = {"hardware", "run"}  # TOML tables that only group keys; JSON may use
 OPTION_FIELDS: dict[type, tuple[str, ...]] = {
     RunOptions: ("batch_sizes", "sequence_lengths", "warmup", "iterations", "min_duration_s", "max_time_s",
                  "min_iterations", "timeout_s", "prepare_timeout_s", "precision", "profile", "modes", "new_tokens",
-                 "depths", "prompt", "chat", "prompt_ids", "stop_at_eos", "no_ceilings", "db_path", "output_dir",
-                 "machine_label"),
+                 "depths", "prompt", "chat", "prompt_ids", "stop_at_eos", "no_ceilings", "ceilings", "db_path",
+                 "output_dir", "machine_label"),
     BenchmarkRequest: ("hardware", "engines", "native_threads"),
     WebRequest: ("hardware", "runtimes", "browsers", "threads", "gpu"),
 }  # fmt: skip

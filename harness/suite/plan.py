@@ -132,6 +132,7 @@ def suite_requests(
         prompt_ids=config.prompt_ids,
         stop_at_eos=config.stop_at_eos,
         no_ceilings=config.no_ceilings,
+        ceilings=config.ceilings,
         db_path=config.db,
         output_dir=None,  # the suite writes its reports once, after both halves
     )

@@ -44,4 +44,5 @@ def run_suite(
         config.name,
         plan.resume_run_id,
         config.machine_label,
+        ceilings=[half.ceilings for half in (plan.native, plan.web) if half is not None],  # reused within a day
     )

@@ -6,7 +6,9 @@
 //   {"op": "load", "path", "threads", "contextCap"}
 //                                                    -> {"ok": true, "facts": {...}}
 //   {"op": "generate", "ids": [...], "newTokens": n, "eos": [...], "top": k}
-//                                -> {"t": id, "top": [[id, logit], ...] with k} as each token is chosen, then {"done": n}
+//                                -> {"t": id, "top": [[id, logit], ...], "lw": w with k} as each token is chosen, then
+//                                   {"done": n}; w: the step's sum of exp(logit - max logit), for log-probabilities
+//   {"op": "tokenize", "text"}                       -> {"ids": [...]} (llama.cpp's tokenizer, no BOS added)
 //   {"op": "echo"}                                   -> {"echo": true} (the pipe's own round trip, measured)
 // Any failure: {"error": "..."}; the process stays up for the next request.
 import { createInterface } from "node:readline";
@@ -84,6 +86,8 @@ async function load({ path, threads, contextCap }) {
         batch_size: context.batchSize,
         threads_ideal: context.idealThreads,
         threads_current: context.currentThreads,
+        bos: model.tokens.bos ?? null,
+        add_bos: model.tokens.shouldPrependBosToken,
     };
 }
 
@@ -97,7 +101,8 @@ async function generate({ ids, newTokens, eos, top }) {
     await sequence.clearHistory(); // a fresh KV cache: every generation starts from the prompt
     const stops = new Set(eos ?? []);
     // greedy (temperature 0: the argmax); with `top`, each step's top-`top` raw logits too (token checks)
-    const next = { token: true, ...(top ? { logits: { filter: { includeTop: top } } } : {}), options: { temperature: 0 } };
+    const logits = top ? { logits: { filter: { includeTop: top } }, totalLogitWeight: true } : {};
+    const next = { token: true, ...logits, options: { temperature: 0 } };
     let input = [...ids.slice(0, -1), [ids[ids.length - 1], { generateNext: next }]];
     let made = 0;
     while (made < newTokens) {
@@ -105,7 +110,10 @@ async function generate({ ids, newTokens, eos, top }) {
         const token = result?.next?.token;
         if (token == null) throw new Error("llama.cpp chose no token");
         const line = { t: token };
-        if (top) line.top = [...result.next.logits.entries()].sort((a, b) => b[1] - a[1]).slice(0, top);
+        if (top) {
+            line.top = [...result.next.logits.entries()].sort((a, b) => b[1] - a[1]).slice(0, top);
+            line.lw = result.next.totalLogitWeight ?? null;
+        }
         send(line);
         made += 1;
         if (stops.has(token)) break;
@@ -126,6 +134,7 @@ for await (const line of requests) {
             send({ ok: true, facts: llamaFacts() });
         } else if (request.op === "load") send({ ok: true, facts: await load(request) });
         else if (request.op === "generate") send(await generate(request));
+        else if (request.op === "tokenize") send({ ids: Array.from(model.tokenize(String(request.text))) });
         else send({ error: `unknown op ${JSON.stringify(request.op)}` });
     } catch (error) {
         send({ error: String(error?.stack ?? error).slice(0, 2000) });

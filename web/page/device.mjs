@@ -162,6 +162,7 @@ async function work(id) {
       await sleep(next.wait_s * 1000);
       continue;
     }
+    if (!next.job && next.more) continue; // a run that hands its jobs one at a time (ab): the server waited for one
     if (!next.job) {
       status(`Done: all ${next.progress.total} jobs of this device have their results. You can close this tab.`, 'done');
       return 'done';

@@ -296,3 +296,101 @@ export async function measureGeneration(ort, session, inputs, job, hooks, once =
     budget: { max_time_s: job.max_time_ms == null ? null : job.max_time_ms / 1000, warmup_run: 1, budget_stopped: loop_stopped },
   };
 }
+
+// One position's scores against the passage's next id: its negative log-likelihood, its argmax and, where the fp32
+// reference's log-probabilities are given (a row of them, renormalized here in doubles), KL(P_fp32 || P_row).
+function scorePosition(values, next, reference) {
+  const numbers = asNumbers(values);
+  let top = 0;
+  for (let i = 1; i < numbers.length; i++) if (numbers[i] > numbers[top]) top = i;
+  let sum = 0;
+  for (let i = 0; i < numbers.length; i++) sum += Math.exp(numbers[i] - numbers[top]);
+  const lse = numbers[top] + Math.log(sum);
+  const scored = { nll: lse - numbers[next], argmax: top, kl: null };
+  if (reference) {
+    if (reference.length !== numbers.length) throw new Error(`the fp32 reference is ${reference.length} wide, the logits ${numbers.length}`);
+    let peak = -Infinity;
+    for (let i = 0; i < reference.length; i++) peak = Math.max(peak, reference[i]);
+    let refSum = 0;
+    for (let i = 0; i < reference.length; i++) refSum += Math.exp(reference[i] - peak);
+    const refLse = peak + Math.log(refSum);
+    let kl = 0;
+    for (let i = 0; i < reference.length; i++) {
+      const p = reference[i] - refLse;
+      kl += Math.exp(p) * (p - (numbers[i] - lse));
+    }
+    scored.kl = kl;
+  }
+  return scored;
+}
+
+function disposeOutputs(out) {
+  for (const tensor of Object.values(out)) tensor.dispose();
+}
+
+// The perplexity passage (harness/prepare/perplexity.py), untimed after the timed loop: job.passage.ids forced from
+// an empty KV cache, batch 1, as native engines force them: one prefill where the graph returns every position's
+// logits, else the first id's prefill and one step per id (the harness's export returns the last position's only).
+// Returns each predicted position's NLL, argmax and KL beside the fp32 reference (served as float32 rows), and how;
+// or, where it must step and its first PROBE_STEPS steps' pace projects past the case's budget (job.max_time_ms),
+// what it skipped and why, as native engines stop (harness/prepare/perplexity.py StepBudget).
+const PROBE_STEPS = 4;
+
+export async function passageScores(ort, session, job, fetchBytes) {
+  const ids = job.passage.ids;
+  const length = ids.length;
+  const reference = job.passage.reference_url
+    ? new Float32Array((await fetchBytes(job.passage.reference_url)).buffer) : null;
+  const width = reference ? reference.length / (length - 1) : 0;
+  const referenceRow = (t) => (reference ? reference.subarray(t * width, (t + 1) * width) : null);
+  const [logitsName, ...presents] = session.outputNames;
+  const pasts = presents.map(pastOf);
+  const taken = new Set(session.inputNames);
+  const scores = { nll: [], argmax: [], kl: reference ? [] : null, method: 'prefill' };
+  const keep = (values, t) => {
+    const one = scorePosition(values, ids[t + 1], referenceRow(t));
+    scores.nll.push(one.nll);
+    scores.argmax.push(one.argmax);
+    if (reference) scores.kl.push(one.kl);
+  };
+  const feedsOf = (chunk, start, past) => {
+    const ones = new BigInt64Array(start + chunk.length).fill(1n);
+    const feeds = { input_ids: new ort.Tensor('int64', BigInt64Array.from(chunk, BigInt), [1, chunk.length]),
+      attention_mask: new ort.Tensor('int64', ones, [1, ones.length]), ...past };
+    if (taken.has('position_ids')) feeds.position_ids = positions(ort, ones, 1, ones.length, chunk.length);
+    if (taken.has('use_cache_branch')) feeds.use_cache_branch = branch(ort, start > 0);
+    return feeds;
+  };
+  let out = await session.run(feedsOf(ids, 0, emptyPast(ort, session, 1, job.past_shape)));
+  const whole = out[logitsName];
+  if (whole.dims[1] === length) {
+    const vocab = whole.dims[2];
+    const data = whole.data;
+    for (let t = 0; t < length - 1; t++) keep(data.subarray(t * vocab, (t + 1) * vocab), t);
+    disposeOutputs(out);
+    return scores;
+  }
+  disposeOutputs(out);
+  scores.method = 'steps';
+  const steps = length - 1;
+  const started = performance.now();
+  let feeds = feedsOf(ids.slice(0, 1), 0, emptyPast(ort, session, 1, job.past_shape));
+  for (let t = 0; t < steps; t++) {
+    out = await session.run(feeds);
+    keep(lastRow(out[logitsName], 0), t);
+    out[logitsName].dispose();
+    disposeAll(feeds, pasts);
+    const past = Object.fromEntries(presents.map((name, i) => [pasts[i], out[name]]));
+    const pace = (performance.now() - started) / (t + 1);
+    const over = t + 1 >= PROBE_STEPS && job.max_time_ms != null && pace * steps > job.max_time_ms;
+    if (t === steps - 1 || over) {
+      Object.values(past).forEach((tensor) => tensor.dispose());
+      if (over && t < steps - 1) {
+        return { skipped: { steps, step_ms: pace, estimate_ms: pace * steps, limit_ms: job.max_time_ms } };
+      }
+      break;
+    }
+    feeds = feedsOf(ids.slice(t + 1, t + 2), t + 1, past);
+  }
+  return scores;
+}

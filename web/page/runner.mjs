@@ -2,7 +2,7 @@
 // fixed when the runtime starts, so the harness opens a fresh page per (EP, threads) setting.
 // Everything timed is timed here with performance.now(); Python only sends jobs and reads answers.
 
-import { measureGeneration } from './generate.mjs';
+import { measureGeneration, passageScores } from './generate.mjs';
 import { seq2seqOnce } from './seq2seq.mjs';
 import { loopStop } from './stop.mjs';
 import { timerStep, wasmTierProbe } from './tier.mjs';
@@ -621,6 +621,12 @@ async function generateJob(job, rt, entry, feeds, facts) {
   const hooks = { fault: () => injectFault(job.fault), memory: pageMemory, loopMark };
   const once = job.seq2seq ? seq2seqOnce(ort, await seq2seqSessions(job, rt, entry), feeds, job) : null;
   const measured = await measureGeneration(ort, entry.session, feeds, job, hooks, once);
+  if (job.passage) { // the perplexity passage, untimed after the timed loop; its failure is the row's missing figure
+    const started = performance.now();
+    measured.generation.passage = await passageScores(ort, entry.session, job, fetchBytes)
+      .then((scores) => ({ ...scores, ms: performance.now() - started }))
+      .catch((e) => ({ error: errorText(e).slice(0, 500) }));
+  }
   Object.assign(facts, await runtimeFacts(job, rt), measured.budget, {
     fetch_ms: entry.fetch_ms,
     input_names: entry.session.inputNames,
