@@ -71,7 +71,12 @@ def check_torch_and_ort(results: list[dict], models: list[str]) -> None:
             assert ort_row["status"] in ("ok", "mismatch"), (model, ort_row["error"])
 
 
-@pytest.mark.parametrize("models", KIND_SUBSETS, ids=["next-t5-xclip", "whisper-llava-detr"])
+# the second subset is slow (70 s of exports): Whisper runs in CI through test_audio.py and test_seq2seq*.py
+@pytest.mark.parametrize(
+    "models",
+    [KIND_SUBSETS[0], pytest.param(KIND_SUBSETS[1], marks=pytest.mark.slow)],
+    ids=["next-t5-xclip", "whisper-llava-detr"],
+)
 def test_one_model_per_new_input_kind_runs_on_torch_and_onnxruntime(tmp_path: Path, models: list[str]) -> None:
     results = run_models(tmp_path, models, "--engines", "torch,onnxruntime")
     check_torch_and_ort(results, models)

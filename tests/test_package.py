@@ -289,6 +289,8 @@ def test_installed_wheel_helps_every_command_and_imports_every_module(
         run(installed / "accelharness", *name.split(), "--help", cwd=tmp_path, env=user_env)
 
 
+# slow: CI's installed-wheel checks are the wasm case and every command's --help; bundles round-trip in test_bundle*
+@pytest.mark.slow
 def test_installed_wheel_round_trips_a_bundle_outside_the_checkout(
     installed: Path, user_env: dict[str, str], tmp_path: Path
 ) -> None:

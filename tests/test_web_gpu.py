@@ -346,6 +346,8 @@ def _listening(pid: int) -> list[str]:
     return found
 
 
+# slow: CI's remote path is test_remote_browser_over_a_playwright_server (the same routes, 12 s, not 40 s)
+@pytest.mark.slow
 @needs_chromium
 def test_remote_browser_over_cdp_gets_everything_through_routing(
     remote_chromium: tuple[subprocess.Popen, str, str], tmp_path: Path
@@ -412,6 +414,8 @@ def test_remote_browser_over_cdp_gets_everything_through_routing(
         assert details["threads_effective"] == 2  # ORT's wasm worker threads load through the routes too
 
 
+# slow: a browser killed mid-run is CI's in test_serve.py (a served device) and test_firefox.py (a launched one)
+@pytest.mark.slow
 @needs_chromium
 def test_remote_browser_killed_mid_run_leaves_error_rows_and_a_finished_run(
     remote_chromium: tuple[subprocess.Popen, str, str], tmp_path: Path
