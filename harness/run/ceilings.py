@@ -52,6 +52,7 @@ CEILING_BUDGET_MS = 50.0
 # measured as it is. Moving on costs a load and its first runs, and here gave another figure, not a better one: on
 # this 2-core CPU, quiet, the 128 MiB bandwidth graph 16.0 GB/s against the 64 MiB one's 18.6, the 8.6 GFLOP MatMul
 # 329 GFLOP/s against 351 for 1.07 GFLOP. So a CPU and wasm keep the sizes every ceiling had before; a GPU grows.
+# (Below the reference size a graph still grows to the budget: a slow target's small runs are mostly fixed cost.)
 ENOUGH = 0.05
 # Budgets a run may take where the budget alone would shrink the graph: the bandwidth floor's (rather than fit a
 # cache), and the reference size's when the smallest size's rate predicts it (pessimistic: wasm's MatMulNBits ran
@@ -209,8 +210,8 @@ class Sizing:
     the bandwidth floor if it runs within SLACK budgets). The first probe runs the smallest size, whose rate (a
     graph inside a cache, or mostly a run's fixed cost) says little of a large one's: its jump goes no further
     than the reference size, and to it where that rate puts its run within SLACK budgets; probed in turn. A
-    probed size whose run takes ENOUGH of the budget, and no more, stays. Done once the choice is no larger than
-    the size just probed, or MAX_PROBES are spent; `index` is then the size to measure."""
+    probed size from the reference up whose run takes ENOUGH of the budget, and no more, stays. Done once the
+    choice is no larger than the size just probed, or MAX_PROBES are spent; `index` is then the size to measure."""
 
     calibration: Calibration
     budget_ms: float = field(default_factory=lambda: CEILING_BUDGET_MS)  # read when made (a test plants a budget)
@@ -231,8 +232,8 @@ class Sizing:
         if len(self.probes) == 1 and self.index < reference:
             near = self.calibration.sizes[reference].amount / max(per_ms, 1e-9) <= SLACK * self.budget_ms
             choice = reference if near or choice >= reference else choice
-        if ENOUGH * self.budget_ms <= ms <= self.budget_ms and self.index >= self.calibration.floor:
-            choice = self.index  # long enough, within the budget (and not inside a cache): measured as it is
+        if ENOUGH * self.budget_ms <= ms <= self.budget_ms and self.index >= reference:
+            choice = self.index  # long enough, within the budget, no smaller than before: measured as it is
             self.why = f"its probe ran {ENOUGH * self.budget_ms:g} ms to the budget: long enough as it is"
         self.done = choice <= self.index or len(self.probes) >= MAX_PROBES
         self.index = choice
