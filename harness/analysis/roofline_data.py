@@ -55,10 +55,11 @@ FROM results r JOIN runs u USING (run_id)
 WHERE r.status = 'ok' AND r.mode = ? AND r.variant IS NULL
 ORDER BY u.started_at, r.result_id
 """
+# a ceiling reused by later runs (harness.run.ceiling_reuse) is one measurement: counted once, where it was taken
 CEILINGS_SQL = """
 SELECT u.machine_id, any_value(u.machine_label) AS machine_label, c.hardware, c.engine, c.provider, c.device, c.kind,
        c.precision, list(c.value) AS values
-FROM ceilings c JOIN runs u USING (run_id) WHERE c.value > 0 GROUP BY ALL
+FROM ceilings c JOIN runs u USING (run_id) WHERE c.value > 0 AND c.reused_from IS NULL GROUP BY ALL
 """
 
 
