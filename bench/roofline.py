@@ -1,5 +1,6 @@
 """Decode against each target's measured bandwidth ceiling: a 135M-parameter Llama (SmolLM2-135M's config, random
-weights) in fp32 and q4, at KV-cache depths 0 and 512, natively (ONNX Runtime CPU) and in the page (wasm).
+weights) in fp32 and q4, at KV-cache depths 0 and 512, natively (ONNX Runtime CPU, and torch eager, whose ceilings
+are the same graphs run as torch ops; it runs no q4) and in the page (wasm).
 
 Writes the checkpoint from its config (no hub), then one `accelharness run` on it; prints each target's ceilings
 and, per precision and depth, tg tokens/s, the bytes a decode token reads (weights by type + KV cache), the
@@ -49,7 +50,7 @@ def main() -> None:
     parameters = write_checkpoint(checkpoint, SMOKE if args.smoke else SMOLLM2_135M)
     db = args.out / "roofline.duckdb"
     command = [sys.executable, "-m", "harness.cli", "run", "--model-path", str(checkpoint), "--mode", "generate",
-               "--hardware", "cpu", "--engines", "onnxruntime", "--web-hardware", "wasm", "--threads",
+               "--hardware", "cpu", "--engines", "onnxruntime,torch", "--web-hardware", "wasm", "--threads",
                str(args.threads), "--precision", "fp32,q4", "--depths", args.depths, "--batch-sizes", "1",
                "--sequence-lengths", "32", "--new-tokens", "16", "--iterations", "3", "--warmup", "1",
                "--min-duration", "0", "--timeout", "1800", "--db", str(db), "--output-dir", str(args.out)]  # fmt: skip
@@ -58,14 +59,15 @@ def main() -> None:
     shape = "a smoke Llama" if args.smoke else "SmolLM2-135M's config"
     print(f"{shape}, random weights: {parameters / 1e6:.2f} M parameters; b1, prompt 32, tg16")
     for row in connection.execute(
-        "SELECT hardware, provider, kind, precision, value, spread, error FROM ceilings ORDER BY hardware, kind"
+        "SELECT hardware, engine || ':' || provider, kind, precision, value, spread, error FROM ceilings "
+        "ORDER BY hardware, engine, kind"
     ).fetchall():
         hardware, provider, kind, cls, value, spread, error = row
         figure = f"{value:.2f} {'GB/s' if kind == 'bandwidth' else 'GFLOP/s'} (spread {spread:.0%})" if value else error
         print(f"  ceiling {hardware}/{provider} {kind} {cls}: {figure}")
     rows = connection.execute(
-        "SELECT hardware, provider, precision, depth, status, decode_tokens_per_s, bytes_per_token, achieved_gbps, "
-        "bandwidth_fraction, details FROM results ORDER BY hardware, precision, depth"
+        "SELECT hardware, engine || ':' || provider, precision, depth, status, decode_tokens_per_s, bytes_per_token, "
+        "achieved_gbps, bandwidth_fraction, details FROM results ORDER BY hardware, engine, precision, depth"
     ).fetchall()
     for hardware, provider, precision, depth, status, tg, moved, gbps, fraction, details in rows:
         weights = json.loads(details).get("weight_bytes", {})
@@ -75,7 +77,8 @@ def main() -> None:
             continue
         print(
             f"  {hardware}/{provider} {precision} tg16 @ d{depth}: {tg:.1f} tokens/s, {moved / 2**20:.1f} MiB/token "
-            f"({by_type}), {gbps:.2f} GB/s = {fraction:.1%} of the bandwidth ceiling"
+            f"({by_type}), {gbps:.2f} GB/s = "
+            + (f"{fraction:.1%} of the bandwidth ceiling" if fraction is not None else "no bandwidth ceiling")
         )
 
 

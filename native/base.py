@@ -38,6 +38,9 @@ class Capabilities:
     worker_needs_torch: bool = False  # its worker imports torch anyway: fork it from the torch fork server
     reads_machine_load: bool = False  # its load takes LoadRequest.others_busy_cpus (ORT: whether its pool spins)
     runs_gguf: bool = False  # loads the GGUF the prepare worker writes of the weights (LoadRequest.gguf_path)
+    # builds its own module of the weights (torch): its fp32 generations are checked against native ORT teacher-forced
+    # on the fp32 export with past of the same weights, where the run made one
+    checked_on_export: bool = False
 
     def plans(self, mode: str, has_past_export: bool) -> bool:
         """Whether a case of this mode is planned for a model (one with an export with past, or not)."""

@@ -6,6 +6,7 @@ transformers (0.5 s) are imported to look for a GPU and in the worker that loads
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -23,10 +24,10 @@ PRECISIONS = ("fp32", "auto", "fp16", "bf16", "int8")  # what native/torch_sessi
 
 class TorchBackend(DeviceByHardware):
     engine = "torch"
-    # builds the module itself; generates with transformers' generate(); trains (forward + backward + step)
-    capabilities = Capabilities(
-        modes=("inference", "generate", "training"), needs_onnx=False, runs_onnx_files=False, worker_needs_torch=True
-    )
+    # builds the module itself; generates with ORT's greedy loop over it (native/torch_greedy.py), checked against
+    # native ORT on the fp32 export; trains (forward + backward + step)
+    capabilities = Capabilities(modes=("inference", "generate", "training"), needs_onnx=False, runs_onnx_files=False,
+                                worker_needs_torch=True, checked_on_export=True)  # fmt: skip
 
     def targets(self) -> list[Target]:
         return [Target(hw, "torch", device) for hw, device in HARDWARE_DEVICES.items()]
@@ -70,6 +71,12 @@ class TorchBackend(DeviceByHardware):
         from harness.native.torch_session import load_session
 
         return load_session(request, target)
+
+    def load_calibration(self, path: Path, target: Target, threads: int | None = None) -> TorchSession:
+        """A ceiling's calibration graph (harness.run.ceilings) as torch ops: torch's rows held against torch's own."""
+        from harness.native.torch_ceilings import load_calibration_session
+
+        return load_calibration_session(path, target, threads)
 
     def load_control(self, weights: list[np.ndarray], target: Target, threads: int | None = None) -> TorchSession:
         from harness.native.torch_session import load_control_session

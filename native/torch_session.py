@@ -7,22 +7,22 @@ before the clock stops; CPU runs are synchronous already.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 import transformers
-from transformers import LogitsProcessor, LogitsProcessorList
 
 from harness.core.profiles import OpTime, Profile, timed_runs
 from harness.core.records import Target, UnsupportedError
 from harness.native.base import Clock, HostMemory, LoadRequest, thread_facts
+from harness.native.torch_greedy import DecoderGreedy, Loop, seq2seq_run
 from harness.prepare.workload import build_module, input_names
+
+STEP_TOP = "step_top"  # the facts' key of a case's first generation's top logits per step (taken off by the check)
 
 # Parameter and floating-input dtype per requested precision. int8 is dynamic quantization:
 # Linear weights in int8, activations quantized on the fly, everything else stays fp32.
@@ -49,19 +49,6 @@ class CudaEventClock(Clock):
         return float(self._begin.elapsed_time(self._end))
 
 
-class _Timestamp(LogitsProcessor):
-    """Calls stamp() once per generated token, after the device has produced its logits."""
-
-    def __init__(self, stamp: Callable[[], None], synchronize: Callable[[], None]) -> None:
-        self.stamp = stamp
-        self.synchronize = synchronize
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        self.synchronize()
-        self.stamp()
-        return scores
-
-
 class TorchSession(HostMemory):
     def __init__(self, module: torch.nn.Module, names: list[str], hardware: str, device: str, precision: str) -> None:
         self.module = module
@@ -71,6 +58,10 @@ class TorchSession(HostMemory):
         self.precision = "fp32" if precision == "auto" else precision
         self.clock = CudaEventClock() if self.device.type == "cuda" else Clock()
         self.generated: np.ndarray | None = None  # the last generate()'s token ids, stored on the row
+        self.fills_cache = True  # generate() takes a KV-cache depth (--depths), filled before begin()
+        self.encoder_ms: float | None = None  # an encoder–decoder's last encoder run
+        self._top_wanted = False  # a case's first generation keeps its top-k logits per step
+        self._greedy: DecoderGreedy | None = None
         self.facts: dict[str, Any] = {
             "torch_version": str(torch.__version__),  # a TorchVersion would import torch in the parent
             "transformers_version": transformers.__version__,
@@ -79,7 +70,15 @@ class TorchSession(HostMemory):
             "uses_nvidia_gpu": self.device.type == "cuda" and torch.version.hip is None,
         }
 
+    @property
+    def _decoder(self) -> DecoderGreedy:
+        if self._greedy is None:
+            self._greedy = DecoderGreedy(self.module.model, self.device)
+        return self._greedy
+
     def prepare(self, feeds: dict[str, np.ndarray]) -> tuple[torch.Tensor, ...]:
+        self._top_wanted = True  # a new case: its first generation (untimed) keeps each step's top-k logits
+        self.facts.pop(STEP_TOP, None)  # an earlier case's, never another row's
         tensors = []
         for name in self.names:
             tensor = torch.from_numpy(feeds[name]).to(self.device)
@@ -123,33 +122,32 @@ class TorchSession(HostMemory):
             torch.mps.synchronize()
 
     def generate(self, prepared: tuple[torch.Tensor, ...], new_tokens: int, stamp: Callable[[], None],
-                 eos: tuple[int, ...] = ()) -> int:  # fmt: skip
-        """Greedy generation of exactly new_tokens tokens; stamp() runs as each token's logits are
-        ready. min = max new tokens, so random weights cannot stop early at an EOS token; with `eos`
-        (--stop-at-eos) up to new_tokens, generate() stopping at those ids."""
+                 eos: tuple[int, ...] = (), depth: int = 0,
+                 begin: Callable[[], None] = lambda: None) -> int:  # fmt: skip
+        """Exactly new_tokens greedy tokens (up to them, ending once every row made an `eos` id, with --stop-at-eos)
+        by the loop native ORT runs (native/torch_greedy.py), after a KV cache filled to `depth` (then begin() runs:
+        what is timed starts there); stamp() runs as each token's logits are ready (the device synchronised). The
+        case's first generation keeps each step's top-k logits (facts' step_top), checked against native ORT's."""
         model = self.module.model
         if not hasattr(model, "generate") or not model.can_generate():
             raise UnsupportedError(f"{type(model).__name__} is not a generative model")
-        # decoder_* inputs are for single-pass inference; generate() builds the decoder's own.
+        # decoder_* inputs are for single-pass inference; the loop feeds the decoder its own tokens
         inputs = {n: t for n, t in zip(self.names, prepared, strict=True) if not n.startswith("decoder_")}
-        prompt = inputs.get("input_ids")
-        with torch.inference_mode(), self._encoder_timed(model):
-            output = model.generate(
-                **inputs,
-                max_new_tokens=new_tokens,
-                min_new_tokens=1 if eos else new_tokens,
-                **({"eos_token_id": list(eos)} if eos else {}),
-                do_sample=False,
-                use_cache=True,
-                logits_processor=LogitsProcessorList([_Timestamp(stamp, self.synchronize)]),
-                pad_token_id=model.generation_config.pad_token_id or model.generation_config.eos_token_id or 0,
-            )
-        is_decoder_only = prompt is not None and not model.config.is_encoder_decoder
-        # an encoder-decoder's output leads with its decoder prompt (T5: the start token; Whisper's generate()
-        # strips it): exactly new_tokens were generated (min = max), so the prompt is what comes before them
-        start = prompt.shape[-1] if is_decoder_only else max(output.shape[-1] - new_tokens, 0)
-        self.generated = output[:, start:].cpu().numpy()  # the token ids, stored on the row
-        return output.shape[-1] - start
+        loop = Loop(stamp, begin, self.synchronize, eos, want_top=self._top_wanted)
+        with torch.inference_mode():
+            if getattr(model.config, "is_encoder_decoder", False):
+                if depth:
+                    raise UnsupportedError("encoder–decoder generation starts from an empty decoder cache: no "
+                                           "--depths above 0 (as ONNX Runtime's loop)")  # fmt: skip
+                seq2seq_run(model, inputs, new_tokens, loop)
+            else:
+                self._decoder.run(inputs, new_tokens, loop, depth)
+        self.encoder_ms = loop.encoder_ms
+        self.generated = loop.result()  # the token ids, stored on the row
+        if (top := loop.step_top()) is not None:
+            self._top_wanted = False
+            self.facts[STEP_TOP] = top
+        return self.generated.shape[1]
 
     def forced_logits(self, ids: tuple[int, ...], budget: Any = None) -> np.ndarray:
         """The model's logits [len(ids)-1, vocab] predicting ids[1:], `ids` forced in one forward pass (batch 1), as
@@ -162,33 +160,6 @@ class TorchSession(HostMemory):
             logits = model(input_ids=torch.tensor([ids], dtype=torch.long, device=self.device)).logits
         self.forced_method = "one forward pass"
         return logits[0, :-1].float().cpu().numpy()
-
-    @contextlib.contextmanager
-    def _encoder_timed(self, model: Any) -> Iterator[None]:
-        """encoder_ms: an encoder–decoder's encoder run inside generate() (hooks on its encoder module, from its
-        first input to its output, the device synchronized), as ORT's and the page's rows time their encoder
-        run; None for a decoder-only model."""
-        self.encoder_ms: float | None = None
-        encoder = model.get_encoder() if getattr(model.config, "is_encoder_decoder", False) else None
-        if encoder is None:
-            yield
-            return
-        started: list[int] = []
-
-        def before(*_: Any) -> None:
-            started.append(time.perf_counter_ns())
-
-        def after(*_: Any) -> None:
-            self.synchronize()
-            if self.encoder_ms is None and started:  # generate() runs the encoder once; the first run counts
-                self.encoder_ms = (time.perf_counter_ns() - started[0]) / 1e6
-
-        hooks = [encoder.register_forward_pre_hook(before), encoder.register_forward_hook(after)]
-        try:
-            yield
-        finally:
-            for hook in hooks:
-                hook.remove()
 
     def prepare_training(self, feeds: dict[str, np.ndarray]) -> tuple[torch.Tensor, ...]:
         self.module.train()

@@ -184,9 +184,11 @@ def test_each_audio_length_is_a_case_with_its_length_and_real_time_factor(rows: 
         assert row["status"] == "ok", row["error"]
         if engine == "onnxruntime-web":  # the page's tokens and prefill logits: native ORT's on the case's features
             assert details["token_parity"].startswith("all 4 tokens"), details["token_parity"]
-        # issue 45: a built-in spec has no tokenizer, so no text and no WER, and the row says why (a folder's rows
-        # have both: test_seq2seq_folders.py::test_a_transformers_js_whisper_folder_runs_…)
-        assert details["wer"] is None and details["wer_not_measured"].startswith("no decoded text")
+        # issue 45: the built-in spec's own word-level tokenizer (harness.prepare.spec_tokenizer) makes every row's
+        # tokens text, and the text a WER against the passage; equal tokens, equal WER (the planted row: below)
+        assert isinstance(details["wer"], float) and row["output_text"] and details["tokenizer"].startswith("built in")
+        assert details["wer_words"].startswith("the reference's first ") and "wer_not_measured" not in details
+    assert rows["onnxruntime-web", 30]["details"]["wer"] == rows["onnxruntime", 30]["details"]["wer"]
 
 
 def test_word_error_rate_counts_a_planted_word_against_the_passage() -> None:
@@ -202,10 +204,49 @@ def test_word_error_rate_counts_a_planted_word_against_the_passage() -> None:
     assert found.deletions == found.insertions == 0 and found.total == len(normalizer(None)[0](PASSAGE).split())
     said = word_errors("I counted 30 colours.", "i counted thirty colours", normalizer(None)[0])
     assert said is not None and said.wer == 0.0  # numbers as Whisper's normalizer writes them
+    silent = word_errors(PASSAGE, "<|startoftranscript|> <|endoftext|>", normalizer(None)[0])  # only special tokens
+    assert silent is not None and (silent.wer, silent.deletions, silent.hypothesis) == (1.0, 1, "")
     facts = wer_fields([" ".join(words)], speech_reference("espeak", None, None), None)
     assert facts["wer"] == 0.0 and facts["wer_reference"] == ESPEAK_REFERENCE and "wer_batch_rows" not in facts
     assert wer_fields(["x"], speech_reference("noise", None, None), None)["wer_not_measured"].startswith("the input")
     assert wer_fields(None, Reference("a b", "t"), None)["wer_not_measured"].startswith("no decoded text")
+
+
+def test_a_rows_wer_beside_native_orts_says_whether_the_tokens_differ() -> None:
+    """The report's WER cell: native ORT's own; another row's "= native ORT" where equal, else native ORT's figure
+    and whether the tokens differ (the planted row: one token changed, its WER too)."""
+    from harness.report.generation import wer_text
+
+    case = {"model": "m", "batch_size": 1, "seq_len": 8, "precision": "fp32", "mode": "generate", "new_tokens": 4,
+            "depth": 0, "audio_seconds": None}  # fmt: skip
+    native = case | {"engine": "onnxruntime", "provider": "CPUExecutionProvider", "generated_tokens": "[[1, 2]]",
+                     "details": {"wer": 0.5}}  # fmt: skip
+    same = case | {"engine": "torch", "provider": None, "generated_tokens": "[[1, 2]]", "details": {"wer": 0.5}}
+    planted = same | {"generated_tokens": "[[1, 3]]", "details": {"wer": 1.0}}
+    assert wer_text(native, [native, same]) == "0.500" and wer_text(same, [native, same]) == "0.500 (= native ORT)"
+    assert wer_text(planted, [native, planted]) == "1.000 (native ORT 0.500: tokens differ)"
+
+
+def test_a_built_in_specs_tokenizer_is_made_offline_from_its_vocabulary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """whisper-tiny's toml names the passage-words tokenizer: its config's ids are Whisper's special tokens, every
+    id below vocab_size one token, made in the cache with no hub; a toml naming another is refused."""
+    from harness.prepare.prompts import decode
+    from harness.prepare.spec_tokenizer import spec_tokenizer, vocabulary
+    from harness.prepare.specs import SpecError, parse_spec_file, select_specs
+
+    monkeypatch.setenv("ACCELHARNESS_CACHE_DIR", str(tmp_path))
+    (spec,) = select_specs(["whisper-tiny"], None, False)
+    tokens = vocabulary(spec.config["vocab_size"], spec.config)
+    assert len(tokens) == len(set(tokens)) == 1000 and tokens[:4] == ["<|endoftext|>", "<|startoftranscript|>",
+                                                                    "the", "harness"]  # fmt: skip
+    folder = spec_tokenizer(spec)
+    assert folder is not None and folder.is_relative_to(tmp_path)  # the cache
+    assert decode(folder, [[1, 2, 3, 999, 0]]) == [f"<|startoftranscript|> the harness {tokens[999]} <|endoftext|>"]
+    toml = Path("models/whisper.toml").read_text().replace('"passage-words"', '"gpt2"')
+    with pytest.raises(SpecError, match="tokenizer 'gpt2' is not one of passage-words"):
+        parse_spec_file(Path("whisper.toml"), toml)
 
 
 def test_a_transcript_is_the_reference_of_a_given_wav(tmp_path: Path) -> None:

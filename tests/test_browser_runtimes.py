@@ -68,7 +68,9 @@ def test_every_runtime_is_timed_threads_read_back_and_tokens_checked(side_by_sid
             assert details["step_logit_max_diff"] <= details["step_logit_tolerance"][0]  # the top-k compared too
             if runtime != "onnxruntime-web":  # the version the page read, of the package served
                 assert details["page_runtime_version"] in runtime_dist.versions(runtime).values()
-    assert rows["wasm", "transformers.js", "wasm:threads=1"]["details"]["runtime"]["ort_web_version"]
+    tjs = rows["wasm", "transformers.js", "wasm:threads=1"]["details"]
+    assert tjs["runtime"]["ort_web_version"] and tjs["runtime"]["pipeline"] == "text-generation"
+    assert tjs["runtime"]["prompt"]["pipeline_ids_equal"] is True and tjs["tokenizer_served"].startswith("synthetic")
     assert rows["wasm", "llama.cpp", "wasm:threads=1"]["details"]["model_file"].endswith(".gguf")
 
 

@@ -27,7 +27,7 @@ from harness.core.records import Case
 from harness.native.llamacpp_backend import NODE_MODULES
 from harness.prepare.gguf_export import write_gguf
 from harness.prepare.gguf_file import ARCHITECTURES, GgufError, read_gguf
-from harness.prepare.gguf_model import STEP_TOLERANCES, token_check
+from harness.prepare.gguf_model import QUANTIZED_GAP, STEP_TOLERANCES, token_check
 from harness.prepare.prepared import PreparedModel
 from harness.prepare.specs import load_specs, spec_from_path
 from harness.web import runtime_dist
@@ -213,6 +213,56 @@ def test_the_check_fails_on_another_token_or_logit(tmp_path: Path) -> None:
     assert agree is False and "beyond it at step 0" in facts["token_parity"]
     fp32 = Case(1, 8, "fp32", "generate", 3)  # a float file's: 1e-4 + 1e-3 x 5
     assert token_check(prepared, fp32, [[4, 4, 9]], StepTop(top.ids, top.values + 6e-3))[0] is False
+
+
+def _near_tie_reference(tmp_path: Path, second: float) -> PreparedModel:
+    """A reference of tokens [4, 4, 9] whose step 1 has 7 `second` below its top-1 (4)."""
+    tmp_path.mkdir()
+    prepared = _prepared_with_reference(tmp_path, [4, 4, 9])
+    file = prepared.generation_files[((1, 8), 3, 0)]
+    with np.load(file) as data:
+        arrays = dict(data)
+    arrays["top_logits"][1] = [5.0, 5.0 - second, 1.0]
+    np.savez(file, **arrays)
+    return prepared
+
+
+def test_a_divergence_at_a_near_tie_is_excused_and_beyond_it_is_a_mismatch(tmp_path: Path) -> None:
+    """The rule native ORT's same-graph rows have, for llama.cpp: a row that leaves the reference's tokens where the
+    reference's top-1 is less than the gap tolerance above its logit of the row's token agrees up to there; planted,
+    the same divergence at a margin just past the tolerance (q4: QUANTIZED_GAP, measured), or at a token outside the
+    reference's top-k, is a mismatch. A float file's tolerance is twice its step tolerance."""
+    q4, fp32 = Case(1, 8, "q4", "generate", 3), Case(1, 8, "fp32", "generate", 3)
+    near = _near_tie_reference(tmp_path / "near", QUANTIZED_GAP * 0.9)
+    agree, facts = token_check(near, q4, [[4, 7, 9]])
+    assert agree is True and facts["near_tie"] is True and facts["first_divergence"] == 1
+    assert facts["token_parity"].startswith("ok: 1 of 3 tokens") and "not compared" in facts["token_parity"]
+    far = _near_tie_reference(tmp_path / "far", QUANTIZED_GAP * 1.1)
+    agree, facts = token_check(far, q4, [[4, 7, 9]])
+    assert agree is False and facts["near_tie"] is False and facts["reference_gap"] > facts["gap_tolerance"]
+    assert token_check(near, q4, [[4, 6, 9]])[0] is False  # 6: not among the reference's top-k
+    atol, rtol = STEP_TOLERANCES["float"]
+    limit = 2 * (atol + rtol * 5.0)
+    assert token_check(_near_tie_reference(tmp_path / "f1", limit * 0.9), fp32, [[4, 7, 9]])[0] is True
+    assert token_check(_near_tie_reference(tmp_path / "f2", limit * 1.1), fp32, [[4, 7, 9]])[0] is False
+
+
+def test_the_margins_a_row_holds_are_compared(tmp_path: Path) -> None:
+    """step_margin_max_diff, the figure QUANTIZED_GAP is measured by: the row's top-1/top-2 margin against the
+    reference's at each step both hold, logits or log-probabilities alike."""
+    prepared = _prepared_with_reference(tmp_path, [4, 4, 9])
+    top = StepTop(np.asarray([[[4, 7, 8]] * 3]), np.asarray([[[-0.1, -2.3, -4.0]] * 3]))  # margin 2.2 vs 2.0
+    agree, facts = token_check(prepared, Case(1, 8, "q4", "generate", 3), [[4, 4, 9]], top, log_probs=True)
+    assert agree is True and facts["step_margins_compared"] == 2  # step 2: the row holds no 9
+    assert facts["step_margin_max_diff"] == pytest.approx(0.2)
+
+
+def test_predict_says_a_gguf_has_no_graph_to_count(gguf: Path, tmp_path: Path) -> None:
+    db = tmp_path / "p.duckdb"
+    done = run_cli("predict", "--mode", "generate", "--model-path", str(gguf), "--db", str(db))
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 2 and "a GGUF file has no ONNX graph" in said and "Measure it instead" in said
+    assert "Traceback" not in done.stderr and not db.exists()
 
 
 @pytest.fixture(scope="module")

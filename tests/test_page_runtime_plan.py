@@ -6,6 +6,7 @@ is an `unsupported` row with its own reason before any browser starts."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pytest
@@ -176,3 +177,147 @@ def test_transformers_js_copy_feeds_its_empty_cache_at_the_prompts_batch(tmp_pat
     assert present.shape == (1, 2, 3, 4)
     with pytest.raises(Exception, match="Reshape"):  # the export's own name, `batch`, resolved to 0 as before
         session.run(None, {"hidden": hidden, "past_key_values.0.key": np.zeros((0, 2, 0, 4), np.float32)})
+
+
+def test_one_tarball_extraction_names_the_file_a_package_lacks(tmp_path: Path) -> None:
+    """web/ort_dist.extract, the one reader of an npm tarball both the page's ORT and the runtimes' files are staged
+    with: the paths asked for, written; the first one missing named (planted: a path the tarball lacks)."""
+    import io
+    import tarfile
+
+    from harness.web.ort_dist import extract
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        data = b"export {};"
+        info = tarfile.TarInfo("package/dist/a.mjs")
+        info.size = len(data)
+        archive.addfile(info, io.BytesIO(data))
+    assert extract(buffer.getvalue(), {"dist/a.mjs": tmp_path / "x" / "a.mjs"}) is None
+    assert (tmp_path / "x" / "a.mjs").read_bytes() == b"export {};"
+    assert (
+        extract(buffer.getvalue(), {"dist/a.mjs": tmp_path / "a.mjs", "dist/b.wasm": tmp_path / "b"}) == "dist/b.wasm"
+    )
+
+
+def mlc_folder(root: Path) -> Path:
+    """A WebLLM folder of the right shape (harness.prepare.mlc_folder): its configs, one params shard of the bytes
+    its record states, a tokenizer file, and a model library that is no wasm (none can be compiled here)."""
+    import json
+
+    folder = root / "mlc"
+    folder.mkdir()
+    config = {"model_type": "llama", "quantization": "q4f32_1", "vocab_size": 1000, "context_window_size": 256,
+              "tokenizer_files": ["tokenizer.json"]}  # fmt: skip
+    (folder / "mlc-chat-config.json").write_text(json.dumps(config))
+    (folder / "tokenizer.json").write_text("{}")
+    (folder / "params_shard_0.bin").write_bytes(b"\0" * 64)
+    records = [{"dataPath": "params_shard_0.bin", "format": "raw-shard", "nbytes": 64, "records": []}]
+    (folder / "tensor-cache.json").write_text(json.dumps({"metadata": {}, "records": records}))
+    (folder / "tiny-webgpu.wasm").write_bytes(b"not wasm")
+    return folder
+
+
+def test_a_webllm_folder_is_read_as_data_and_served_as_webllm_fetches_it(tmp_path: Path) -> None:
+    from harness.prepare.mlc_folder import read_mlc_folder
+
+    mlc = read_mlc_folder(mlc_folder(tmp_path))
+    assert mlc.library == "tiny-webgpu.wasm" and mlc.facts["mlc_shards"] == 1 and mlc.facts["mlc_weight_bytes"] == 64
+    assert set(mlc.files) == {
+        "mlc/mlc-chat-config.json",
+        "mlc/tensor-cache.json",
+        "mlc/tokenizer.json",
+        "mlc/params_shard_0.bin",
+        "tiny-webgpu.wasm",
+    }
+
+
+def _hostile(folder: Path, how: str) -> None:
+    import json
+    import os
+
+    cache = folder / "tensor-cache.json"
+    records = json.loads(cache.read_text())
+    if how == "no chat config":
+        (folder / "mlc-chat-config.json").unlink()
+    elif how == "a FIFO as its chat config":
+        (folder / "mlc-chat-config.json").unlink()
+        os.mkfifo(folder / "mlc-chat-config.json")
+    elif how == "a shard outside":
+        records["records"][0]["dataPath"] = "../outside.bin"
+        (folder.parent / "outside.bin").write_bytes(b"\0" * 64)
+    elif how == "a shard linked outside":
+        (folder.parent / "elsewhere.bin").write_bytes(b"\0" * 64)
+        (folder / "params_shard_0.bin").unlink()
+        (folder / "params_shard_0.bin").symlink_to(folder.parent / "elsewhere.bin")
+    elif how == "a shard whose record lies":
+        records["records"][0]["nbytes"] = 10**6
+    elif how == "too many shards":
+        records["records"] = records["records"] * 70_000
+    elif how == "two libraries":
+        (folder / "other-webgpu.wasm").write_bytes(b"x")
+    elif how == "no library":
+        (folder / "tiny-webgpu.wasm").unlink()
+    elif how == "a tokenizer file outside":
+        config = json.loads((folder / "mlc-chat-config.json").read_text())
+        (folder / "mlc-chat-config.json").write_text(json.dumps(config | {"tokenizer_files": ["/etc/passwd"]}))
+    elif how == "a vocabulary too large":
+        config = json.loads((folder / "mlc-chat-config.json").read_text())
+        (folder / "mlc-chat-config.json").write_text(json.dumps(config | {"vocab_size": 10**12}))
+    cache.write_text(json.dumps(records))
+
+
+@pytest.mark.parametrize(("how", "says"), [
+    ("no chat config", "no mlc-chat-config.json"),
+    ("a FIFO as its chat config", "is a FIFO, not a regular file"),
+    ("a shard outside", "outside the model folder"),
+    ("a shard linked outside", "outside the model folder"),
+    ("a shard whose record lies", "states 1,000,000 bytes; params_shard_0.bin holds 64"),
+    ("too many shards", "must be a list of 1 to 65,536 shards"),
+    ("two libraries", "2 .wasm files at its top"),
+    ("no library", "0 .wasm files at its top (none)"),
+    ("a tokenizer file outside", "outside the model folder"),
+    ("a vocabulary too large", "vocab_size must be a whole number from 1 to"),
+])  # fmt: skip
+def test_a_hostile_webllm_folder_is_refused_saying_what_to_supply(tmp_path: Path, how: str, says: str) -> None:
+    from harness.prepare.folder_checks import FolderError
+    from harness.prepare.mlc_folder import read_mlc_folder
+
+    folder = mlc_folder(tmp_path)
+    _hostile(folder, how)
+    with pytest.raises(FolderError) as refused:
+        read_mlc_folder(folder)
+    assert says in " ".join(str(refused.value).split())
+
+
+def test_webllm_model_is_checked_before_a_run_exists(tmp_path: Path) -> None:
+    """--webllm-model with a folder that lacks its library, or without the webllm runtime: exit 2, nothing written."""
+    folder = mlc_folder(tmp_path)
+    (folder / "tiny-webgpu.wasm").unlink()
+    db = tmp_path / "w.duckdb"
+    done = run_cli("web", "--mode", "generate", "--model", "llama-tiny", "--hardware", "webgpu", "--runtimes",
+                   "webllm", "--webllm-model", str(folder), "--db", str(db))  # fmt: skip
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 2 and "0 .wasm files" in said and "TVM-compiled model library" in said
+    assert "Traceback" not in done.stderr and not db.exists()
+    done = run_cli("run", "--mode", "generate", "--model", "llama-tiny", "--web-hardware", "webgpu",
+                   "--webllm-model", str(folder), "--db", str(db))  # fmt: skip
+    assert done.returncode == 2 and "add webllm to the runtimes" in " ".join(done.stderr.split()) and not db.exists()
+
+
+def test_a_webllm_case_is_refused_without_its_folder_and_served_it_with_one(tmp_path: Path) -> None:
+    """runtime_refusal: no folder, the row names what to supply; with one, a webgpu generate case runs (wasm is
+    refused by the table); runtime_files serves exactly the checked folder, the library as the job's model."""
+    from types import SimpleNamespace
+
+    from harness.browser.runtimes import runtime_files, runtime_refusal
+    from harness.prepare.mlc_folder import read_mlc_folder
+
+    folder = mlc_folder(tmp_path)
+    prepared: Any = SimpleNamespace(spec=SimpleNamespace(is_gguf_file=False, is_encoder_decoder=False))
+    case = Case(1, 8, "fp32", "generate", 4)
+    assert "--webllm-model DIR" in (runtime_refusal(prepared, "webllm", "webgpu", case) or "")
+    assert runtime_refusal(prepared, "webllm", "webgpu", case, folder) is None
+    assert "webgpu" in (runtime_refusal(prepared, "webllm", "wasm", case, folder) or "")
+    served, main = runtime_files(prepared, "webllm", case, tmp_path / "unused.onnx", folder)
+    assert main == "tiny-webgpu.wasm" and served == read_mlc_folder(folder).files

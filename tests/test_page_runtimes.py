@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from test_web import web_cache  # noqa: F401 (the session's export cache)
 
+from harness.browser.runtime_tokenizer import synthetic, tokenizer_files
 from harness.web import driver, runtime_dist
 from harness.web.flags import gpu_profile, launch_flags
 from harness.web.page_job import GenerateJob, PageInput, PageJob, StopRule
@@ -128,6 +129,9 @@ def llama_tiny(web_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     transformers_js_names(model.graph)
     (folder / "onnx").mkdir()
     onnx.save(model, folder / "onnx" / "model.onnx")
+    tokenizer, _ = tokenizer_files([], dict(spec.config))  # the synthetic vocabulary's, as the harness serves it
+    for name, data in tokenizer.items():
+        (folder / name).write_bytes(data)
     ids = np.random.default_rng(1).integers(3, spec.config["vocab_size"], size=(1, 8)).astype(np.int64)
     inputs = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
     native = reference_generation(prepared.onnx_past_path, inputs, NEW_TOKENS)
@@ -135,7 +139,7 @@ def llama_tiny(web_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
 
 
 def page_answer(runtime: str, files: dict[str, Path | bytes], main: str, ids: np.ndarray, vocab: int,
-                dtype: str | None = None) -> dict[str, Any]:  # fmt: skip
+                dtype: str | None = None, ep: str = "wasm", folder: bool = False) -> dict[str, Any]:  # fmt: skip
     """The validated answer of one generate job on `runtime` (1 thread) and every URL the browser asked for; with a
     dtype, the job's files are a transformers.js folder (runtime_model_base)."""
     from playwright.async_api import async_playwright
@@ -150,13 +154,12 @@ def page_answer(runtime: str, files: dict[str, Path | bytes], main: str, ids: np
             urls = server.set_job_files({**files, **prompt})
             inputs = [PageInput(name, urls[f"{file}.bin"], "int64", list(ids.shape))
                       for name, file in (("input_ids", "ids"), ("attention_mask", "mask"))]  # fmt: skip
-            folder = {"runtime_model_base": f"{server.base_url}job/", "runtime_dtype": dtype} if dtype else {}
+            base = {"runtime_model_base": f"{server.base_url}job/"} if dtype or folder else {}
+            base |= {"runtime_dtype": dtype} if dtype else {}
             generate = GenerateJob(new_tokens=NEW_TOKENS, vocab_size=vocab, top_k=TOP_K)
-            job = PageJob(urls[main], inputs, "wasm", 1, STOP, "b1_s8", generate=generate, runtime=runtime, **folder)
+            job = PageJob(urls[main], inputs, ep, 1, STOP, "b1_s8", generate=generate, runtime=runtime, **base)
             async with async_playwright() as playwright:
-                source = driver.LocalBrowser(
-                    driver.resolve_browser("chromium"), launch_flags(["wasm"], gpu_profile("off"))
-                )
+                source = driver.LocalBrowser(driver.resolve_browser("chromium"), launch_flags([ep], gpu_profile("off")))
                 session = driver.BrowserSession(playwright, source, server)
                 requested: list[str] = []
                 try:
@@ -213,16 +216,47 @@ def test_wllama_generates_on_a_gguf_with_one_thread_read_back(tmp_path: Path) ->
     assert runtime["llama_cpp_timings"]["prompt_n"] == len(GGUF_PROMPT)  # the spelled prompt's ids, recounted
     assert answer["generation"]["prefill_logits"] is None  # wllama 3.x gives no prefill logits
     assert all(len(values) == TOP_K and values[0] <= 0 for values in answer["generation"]["step_top"]["values"][0])
+    assert runtime["n_gpu_layers"] == 0 and runtime["offload"]["weight_buffers"] == ["CPU"]  # read back: CPU only
     print(f"llama.cpp decode {decode_rate(answer):.0f} tokens/s")
 
 
-def test_transformers_js_generates_native_ort_tokens(llama_tiny: dict[str, Any]) -> None:
-    folder = llama_tiny["folder"]
-    files = {"config.json": folder / "config.json", "onnx/model.onnx": folder / "onnx" / "model.onnx"}
-    ran = page_answer("transformers.js", files, "onnx/model.onnx", llama_tiny["ids"], 1000, dtype="fp32")
+def test_wllama_on_webgpu_is_a_webgpu_row_only_where_llama_cpp_offloaded_layers(tmp_path: Path) -> None:
+    """wllama 3.8.1's build carries ggml-webgpu. What ran is read back from llama.cpp's load log: on SwiftShader (no
+    shader-f16) no layer is offloaded and llama.cpp would run on the CPU without an error, so the row is `unsupported`
+    saying so, the adapter named; on an adapter where layers were offloaded, an ok row says how many."""
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
+    ran = page_answer("llama.cpp", {"tiny.gguf": gguf}, "tiny.gguf", np.asarray([GGUF_PROMPT], np.int64),
+                      len(GGUF_TOKENS), ep="webgpu")  # fmt: skip
+    answer = ran["answer"]
+    runtime = answer["facts"]["runtime"]
+    assert runtime["backend"] == "webgpu" and runtime["n_gpu_layers"] == 99999
+    if answer["status"] == "unsupported" and runtime.get("adapter") is None:  # no WebGPU adapter in this browser
+        assert "WebGPU" in answer["error"]
+        return
+    offload = runtime["offload"]
+    if answer["status"] == "ok":
+        assert offload["layers_offloaded"] > 0 and offload["weight_buffers"] != ["CPU"]
+        return
+    assert answer["status"] == "unsupported", answer.get("error")
+    assert "offloaded no layer" in answer["error"] and runtime["adapter"]["description"] in answer["error"]
+    assert offload == {"layers_offloaded": None, "layers_total": None, "weight_buffers": ["CPU"]}
+    if not runtime["adapter"]["shader_f16"]:
+        assert "no shader-f16" in answer["error"]
+
+
+def tjs_files(folder: Path, tokenizer: dict[str, bytes] | None = None) -> dict[str, Path | bytes]:
+    names = ("config.json", "onnx/model.onnx", "tokenizer.json", "tokenizer_config.json")
+    return {name: folder / name for name in names} | (tokenizer or {})
+
+
+def test_transformers_js_pipeline_generates_native_ort_tokens(llama_tiny: dict[str, Any]) -> None:
+    ran = page_answer("transformers.js", tjs_files(llama_tiny["folder"]), "onnx/model.onnx", llama_tiny["ids"], 1000,
+                      dtype="fp32")  # fmt: skip
     answer = check_answer(ran, "transformers.js")
     assert answer["generation"]["tokens"] == llama_tiny["native"]
     runtime = answer["facts"]["runtime"]
+    assert runtime["pipeline"] == "text-generation" and runtime["version"] == "4.3.1"
+    assert runtime["prompt"]["pipeline_ids_equal"] is True and runtime["prompt"]["route"].startswith("text")
     assert runtime["model_format"] == "onnx" and runtime["ort_web_version"].startswith("1.31.0-dev")
     assert runtime["ort_web_version"] == runtime_dist.versions("transformers.js")["onnxruntime-web"]
     assert sorted(runtime["wasm_files"]) == [
@@ -232,6 +266,31 @@ def test_transformers_js_generates_native_ort_tokens(llama_tiny: dict[str, Any])
     logits = answer["generation"]["prefill_logits"]
     assert logits["dims"] == [1, 1, 1000] and len(logits["values"]) == 1000
     print(f"transformers.js decode {decode_rate(answer):.0f} tokens/s")
+
+
+def test_a_pipeline_tokenizer_with_other_ids_is_said_and_the_ids_run(llama_tiny: dict[str, Any]) -> None:
+    """Planted: a tokenizer that adds a BOS the prompt lacks (tokenizer_config's add_bos_token and a template that
+    prepends <s>): the page says the pipeline's ids differ from the first position, and generates on the prompt ids
+    through the pipeline's model: native ORT's tokens."""
+    tokenizer = synthetic(1000, 1, 2)
+    vocab = json.loads(tokenizer["tokenizer.json"])
+    bos = {"SpecialToken": {"id": "<s>", "type_id": 0}}
+    vocab["post_processor"] = {"type": "TemplateProcessing", "single": [bos, {"Sequence": {"id": "A", "type_id": 0}}],
+                               "pair": [bos, {"Sequence": {"id": "A", "type_id": 0}},
+                                        {"Sequence": {"id": "B", "type_id": 1}}],
+                               "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}}  # fmt: skip
+    tokenizer["tokenizer.json"] = json.dumps(vocab).encode()
+    tokenizer["tokenizer_config.json"] = json.dumps(
+        json.loads(tokenizer["tokenizer_config.json"]) | {"add_bos_token": True}
+    ).encode()
+    ids = llama_tiny["ids"]
+    ran = page_answer("transformers.js", tjs_files(llama_tiny["folder"], tokenizer), "onnx/model.onnx", ids, 1000,
+                      dtype="fp32")  # fmt: skip
+    answer = check_answer(ran, "transformers.js")
+    assert answer["generation"]["tokens"] == llama_tiny["native"]
+    prompt = answer["facts"]["runtime"]["prompt"]
+    assert prompt["pipeline_ids_equal"] is False and prompt["route"].startswith("ids")
+    assert prompt["first_differing_position"] == 0 and prompt["pipeline_prompt_length"] == ids.shape[1] + 1
 
 
 def test_webllm_answers_unsupported_with_its_reason() -> None:
@@ -249,3 +308,30 @@ def test_the_runtime_files_are_a_closed_set() -> None:
     assert runtime_dist.problem("llama.cpp", root=Path("/nonexistent")).endswith(
         "run `make setup` (it runs `cd web && npm ci`)"
     )
+
+
+def test_webllm_loads_the_served_folder_and_a_library_that_is_no_wasm_is_an_error(tmp_path: Path) -> None:
+    """--webllm-model's folder served as WebLLM fetches it (harness.prepare.mlc_folder), on SwiftShader's WebGPU: no
+    model library can be compiled here, so the folder's is no wasm, and WebLLM's load fails: an `error` in WebLLM's
+    words, with its version, having fetched its chat config and the library from the served set only."""
+    from test_page_runtime_plan import mlc_folder
+
+    from harness.prepare.mlc_folder import read_mlc_folder
+
+    mlc = read_mlc_folder(mlc_folder(tmp_path))
+    ran = page_answer("webllm", dict(mlc.files), mlc.library, np.asarray([[1, 2]], np.int64), 1000, ep="webgpu",
+                      folder=True)  # fmt: skip
+    answer = ran["answer"]
+    assert answer["status"] in ("error", "unsupported"), answer
+    runtime = answer["facts"]["runtime"]
+    assert runtime["name"] == "webllm" and runtime["version"] == "0.2.86"
+    if answer["status"] == "unsupported":  # a browser with no WebGPU adapter: said so before WebLLM loads
+        assert "WebGPU" in answer["error"]
+        return
+    assert runtime["adapter"] is not None and "load_ms" not in runtime
+    outside = [url for url in ran["requested"] if not url.startswith((ran["base"], "blob:", "data:"))]
+    assert outside == []
+    fetched = {url.removeprefix(ran["base"]).split("/", 1)[-1] for url in ran["requested"]}
+    assert any(url.endswith("mlc/mlc-chat-config.json") for url in fetched), fetched
+    assert any(url.endswith(mlc.library) for url in fetched), fetched
+    print(f"webllm: {answer['status']}: {answer['error'][:200]}")

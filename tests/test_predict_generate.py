@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ ASKED = "qwen2-tiny"  # measured too: predicted from the other two, its measured
 CASE = ("--sequence-lengths", "8", "--new-tokens", "4")  # run at depth 0; predicted at 0 and 16 (DEPTHS)
 DEPTHS = ("--depths", "0,16")
 ONE, TWO = "CPUExecutionProvider:threads=1", "CPUExecutionProvider:threads=2"
+PAGE = Path(__file__).resolve().parents[1] / "web" / "page"
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +57,19 @@ def predicted(db: Path, *extra: str) -> dict[str, Any]:
     return json.loads(done.stdout)
 
 
+def with_threads_two(store: Path, tmp_path: Path) -> Path:
+    """A copy of the store with threads=2 known only by its ceilings (as `run --ceilings-only` stores them:
+    threads=1's, at twice the bandwidth)."""
+    copy = tmp_path / "ceilings-only.duckdb"
+    shutil.copy(store, copy)
+    with duckdb.connect(str(copy)) as connection:
+        connection.execute(
+            "INSERT INTO ceilings SELECT * REPLACE (replace(provider, 'threads=1', 'threads=2') AS provider, "
+            "CASE WHEN kind = 'bandwidth' THEN value * 2 ELSE value END AS value) FROM ceilings"
+        )  # fmt: skip
+    return copy
+
+
 def test_each_target_is_predicted_naming_its_method_what_it_learned_from_and_its_error(
     store: Path, tmp_path: Path
 ) -> None:
@@ -66,14 +81,7 @@ def test_each_target_is_predicted_naming_its_method_what_it_learned_from_and_its
             "FROM results WHERE mode = 'generate'"
         ).fetchall()  # fmt: skip
     assert len(counts) == 3 and all(nodes > 10 and moved > 0 for nodes, moved in counts)
-    copy = tmp_path / "ceilings-only.duckdb"
-    shutil.copy(store, copy)
-    with duckdb.connect(str(copy)) as connection:
-        connection.execute(
-            "INSERT INTO ceilings SELECT * REPLACE (replace(provider, 'threads=1', 'threads=2') AS provider, "
-            "CASE WHEN kind = 'bandwidth' THEN value * 2 ELSE value END AS value) FROM ceilings"
-        )  # fmt: skip
-    rows = predicted(copy)["rows"]
+    rows = predicted(with_threads_two(store, tmp_path))["rows"]
     assert {(r["provider"], r["depth"]) for r in rows} == {(p, d) for p in (ONE, TWO) for d in (0, 16)}
     own = {r["depth"]: r for r in rows if r["provider"] == ONE}
     for row in own.values():  # two other models: roofline+nodes needs three, so the roofline
@@ -113,6 +121,40 @@ def test_evaluate_gives_each_method_its_held_out_error(store: Path) -> None:
     assert "roofline" in table.stdout and "LOMO" in table.stdout
 
 
+def test_recommend_ranks_predicted_generate_targets_marked_as_predicted(store: Path, tmp_path: Path) -> None:
+    """recommend --mode generate: threads=1 ran the asked model (measured, never predicted), threads=2 holds only
+    ceilings (predicted from threads=1's law on them, marked so with its method); a floor on agreement leaves out a
+    prediction at a precision that measured none, and a target where the model failed is not predicted."""
+    from harness.analysis.recommend import fastest_generation, with_predicted
+    from harness.cli.predict_generate import measured_of, recommend_predictions
+
+    copy = with_threads_two(store, tmp_path)
+    choice = fastest_generation(copy, ASKED)
+    measured = measured_of(copy, ASKED, choice)
+    assert measured.case == (8, 4) and measured.precisions == ["fp32"]
+    rows, _ = recommend_predictions(ASKED, 1, copy, measured)
+    (row,) = rows
+    assert (
+        row["provider"] == TWO
+        and row["source"] == "predicted"
+        and row["backed_by"].startswith("predicted from its ceilings: roofline from ceilings, LOTO error")
+    )
+    with_predicted(choice, rows)
+    assert sorted(r["source"] for r in choice.ranked) == ["measured", "predicted"]
+    floored = fastest_generation(copy, ASKED, min_agreement=0.9)
+    with_predicted(floored, [row | {"precision": "q4", "agreement": None}])
+    assert [r["source"] for r in floored.ranked] == ["measured"] and "no measured agreement" in floored.excluded[0]
+    done = run_cli("recommend", "--mode", "generate", "--model", ASKED, "--db", str(copy))
+    assert done.returncode == 0 and "predicted from its ceilings" in done.stdout, done.stdout + done.stderr
+    with duckdb.connect(str(copy)) as connection:  # the model failed on threads=2: nothing says it runs there
+        connection.execute(
+            "INSERT INTO results SELECT * REPLACE (replace(provider, 'threads=1', 'threads=2') AS provider, 'error' AS "
+            "status, result_id || 'x' AS result_id, result_key || 'x' AS result_key) FROM results WHERE model = ?",
+            [ASKED],
+        )  # fmt: skip
+    assert recommend_predictions(ASKED, 1, copy, measured_of(copy, ASKED, fastest_generation(copy, ASKED)))[0] == []
+
+
 @pytest.mark.parametrize(
     ("bad", "named"),
     [
@@ -128,6 +170,50 @@ def test_bad_input_exits_2_and_writes_nothing(store: Path, bad: list[str], named
     done = run_cli("predict", "--model", "llama-tiny", *bad, "--db", str(store))
     assert done.returncode == 2 and named in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert store.stat().st_mtime_ns == before
+
+
+# --- the page's warm-up: on until the generation time stops falling (web/page/generate.mjs warmedUp) -----------------
+WARM_UP_CASES = {  # warm-up generations' ms, --warmup, the bound -> whether the page is warm
+    "still falling (llama-small, 1 thread: its wasm still compiling)": ([112, 116, 90, 73, 60], 0, 50, False),
+    "settled: three generations within 5% of the fastest before them": (
+        [112, 116, 90, 73, 55, 53, 54, 56],
+        0,
+        50,
+        True,
+    ),
+    "one slow generation does not end it": ([112, 116, 90, 73], 0, 50, False),
+    "never fewer than --warmup": ([10, 10, 10, 10, 10], 6, 50, False),
+    "flat from the start, at least four": ([10, 10, 10, 10], 0, 50, True),
+    "bounded: still falling at the bound": ([100 - i for i in range(50)], 0, 50, True),
+}
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="the page's module runs in node")
+def test_the_page_warms_up_until_the_generation_time_stops_falling() -> None:
+    script = (
+        "import('./generate.mjs').then(({ warmedUp }) => console.log(JSON.stringify("
+        f"{json.dumps(list(WARM_UP_CASES.values()))}.map(([t, w, most]) => warmedUp(t, w, most)))));"
+    )
+    done = subprocess.run(["node", "-e", script], cwd=PAGE, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert dict(zip(WARM_UP_CASES, json.loads(done.stdout), strict=True)) == {
+        k: v[-1] for k, v in WARM_UP_CASES.items()
+    }
+
+
+@pytest.mark.parametrize(
+    ("warm", "named"), [(list(range(1, 52)), "at most 50"), ("12", "at most 50"), ([5.0, -1.0], "warmup_samples_ms[1]")]
+)
+def test_a_pages_warm_up_times_are_bounded_before_they_are_stored(warm: Any, named: str) -> None:
+    """The page's warm-up times (details.warmup_samples_ms) are input from elsewhere: more than the job's bound, not
+    a list, or a duration its clock cannot have measured is refused; absent, nothing is said of them."""
+    from harness.web.answers import Clock, PageResultError, _check_warmup
+
+    with pytest.raises(PageResultError, match=named.replace("[", r"\[")):
+        _check_warmup({"warmup_samples_ms": warm}, 50, Clock(0.005, 60_000))
+    kept = {"warmup_samples_ms": [3.0, 2.5]}
+    _check_warmup(kept, 50, Clock(0.005, 60_000))
+    assert kept["warmup_samples_ms"] == [3.0, 2.5]
 
 
 # --- the law, on points whose truth is known ---------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Issue 34: each target's measured ceilings, how close every row comes to them, decode at depth.
 
-One real run (module-scoped): llama-tiny generating natively on ONNX Runtime's CPU EP and in Chromium's wasm,
-at two KV-cache depths, with its reports; every test reads it. The bundle checks plant faults in its export."""
+One real run (module-scoped): llama-tiny generating natively on ONNX Runtime's CPU EP and torch (issue 45: its
+ceilings the same graphs as torch ops, its cache filled as ORT's is) and in Chromium's wasm, at two KV-cache
+depths, with its reports; every test reads it. The bundle checks plant faults in its export."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ from harness.store import open_store
 
 pytestmark = pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="needs Chromium at /usr/bin/chromium")
 TOKENS, DEPTHS = 4, [0, 8]
-TARGETS = {("cpu", "onnxruntime"), ("wasm", "onnxruntime-web")}
+TARGETS = {("cpu", "onnxruntime"), ("cpu", "torch"), ("wasm", "onnxruntime-web")}
+SOFTWARE = {"onnxruntime": "onnxruntime_version=", "torch": "torch_version=", "onnxruntime-web": "onnxruntime-web "}
 
 
 @pytest.fixture(scope="module")
@@ -37,11 +39,11 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     shared = {"models": ["llama-tiny"], "modes": ["generate"], "new_tokens": TOKENS, "depths": DEPTHS,
               "sequence_lengths": [8], "iterations": 2, "warmup": 0, "min_duration_s": 0.0,
               "db_path": out / "r.duckdb"}  # fmt: skip
-    native = BenchmarkRequest(hardware=["cpu"], engines=["onnxruntime"], output_dir=out / "reports", **shared)
+    native = BenchmarkRequest(hardware=["cpu"], engines=["onnxruntime", "torch"], output_dir=out / "reports", **shared)
     with pytest.MonkeyPatch.context() as patch:  # conftest makes --no-ceilings the suite's default
         patch.delenv("ACCELHARNESS_NO_CEILINGS")
         summary = run_both(native, WebRequest(hardware=["wasm"], output_dir=None, **shared))
-    assert summary.counts == {"ok": 4}, summary
+    assert summary.counts == {"ok": 6}, summary
     with open_store(out / "r.duckdb", read_only=True) as store:
         rows = [r | {"details": json.loads(r["details"])} for r in store.results(summary.run_id)]
         ceilings = store.ceilings(summary.run_id)
@@ -65,8 +67,7 @@ def test_each_target_has_its_ceilings_measured_through_its_own_engine(measured: 
         # sized by time (harness.run.ceilings.Sizing), natively and by the page's own loop, and saying so
         assert c["budget_ms"] == CEILING_BUDGET_MS and f"measured {c['workload']}" in c["sizing"]
         assert c["reused_from"] is None and c["calibration_s"] > 0
-        engine = "onnxruntime-web " if c["hardware"] == "wasm" else "onnxruntime_version="
-        assert engine in c["software"], c["software"]
+        assert SOFTWARE[c["engine"]] in c["software"], c["software"]
 
 
 def test_every_generate_row_has_its_work_and_comes_within_its_ceilings(measured: dict[str, Any]) -> None:
@@ -86,18 +87,23 @@ def test_each_depth_is_a_row_of_its_own_labelled_as_llama_bench_does(measured: d
     rows = measured["rows"]
     labels = {(r["hardware"], case_label(r)) for r in rows}
     assert labels == {(h, f"b1 s8 tg{TOKENS} @ d{d}") for h, _ in TARGETS for d in DEPTHS}
-    assert len({r["result_key"] for r in rows}) == 4  # depth is part of the key (--resume)
+    assert len({r["result_key"] for r in rows}) == 6  # depth is part of the key (--resume)
     deeper = [r for r in rows if r["depth"] == DEPTHS[1]]
     assert deeper[0]["bytes_per_token"] > next(r for r in rows if r["depth"] == 0)["bytes_per_token"]
     # the page fills the cache as native ORT does: its tokens at depth 8 are native ORT's at depth 8
     native, page = (next(r for r in deeper if r["engine"] == e) for e in ("onnxruntime", "onnxruntime-web"))
     assert page["generated_tokens"] == native["generated_tokens"] and page["tokens_matched"] == TOKENS
+    # torch fills its own cache alike: its tokens there too, checked on the fp32 export teacher-forced after the fill
+    torch_row = next(r for r in deeper if r["engine"] == "torch")
+    assert torch_row["generated_tokens"] == native["generated_tokens"] and torch_row["tokens_matched"] == TOKENS
+    assert torch_row["details"]["token_parity"].startswith(f"all {TOKENS} tokens")
+    assert torch_row["agreement_top1"] == 1.0 and torch_row["details"]["first_divergence"] is None
 
 
 def test_the_html_report_draws_a_roofline_per_target(measured: dict[str, Any]) -> None:
     html = (measured["out"] / "reports" / f"{measured['run_id']}.html").read_text()
     section = html[html.index("Against the limit") :]
-    assert "of bandwidth" in section and section.count("<figure><svg") == 2
+    assert "of bandwidth" in section and section.count("<figure><svg") == 3
 
 
 def test_a_depth_past_the_model_context_is_refused_before_anything_runs(tmp_path: Path) -> None:

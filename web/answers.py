@@ -298,7 +298,19 @@ def _check_generation(generation: dict[str, Any], samples: list[float], job: Pag
             raise PageResultError(f"{where}.{key} must be {_OBJECT[0]}")
     if not isinstance(generation.get("tokens_stable"), bool):
         raise PageResultError(f"{where}.tokens_stable must be a boolean")
+    _check_warmup(generation, job.generate.max_warmup, clock)
     _check_passage(generation.get("passage"), job, width)
+
+
+def _check_warmup(generation: dict[str, Any], most: int, clock: Clock) -> None:
+    """The warm-up generations after the first (web/page/generate.mjs warmedUp), where the answer gives them: at most
+    the job's bound, each a duration its clock can have measured."""
+    warm = generation.get("warmup_samples_ms")
+    if warm is None:
+        return
+    if not isinstance(warm, list) or len(warm) > most:
+        raise PageResultError(f"result.generation.warmup_samples_ms must be a list of at most {most} durations")
+    generation["warmup_samples_ms"] = [clock.duration(t, f"warmup_samples_ms[{i}]") for i, t in enumerate(warm)]
 
 
 def _check_skipped(skipped: dict[str, Any], positions: int, job: PageJob) -> None:

@@ -126,6 +126,23 @@ def tarball(pin: Pin) -> tuple[bytes, str]:
     return verified(data, pin, pin.tarball_url), pin.tarball_url
 
 
+def extract(data: bytes, files: dict[str, Path]) -> str | None:
+    """Write each regular file of an npm tarball (`data`, gzipped) named by its path inside the package to its
+    destination, its folder made; returns the first path the tarball lacks as a regular file (then stops), else None.
+    Only the paths asked for are read: a member's own name is never a destination."""
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
+        for path, target in files.items():
+            try:
+                member = archive.extractfile(f"package/{path}")
+            except KeyError:
+                member = None
+            if member is None:
+                return path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(member.read())
+    return None
+
+
 def stage(dest: Path, lockfile: Path = LOCKFILE, eps_table: Path = EPS_TABLE) -> Pin:
     """Write the page's ORT files, from the verified tarball, into `dest` (replacing what was there)."""
     pin = pinned(lockfile)
@@ -133,15 +150,9 @@ def stage(dest: Path, lockfile: Path = LOCKFILE, eps_table: Path = EPS_TABLE) ->
     names = required_files(eps_table)
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
-        for name in names:
-            try:
-                member = archive.extractfile(f"package/dist/{name}")
-            except KeyError:
-                member = None
-            if member is None:
-                raise OrtFilesError(f"{PACKAGE} {pin.version}'s tarball lacks dist/{name} (web/page/eps.json names it)")
-            (dest / name).write_bytes(member.read())
+    missing = extract(data, {f"dist/{name}": dest / name for name in names})
+    if missing is not None:
+        raise OrtFilesError(f"{PACKAGE} {pin.version}'s tarball lacks {missing} (web/page/eps.json names it)")
     source = {"package": PACKAGE, "version": pin.version, "integrity": pin.integrity, "from": origin, "files": names}
     (dest / SOURCE_FILE).write_text(json.dumps(source, indent=2) + "\n", encoding="utf-8")
     return pin

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from harness.core.generation import STEP_TOP_K
+from harness.core.generation import PAGE_MAX_WARMUP_GENERATIONS, STEP_TOP_K
 
 
 @dataclass(frozen=True)
@@ -96,6 +96,7 @@ class GenerateJob:
     depth: int = 0
     seq2seq: Seq2SeqJob | None = None  # an encoder–decoder's generation
     passage: PassageJob | None = None  # our own loop's perplexity passage, after the timed loop
+    max_warmup: int = PAGE_MAX_WARMUP_GENERATIONS  # warm-up generations after the first, at most
 
 
 @dataclass(frozen=True)

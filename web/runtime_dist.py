@@ -9,7 +9,8 @@ Each runtime is served under /<token>/runtimes/<name>/<file> (web/server.py), fr
 - llama.cpp (wllama): its ES module (the worker's code is inlined) and wasm binary (memory64 + JSPI), plus the
   compat build (@wllama/wllama-compat, no memory64, Asyncify) served locally, so a browser without memory64 or JSPI
   never makes wllama fetch it from a CDN.
-- webllm: nothing (the page module answers `unsupported`: no TVM-compiled model library is given).
+- webllm: its self-contained ES module (lib/index.js: TVM's web runtime and its tokenizers inlined) and its
+  package.json (its version). The model (its compiled library and MLC weights) is the user's: --webllm-model DIR.
 
 FILES is the one list: what the page may load, what a checkout serves and what a wheel carries.
 
@@ -26,10 +27,8 @@ at module level: `stage` is handed it).
 
 from __future__ import annotations
 
-import io
 import json
 import shutil
-import tarfile
 from pathlib import Path
 from types import ModuleType
 
@@ -42,6 +41,7 @@ OWN_RUNTIME = "onnxruntime-web"  # runtimes.json's row for the page's own loop: 
 SOURCE_FILE = "SOURCE.json"  # beside the shipped files: each package's version, integrity hash, where it came from
 TRANSFORMERS = "@huggingface/transformers"
 WLLAMA = "@wllama/wllama"
+WEBLLM = "@mlc-ai/web-llm"
 TRANSFORMERS_ORT = f"{TRANSFORMERS} > onnxruntime-web"  # its own onnxruntime-web (1.31.0-dev), not the page's
 ORT_BUILD = "ort-wasm-simd-threaded.asyncify"  # the build transformers.js's bundle runs, on wasm and WebGPU
 
@@ -59,7 +59,10 @@ FILES: dict[str, dict[str, tuple[str, str]]] = {
         "compat-wllama.js": (f"{WLLAMA}-compat", "wasm/wllama.js"),
         "compat-wllama.wasm": (f"{WLLAMA}-compat", "wasm/wllama.wasm"),
     },
-    "webllm": {},
+    "webllm": {
+        "web-llm.js": (WEBLLM, "lib/index.js"),
+        "package.json": (WEBLLM, "package.json"),  # its version: read by the page module
+    },
 }
 
 
@@ -174,7 +177,7 @@ def _check_table(table: Path) -> None:
 
 def stage(dest: Path, npm: ModuleType, lockfile: Path = LOCKFILE, table: Path = RUNTIMES_TABLE) -> dict[str, str]:
     """Write the runtimes' shipped files, from each package's verified tarball, into `dest` (replacing what was
-    there); `npm` is web/ort_dist.py (its `pinned` and `tarball`). Returns each package's version."""
+    there); `npm` is web/ort_dist.py (its `pinned`, `tarball` and `extract`). Returns each package's version."""
     _check_table(table)
     wanted = shipped_files()
     folders = [shipped_folder(package) for package in wanted]
@@ -188,16 +191,9 @@ def stage(dest: Path, npm: ModuleType, lockfile: Path = LOCKFILE, table: Path = 
         pin = npm.pinned(lockfile, lock_key(package, locked))
         data, origin = npm.tarball(pin)
         folder = dest / shipped_folder(package)
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
-            for path in sorted(paths):
-                try:
-                    member = archive.extractfile(f"package/{path}")
-                except KeyError:
-                    member = None
-                if member is None:
-                    raise RuntimeFilesError(f"{pin.package} {pin.version}'s tarball lacks {path} (FILES names it)")
-                (folder / path).parent.mkdir(parents=True, exist_ok=True)
-                (folder / path).write_bytes(member.read())
+        missing = npm.extract(data, {path: folder / path for path in sorted(paths)})
+        if missing is not None:
+            raise RuntimeFilesError(f"{pin.package} {pin.version}'s tarball lacks {missing} (FILES names it)")
         source[package] = {"version": pin.version, "integrity": pin.integrity, "from": origin, "files": sorted(paths)}
     (dest / SOURCE_FILE).write_text(json.dumps(source, indent=2) + "\n", encoding="utf-8")
     return {package: entry["version"] for package, entry in source.items()}

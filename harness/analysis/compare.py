@@ -44,6 +44,7 @@ from harness.analysis.browser_cost import BrowserCost, Unpaired, browser_costs, 
 from harness.analysis.drift import case_spread, control_drift, drift_verdict, spread_note
 from harness.analysis.machines import machine_name
 from harness.analysis.options import COMPARE_FORMATS
+from harness.analysis.speech import row_wer
 from harness.analysis.tables import AnalysisError, Table, render_table
 from harness.core.labels import TARGET_FIELDS, case_label, mode_of, target_label
 from harness.core.records import MEASURED
@@ -111,6 +112,11 @@ class ComparisonRow:
     # generate row's decode, compute for an inference row; None where either was not measured
     limit_a: float | None = None
     limit_b: float | None = None
+    # speech: each side's real-time factor and word error rate (harness.prepare.wer); None where not measured
+    rtf_a: float | None = None
+    rtf_b: float | None = None
+    wer_a: float | None = None
+    wer_b: float | None = None
 
 
 @dataclass
@@ -242,6 +248,10 @@ def _row(
         noisy_b=rb["noisy"] if rb else None,
         limit_a=limit_fraction(ra),
         limit_b=limit_fraction(rb),
+        rtf_a=(ra or {}).get("real_time_factor"),
+        rtf_b=(rb or {}).get("real_time_factor"),
+        wer_a=row_wer(ra)[0] if ra else None,
+        wer_b=row_wer(rb)[0] if rb else None,
     )
     measured_a, measured_b = row.status_a in MEASURED, row.status_b in MEASURED
     if ra is None or rb is None:
@@ -250,6 +260,8 @@ def _row(
         _measured_row(row, store.samples(ra["result_id"]), store.samples(rb["result_id"]), *limits)
         if row.status_a != row.status_b:
             row.note = "; ".join(filter(None, [f"status {row.status_a} → {row.status_b}", row.note]))
+        if None not in (row.wer_a, row.wer_b) and row.wer_a != row.wer_b:  # other text: the time is not all that moved
+            row.note = "; ".join(filter(None, [row.note, f"WER {row.wer_a:.3f} → {row.wer_b:.3f}"]))
     elif measured_a or measured_b:
         row.verdict = "broken" if measured_a else "fixed"
         failed = rb if measured_a else ra
@@ -348,6 +360,7 @@ TABLE_COLUMNS = [
     "model", "target", "case", "status", "a_ms", "b_ms", "ratio", "ci_low", "ci_high", "p_value",
     "control_ratio", "spread", "limit_a", "limit_b", "verdict", "note",
 ]  # fmt: skip
+SPEECH_COLUMNS = ["rtf_a", "rtf_b", "wer_a", "wer_b"]  # shown where a speech row is compared
 
 
 def comparison_table(comparison: Comparison) -> Table:
@@ -377,8 +390,14 @@ def comparison_table(comparison: Comparison) -> Table:
     if any(r.limit_a is not None or r.limit_b is not None for r in comparison.rows):
         notes.append("limit_a, limit_b: the fraction of its target's ceiling measured in that run (decode: "
                      "bandwidth; inference: compute; docs/measurement.md)")  # fmt: skip
+    columns = TABLE_COLUMNS
+    if any(r.rtf_a is not None or r.rtf_b is not None or r.wer_a is not None or r.wer_b is not None
+           for r in comparison.rows):  # fmt: skip
+        columns = [*TABLE_COLUMNS[:-2], *SPEECH_COLUMNS, *TABLE_COLUMNS[-2:]]  # beside the verdict
+        notes.append("rtf_a, rtf_b: the real-time factor (audio seconds ÷ processing seconds); wer_a, wer_b: the "
+                     "word error rate of the row's text (details.wer), measured in that run")  # fmt: skip
     notes.append(f"verdicts: {counts}")
-    return Table(title, TABLE_COLUMNS, rows, notes)
+    return Table(title, columns, rows, notes)
 
 
 def _control_notes(comparison: Comparison) -> list[str]:

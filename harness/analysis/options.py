@@ -121,6 +121,11 @@ class Recommend:
         None, flag="--min-agreement",
         help="generate: only targets whose top-1 agreement with the fp32 model is at least this (0-1).",
     )  # fmt: skip
+    max_wer: float | None = option(
+        None, flag="--max-wer",
+        help="generate, speech: only targets whose word error rate is at most this (0.3: 30%; above 1 can be "
+        "measured); the others are listed with their WER or why they have none.",
+    )  # fmt: skip
     hardware: str | None = reuse(Everywhere, "hardware", default=None, note="Comma-separated: the hardware you have.")
     browser: str | None = option(
         None, flag="--browser", choices=PAGE_BROWSERS, noun="browser",

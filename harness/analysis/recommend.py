@@ -10,6 +10,7 @@ prediction is used, and the candidate says so with the predictor's held-out erro
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from harness.analysis.predict import InsufficientData, Predictor, Query, model_facts, training_rows
+from harness.analysis.speech import row_wer
 from harness.core.labels import TARGET_FIELDS, browser_of, flags, in_page, served, target_key, target_label
 from harness.store import open_store
 
@@ -276,9 +278,47 @@ def fastest_generation(db_path: Path, model: str, batch_size: int = 1, min_agree
         elif min_agreement is not None and share < min_agreement:  # type: ignore[operator]
             excluded.append(f"{label}: top-1 agreement {share:.3f} below {min_agreement:g}")
         else:
-            kept.append(row | {"target": target_label(row), "agreement": share})
+            kept.append(row | {"target": target_label(row), "agreement": share, "source": "measured"})
     kept.sort(key=lambda r: r["decode_tokens_per_s"], reverse=True)
     return GenerationChoice(model, batch_size, min_agreement, kept, excluded)
+
+
+def with_predicted(choice: GenerationChoice, predicted: list[dict[str, Any]], browser: str | None = None) -> None:
+    """Predicted targets (harness.cli.predict_generate.recommend_predictions: `source` predicted, their method and
+    held-out error in `backed_by`) ranked among the measured ones under the same floor and --browser; a predicted
+    row at a precision other than fp32 has no measured agreement, so a floor leaves it out."""
+    for row in predicted:
+        label = f"{row['target']} {row['precision']} (predicted)"
+        if browser is not None and not _in(target_key(row), browser):
+            continue
+        if choice.min_agreement is not None and row["agreement"] is None:
+            choice.excluded.append(f"{label}: a prediction has no measured agreement with the fp32 model")
+        else:
+            choice.ranked.append(row)
+    choice.ranked.sort(key=lambda r: r["decode_tokens_per_s"], reverse=True)
+
+
+def check_max_wer(max_wer: float) -> None:
+    """--max-wer's value: a finite word error rate of 0 or more (one above 1 is measurable: more words than said)."""
+    if not 0.0 <= max_wer < math.inf:
+        raise ValueError(f"--max-wer takes a word error rate of 0 or more, e.g. 0.3 (got {max_wer:g})")
+
+
+def within_wer(choice: GenerationChoice, max_wer: float) -> None:
+    """--max-wer: the ranked rows whose word error rate is above it, or unmeasured (a prediction's, a row without
+    text, a model that is not speech), leave the ranking for the excluded list, each with why; the kept keep it."""
+    check_max_wer(max_wer)
+    kept = []
+    for row in choice.ranked:
+        label = f"{row['target']} {row['precision']}" + (" (predicted)" if row.get("source") == "predicted" else "")
+        wer, why = row_wer(row)
+        if wer is None:
+            choice.excluded.append(f"{label}: {why}")
+        elif wer > max_wer:
+            choice.excluded.append(f"{label}: WER {wer:.3f} above {max_wer:g}")
+        else:
+            kept.append(row | {"wer": wer})
+    choice.ranked = kept
 
 
 def one_line(db_path: Path, model: str, batch_size: int = 1, mode: str = "inference") -> str:

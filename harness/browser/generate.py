@@ -217,7 +217,9 @@ def generation_result(prepared: PreparedModel, target: Any, case: Case, answer: 
         "tpot_samples_ms": mean_steps(steps),
         "generated_tokens": generation["tokens"],
     }
-    details |= memory_growth(generation, details, on_gpu=target.hardware != "wasm") | {"warmup_generations": 1}
+    details |= memory_growth(generation, details, on_gpu=target.hardware != "wasm")
+    if (warm := generation.get("warmup_samples_ms")) is not None:  # checked (web/answers.py): after the first one
+        details |= {"warmup_generations": 1 + len(warm), "warmup_samples_ms": warm}
     if generation.get("encoder_samples_ms"):  # an encoder–decoder: the encoder's phase, speech's real-time factor
         seconds = audio_seconds(prepared.load_case((case.batch_size, case.seq_len))[0], case.audio_seconds)
         details |= encoder_figures(generation["encoder_samples_ms"], answer["samples_ms"], seconds) | {

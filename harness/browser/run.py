@@ -35,6 +35,7 @@ from harness.browser.generate import (
 )
 from harness.browser.page_ceilings import calibrate_in_page
 from harness.browser.runtimes import (
+    check_runtime_folder,
     gguf_generate_job,
     gguf_precisions,
     runtime_details,
@@ -137,6 +138,11 @@ class WebRequest(RunOptions):
         "safari (macOS, through safaridriver). Each is a target: its rows name it.",
     )  # fmt: skip
     browser_path: Path | None = option(None, flag="--browser-path", help="The browser executable to use instead.")
+    webllm_model: Path | None = option(
+        None, flag="--webllm-model",
+        help="A WebLLM model folder for the webllm runtime: its compiled model library (.wasm) and MLC weights "
+        "(mlc-chat-config.json, tensor-cache.json, params shards); read as data, served to the page.",
+    )  # fmt: skip
     driver: str = option(
         "process", flag="--driver", choices=DRIVERS, noun="driver",
         help="How Firefox is launched: process (its own, opening the served page) or webdriver (through geckodriver).",
@@ -172,10 +178,10 @@ class WebRequest(RunOptions):
     cross_origin_isolation: bool = True
 
 
-# How the browser is launched or reached: WebRequest's options that `web --serve` refuses (each device brings
-# its own browser) and `run` takes as `web` does.
+# How the browser is launched or reached, and what its page runtimes load (--webllm-model): WebRequest's options
+# that `web --serve` refuses (each device brings its own browser) and `run` takes as `web` does.
 LAUNCH = ("browsers", "browser_path", "driver", "webdriver_url", "threads", "webnn_device", "gpu", "headed",
-          "browser_args", "require_hardware_gpu", "browser_endpoint")  # fmt: skip
+          "browser_args", "require_hardware_gpu", "browser_endpoint", "webllm_model")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -185,6 +191,7 @@ class EpSetting:
     device_type: str | None = None  # for an EP that takes one (WebNN's deviceType)
     device: str | None = None  # the served device that runs it (web --serve); None: a browser driven from here
     runtime: str = OWN_RUNTIME  # the page runtime (web/page/runtimes.json): the row's engine
+    runtime_folder: Path | None = None  # the runtime's own model folder (webllm: --webllm-model), None: none
 
     @property
     def provider(self) -> str:
@@ -262,11 +269,14 @@ def _settings(request: WebRequest) -> list[EpSetting]:
             if ep not in request.hardware:
                 continue
             for runtime in dict.fromkeys(request.runtimes):
+                folder = request.webllm_model if runtime == "webllm" else None
                 if EPS[ep].runs_threads:
-                    settings += [EpSetting(ep, t, None, device, runtime) for t in dict.fromkeys(request.threads)]
+                    settings += [
+                        EpSetting(ep, t, None, device, runtime, folder) for t in dict.fromkeys(request.threads)
+                    ]
                 else:  # ops the GPU/NPU EP cannot run fall back to wasm with this many threads
                     device_type = request.webnn_device if EPS[ep].device_types else None
-                    settings.append(EpSetting(ep, request.threads[0], device_type, device, runtime))
+                    settings.append(EpSetting(ep, request.threads[0], device_type, device, runtime, folder))
     return settings
 
 
@@ -325,6 +335,7 @@ def validate_web(request: WebRequest) -> WebPlan:
     check(request, declared(WebRequest), ("threads", "webnn_device", "browsers", "runtimes", "driver"))
     if not request.runtimes:
         raise RequestError(f"--runtimes is empty; valid: {', '.join(PAGE_RUNTIMES)}")
+    check_runtime_folder(request.runtimes, request.webllm_model)  # read as data before a run exists
     specs = check_browser_request(request)
     _check_launch(request)
     chromium = [b for b in dict.fromkeys(request.browsers) if b not in LAUNCHED_BROWSERS]
@@ -631,7 +642,7 @@ def runtime_job(files: Any, prepared: PreparedModel, setting: EpSetting, case: C
     """A generate job of another page runtime (harness.browser.runtimes): its files served under one folder of the
     job's (transformers.js loads config.json and onnx/… from it; llama.cpp its GGUF), the prompt's ids as tensors
     (each runtime is handed ids, never text), and the generation part the harness checks its answer against."""
-    served, main = runtime_files(prepared, setting.runtime, case, served_graph(model))
+    served, main = runtime_files(prepared, setting.runtime, case, served_graph(model), setting.runtime_folder)
     stem = f"{_file_stem(prepared.spec.name)}-{case.precision}"
     arrays = {f"{stem}.{i}.bin": np.ascontiguousarray(v) for i, v in enumerate(feeds.values())}
     urls = files.set_job_files(served | {key: array.tobytes() for key, array in arrays.items()})
@@ -730,7 +741,9 @@ async def _run_case(
         return prepared.result(
             setting.target, case, conversion["status"], conversion["why"], precision=precision, details=details
         )
-    conversion |= runtime_details(setting.runtime) | runtime_model(prepared, setting.runtime, case, model)
+    conversion |= runtime_details(setting.runtime) | runtime_model(
+        prepared, setting.runtime, case, model, setting.runtime_folder
+    )
     page = page_job(files, prepared, setting, case, plan.request, fault, model)
     psutil.cpu_percent(interval=None)  # starts the whole-machine CPU window for this job
     answer = await session.run_job(files.page_url, key, page, plan.request.timeout_s)
@@ -781,7 +794,7 @@ def not_runnable(
         return prepared.result(setting.target, case, *outcome)
     if prepared.onnx_path is None and case.mode != "generate":  # generation runs the export with past
         return prepared.result(setting.target, case, "unsupported", f"ONNX export failed: {prepared.onnx_error}")
-    if (refused := runtime_refusal(prepared, setting.runtime, setting.ep, case)) is not None:
+    if (refused := runtime_refusal(prepared, setting.runtime, setting.ep, case, setting.runtime_folder)) is not None:
         return prepared.result(setting.target, case, "unsupported", refused, details=runtime_details(setting.runtime))
     return None
 

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from harness.browser.runtime_tokenizer import tokenizer_files
 from harness.core.generation import STEP_TOP_K
 from harness.core.records import Case
 from harness.prepare.gguf_file import NO_ONNX
@@ -27,20 +28,38 @@ TJS_FILES = {"fp32": "model.onnx", "fp16": "model_fp16.onnx", "int8": "model_int
 # What WebLLM loads, none of which a package registry ships: mlc_llm's compiler makes both per model and GPU target
 WEBLLM_NEEDS = (
     "WebLLM runs a TVM-compiled model library (<model>-webgpu.wasm, built by mlc_llm's compiler for the model) and "
-    "MLC weights (mlc-chat-config.json, tokenizer files, params_shard_*.bin); neither is at hand for this model and "
-    "this harness does not compile them"
+    "MLC weights (mlc-chat-config.json, tensor-cache.json, tokenizer files, params_shard_*.bin); this harness does not "
+    "compile them: give them as a folder with --webllm-model DIR"
 )
 
 
-def runtime_refusal(prepared: PreparedModel, runtime: str, ep: str, case: Case) -> str | None:
+def check_runtime_folder(runtimes: list[str], folder: Path | None) -> None:
+    """--webllm-model: WebLLM's folder, read as data (harness.prepare.mlc_folder) before a run exists, and only with
+    the runtime that loads it; RequestError saying what is wrong and what to supply."""
+    from harness.prepare.folder_checks import FolderError
+    from harness.prepare.mlc_folder import read_mlc_folder
+    from harness.run.plan import RequestError
+
+    if folder is None:
+        return
+    if "webllm" not in runtimes:
+        raise RequestError("--webllm-model is the webllm page runtime's model folder: add webllm to the runtimes")
+    try:
+        read_mlc_folder(folder)
+    except FolderError as exc:
+        raise RequestError(str(exc)) from None
+
+
+def runtime_refusal(prepared: PreparedModel, runtime: str, ep: str, case: Case,
+                    folder: Path | None = None) -> str | None:  # fmt: skip
     """Why `runtime` cannot run this case here (the row is then `unsupported` with it), or None. Our own loop
-    refuses nothing here (its EPs and modes are planned as before)."""
+    refuses nothing here (its EPs and modes are planned as before); WebLLM refuses without its folder."""
     table = RUNTIMES[runtime]
     if prepared.spec.is_gguf_file and table.format != "gguf":  # a GGUF given as the model
         return f"not applicable: {NO_ONNX}; {runtime} loads {table.format} files (--runtimes llama.cpp runs it)"
     if runtime == OWN_RUNTIME:
         return None
-    if runtime == "webllm":
+    if runtime == "webllm" and folder is None:
         return WEBLLM_NEEDS
     if (why := table.refusal(ep, case.mode)) is not None:
         return why
@@ -52,6 +71,8 @@ def runtime_refusal(prepared: PreparedModel, runtime: str, ep: str, case: Case) 
         return f"{runtime} generates one sequence at a time here (batch 1); batch {case.batch_size} was asked"
     if case.depth:
         return f"--depths {case.depth}: {runtime}'s page loop here starts from an empty KV cache"
+    if table.format == "mlc":  # the folder's own weights: the case's precision names the model's other rows
+        return None
     if table.format == "gguf" and case.precision not in gguf_files(prepared):
         why = getattr(prepared, "gguf_error", None) or "none was written for this model"
         return f"no GGUF of this model at {case.precision}: {why}"
@@ -89,17 +110,27 @@ def _folders(prepared: PreparedModel) -> list[Path]:
     return found
 
 
-def runtime_files(prepared: PreparedModel, runtime: str, case: Case, model: Path) -> tuple[dict[str, Any], str]:
+def runtime_files(prepared: PreparedModel, runtime: str, case: Case, model: Path,
+                  folder: Path | None = None) -> tuple[dict[str, Any], str]:  # fmt: skip
     """(the files the runtime's job serves, by name; the name of the one its job's model_url points at): for
-    transformers.js its folder (config.json, generation_config.json, onnx/<the precision's file name>: the graph
+    transformers.js its folder (config.json, generation_config.json, its tokenizer (harness.browser.runtime_tokenizer),
+    onnx/<the precision's file name>: the graph
     `model` native ORT runs, its cache inputs and outputs named as transformers.js reads them), for llama.cpp the
-    GGUF of the case's precision."""
+    GGUF of the case's precision, for WebLLM its folder (`folder`: its weights' files in mlc/, the
+    model library beside them)."""
+    if RUNTIMES[runtime].format == "mlc":
+        from harness.prepare.mlc_folder import read_mlc_folder
+
+        assert folder is not None  # runtime_refusal refused a webllm case without one
+        mlc = read_mlc_folder(folder)  # checked again: the files served are the files checked
+        return dict(mlc.files), mlc.library
     if RUNTIMES[runtime].format == "gguf":
         gguf = served_gguf(Path(gguf_files(prepared)[case.precision]))
         return {gguf.name: gguf}, gguf.name
     onnx = f"onnx/{TJS_FILES[case.precision]}"
     generation = json.dumps({"do_sample": False}).encode()  # transformers.js asks for it (a 404 is logged)
-    return {"config.json": model_config(prepared), "generation_config.json": generation,
+    tokenizer, _ = tokenizer_files(_folders(prepared), dict(prepared.spec.config))  # its pipeline's tokenizer
+    return {"config.json": model_config(prepared), "generation_config.json": generation, **tokenizer,
             onnx: transformers_js_graph(model)}, onnx  # fmt: skip
 
 
@@ -191,19 +222,25 @@ def runtime_details(runtime: str) -> dict[str, Any]:
             "page_runtime_check": table.check}  # fmt: skip
 
 
-def runtime_model(prepared: PreparedModel, runtime: str, case: Case, model: Path) -> dict[str, Any]:
+def runtime_model(prepared: PreparedModel, runtime: str, case: Case, model: Path,
+                  folder: Path | None = None) -> dict[str, Any]:  # fmt: skip
     """What a row of another page runtime says of the file it ran: transformers.js the same ONNX graph native ORT
     runs (its name in the folder it was served as); llama.cpp the GGUF, whose work per token is counted on the
     ONNX graph of the same weights and precision (the row says so)."""
     if runtime == OWN_RUNTIME:
         return {}
+    if RUNTIMES[runtime].format == "mlc" and folder is not None:  # WebLLM's own folder: what it holds
+        from harness.prepare.mlc_folder import read_mlc_folder
+
+        return read_mlc_folder(folder).facts | {"webllm_model_folder": folder.name}
     if prepared.spec.is_gguf_file:  # the GGUF given as the model: no ONNX graph to count its work on
         return {"model_file": model.name, "model_bytes": model.stat().st_size}
     if RUNTIMES[runtime].format == "gguf":
         gguf = Path(gguf_files(prepared)[case.precision])
         return {"model_file": gguf.name, "model_bytes": gguf.stat().st_size,
                 "work_counted_on": f"{model.name}: the ONNX graph of the same weights at {case.precision}"}  # fmt: skip
-    return {"model_file": model.name, "served_as": f"onnx/{TJS_FILES[case.precision]}"}
+    _, tokenizer = tokenizer_files(_folders(prepared), dict(prepared.spec.config))
+    return {"model_file": model.name, "served_as": f"onnx/{TJS_FILES[case.precision]}", "tokenizer_served": tokenizer}
 
 
 def gguf_precisions(runtimes: list[str], cases: list[Case]) -> tuple[str, ...]:

@@ -76,27 +76,37 @@ def matrix(*, db_path: Path, output_dir: Path, run: str, update_matrix_only: boo
 
 
 def _generation(model: str, batch_size: int, min_agreement: float | None, machine: str | None, db: Path,
-                browser: str | None = None) -> None:  # fmt: skip
-    """recommend --mode generate: the model's generate targets by decode tokens/s above the agreement floor."""
+                browser: str | None = None, max_wer: float | None = None) -> None:  # fmt: skip
+    """recommend --mode generate: the model's generate targets by decode tokens/s above the agreement floor (and,
+    with --max-wer, at most that word error rate)."""
     from harness.analysis.machines import one_machine
-    from harness.analysis.recommend import fastest_generation
+    from harness.analysis.recommend import fastest_generation, with_predicted, within_wer
+    from harness.cli.predict_generate import measured_of, recommend_predictions
 
     try:
         with one_machine(db, machine) as scoped:
             choice = fastest_generation(scoped, model, batch_size, min_agreement, browser)
+            predicted, notes = recommend_predictions(model, batch_size, scoped, measured_of(scoped, model, choice))
     except (StoreError, ValueError) as exc:
         raise fail(str(exc)) from None
+    with_predicted(choice, predicted, browser)
+    if max_wer is not None:  # its value was checked before the store was read
+        within_wer(choice, max_wer)
     floor = "" if min_agreement is None else f", top-1 agreement with fp32 >= {min_agreement:g}"
+    floor += "" if max_wer is None else f", WER <= {max_wer:g}"
     table = Table(title=f"Fastest generation for {shown(model)}, batch {batch_size}{floor}")
-    for name in ("rank", "target", "precision", "tg tokens/s", "TTFT ms", "agreement", "KL vs fp32"):
+    wer_column = ("WER",) if max_wer is not None else ()
+    for name in ("rank", "target", "precision", "tg tokens/s", "TTFT ms", "agreement", "KL vs fp32", "backed by",
+                 *wer_column):  # fmt: skip
         table.add_column(name, overflow="fold")
     for number, row in enumerate(choice.ranked, start=1):
         share, kl = row["agreement"], row["kl_mean"]
         table.add_row(str(number), shown(row["target"]), shown(row["precision"]), f"{row['decode_tokens_per_s']:.1f}",
                       "—" if row["ttft_ms"] is None else f"{row['ttft_ms']:.3f}",
-                      "—" if share is None else f"{share:.3f}", "—" if kl is None else f"{kl:.4f}")  # fmt: skip
+                      "—" if share is None else f"{share:.3f}", "—" if kl is None else f"{kl:.4f}",
+                      shown(row.get("backed_by", "measured")), *(f"{row['wer']:.3f}" for _ in wer_column))  # fmt: skip
     console.print(table if choice.ranked else f"no ok generate row of {shown(model)} at batch {batch_size}{floor}")
-    for line in choice.excluded:
+    for line in [*choice.excluded, *(f"not predicted: {note}" for note in notes)]:
         console.print(f"excluded: {shown(line)}")
 
 
@@ -109,6 +119,7 @@ def recommend(
     batch_size: int,
     mode: str,
     min_agreement: float | None,
+    max_wer: float | None,
     hardware: str | None,
     browser: str | None,
     weights: str,
@@ -120,7 +131,7 @@ def recommend(
     """Recommend hardware for a model, family or task from measured rows (or marked predictions)."""
     from harness.analysis.machines import one_machine
     from harness.analysis.predict import InsufficientData
-    from harness.analysis.recommend import ScoreWeights, selection_map
+    from harness.analysis.recommend import ScoreWeights, check_max_wer, selection_map
     from harness.analysis.recommend import recommend as rank
 
     try:
@@ -131,10 +142,18 @@ def recommend(
     refuse_bad(declared.Recommend, mode=mode, batch_size=batch_size, browser=browser)
     if min_agreement is not None and mode != "generate":
         raise fail("--min-agreement ranks generate targets: give it with --mode generate")
+    if max_wer is not None and mode != "generate":
+        raise fail("--max-wer ranks a speech model's generate targets: give it with --mode generate")
+    if max_wer is not None:
+        try:
+            check_max_wer(max_wer)
+        except ValueError as exc:
+            raise fail(str(exc)) from None
     if mode == "generate":
         if not model or model_family or task or hardware or create_map or one_line:
-            raise fail("--mode generate takes --model, --batch-size, --min-agreement, --browser, --machine and --db")
-        return _generation(model, batch_size, min_agreement, machine, db_path, browser)
+            raise fail("--mode generate takes --model, --batch-size, --min-agreement, --max-wer, --browser, --machine "
+                       "and --db")  # fmt: skip
+        return _generation(model, batch_size, min_agreement, machine, db_path, browser, max_wer)
     if one_line:
         if model_family or task or hardware or create_map:
             raise fail("--one-line takes --model, --batch-size, --mode and --db; the ranking's options do nothing")

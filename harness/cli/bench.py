@@ -83,9 +83,9 @@ def web(ctx: typer.Context, *, serve: bool, resume: bool, **options: Any) -> Non
     if not serve and serving:
         raise fail(f"{', '.join(serving)}: options of --serve; add --serve or drop them")
     if serve:
-        if given(ctx, "runtimes"):
-            raise fail("--runtimes: a served device runs the page's own loop (onnxruntime-web) only; run the other "
-                       "page runtimes in a launched or remote browser (web without --serve)")  # fmt: skip
+        if given(ctx, "runtimes", "webllm_model"):
+            raise fail("--runtimes, --webllm-model: a served device runs the page's own loop (onnxruntime-web) only; "
+                       "run the other page runtimes in a launched or remote browser (web without --serve)")  # fmt: skip
         launch = given(ctx, *LAUNCH)
         if launch:
             raise fail(

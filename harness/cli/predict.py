@@ -213,9 +213,17 @@ def _spec(model: str | None, model_path: Path | None, family: str | None) -> Any
 
     if model_path is not None:
         try:
-            return spec_from_path(model_path, family)
+            spec = spec_from_path(model_path, family)
         except SpecError as exc:
             raise fail(str(exc)) from None
+        if spec.is_gguf_file:  # the laws are fitted on work counted on ONNX graphs, and llama.cpp rows count none
+            raise fail(
+                f"--model-path {shown(model_path.name)}: predict counts a model's ONNX graph (its operators, "
+                "its bytes per decode step) and fits it to rows whose work was counted the same way; a GGUF "
+                "file has no ONNX graph, and llama.cpp's rows count none. Measure it instead: accelharness run "
+                "--mode generate --model-path FILE.gguf --engines llama.cpp --web-runtimes llama.cpp"
+            )
+        return spec
     return load_specs().get(model or "")
 
 

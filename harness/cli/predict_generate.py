@@ -84,6 +84,87 @@ def _count(spec: Any, precision: str, cases: Any, timeout: float, as_json: bool)
         raise fail(str(exc)) from None
 
 
+# recommend --mode generate predicts a model that ran nowhere at the harness's smallest usual case
+DEFAULT_CASE = (32, 16)  # prompt tokens, new tokens
+COUNT_TIMEOUT_S = 600.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    """What recommend --mode generate measured of the model: (target label, precision) pairs, and one row's case."""
+
+    targets: set[tuple[str, str]]
+    precisions: list[str]
+    case: tuple[int, int]  # prompt tokens, new tokens
+
+
+def recommend_predictions(
+    model: str, batch: int, db: Path, measured: Measured
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """recommend --mode generate's predicted candidates: each target with a bandwidth ceiling where the model has
+    no ok row at a precision it was measured at (fp32 where none), predicted at depth 0 as `predict --mode generate`
+    predicts it; and notes on what could not be predicted. The graph is counted only where such a target exists."""
+    from harness.analysis.roofline_data import read_book
+    from harness.analysis.roofline_predict import LOMO, GenerationAsk
+    from harness.analysis.roofline_predict import predict_generation as predicted
+    from harness.core.labels import target_label
+    from harness.core.roofline import precision_class
+    from harness.prepare.graph_work import GenerationJob
+    from harness.prepare.specs import load_specs
+    from harness.run.worker import count_generation_isolated
+
+    spec = load_specs().get(model)
+    if spec is None or spec.is_seq2seq or not spec.has_past_export:
+        return [], []  # no spec to count: the measured rows only
+    book = read_book(db, "generate")
+    rows: list[dict[str, Any]] = []
+    notes: list[str] = []
+    prompt, new_tokens = measured.case
+    for precision in measured.precisions:
+        cls = precision_class(precision)
+        todo = {w for w in book.targets(cls) if book.has(w, "decode")} if cls else set()
+        todo = {w for w in todo if (w.label(), precision) not in measured.targets}
+        if not todo:
+            continue
+        try:
+            work = count_generation_isolated(GenerationJob(spec, precision, ((batch, prompt, 0),), new_tokens),
+                                             COUNT_TIMEOUT_S)  # fmt: skip
+        except RuntimeError as exc:
+            notes.append(f"{precision}: {exc}")
+            continue
+        found = predicted(db, GenerationAsk(model, cls, precision, work.work, new_tokens, lambda w, t=todo: w in t))
+        notes += found.notes
+        for r in found.rows:
+            error = f"{ABBREVIATIONS[r['error_kind']]} error {_error(r['held_out_mape'])}"
+            kind = "predicted" if r["error_kind"] == LOMO else "predicted from its ceilings"
+            rows.append({"target": target_label(r), "precision": precision, "source": "predicted",
+                         **{name: r[name] for name in ("hardware", "engine", "provider", "device")},
+                         "decode_tokens_per_s": r["predicted_decode_tokens_per_s"], "ttft_ms": r["predicted_ttft_ms"],
+                         "agreement": 1.0 if precision == "fp32" else None, "kl_mean": None,
+                         "backed_by": f"{kind}: {r['method']}, {error}, pp{prompt}+tg{new_tokens} @ d0"})  # fmt: skip
+    return [r for r in rows if r["decode_tokens_per_s"]], notes
+
+
+MEASURED_SQL = """SELECT hardware, engine, provider, device, precision, seq_len, new_tokens, status FROM results
+WHERE model = ? AND mode = 'generate' ORDER BY created_at DESC"""
+
+
+def measured_of(db: Path, model: str, choice: Any) -> Measured:
+    """What recommend --mode generate does not predict: the (target, precision) pairs it ranks as measured and those
+    where the model failed (no prediction says it runs there); the precisions the model ran at (fp32 where none) and
+    its latest ok row's case (prompt, new tokens)."""
+    from harness.core.labels import target_label
+    from harness.store import open_store
+
+    with open_store(db, read_only=True) as store:
+        rows = store.query(MEASURED_SQL, [model])
+    failed = {(target_label(r), r["precision"]) for r in rows if r["status"] != "ok"}
+    ok = [r for r in rows if r["status"] == "ok" and r["seq_len"] and r["new_tokens"]]
+    case = (ok[0]["seq_len"], ok[0]["new_tokens"]) if ok else DEFAULT_CASE
+    ranked = {(r["target"], r["precision"]) for r in choice.ranked}
+    return Measured(ranked | failed, sorted({r["precision"] for r in ok}) or ["fp32"], case)
+
+
 def _cell(value: float | None, digits: int = 1) -> str:
     return f"{value:,.{digits}f}" if value is not None else NONE
 

@@ -68,6 +68,12 @@ MAX_GGUF_KEYS = 4096  # metadata keys
 MAX_GGUF_STRING_BYTES = 2**20  # one string: a key, a value, a tensor's name, one token's text
 MAX_GGUF_ARRAY = MAX_VOCAB  # items of one metadata array (the tokens, their types, the merges)
 MAX_GGUF_HEADER_BYTES = 512 * 2**20  # the header: metadata and tensor infos, before the tensors' data
+# A WebLLM model folder (--webllm-model DIR, harness.prepare.mlc_folder): mlc_llm writes ~100 MB params shards
+# (a 70B model at q4f16 is ~400 of them) and a model library of 5-30 MB; its configs are MAX_CONFIG_BYTES-bounded.
+MLC_BYTES_BOUND = 512 * 2**30  # the weights' shards together (no MAX_ prefix: past INT32)
+MAX_MLC_SHARDS = 65_536  # params shards its tensor cache names
+MAX_MLC_LIBRARY_BYTES = 2**30  # its compiled model library (.wasm)
+MAX_MLC_ENTRIES = 4096  # directory entries looked at to find the library
 # Prompts (harness.prepare.prompts): a folder's tokenizer files are data from elsewhere, bounded before they are
 # read; a prompt given on the command line is bounded before it is tokenized. Llama 3's tokenizer.json is 9 MB,
 # Gemma 3's 33 MB; a chat template of today's models is under 20 KB.

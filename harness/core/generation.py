@@ -9,6 +9,14 @@ and gives two rates that never mix the phases (llama-bench's spelling in tables)
   tg  decode tokens/s  = B x (N-1) / the sum of the decode steps
 A rate over the whole generation would fold a slow prefill into a per-token figure. A generation stopped at EOS
 (--stop-at-eos) has fewer steps: the rates count the steps it made, never the tokens asked.
+
+A generated token, on every engine, is one the model chose: the argmax of a step's logits, fed back as the next
+step's input. A decoder-only model's N tokens are the N after the prompt; an encoder–decoder's the N after its
+decoder start token (config.json's decoder_start_token_id, else pad_token_id), which is fed and never counted. No
+token is forced or suppressed: Whisper's language, task and no-timestamps tokens, which transformers' generate()
+forces and strips from its output, are the model's own argmax here and counted like any other. Native ORT's loops
+(harness.prepare.greedy, harness.prepare.seq2seq), torch's (native/torch_greedy.py) and the page's
+(web/page/generate.mjs, seq2seq.mjs) count alike, so the same N positions are compared across engines.
 """
 
 from __future__ import annotations
@@ -33,6 +41,9 @@ MEMORY_GROWTH_BOUND_MB = 16.0
 # native ORT's at the same ids (token_check). 8 catches a wrong winner and its runners-up; a generation of
 # 4096 tokens then returns 32 K pairs per batch row.
 STEP_TOP_K = 8
+# The most untimed warm-up generations a page runs after its first (web/page/generate.mjs warmedUp: on until the
+# generation time stops falling): a page whose time never settles costs this many generations, or its budget.
+PAGE_MAX_WARMUP_GENERATIONS = 50
 
 
 def decode_steps(stamps_ns: Sequence[int]) -> list[float]:
@@ -67,7 +78,7 @@ def encoder_figures(encoder_ms: Sequence[float], samples_ms: Sequence[float],
     """An encoder–decoder generation's own figures: the encoder's run (median ms; it is inside TTFT, which
     runs from the encoder's start to the first token's logits) and, for speech, the real-time factor: the
     audio's seconds over the median generation's seconds, the encoder's and every decoder step's (above 1:
-    faster than real time; an engine that times no encoder apart, torch's generate(), has the factor alone).
+    faster than real time; an engine that times no encoder apart has the factor alone).
     NULL where nothing was measured."""
     if not encoder_ms and not audio_seconds:
         return {}

@@ -89,6 +89,7 @@ class GraphCost:
     nodes: list[NodeCost]
     unknown_shapes: int  # nodes with an input or output shape left unknown
     inference: str  # how the shapes were inferred
+    io_bytes: float | None = None  # the graph's inputs and outputs, weights aside (None: a shape left unknown)
 
     def by_name(self) -> dict[str, NodeCost]:
         return {node.name: node for node in self.nodes}
@@ -195,13 +196,39 @@ def graph_cost(onnx_path: Path, input_shapes: Mapping[str, Sequence[int]]) -> Gr
     inference = "onnx.shape_inference (data_prop)"
     if _unknown_outputs(inferred.graph, tensors):
         try:
-            symbolic = _symbolic_shape_inference().infer_shapes(model, auto_merge=True)
+            symbolic = _symbolic_shape_inference().infer_shapes(_weights_as_inputs(model), auto_merge=True)
         except Exception as exc:  # keep onnx's shapes; the nodes it left unknown stay uncounted
             inference += f"; onnxruntime symbolic inference failed: {type(exc).__name__}: {exc}"
         else:
             tensors = _tensor_infos(symbolic) | {k: v for k, v in tensors.items() if v.shape is not None}
             inference += " + onnxruntime symbolic shape inference"
-    return _costs(inferred.graph, tensors, inference)
+    return _costs(inferred.graph, tensors, inference, _io_bytes(model.graph, tensors))
+
+
+def _weights_as_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy whose weights without data here (stripped, or in an external file not loaded) are graph inputs of their
+    type and dims: ONNX Runtime's symbolic inference reads an initializer's values to propagate them, and one that
+    points at a file fails the whole inference (every model exported with external data then counted no FLOPs)."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    graph = copy.graph
+    absent = [t for t in graph.initializer if t.data_location == TensorProto.EXTERNAL]
+    kept = [t for t in graph.initializer if t.data_location != TensorProto.EXTERNAL]
+    graph.ClearField("initializer")
+    graph.initializer.extend(kept)
+    declared = {value.name for value in graph.input}
+    graph.input.extend(
+        helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in absent if t.name not in declared
+    )
+    return copy
+
+
+def _io_bytes(graph: onnx.GraphProto, tensors: Mapping[str, TensorInfo]) -> float | None:
+    """The bytes of the graph's inputs and outputs (its weights aside), None where a shape is unknown."""
+    stored = {t.name for t in graph.initializer}  # an old graph lists its weights among its inputs too
+    unknown = TensorInfo(None, None)
+    sizes = [tensors.get(v.name, unknown).nbytes for v in (*graph.input, *graph.output) if v.name not in stored]
+    return None if any(n is None for n in sizes) else float(sum(n for n in sizes if n is not None))
 
 
 @cache
@@ -223,7 +250,7 @@ def _symbolic_shape_inference() -> Any:
     return module.SymbolicShapeInference
 
 
-def _costs(graph: onnx.GraphProto, tensors: dict[str, TensorInfo], inference: str) -> GraphCost:
+def _costs(graph: onnx.GraphProto, tensors: dict[str, TensorInfo], inference: str, io_bytes: float | None) -> GraphCost:
     constants = _constant_values(graph)
     unknown = TensorInfo(None, None)
     nodes, unknown_shapes = [], 0
@@ -247,7 +274,7 @@ def _costs(graph: onnx.GraphProto, tensors: dict[str, TensorInfo], inference: st
                 moved=0.0 if node.op_type in VIEWS else node_bytes(node.op_type, variable, outputs),
             )
         )
-    return GraphCost(nodes, unknown_shapes, inference)
+    return GraphCost(nodes, unknown_shapes, inference, io_bytes)
 
 
 def _without_weight_data(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -413,21 +440,9 @@ def inference_work(path: Path, input_shapes: Mapping[str, Sequence[int]], batch:
     inputs and outputs, and its FLOPs."""
     weights = weight_bytes(path)
     cost = graph_cost(path, input_shapes)
-    infos = _tensor_infos(shape_inference.infer_shapes(_fixed(path, input_shapes)))
-    graph = _proto(path).graph
-    stored = {t.name for t in graph.initializer}  # an old graph lists its weights among its inputs too
-    io = [
-        infos.get(v.name, TensorInfo(None, None)).nbytes for v in (*graph.input, *graph.output) if v.name not in stored
-    ]
-    known = None if any(n is None for n in io) else float(sum(n for n in io if n is not None))
+    known = cost.io_bytes  # the outputs' shapes by the same inference as the FLOPs (onnx's alone often leaves them)
     fields = {
         "bytes_per_item": None if known is None else (sum(weights.values()) + known) / batch,
         "flops_per_item": cost.flops / batch if not cost.unknown_shapes else None,
     }
     return fields, {"weight_bytes": weights, "work_counted": INFERENCE_COUNTED}
-
-
-def _fixed(path: Path, input_shapes: Mapping[str, Sequence[int]]) -> onnx.ModelProto:
-    model = _without_weight_data(onnx.load(str(path), load_external_data=False))
-    _fix_inputs(model.graph, input_shapes)
-    return model

@@ -297,7 +297,7 @@ def _bpe_vocabulary(writer: Any, config: Any, folder: Path) -> str:
 SYNTHETIC_BLOCKS = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0xAC00, 0xD7A3), (0x20000, 0x2A6DF))
 
 
-def _synthetic_pieces(count: int) -> list[str]:
+def synthetic_pieces(count: int) -> list[str]:
     pieces: list[str] = []
     for first, last in SYNTHETIC_BLOCKS:
         pieces += [chr(point) for point in range(first, min(last + 1, first + count - len(pieces)))]
@@ -320,7 +320,7 @@ def _synthetic_vocabulary(writer: Any, config: Any) -> None:
     if size >= len(texts) + BYTE_TOKENS:
         texts += [f"<0x{byte:02X}>" for byte in range(BYTE_TOKENS)]
         types += [gguf.TokenType.USER_DEFINED] * BYTE_TOKENS
-    texts += _synthetic_pieces(max(0, size - len(texts)))
+    texts += synthetic_pieces(max(0, size - len(texts)))
     types += [gguf.TokenType.NORMAL] * (size - len(types))
     writer.add_tokenizer_model("llama")
     writer.add_tokenizer_pre("default")
@@ -329,12 +329,12 @@ def _synthetic_vocabulary(writer: Any, config: Any) -> None:
     writer.add_token_scores([-float(i) for i in range(size)])
     writer.add_token_types(types[:size])
     writer.add_unk_token_id(0)
-    writer.add_bos_token_id(_token_id(getattr(config, "bos_token_id", None), 1, size))
-    writer.add_eos_token_id(_token_id(getattr(config, "eos_token_id", None), 2, size))
+    writer.add_bos_token_id(token_id(getattr(config, "bos_token_id", None), 1, size))
+    writer.add_eos_token_id(token_id(getattr(config, "eos_token_id", None), 2, size))
     writer.add_add_bos_token(False)
 
 
-def _token_id(value: Any, default: int, size: int) -> int:
+def token_id(value: Any, default: int, size: int) -> int:
     """A config's token id (the first of a list), inside the vocabulary, else the default."""
     value = value[0] if isinstance(value, list | tuple) and value else value
     return value if type(value) is int and 0 <= value < size else default

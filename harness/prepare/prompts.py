@@ -555,8 +555,8 @@ def _ids_text(ids: Iterable[int], shown: int = 8) -> str:
 
 
 def _decoded(spec: Any, generated: list[list[int]]) -> list[str] | None:
-    """The generated ids as text: a GGUF's by its own vocabulary (harness.prepare.gguf_vocab), else the folder's
-    tokenizer's."""
+    """The generated ids as text: a GGUF's by its own vocabulary (harness.prepare.gguf_vocab), a built-in spec's by
+    the tokenizer its toml names, else the folder's tokenizer's."""
     if getattr(spec, "is_gguf_file", False):
         from harness.prepare.gguf_file import GgufError
         from harness.prepare.gguf_vocab import decode as gguf_decode
@@ -565,6 +565,10 @@ def _decoded(spec: Any, generated: list[list[int]]) -> list[str] | None:
             return gguf_decode(spec.local_path, generated)
         except (GgufError, ValueError) as exc:
             raise PromptError(f"the GGUF's vocabulary cannot decode them: {exc}") from exc
+    if getattr(spec, "tokenizer", None) is not None:  # a built-in spec's own (harness.prepare.spec_tokenizer)
+        from harness.prepare.spec_tokenizer import spec_tokenizer
+
+        return decode(spec_tokenizer(spec), generated)
     return decode(tokenizer_folder(spec.local_path), generated)
 
 
@@ -593,6 +597,10 @@ def text_fields(spec: Any, input_ids: np.ndarray, generated: list[list[int]] | N
         details["output_text"] = f"not decoded: {why}"
     elif generated:
         texts = _bounded_texts(texts, generated, details)
+        if getattr(spec, "tokenizer", None) is not None:  # the row says whose words these are
+            from harness.prepare.spec_tokenizer import DESCRIBED
+
+            details["tokenizer"] = DESCRIBED
     details["eos_policy"] = _eos_policy(spec, eos, asked)
     return {"prompt_ids": np.asarray(input_ids).astype(int).tolist(), "output_text": texts[0] if texts else None,
             "output_texts": texts, "stop_at_eos": bool(eos)}  # fmt: skip

@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 
 from harness.core.generation import StepTop, token_check
-from harness.core.parity import GGML_SIDE
+from harness.core.parity import GGML_SIDE, MODULE_SIDE
 from harness.core.records import UnsupportedError
 from harness.prepare.folders import file_precision, past_shape
-from harness.prepare.greedy import cpu_session, forced_logits
+from harness.prepare.greedy import cpu_session, filler, forced_logits
 from harness.prepare.seq2seq import Seq2SeqFiles, forced_seq2seq, graph_name, precision_files, seq2seq_files
 from harness.prepare.variants import model_for_precision
 
@@ -150,6 +150,26 @@ def check_generation(graph: Graphs, source: Path, prompt: dict[str, np.ndarray],
     return agree, facts, steps
 
 
+def module_check(source: Path, prompt: dict[str, np.ndarray], tokens: list[list[int]], precision: str,
+                 top: StepTop | None, depth: int = 0) -> tuple[bool | None, dict[str, Any]]:  # fmt: skip
+    """A generation of an engine's own module of the weights (torch) checked against native ORT CPU on the fp32 graph
+    of the same weights (`source`'s, the export the run made), teacher-forced on its tokens after a KV cache filled to
+    `depth`: token_check at MODULE_SIDE's tolerance, its top-k logits per step compared where it returned them; and,
+    under `tokens_against`, its tokens against that graph's argmax (the quality a row whose own distributions were
+    not forced takes). (None, why) where no graph computes what it ran."""
+    if precision != "fp32":
+        why = f"{precision} is the engine's own cast of its module, which no ONNX graph computes"
+        return None, {"token_parity": f"not checked: {why}; its agreement with the fp32 graph is its quality"}
+    graph = fp32_graph(source)
+    if graph is None:
+        return None, {"token_parity": f"not checked: {NO_REFERENCE}"}
+    ids = np.asarray(tokens, dtype=np.int64)
+    steps = forced(graph, prompt, ids, depth)[:, -ids.shape[1] :]
+    agree, facts = token_check(ids, steps, "fp32", MODULE_SIDE, top)
+    facts["token_reference"] = f"{REFERENCE_ENGINE} on {graphs_name(graph)} (the fp32 export of the same weights)"
+    return agree, facts | {"tokens_against": tokens_against(graph, prompt, tokens, steps)}
+
+
 def first_divergence(reference_steps: np.ndarray, ids: np.ndarray) -> int | None:
     """The first generated position (0-based, the earliest over the batch's rows) where a row's tokens leave the
     reference's greedy tokens, from the reference's logits teacher-forced on them [batch, N, vocab] (up to that
@@ -162,18 +182,18 @@ def first_divergence(reference_steps: np.ndarray, ids: np.ndarray) -> int | None
 def engine_against(forced: Callable[[tuple[int, ...]], np.ndarray], reference: Path, feeds: dict[str, np.ndarray],
                    tokens: list[list[int]], depth: int) -> dict[str, Any]:  # fmt: skip
     """A generation beside the fp32 graph on its own engine's distributions (`forced`: its session's logits over a
-    forced sequence, each position's predicting the next id): both teacher-forced on the row's prompt and tokens,
-    top-1 agreement and mean KL(P_fp32 || P_row) over the positions, and the first divergence of its tokens from
-    the fp32 graph's greedy ones."""
-    if depth:
-        return {"quality": "not measured on the engine's own logits: its forced pass starts from an empty KV cache"}
+    forced sequence, each position's predicting the next id): both teacher-forced on the row's prompt and tokens
+    (after the KV-cache filler at a `depth`), top-1 agreement and mean KL(P_fp32 || P_row) over the positions, and the
+    first divergence of its tokens from the fp32 graph's greedy ones."""
     prompt = {name: feeds[name] for name in ("input_ids", "attention_mask")}
     if not np.all(prompt["attention_mask"] == 1):
         return {"quality": "not measured on the engine's own logits: a padded prompt"}
     ids = np.asarray(tokens, dtype=np.int64)
-    sequences = np.concatenate([prompt["input_ids"], ids], axis=1)
+    # at a depth, the filler the cache was filled with leads the forced sequence: one causal pass over filler, prompt
+    # and tokens from an empty cache computes what filling it, then forcing the rest, computes
+    sequences = np.concatenate([filler(prompt["input_ids"], depth), prompt["input_ids"], ids], axis=1)
     rows = [forced(tuple(int(i) for i in row)) for row in sequences]
-    fp32 = _sequence_logits(reference, prompt, ids)
+    fp32 = _sequence_logits(reference, prompt, ids, depth)
     found = quality(fp32, np.stack(rows))
     return {"agreement_top1": found.agreement_top1, "kl_mean": found.kl_mean, "quality_positions": found.positions,
             "first_divergence": first_divergence(fp32[:, -ids.shape[1] :], ids),

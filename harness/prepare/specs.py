@@ -37,6 +37,7 @@ INPUT_KINDS = (
 NO_SEQUENCE_KINDS = ("vision", "audio")  # kinds whose inputs have no token axis
 SEQ2SEQ_KINDS = ("seq2seq", "audio-features")  # the encoder–decoder kinds that generate on ONNX Runtime
 VARIANTS = ("base", "tiny", "small")
+SPEC_TOKENIZERS = ("passage-words",)  # the tokenizers a spec's variant may name (harness.prepare.spec_tokenizer)
 
 
 class SpecError(ValueError):
@@ -101,6 +102,9 @@ class ModelSpec:
     # the user's transcript of that WAV (--transcript: harness.prepare.wer), what its rows' WER is measured against;
     # None: espeak-ng's passage where that is what the model hears, else no WER. Not in the fingerprint either.
     transcript: Path | None = None
+    # a built-in tokenizer the spec's toml names (SPEC_TOKENIZERS: harness.prepare.spec_tokenizer makes it offline):
+    # a random tiny spec's tokens then decode to text (a speech row's WER). Not in the fingerprint: the graph's same.
+    tokenizer: str | None = None
 
     def case_shapes(self, batch_sizes: list[int], sequence_lengths: list[int]) -> list[tuple[int, int | None]]:
         """The (batch, seq) cases the request's sizes become for this model: an .onnx file with fixed
@@ -248,9 +252,17 @@ def parse_spec_file(path: Path, text: str) -> list[ModelSpec]:
                 pretrained_package=table.get("pretrained_package"),
                 pretrained_package_path=table.get("pretrained_package_path", ""),
                 source=where,
+                tokenizer=_spec_tokenizer(table, f"{where} [{variant}]"),
             )
         )
     return specs
+
+
+def _spec_tokenizer(table: dict[str, Any], where: str) -> str | None:
+    name = table.get("tokenizer")
+    if name is not None and name not in SPEC_TOKENIZERS:
+        raise SpecError(f"{where}: tokenizer '{name}' is not one of {', '.join(SPEC_TOKENIZERS)}")
+    return name
 
 
 def load_specs() -> dict[str, ModelSpec]:

@@ -143,12 +143,15 @@ class WordErrors:
 
 def word_errors(reference: str, hypothesis: str, normalize: Callable[[str], str]) -> WordErrors | None:
     """The hypothesis's WER against the reference's prefix with the fewest errors (the longest among equals); None
-    where the normalized hypothesis or reference has no word."""
+    where the normalized reference has no word. A hypothesis with none (the model wrote only special tokens) missed
+    every word it could have heard: its fewest errors are the first word's deletion, WER 1, a measurement."""
     import jiwer
 
     heard, said = normalize(hypothesis).split(), normalize(reference).split()
-    if not heard or not said:
+    if not said:
         return None
+    if not heard:
+        return WordErrors(1.0, 1, len(said), 0, 1, 0, "", said[0])
     text = " ".join(heard)
     best: tuple[int, int, Any] | None = None
     for words in range(1, len(said) + 1):
@@ -178,7 +181,7 @@ def wer_fields(texts: list[str] | None, reference: Reference, folder: Path | Non
     first = scored[0]
     facts: dict[str, Any] = {"wer_reference": reference.source, "wer_normalizer": described}
     if first is None:
-        return facts | {"wer": None, "wer_not_measured": "the decoded text has no words after normalization"}
+        return facts | {"wer": None, "wer_not_measured": "the reference has no words after normalization"}
     facts |= {
         "wer": first.wer,
         "wer_words": f"the reference's first {first.words:,} of {first.total:,} words (the prefix with the fewest "

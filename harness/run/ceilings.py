@@ -368,7 +368,8 @@ def _calibrate(
 
 @dataclass
 class _Loader:
-    """Loads a target's calibration graphs as its rows' sessions are loaded: the EP apart from its thread count
+    """Loads a target's calibration graphs as its rows' sessions are loaded (an engine that runs no ONNX file, torch,
+    through its backend's load_calibration: the graph's ops as its own): the EP apart from its thread count
     (harness.core.threads.split_threads: the count the target names runs), the machine's other load read once per
     target for an engine that reads it (a 0.2 s window: per load, it was most of a fast target's calibration)."""
 
@@ -387,6 +388,8 @@ class _Loader:
             self.busy, self.read = others_busy_cpus(), True
         target, threads = split_threads(self.target)
         path, feeds = calibration_path(calibration, size), calibration_feeds(calibration, size)
+        if (own := getattr(self.backend, "load_calibration", None)) is not None:  # an engine that runs no ONNX file
+            return own(path, target, threads), feeds  # (torch): the graph's ops as its own
         request = LoadRequest(spec_from_path(path, None), path, "fp32", feeds, threads=threads,
                               others_busy_cpus=self.busy)  # fmt: skip
         return self.backend.load(request, target), feeds

@@ -191,7 +191,7 @@ def measure_generation(
     session fills its KV cache to that many tokens first and calls begin(): the clock starts there."""
     if depth and not getattr(session, "fills_cache", False):
         raise UnsupportedError(f"--depths {depth}: this engine's generation starts from an empty KV cache here "
-                               "(ONNX Runtime's greedy loop and the page fill one)")  # fmt: skip
+                               "(ONNX Runtime's and torch's greedy loops and the page fill one)")  # fmt: skip
     prepared = session.prepare(feeds)
     ttft: list[float] = []
     steps: list[list[float]] = []

@@ -96,9 +96,10 @@ def _run_model(plan: Plan, spec: ModelSpec, emit: Emit, measured: dict[Target, s
                 else:
                     runnable.append(case)
             if runnable:
+                can = capabilities(target.engine)
                 checked = (
                     emit
-                    if not capabilities(target.engine).generate_needs_past_export
+                    if not (can.generate_needs_past_export or can.checked_on_export)
                     else (lambda result, prepared=prepared: emit(checked_generation(prepared, result)))
                 )
                 # the target's ceilings, measured once per run, before the first job that needs each of them
@@ -121,6 +122,8 @@ def checked_generation(prepared: PreparedModel, result: Result | Control) -> Res
         return _gguf_checked(prepared, result)
     from harness.prepare.quality import check_generation, ran_graphs
 
+    if capabilities(result.target.engine).checked_on_export:  # the engine's own module of the weights
+        return _module_checked(prepared, result)
     source = prepared.onnx_past_path
     assert source is not None  # a generate row of an engine that runs the graph with past ran it
     if result.target.hardware != "cpu":  # other kernels than the reference's: no tolerance was measured for them
@@ -144,6 +147,39 @@ def checked_generation(prepared: PreparedModel, result: Result | Control) -> Res
     if agree:
         return replace(result, details=details)
     return replace(result, status="mismatch", error=facts["token_parity"], details=details)
+
+
+def _module_checked(prepared: PreparedModel, result: Result) -> Result:
+    """A generation of an engine's own module (torch) against native ORT CPU on the fp32 export of the same weights
+    (harness.prepare.quality.module_check): `mismatch` beyond the tolerance; its quality beside fp32 stays the
+    worker's, measured on its own distributions."""
+    from harness.prepare.quality import module_check
+
+    details = {key: value for key, value in result.details.items() if key != ENGINE_TOP}
+    if prepared.onnx_past_path is None:
+        why = "not checked: no ONNX export with past of the model in this run, native ORT's reference"
+        return replace(result, details=details | {"token_parity": why})
+    if result.target.hardware != "cpu":
+        why = f"not checked: native ORT CPU is the reference, and no tolerance is measured for {result.target.hardware}"
+        return replace(result, details=details | {"token_parity": why})
+    try:
+        case = result.case
+        feeds, _ = prepared.load_case((case.batch_size, case.seq_len), case.audio_seconds)
+        prompt = {k: v for k, v in feeds.items() if k in ("input_ids", "attention_mask", "input_features")}
+        agree, facts = module_check(prepared.onnx_past_path, prompt, result.generated_tokens or [], result.precision,
+                                    _engine_top(result.details), case.depth or 0)  # fmt: skip
+    except Exception as exc:  # the check's own failure is the row's error, never the run's
+        return replace(result, status="error", error=f"token check failed: {type(exc).__name__}: {exc}"[:500])
+    # the worker's quality, on the engine's own distributions, stands; a row without it (an encoder–decoder's: no
+    # forced pass; a padded prompt) takes its tokens against the fp32 graph's argmax, and the worker's reason for KL
+    against = facts.pop("tokens_against", None)
+    if against is not None and details.get("agreement_top1") is None:
+        why = details.pop("quality", None) or "the engine's own distributions were not forced"
+        details |= against | {"kl_mean_not_measured": why}
+    details |= facts
+    if agree is False:
+        return replace(result, status="mismatch", error=facts["token_parity"], details=details)
+    return replace(result, details=details)
 
 
 ENGINE_TOP = "step_top"  # an engine's own top logits per step, in its row's details until the check takes them

@@ -238,10 +238,30 @@ function sameTokens(a, b) {
   return a.length === b.length && a.every((row, i) => row.join(',') === b[i].join(','));
 }
 
-// One untimed warm-up generation (its tokens and prefill logits are the row's), then timed generations
-// under the usual stop rule (stop.mjs, as runner.mjs's measure): the count and the duration met, capped by
-// max_iterations, stopped by the budget but never below min_iterations. hooks: {fault(step), memory(),
-// loopMark(mark)} from runner.mjs. The page's memory is measured after the warm-up and after the repeats.
+// A page's first generations are slower than its steady ones while the engine's wasm (or shaders) is still being
+// compiled and tiered up (llama-small at 1 thread: 112, 116, 90, 73, ... 52-57 ms per generation), and a decode
+// rate is the steps' count over their summed time: one warm-up left those generations in the row's figure. So the
+// page warms up until the generation time stops falling: at least job.warmup (--warmup) generations after the
+// first, then on until none of the last WARM_PATIENCE is more than WARM_FALL faster than the fastest before them;
+// never more than job.max_warmup (harness.core.generation.PAGE_MAX_WARMUP_GENERATIONS), and never past the case's
+// budget (the timed loop then still takes its min_iterations). Pure: times are the warm-up generations' ms (the
+// first generation, which keeps its logits, is not one of them).
+export const WARM_PATIENCE = 3;
+export const WARM_FALL = 0.05;
+
+export function warmedUp(times, warmup, most) {
+  const n = times.length;
+  if (n >= most) return true;
+  if (n < Math.max(warmup, WARM_PATIENCE + 1)) return false;
+  const best = Math.min(...times.slice(0, n - WARM_PATIENCE));
+  return times.slice(n - WARM_PATIENCE).every((t) => t >= (1 - WARM_FALL) * best);
+}
+
+// One untimed generation that keeps its tokens and prefill logits (the row's), untimed warm-up generations until
+// the time stops falling (warmedUp), then timed generations under the usual stop rule (stop.mjs, as runner.mjs's
+// measure): the count and the duration met, capped by max_iterations, stopped by the budget but never below
+// min_iterations. hooks: {fault(step), memory(), loopMark(mark)} from runner.mjs. The page's memory is measured
+// after the warm-up and after the repeats.
 // once(hook, keepLogits): one generation; an encoder-decoder's (seq2seq.mjs) also says its encoder_ms.
 export async function measureGeneration(ort, session, inputs, job, hooks, once = null) {
   const prompt = { ids: inputs.input_ids, mask: inputs.attention_mask };
@@ -251,6 +271,10 @@ export async function measureGeneration(ort, session, inputs, job, hooks, once =
   const t0 = performance.now();
   const deadline = job.max_time_ms == null ? Infinity : t0 + job.max_time_ms;
   const first = await generate(null, true);
+  const warm = [];
+  while (!warmedUp(warm, job.warmup, job.max_warmup) && performance.now() < deadline) {
+    warm.push((await generate(null, false)).total_ms);
+  }
   const memory_before = await hooks.memory();
   const samples = [];
   const ttft = [];
@@ -290,10 +314,15 @@ export async function measureGeneration(ort, session, inputs, job, hooks, once =
       step_top: first.step_top,
       memory_before,
       memory_after,
-      warmup_generations: 1,
+      warmup_generations: 1 + warm.length,
+      warmup_samples_ms: warm,
       ...(job.seq2seq && { encoder_samples_ms: encoder }),
     },
-    budget: { max_time_s: job.max_time_ms == null ? null : job.max_time_ms / 1000, warmup_run: 1, budget_stopped: loop_stopped },
+    budget: {
+      max_time_s: job.max_time_ms == null ? null : job.max_time_ms / 1000,
+      warmup_run: warm.length,
+      budget_stopped: loop_stopped || !warmedUp(warm, job.warmup, job.max_warmup),
+    },
   };
 }
 

@@ -1,24 +1,32 @@
-// transformers.js in the page (@huggingface/transformers: its model classes and generate loop over the
-// onnxruntime-web it bundles, not the harness's). The model folder is job.runtime_model_base (config.json,
-// generation_config.json if any, onnx/model[_suffix].onnx for job.runtime_dtype), loaded with remote models off and
-// nothing cached; its onnxruntime-web's wasm is the one served with it (web/runtime_dist.py), never a CDN's.
-// A generation is model.generate on the job's prompt ids (no tokenizer runs): greedy, exactly job.new_tokens tokens
-// (EOS off) unless the job stops at EOS, with a streamer that stamps each token as transformers.js hands it to app
-// code (put() after the token is chosen from logits on the CPU): TTFT from the generate call to the first token,
-// each decode step from one token to the next. The warm-up (keepLogits) adds a logits processor that keeps each
-// step's top job.top_k ids and logits (raw: every built-in processor is off, greedy) and the prefill's
+// transformers.js in the page (@huggingface/transformers) as apps call it: `pipeline('text-generation', model)` over
+// the onnxruntime-web it bundles, not the harness's. The model folder is job.runtime_model_base (config.json,
+// generation_config.json, tokenizer.json, tokenizer_config.json, onnx/model[_suffix].onnx for job.runtime_dtype),
+// loaded with remote models off and nothing cached; its onnxruntime-web's wasm is the one served with it
+// (web/runtime_dist.py), never a CDN's.
+// The prompt: the job's ids as text (the pipeline's own tokenizer decodes them), which the pipeline tokenizes again
+// as it does any app's text. Where its ids are the job's (checked before the first generation, and again on the ids
+// the pipeline hands its generate loop), a generation is generator(text, …); where they differ, the facts say where,
+// and the generation runs on the job's ids through the pipeline's model (generator.model.generate), so the tokens
+// stay comparable with native ones. Greedy, exactly job.new_tokens tokens (EOS off) unless the job stops at EOS,
+// with a streamer that stamps each token as transformers.js hands it to app code (put() after the token is chosen
+// from logits on the CPU): TTFT from the call to the first token (the pipeline's tokenizing included: what an app
+// waits for), each decode step from one token to the next. The warm-up (keepLogits) adds a logits processor that
+// keeps each step's top job.top_k ids and logits (raw: every built-in processor is off, greedy) and the prefill's
 // last-position logits; timed generations run without it.
 
 const FACTS = {};
-let state = null; // {tf, model, key, load_ms}: the model loaded last
+let state = null; // {tf, generator, key, load_ms}: the pipeline loaded last
 let started = null; // {ep, threads}: what this page's transformers.js runtime started with
 
-// The folder as transformers.js names a local model: env.localModelPath (its parent URL) and the model id.
+// The folder as transformers.js names a local model: env.localModelPath (its parent's path on this origin) and the
+// model id. A path, not a URL: transformers.js asks whether a local file exists (the pipeline's tokenizer.json, its
+// tokenizer_config.json) only of a path; of an http URL it answers no, and the pipeline would have no tokenizer.
 function splitFolder(base) {
   const url = new URL(base, location.href);
+  if (url.origin !== location.origin) throw new Error('a transformers.js model folder is served by the page\'s origin');
   const path = url.pathname.replace(/\/+$/, '');
   const cut = path.lastIndexOf('/');
-  return { parent: url.origin + path.slice(0, cut + 1), id: path.slice(cut + 1) };
+  return { parent: path.slice(0, cut + 1), id: path.slice(cut + 1) };
 }
 
 function loadedWasm() {
@@ -43,7 +51,7 @@ async function start(job, tools) {
   onnx.wasm.numThreads = job.threads;
   onnx.wasm.proxy = false;
   const started = performance.now();
-  const model = await tf.AutoModelForCausalLM.from_pretrained(folder.id, {
+  const generator = await tf.pipeline('text-generation', folder.id, {
     dtype: job.runtime_dtype ?? 'fp32',
     device: job.ep === 'webgpu' ? 'webgpu' : 'wasm',
     local_files_only: true,
@@ -57,9 +65,47 @@ async function start(job, tools) {
     threads_effective: onnx.wasm.numThreads,
     wasm_files: loadedWasm(),
     dtype: job.runtime_dtype ?? 'fp32',
-    model_type: model.config?.model_type ?? null,
+    model_type: generator.model.config?.model_type ?? null,
+    pipeline: generator.task ?? 'text-generation',
   });
-  return { tf, model, load_ms };
+  return { tf, generator, load_ms };
+}
+
+// The pipeline's ids for a text, tokenized as TextGenerationPipeline does (special tokens added where the
+// tokenizer's config adds them).
+function pipelineIds(tokenizer, text) {
+  const add_special_tokens = (tokenizer.add_bos_token || tokenizer.add_eos_token) ?? false;
+  const encoded = tokenizer([text], { add_special_tokens, padding: true, truncation: true });
+  return Array.from(encoded.input_ids.data, Number);
+}
+
+// How the prompt reaches the model: {text} where the pipeline tokenizes the ids' text back into the same ids, else
+// {text: null} (the job's ids through the pipeline's model); facts.prompt says which, and where they differ.
+function promptRoute(generator, ids) {
+  const tokenizer = generator.tokenizer;
+  if (!tokenizer) throw new Error('the text-generation pipeline loaded no tokenizer (tokenizer_config.json not found)');
+  const bos = tokenizer.bos_token_id;
+  const body = tokenizer.add_bos_token && ids[0] === bos ? ids.slice(1) : ids; // the pipeline adds that BOS itself
+  const text = tokenizer.decode(body, { skip_special_tokens: false, clean_up_tokenization_spaces: false });
+  const again = pipelineIds(tokenizer, text);
+  let at = 0;
+  while (at < ids.length && at < again.length && again[at] === ids[at]) at++;
+  const same = at === ids.length && again.length === ids.length;
+  const facts = {
+    route: same ? 'text: generator(text) tokenizes the prompt' : 'ids: generator.model.generate on the prompt ids',
+    pipeline_ids_equal: same,
+    prompt_length: ids.length,
+    pipeline_prompt_length: again.length,
+    first_differing_position: same ? null : at,
+  };
+  return { text: same ? text : null, facts };
+}
+
+// The prompt ids the pipeline fed its generate loop (the streamer's first put) must be the job's.
+function checkFed(fed, ids) {
+  if (fed.length !== ids.length || fed.some((id, i) => id !== ids[i])) {
+    throw new Error(`the pipeline fed ${fed.length} prompt ids that are not the job's ${ids.length}`);
+  }
 }
 
 export async function load(job, inputs, row, tools) {
@@ -70,19 +116,18 @@ export async function load(job, inputs, row, tools) {
     throw new Error(`this page runs transformers.js on ${running}; open a fresh page`);
   }
   if (state?.key !== key) {
-    await state?.model.dispose();
+    await state?.generator.dispose();
     state = null;
     state = { ...(await start(job, tools)), key };
     started = { ep: job.ep, threads: job.threads };
   }
-  const { tf, model } = state;
-  const ids = inputs.input_ids;
-  const mask = inputs.attention_mask ?? { data: new BigInt64Array(ids.data.length).fill(1n), dims: ids.dims };
-  const prompt = {
-    input_ids: new tf.Tensor('int64', ids.data, ids.dims),
-    attention_mask: new tf.Tensor('int64', mask.data, mask.dims),
-  };
-  return { load_ms: state.load_ms, once: (hook, keepLogits) => generateOnce(tf, model, prompt, job, hook, keepLogits) };
+  const { tf, generator } = state;
+  if (inputs.input_ids.dims[0] !== 1) throw new tools.Unsupported('the transformers.js pipeline runs batch 1 here');
+  const ids = Array.from(inputs.input_ids.data, Number);
+  const route = promptRoute(generator, ids);
+  FACTS.prompt = route.facts;
+  const once = (hook, keepLogits) => generateOnce(tf, generator, route.text, ids, job, hook, keepLogits);
+  return { load_ms: state.load_ms, once };
 }
 
 // put() is called with the prompt first, then with each step's chosen tokens ([[id] per row]); end() after the last.
@@ -90,11 +135,11 @@ function stampingStreamer(tf, batch) {
   const streamer = new tf.BaseStreamer();
   streamer.times = [];
   streamer.tokens = Array.from({ length: batch }, () => []);
-  let prompt = true;
+  streamer.fed = null; // the prompt ids the generate loop was handed
   streamer.put = (value) => {
     const now = performance.now();
-    if (prompt) {
-      prompt = false;
+    if (streamer.fed === null) {
+      streamer.fed = value[0].map(Number);
       return;
     }
     streamer.times.push(now);
@@ -134,19 +179,17 @@ function topIds(values, k) {
   return ids;
 }
 
-async function generateOnce(tf, model, prompt, job, hook, keepLogits) {
+// One greedy generation: the pipeline on the prompt's text, or (text null) the pipeline's model on the ids.
+async function generateOnce(tf, generator, text, ids, job, hook, keepLogits) {
   if (hook) {
     await hook(0);
     await hook(1); // the fault hook fires before the generation (generate() cannot be paused mid-way)
   }
-  const batch = prompt.input_ids.dims[0];
+  const batch = 1;
   const streamer = stampingStreamer(tf, batch);
-  const kept = keepLogits ? { top: { ids: [], values: [] }, prefill: [] } : null;
-  if (kept) for (let row = 0; row < batch; row++) kept.top.ids.push([]), kept.top.values.push([]);
+  const kept = keepLogits ? { top: { ids: [[]], values: [[]] }, prefill: [] } : null;
   const eos = job.eos_ids ?? [];
-  const started = performance.now();
-  await model.generate({
-    ...prompt,
+  const options = {
     max_new_tokens: job.new_tokens,
     min_new_tokens: null,
     do_sample: false,
@@ -160,10 +203,19 @@ async function generateOnce(tf, model, prompt, job, hook, keepLogits) {
     forced_eos_token_id: null,
     logits_processor: kept ? [keepingProcessor(tf, batch, job.top_k, kept)] : null,
     streamer,
-  });
+  };
+  const started = performance.now();
+  if (text !== null) {
+    await generator(text, { ...options, return_full_text: false });
+  } else {
+    const input_ids = new tf.Tensor('int64', BigInt64Array.from(ids, BigInt), [1, ids.length]);
+    const attention_mask = new tf.Tensor('int64', new BigInt64Array(ids.length).fill(1n), [1, ids.length]);
+    await generator.model.generate({ input_ids, attention_mask, ...options });
+  }
   const total_ms = performance.now() - started;
   const { times, tokens } = streamer;
   if (!times.length) throw new Error('transformers.js generated no token');
+  checkFed(streamer.fed ?? [], ids);
   const steps = times.slice(1).map((t, i) => t - times[i]);
   const prefill_logits = kept ? { dims: [batch, 1, kept.prefill[0].length], values: kept.prefill.flat() } : null;
   return { total_ms, ttft_ms: times[0] - started, steps, tokens, prefill_logits, step_top: kept ? kept.top : null };

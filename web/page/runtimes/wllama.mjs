@@ -16,6 +16,11 @@
 // warm-up asks for the top job.top_k candidates, whose values are llama.cpp's log-probabilities (log-softmax of the
 // step's logits before sampling), not logits. Threads: n_threads given; the count the worker started llama.cpp with
 // is read back from its own report, not assumed.
+// WebGPU: wllama 3.8.1's wasm carries llama.cpp's ggml-webgpu backend; a webgpu job loads with every layer offloaded
+// asked (n_gpu_layers 99999), a wasm job with none (wllama then hides navigator.gpu from its worker). What ran is read
+// back from llama.cpp's own load log (its "offloaded N/M layers to GPU" line and the buffers holding the weights):
+// ggml-webgpu registers no device on an adapter without shader-f16, and llama.cpp then runs every layer on the CPU
+// without an error, so a webgpu job with no layer offloaded is `unsupported`, saying so, never a webgpu row.
 
 const FACTS = {}; // what the last load found, for facts()
 let state = null; // {wllama, meta, n_ctx, key, load_ms}: the model loaded last
@@ -37,6 +42,40 @@ function threadsFromLog(lines) {
     if (found) return found[1] === 'true' ? Number(found[2]) : 1;
   }
   return null;
+}
+
+// What llama.cpp's load log says it placed where: the layers offloaded to a GPU device (null where it printed no
+// offload line: none was, as on a CPU-only load) and the buffer types holding the model's weights ("CPU", "WebGPU").
+export function offloadFromLog(lines) {
+  const offload = { layers_offloaded: null, layers_total: null, weight_buffers: [] };
+  for (const line of lines) {
+    const layers = line.match(/offloaded (\d+)\/(\d+) layers to GPU/);
+    if (layers) [offload.layers_offloaded, offload.layers_total] = [Number(layers[1]), Number(layers[2])];
+    const buffer = line.match(/load_tensors:\s+(\S+) model buffer size/);
+    if (buffer && !offload.weight_buffers.includes(buffer[1])) offload.weight_buffers.push(buffer[1]);
+  }
+  return offload;
+}
+
+// The page's WebGPU adapter, as WebLLM's row states it (a software one, SwiftShader here, says so in its own words).
+async function adapterFacts(tools) {
+  if (!navigator.gpu) throw new tools.Unsupported('llama.cpp (wllama) on webgpu: this browser offers no WebGPU');
+  const adapter = await navigator.gpu.requestAdapter();
+  if (!adapter) throw new tools.Unsupported('llama.cpp (wllama) on webgpu: this browser gave no WebGPU adapter');
+  const info = adapter.info ?? {};
+  return { vendor: info.vendor ?? null, architecture: info.architecture ?? null, description: info.description ?? null,
+    shader_f16: adapter.features.has('shader-f16') };
+}
+
+// A webgpu job whose load offloaded no layer ran on the CPU: unsupported, with what llama.cpp's log and the adapter say.
+function checkOffload(job, offload, adapter, tools) {
+  if (job.ep !== 'webgpu' || offload.layers_offloaded > 0) return;
+  const where = offload.weight_buffers.join(', ') || 'no buffer reported';
+  const f16 = adapter.shader_f16 ? '' : ' (the adapter has no shader-f16, which ggml-webgpu requires)';
+  const name = [adapter.vendor, adapter.architecture, adapter.description].filter(Boolean).join(' ') || 'unnamed';
+  throw new tools.Unsupported(`llama.cpp (wllama ${FACTS.version}) on webgpu offloaded no layer to the GPU on this ` +
+    `adapter (${name})${f16}: its load log names no offload and the weights were in ${where} buffers, so it runs ` +
+    'on the CPU: not a webgpu row');
 }
 
 // GGUF metadata values by type id (gguf.py's GGUFValueType), read little-endian from the file's header.
@@ -135,6 +174,7 @@ async function start(job, inputs, tools) {
   const wllama = new lib.Wllama({ default: base + 'wllama.wasm' }, { logger: logger(lines), allowOffline: true });
   // the compat build served here too: a browser without memory64 or JSPI never fetches it from a CDN
   wllama.setCompat({ worker: base + 'compat-wllama.js', wasm: base + 'compat-wllama.wasm' });
+  const adapter = job.ep === 'webgpu' ? await adapterFacts(tools) : null;
   const bytes = await tools.fetchBytes(job.model_url);
   const meta = ggufMetadata(bytes);
   const started = performance.now();
@@ -161,7 +201,16 @@ async function start(job, inputs, tools) {
     prompt_input: 'text spelled from the prompt ids with the GGUF vocabulary (wllama 3.x takes no token ids)',
     n_ctx: wllama.getLoadedContextInfo().n_ctx,
     webgpu: job.ep === 'webgpu',
+    n_gpu_layers: job.ep === 'webgpu' ? 99999 : 0,
+    offload: offloadFromLog(lines), // read back from llama.cpp's load log, not assumed
+    adapter,
   });
+  try {
+    checkOffload(job, FACTS.offload, adapter ?? {}, tools);
+  } catch (e) {
+    await wllama.exit(); // its worker goes with the refusal
+    throw e;
+  }
   return { wllama, meta, load_ms, n_ctx: contextFor(inputs, job) };
 }
 
