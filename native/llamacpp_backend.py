@@ -15,6 +15,10 @@ The first generation of each case (untimed: measure_generation's first run) also
 STEP_TOP_K raw logits, which the row's token check compares with native ONNX Runtime's teacher-forced logits
 (harness.core.generation.token_check): the tokens alone of a tiny random model rarely move under a wrong weight.
 
+Memory: llama.cpp's weights and KV cache live in the node child, so a row's memory_peak_mb is the worker's RSS peak
+plus the runner's (ChildMemory: its kernel high-water mark, reset before the case like the worker's), and its
+details say so (memory_covers, runner_memory_peak_mb, runner_rss_after_load_mb).
+
 Threads: --native-threads, else node-llama-cpp's default (the Llama's cpuMathCores, its maxThreads set to 0 so the
 context's count is exactly what runs), read back from the context (currentThreads) after a generation. Batch 1 only;
 no --depths (its cache is not filled first).
@@ -101,6 +105,69 @@ class Runner:
         self.log.close()
 
 
+_MB = 1024 * 1024
+
+
+class ChildMemory:
+    """The runner's RSS high-water mark between reset() and peak_mb(): /proc/<pid>/status's VmHWM, reset by writing 5
+    to its clear_refs (as harness.run.memory does for the worker), else its RSS sampled every 5 ms (psutil). Each
+    reading is written to `facts`, under the names the row states."""
+
+    def __init__(self, pid: int, facts: dict[str, Any]) -> None:
+        self.pid, self.facts = pid, facts
+        self._sampled = 0.0
+        self._stop: Any = None  # the sampling thread's stop event, while it runs
+
+    def _hwm_mb(self) -> float | None:
+        try:
+            for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+        except (OSError, ValueError):
+            return None
+        return None
+
+    def rss_mb(self) -> float:
+        import psutil
+
+        return psutil.Process(self.pid).memory_info().rss / _MB
+
+    def reset(self) -> None:
+        import threading
+
+        try:
+            Path(f"/proc/{self.pid}/clear_refs").write_text("5")
+            if self._hwm_mb() is not None:
+                self.facts["runner_memory_method"] = "vmhwm"
+                return
+        except OSError:
+            pass
+        self.facts["runner_memory_method"] = "sampling"
+        self._sampled, stop = self.rss_mb(), threading.Event()
+        self._stop = stop
+
+        def sample() -> None:
+            while not stop.wait(0.005):
+                with contextlib.suppress(Exception):  # the runner exiting: its last reading stands
+                    self._sampled = max(self._sampled, self.rss_mb())
+
+        threading.Thread(target=sample, daemon=True).start()
+
+    def peak_mb(self) -> float:
+        if self._stop is not None:
+            self._stop.set()
+            self._stop = None
+            peak = max(self._sampled, self.rss_mb())
+        else:
+            peak = self._hwm_mb() or self.rss_mb()
+        self.facts["runner_memory_peak_mb"] = peak
+        self.facts["memory_covers"] = (
+            "the worker's RSS peak plus the node llama.cpp runner's (runner_memory_peak_mb), each its own since the "
+            "case began: the sum of the two processes' peaks, an upper bound of their peak together"
+        )
+        return peak
+
+
 class LlamaCppGenerator(HostMemory):
     """One GGUF loaded by the runner; each generate() a fresh KV cache on the prompt."""
 
@@ -116,6 +183,10 @@ class LlamaCppGenerator(HostMemory):
         self.step_log_weight: np.ndarray | None = None
         self._top_wanted = False
         self.tokenizer: dict[str, Any] = {}  # llama.cpp's BOS id and whether its tokenizer puts BOS first
+        self.children_memory = ChildMemory(runner.process.pid, facts)  # the measure loop adds its peak to the worker's
+        with contextlib.suppress(Exception):  # a runner already gone: its load's memory is not stated
+            facts["runner_rss_after_load_mb"] = self.children_memory.rss_mb()
+            facts["memory_load_covers"] = "the worker's RSS growth over the load plus the runner's RSS after it"
 
     def prepare(self, feeds: dict[str, np.ndarray]) -> list[int]:
         ids = feeds["input_ids"]

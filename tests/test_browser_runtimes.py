@@ -112,3 +112,40 @@ def test_a_hung_page_runtime_is_a_timeout_and_the_run_goes_on(web_cache: Path, t
     assert summary.counts == {"timeout": 1, "ok": 1}
     rows = {r["engine"]: r for r in rows_of(request.db_path)}
     assert rows["transformers.js"]["status"] == "timeout" and rows["llama.cpp"]["status"] == "ok"
+
+
+@pytest.mark.slow  # ~25 s: a run of its own (the cheap check: test_only_llama_cpp_at_fp32_runs_at_a_depth)
+def test_llama_cpp_in_the_page_fills_its_cache_to_a_depth_untimed(web_cache: Path, tmp_path: Path) -> None:  # noqa: F811
+    """--depths 16 through wllama: the filler cached untimed (llama.cpp's own timings say it reused exactly the
+    filler and processed exactly the prompt), its top-8 log-probabilities checked against native ORT after the same
+    filler (checked from an empty cache instead, they are 500x further apart: the check sees a wrong depth);
+    transformers.js at a depth is `unsupported`, saying why."""
+    db = tmp_path / "d.duckdb"
+    done = run_cli("web", "--mode", "generate", "--model", "llama-tiny", "--hardware", "wasm", "--threads", "1",
+                   "--runtimes", "llama.cpp,transformers.js", "--depths", "16", "--no-ceilings", *QUICK, "--db",
+                   str(db), "--no-reports")  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = {r["engine"]: r for r in rows_of(db)}
+    deep = rows["llama.cpp"]
+    assert deep["status"] == "ok" and deep["depth"] == 16, deep["error"]
+    timings = deep["details"]["runtime"]["llama_cpp_timings"]
+    assert (timings["cache_n"], timings["prompt_n"]) == (16, 8), timings
+    assert deep["details"]["step_logit_max_diff"] <= deep["details"]["step_logit_tolerance"][0]
+    assert rows["transformers.js"]["status"] == "unsupported"
+    assert "empty KV cache" in rows["transformers.js"]["error"]
+
+
+def test_only_llama_cpp_at_fp32_runs_at_a_depth() -> None:
+    """Which page runtime runs a case at --depths, decided before any page opens: llama.cpp on the fp32 GGUF of the
+    model's weights (checked after the same filler), nothing else, each refusal saying why."""
+    from types import SimpleNamespace
+
+    from harness.browser.runtimes import _depth_refusal
+
+    def why(runtime: str, precision: str = "fp32", gguf_given: bool = False) -> str | None:
+        prepared = SimpleNamespace(spec=SimpleNamespace(is_gguf_file=gguf_given))
+        return _depth_refusal(prepared, runtime, SimpleNamespace(depth=64, precision=precision))  # type: ignore[arg-type]
+
+    assert why("llama.cpp") is None
+    assert "fp32 GGUF" in str(why("llama.cpp", "q4")) and "fp32 GGUF" in str(why("llama.cpp", gguf_given=True))
+    assert "--depths 64: transformers.js" in str(why("transformers.js")) and why("webllm") is not None

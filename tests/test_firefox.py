@@ -43,7 +43,8 @@ def killed_run(tmp_path_factory: pytest.TempPathFactory, web_cache: Path) -> tup
     out = tmp_path_factory.mktemp("firefox")
     request = WebRequest(
         models=["bert-tiny", "llama-tiny"], modes=["inference", "generate"], hardware=["wasm"], threads=[1, 2],
-        browsers=["firefox"], db_path=out / "f.duckdb", output_dir=out / "reports", **QUICK,
+        browsers=["firefox"], runtimes=["onnxruntime-web", "llama.cpp"], db_path=out / "f.duckdb",
+        output_dir=out / "reports", **QUICK,
     )  # fmt: skip
     summary = run_web(request, faults={"firefox/wasm:threads=2": "kill"})
     return summary, request
@@ -51,7 +52,7 @@ def killed_run(tmp_path_factory: pytest.TempPathFactory, web_cache: Path) -> tup
 
 def rows(db: Any) -> list[dict[str, Any]]:
     with duckdb.connect(str(db), read_only=True) as con:
-        found = con.execute("SELECT model, mode, provider, device, status, error, details FROM results")
+        found = con.execute("SELECT model, mode, engine, provider, device, status, error, details FROM results")
         names = [d[0] for d in found.description]
         return [dict(zip(names, row, strict=True)) for row in found.fetchall()]
 
@@ -61,7 +62,7 @@ def test_firefox_rows_name_the_browser_and_check_like_chromium(killed_run: tuple
 
     summary, _ = killed_run
     found = rows(summary.db_path)
-    ok = [r for r in found if r["provider"] == "wasm:threads=1"]
+    ok = [r for r in found if r["provider"] == "wasm:threads=1" and r["engine"] == "onnxruntime-web"]
     assert len(ok) == 3 and {r["status"] for r in ok} == {"ok"}, ok
     for row in ok:
         details = json.loads(row["details"])
@@ -75,12 +76,29 @@ def test_firefox_rows_name_the_browser_and_check_like_chromium(killed_run: tuple
 
 def test_a_killed_firefox_is_an_error_row_and_leaves_no_process(killed_run: tuple[Any, Any]) -> None:
     summary, _ = killed_run
-    killed = [r for r in rows(summary.db_path) if r["provider"] == "wasm:threads=2"]
-    assert len(killed) == 3 and all(r["status"] == "error" for r in killed), killed
+    killed = [r for r in rows(summary.db_path) if r["provider"] == "wasm:threads=2" and r["status"] != "unsupported"]
+    assert len(killed) == 4 and all(r["status"] == "error" for r in killed), killed
     assert all("firefox" in r["error"] and "exited (exit code -9)" in r["error"] for r in killed), killed
     with duckdb.connect(str(summary.db_path), read_only=True) as con:
         assert con.execute("SELECT status FROM runs").fetchall() == [("completed",)]
     assert firefoxes() == []
+
+
+def test_llama_cpp_runs_in_firefox_through_the_served_page(killed_run: tuple[Any, Any]) -> None:
+    """wllama in the launched Firefox: an `ok` row whose facts are read back from the runtime (its version, the
+    build it loaded, its threads) and whose tokens equal native ORT's; what it cannot run (an encoder) is
+    `unsupported` with its reason, and its killed 2-thread job an `error` (above)."""
+    summary, _ = killed_run
+    found = [r for r in rows(summary.db_path) if r["engine"] == "llama.cpp" and r["provider"] == "wasm:threads=1"]
+    (ran,) = [r for r in found if r["model"] == "llama-tiny" and r["mode"] == "generate"]
+    assert ran["status"] == "ok" and ran["device"] == "firefox", ran
+    details = json.loads(ran["details"])
+    runtime = details["runtime"]
+    assert runtime["name"] == "llama.cpp" and runtime["threads_effective"] == 1 and runtime["version"], runtime
+    assert isinstance(runtime["compat_build"], bool) and details["browser_version"].startswith("153")
+    assert details["page_runtime"] == "llama.cpp" and details["model_file"].endswith(".gguf"), details
+    assert details["tokens_matched"] == details["tokens_compared"] == QUICK["new_tokens"], details
+    assert {r["status"] for r in found if r is not ran} == {"unsupported"}, found  # inference; an encoder
 
 
 def test_bad_browser_lists_are_refused_before_anything_runs(tmp_path: Path) -> None:

@@ -174,6 +174,7 @@ def test_a_native_run_stores_both_engines_rows_checked(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     with duckdb.connect(str(db), read_only=True) as store:
         rows = store.execute("select engine, status, details, generated_tokens from results").fetchall()
+        memory = dict(store.execute("select engine, [memory_peak_mb, memory_load_mb] from results").fetchall())
     found = {engine: (status, json.loads(details), tokens) for engine, status, details, tokens in rows}
     assert set(found) == {"onnxruntime", "llama.cpp"} and all(s == "ok" for s, _, _ in found.values()), found
     _, details, tokens = found["llama.cpp"]
@@ -181,3 +182,35 @@ def test_a_native_run_stores_both_engines_rows_checked(tmp_path: Path) -> None:
     assert details["token_parity"].startswith(f"all {NEW_TOKENS} tokens"), details["token_parity"]
     assert details["step_logit_max_diff"] < 1e-4 and "step_top" not in details
     assert details["native_threads"] == 1 and details["llama_cpp_binary"] == "prebuilt, cpu"
+    # the node runner holds llama.cpp's memory: the row's peak and load include it, and say so
+    peak, load = memory["llama.cpp"]
+    runner = details["runner_memory_peak_mb"]
+    assert runner >= details["runner_rss_after_load_mb"] > 20 and peak > runner, (peak, details)
+    assert load >= details["runner_rss_after_load_mb"] and "runner" in details["memory_covers"]
+
+
+def test_child_memory_is_the_childs_own_high_water_mark() -> None:
+    """ChildMemory reads the runner's peak, not the worker's and not its RSS now: a child that touches 200 MB and
+    frees it again reads at least 200 MB."""
+    import subprocess
+    import sys
+
+    from harness.native.llamacpp_backend import ChildMemory
+
+    code = (
+        "import sys; sys.stdin.readline(); b = b'x' * (200 << 20); del b; print('done', flush=True); sys.stdin.read()"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        facts: dict = {}
+        memory = ChildMemory(child.pid, facts)
+        memory.reset()
+        assert child.stdin is not None and child.stdout is not None
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "done"
+        assert memory.rss_mb() < 100 <= 200 <= memory.peak_mb() == facts["runner_memory_peak_mb"], facts
+        assert facts["runner_memory_method"] in ("vmhwm", "sampling")
+    finally:
+        child.kill()
+        child.wait()

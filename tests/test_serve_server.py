@@ -577,3 +577,24 @@ def test_qr_code_is_text_of_the_right_size() -> None:
     assert len({len(line) for line in lines}) == 1  # a square of half-block characters
     assert set("".join(lines)) <= {"█", "▀", "▄", " "}
     assert len(lines[0]) == 33 + 8  # version 4: 33 modules, 4 of border each side
+
+
+def test_a_model_folder_is_served_as_laid_out_beside_earlier_jobs(tmp_path: Path) -> None:
+    """transformers.js's folder (config.json, onnx/model.onnx) keeps its layout under one folder of its own, the
+    earlier jobs' files stay (every device's jobs are open at once), and a name that climbs out is refused."""
+    server = DeviceServer(Source(), 60.0, max_devices=1)
+    model = tmp_path / "model.onnx"
+    model.write_bytes(b"onnx bytes")
+    earlier = server.set_job_files({"m.onnx": model})["m.onnx"]
+    urls = server.set_job_files({"config.json": b"{}", "onnx/model.onnx": model, "p.0.bin": b"\x01"})
+    base = urls["onnx/model.onnx"].removesuffix("onnx/model.onnx")
+    assert urls["config.json"] == base + "config.json" and urls["p.0.bin"] == base + "p.0.bin"
+    assert server._lookup(urls["onnx/model.onnx"]) == (200, model)
+    assert server._lookup(urls["config.json"]) == (200, b"{}")
+    assert server._lookup(earlier) == (200, model)
+    assert server._lookup(base + "model.onnx")[0] == 404  # the layout kept: not flattened
+    other = server.set_job_files({"config.json": b'{"a": 1}', "onnx/model.onnx": model})
+    assert other["config.json"] != urls["config.json"]  # another layout, another folder
+    for bad in ("../x", "onnx/../x", "a/b/c"):
+        with pytest.raises(ValueError):
+            server.set_job_files({bad: b"", "onnx/model.onnx": model})

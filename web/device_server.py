@@ -372,15 +372,33 @@ class DeviceServer(PageServer):
         unique by a digest of what it is, so one model file keeps one URL and the page one session.
         The URLs are origin-relative: a device reaches this server under whatever name or address it
         was given (a LAN address, a hostname), and its page fetches from that same origin."""
+        if any("/" in name for name in files):  # a model folder (transformers.js's onnx/model.onnx)
+            return self._job_folder(files)
         urls = {}
         for name, source in files.items():
-            if "/" in name or name in ("", ".", ".."):
+            if name in ("", ".", ".."):
                 raise ValueError(f"job file name '{name}' must be a plain file name")
             what = str(Path(source).resolve()).encode() if isinstance(source, Path) else source
             unique = f"{hashlib.sha256(what).hexdigest()[:16]}-{name}"
             self._served["job"][unique] = source
             urls[name] = f"/{self.token}/job/{unique}"
         return urls
+
+    def _job_folder(self, files: dict[str, Path | bytes]) -> dict[str, str]:
+        """A job's files that name a folder layout, kept as laid out under one folder of their own, named by a
+        digest of every file's name and what it is (one layout keeps one URL, and no other job's file is touched)."""
+        digest = hashlib.sha256()
+        for name, source in sorted(files.items(), key=lambda item: item[0]):
+            parts = name.split("/")
+            if len(parts) > 2 or any(part in ("", ".", "..") or "\\" in part for part in parts):
+                raise ValueError(f"job file name '{name}' must be a plain file name, or a folder's and a file's")
+            what = str(Path(source).resolve()).encode() if isinstance(source, Path) else source
+            digest.update(f"{name}\0{len(what)}\0".encode() + what)
+        folder = f"job/{digest.hexdigest()[:16]}"
+        for name, source in files.items():
+            area = "/".join([folder, *name.split("/")[:-1]])
+            self._served.setdefault(area, {})[name.split("/")[-1]] = source
+        return {name: f"/{self.token}/{folder}/{name}" for name in files}
 
     def add_job(self, device: Device, job: ServeJob) -> None:
         """One more job for a device that said hello (a source handing jobs one at a time: JobSource.more)."""

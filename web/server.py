@@ -143,10 +143,10 @@ class PageFiles:
         parts = path.lstrip("/").split("/")
         if not self.token_matches(parts[0]):
             return 403, None
-        if ".." in decoded.split("/") or "\\" in decoded or len(parts) not in (3, 4):
+        if ".." in decoded.split("/") or "\\" in decoded or len(parts) not in (3, 4, 5):
             return 404, None
-        if len(parts) == 4:  # /page/runtimes/<module>, /runtimes/<runtime>/<file>, /job/<folder>/<file>
-            parts = [parts[0], f"{parts[1]}/{unquote(parts[2])}", parts[3]]
+        if len(parts) > 3:  # /page/runtimes/<module>, /runtimes/<runtime>/<file>, /job/<folder>[/<folder>]/<file>
+            parts = [parts[0], "/".join([parts[1], *(unquote(part) for part in parts[2:-1])]), parts[-1]]
         _, area, name = parts
         found = self._served.get(area, {}).get(unquote(name))
         return (200, found) if found is not None else (404, None)

@@ -220,12 +220,14 @@ def generation_result(prepared: PreparedModel, target: Any, case: Case, answer: 
     details |= memory_growth(generation, details, on_gpu=target.hardware != "wasm")
     if (warm := generation.get("warmup_samples_ms")) is not None:  # checked (web/answers.py): after the first one
         details |= {"warmup_generations": 1 + len(warm), "warmup_samples_ms": warm}
-    if generation.get("encoder_samples_ms"):  # an encoder–decoder: the encoder's phase, speech's real-time factor
+    runtime = answer.get("facts", {}).get("runtime")
+    speech = isinstance(runtime, dict) and prepared.spec.takes_speech  # a speech pipeline's own (transformers.js)
+    features = runtime.get("features") if speech else None
+    if generation.get("encoder_samples_ms") or features is not None:  # the encoder's phase, speech's real-time factor
+        encoder = generation.get("encoder_samples_ms") or []  # a pipeline times no encoder apart: the factor alone
         seconds = audio_seconds(prepared.load_case((case.batch_size, case.seq_len))[0], case.audio_seconds)
-        details |= encoder_figures(generation["encoder_samples_ms"], answer["samples_ms"], seconds) | {
-            "encoder_samples_ms": generation["encoder_samples_ms"],
-            "audio_seconds": seconds,
-        }
+        details |= encoder_figures(encoder, answer["samples_ms"], seconds) | {"audio_seconds": seconds}
+        details |= {"encoder_samples_ms": encoder} if encoder else {}
     details |= page_passage(generation, prepared.passage, target.engine)
     if not generation["tokens_stable"]:
         details["tokens_unstable"] = "the timed generations did not all give the warm-up's tokens"
@@ -249,20 +251,45 @@ def generation_result(prepared: PreparedModel, target: Any, case: Case, answer: 
     graphs = model if layout is None else layout[0]  # an encoder–decoder's: every graph the page ran
     precision = extra.get("precision") or "fp32"
     if RUNTIMES[target.engine].format == "gguf":  # llama.cpp on a GGUF of the same weights: no ONNX graph ran
-        return prepared.result(target, case, *_gguf_check(generation, prepared, prompt, precision, details),
-                               details=details, **extra, **fields)  # fmt: skip
+        checked = _gguf_check(generation, prepared, prompt, precision, details, case.depth or 0)
+        return prepared.result(target, case, *checked, details=details, **extra, **fields)
+    if features is not None:  # a speech pipeline computed its own features from the samples
+        same, details["speech_features"] = speech_features(features)
+        if not same:  # its tokens cannot be held to native ORT's on the harness's features: its WER is the check
+            details["token_parity"] = "not checked: the pipeline heard other features; held by WER against native ORT's"
+            return prepared.result(target, case, "ok", None, details=details, **extra, **fields)
     status, error, parity_fields = _parity(generation, graphs, prepared, prompt, precision, details, case.depth or 0)
     return prepared.result(target, case, status, error, details=details, **parity_fields, **extra, **fields)
 
 
+# How far a page runtime's own log-mel features (transformers.js's WhisperFeatureExtractor on the samples) may be
+# from the harness's (transformers' in Python) for its tokens to be checked against native ORT's on the harness's:
+# float32 FFTs of the same samples, measured 2.2e-5 apart at most on whisper-tiny's 5 s case; features of other audio
+# are 0.1 and more apart (tests/test_page_runtime_speech.py)
+FEATURE_TOLERANCE = 1e-4
+
+
+def speech_features(features: Any) -> tuple[bool, str]:
+    """(whether a speech pipeline's features are the harness's within FEATURE_TOLERANCE, what the row says): read
+    from the page's facts.runtime.features as data (typed, bounded)."""
+    largest = features.get("max_abs_difference") if isinstance(features, dict) else None
+    if not isinstance(largest, int | float) or isinstance(largest, bool) or not 0 <= largest < float("inf"):
+        return False, "the pipeline's own log-mel features could not be compared with the harness's (shape or value)"
+    same = largest <= FEATURE_TOLERANCE
+    words = "within" if same else "beyond"
+    return same, (f"the pipeline's own log-mel features, {largest:.3g} at most from the harness's ({words} "
+                  f"{FEATURE_TOLERANCE:g}): its tokens {'checked against' if same else 'held by WER against'} "
+                  "native ORT's")  # fmt: skip
+
+
 def _gguf_check(generation: dict[str, Any], prepared: PreparedModel, prompt: dict[str, np.ndarray], precision: str,
-                details: dict[str, Any]) -> tuple[str, str | None]:  # fmt: skip
+                details: dict[str, Any], depth: int = 0) -> tuple[str, str | None]:  # fmt: skip
     """(status, error) of a generation llama.cpp ran on the GGUF the harness wrote of the model's weights, by native
     llama.cpp's rule (harness.run.native): at fp32 (GGUF F32: the weights the fp32 graph holds) its tokens and each
     step's top-k log-probabilities (the page's llama.cpp returns no logits) are checked against native ORT
     teacher-forced on the fp32 graph; at another precision no graph computes llama.cpp's own blocks (Q4_0 is not
     MatMulNBits, F16 weights are not an fp16 graph), so only its agreement with the fp32 graph is measured
-    (quality, never a mismatch)."""
+    (quality, never a mismatch). depth: the KV cache llama.cpp filled first (fp32 only: runtime_refusal)."""
     source, reference = prepared.onnx_past_path, prepared.fp32_reference
     assert source is not None  # a page generation ran the model's graph for generation, or a GGUF of it
     tokens = generation["tokens"]
@@ -272,7 +299,7 @@ def _gguf_check(generation: dict[str, Any], prepared: PreparedModel, prompt: dic
     top = _step_top(generation) if generation.get("step_top") else None
     try:
         if precision == "fp32":
-            agree, facts, _ = check_generation(reference, source, prompt, tokens, precision, GGML_SIDE, top,
+            agree, facts, _ = check_generation(reference, source, prompt, tokens, precision, GGML_SIDE, top, depth,
                                                log_probs=True, fp32=reference)  # fmt: skip
             details |= facts | {"token_reference": f"{facts['token_reference']} (fp32: the GGUF's weights)",
                                 "step_top_values": "log-probabilities, against native ORT's log-softmax"}  # fmt: skip

@@ -1,7 +1,8 @@
 """A browser the harness launches outside Playwright (--browser firefox, --browser safari) runs the run's jobs
 through the served page: the protocol `web --serve` gives a phone (harness.web.device_server), with the browser
 started, watched and killed here (harness.web.launched). Its rows are a `web` run's, the target's device naming
-the browser (wasm/onnxruntime-web:wasm:threads=1 @ firefox), checked by the same validator and build_result.
+the browser (wasm/onnxruntime-web:wasm:threads=1 @ firefox), checked by the same validator and build_result. Every page
+runtime runs there (runner.mjs loads its module as in Chromium), its row saying which runtime ran and what it loaded.
 
 What the served protocol cannot see, KeptBrowser does: a browser that exits mid-job (crash, kill) gets that job
 an `error` row at once, a job past --timeout a `timeout` row, and either way the browser is closed (its whole
@@ -24,9 +25,10 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from harness.browser.run import EpSetting, Prepared, WebPlan, not_runnable
+from harness.browser.run import EpSetting, Prepared, WebPlan, case_model, not_runnable
+from harness.browser.runtimes import runtime_details, runtime_model
 from harness.browser.serve import ServedJobs, device_details
-from harness.core.records import Result, result_key
+from harness.core.records import Case, Result, result_key
 from harness.run.recording import Emit
 from harness.web.launched import LaunchedChoice, Launcher, LaunchError, launcher
 from harness.web.runtimes import OWN_RUNTIME
@@ -36,10 +38,6 @@ HELLO_TIMEOUT_S = 60.0  # from launch to the page's hello: Firefox starts in ~3 
 SWEEP_S = 0.25
 KILL_FAULT_DELAY_S = 1.0  # test-only: how long into a job the planted 'kill' fault waits (the page is mid-job)
 USER_AGENT_VERSION = {"firefox": r"Firefox/([0-9.]+)", "safari": r"Version/([0-9.]+)"}
-OTHER_RUNTIME = (
-    "the served page runs onnxruntime-web through the harness's own loop only; the other page runtimes run in "
-    "a Chromium the harness drives (--browser chromium)"
-)
 
 
 def max_launches(jobs: int) -> int:
@@ -59,7 +57,8 @@ class LaunchedJobs(ServedJobs):
         self.kept = kept
         self.choice = kept.choice
         self.faults = faults
-        self.own = [s for s in plan.settings if s.device == self.choice.device and s.runtime == OWN_RUNTIME]
+        # every page runtime's settings: the served page loads each runtime's module (runner.mjs) as Chromium's does
+        self.own = [s for s in plan.settings if s.device == self.choice.device]
 
     def _record(self, row: Any) -> None:
         if isinstance(row, Result):
@@ -85,20 +84,19 @@ class LaunchedJobs(ServedJobs):
             if (key := result_key(spec.name, setting.target, case)) not in self.plan.done and key not in self.stored
         ]
 
-    def refuse_other_runtimes(self) -> None:
-        """Rows for the page runtimes the served page does not run in this browser."""
-        others = [s for s in self.plan.settings if s.device == self.choice.device and s.runtime != OWN_RUNTIME]
-        for setting in others:
-            for spec, prepared, why in self.models:
-                for case in self.plan.cases(spec):
-                    if result_key(spec.name, setting.target, case) in self.plan.done:
-                        continue
-                    row = not_runnable(spec, prepared, why, setting, case)
-                    if row is None:
-                        assert prepared is not None
-                        row = prepared.result(setting.target, case, "unsupported", OTHER_RUNTIME)
-                    row.details |= {"browser": self.choice.kind}
-                    self.emit(row)
+    def _job(self, device: Any, files: Any, model: Prepared, setting: EpSetting, case: Case) -> Any:
+        """The served job, its row saying which page runtime ran and the file it loaded, as a Chromium row does."""
+        made = super()._job(device, files, model, setting, case)
+        spec, prepared, _ = model
+        if made is not None and setting.runtime != OWN_RUNTIME:
+            assert prepared is not None
+            found = self._jobs[result_key(spec.name, setting.target, case)]
+            file = case_model(prepared, case)[0]
+            assert file is not None  # the job exists: its file does
+            ran = runtime_details(setting.runtime) | runtime_model(prepared, setting.runtime, case, file,
+                                                                  setting.runtime_folder)  # fmt: skip
+            found.conversion = found.conversion | ran  # a copy: case_model's dict is every runtime's of the case
+        return made
 
     def never_opened(self, why: str) -> None:
         """Every job left gets this error row: the browser never asked for them."""
@@ -262,7 +260,6 @@ async def run_launched(plan: WebPlan, choice: LaunchedChoice, models: list[Prepa
 
     kept = KeptBrowser(choice, not plan.request.headed, (), 1)
     jobs = LaunchedJobs(plan, models, emit, kept, faults)
-    jobs.refuse_other_runtimes()
     if not jobs.pending():
         return
     kept.max_launches = max_launches(len(jobs.pending()))

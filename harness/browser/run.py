@@ -43,6 +43,7 @@ from harness.browser.runtimes import (
     runtime_files,
     runtime_model,
     runtime_refusal,
+    speech_feeds,
 )
 from harness.core.failures import UNSUPPORTED_OPERATOR
 from harness.core.faults import injected_faults
@@ -591,7 +592,9 @@ def page_job(
     name = f"{_file_stem(prepared.spec.name)}-{case.precision}"
     stop = stop_rule(request)
     if setting.runtime != OWN_RUNTIME:  # another page runtime: its own layout of the same weights (generate only)
-        return runtime_job(files, prepared, setting, case, stop, fault, model, prompt_feeds(feeds))
+        speech = prepared.spec.is_encoder_decoder  # transformers.js speech (the only one runtime_refusal lets by)
+        given = speech_feeds(prepared, feeds, audio) if speech else prompt_feeds(feeds)
+        return runtime_job(files, prepared, setting, case, stop, fault, model, given)
     if case.mode == "generate":  # its own file name: the page keeps one session per URL
         layout = seq2seq_layout(prepared.onnx_past_path, case.precision)
         also = passage_files(prepared.passage) if layout is None else layout_files(f"{name}-past", layout[0])

@@ -1,6 +1,7 @@
 """A page runtime other than our own loop (web/runtimes.py's table): what it cannot run, decided before any page
 is opened; the files it is handed, laid out as that runtime loads them (transformers.js: a model folder of
-config.json and onnx/model[_dtype].onnx; llama.cpp: the GGUF the prepare worker wrote of the same weights); and
+config.json and onnx/model[_dtype].onnx, a Whisper model's for its speech pipeline: speech_folder; llama.cpp: the
+GGUF the prepare worker wrote of the same weights); and
 the job fields that name them. The row's checks are harness.browser.generate's, by the graph each runtime ran.
 """
 
@@ -11,11 +12,15 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from harness.browser.runtime_tokenizer import tokenizer_files
 from harness.core.generation import STEP_TOP_K
 from harness.core.records import Case
+from harness.prepare.folder_layouts import DECODER_MERGED
 from harness.prepare.gguf_file import NO_ONNX
 from harness.prepare.prepared import PreparedModel
+from harness.prepare.seq2seq import Seq2SeqFiles, seq2seq_files
 from harness.web import runtime_dist
 from harness.web.page_job import GenerateJob
 from harness.web.runtimes import OWN_RUNTIME, RUNTIMES
@@ -65,12 +70,12 @@ def runtime_refusal(prepared: PreparedModel, runtime: str, ep: str, case: Case,
         return why
     if (missing := runtime_dist.problem(runtime)) is not None:  # its npm files: make setup
         return missing
-    if prepared.spec.is_encoder_decoder:
-        return f"{runtime} is run here on decoder-only generation; an encoder–decoder runs on onnxruntime-web"
+    if prepared.spec.is_encoder_decoder and (why := _speech_refusal(prepared, runtime, case)) is not None:
+        return why
     if case.batch_size != 1:
         return f"{runtime} generates one sequence at a time here (batch 1); batch {case.batch_size} was asked"
-    if case.depth:
-        return f"--depths {case.depth}: {runtime}'s page loop here starts from an empty KV cache"
+    if case.depth and (why := _depth_refusal(prepared, runtime, case)) is not None:
+        return why
     if table.format == "mlc":  # the folder's own weights: the case's precision names the model's other rows
         return None
     if table.format == "gguf" and case.precision not in gguf_files(prepared):
@@ -78,6 +83,83 @@ def runtime_refusal(prepared: PreparedModel, runtime: str, ep: str, case: Case,
         return f"no GGUF of this model at {case.precision}: {why}"
     if table.format == "onnx" and case.precision not in TJS_DTYPES:
         return f"{runtime} has no file name for precision {case.precision} (it loads {', '.join(TJS_DTYPES)})"
+    return None
+
+
+def _speech_refusal(prepared: PreparedModel, runtime: str, case: Case) -> str | None:
+    """Why an encoder–decoder case is not run on `runtime`: transformers.js runs a Whisper model's speech
+    generation (its automatic-speech-recognition pipeline) on the fp32 merged-decoder layout; nothing else."""
+    if runtime != "transformers.js" or not prepared.spec.takes_speech:
+        return (f"{runtime} is run here on decoder-only generation (transformers.js: and Whisper speech); "
+                "an encoder–decoder of text runs on onnxruntime-web")  # fmt: skip
+    if case.precision != "fp32":
+        return f"transformers.js speech is run here on the fp32 graphs, not {case.precision}"
+    if (speech := speech_graphs(prepared)) is None:
+        return "transformers.js speech needs the merged decoder (onnx/decoder_model_merged.onnx); none was written"
+    found = speech_config(speech)
+    return found if isinstance(found, str) else None
+
+
+def speech_config(speech: Seq2SeqFiles) -> tuple[bytes, int, int] | str:
+    """(config.json as served, the encoder's mel bins and frames) of the folder the graphs belong to, read as data
+    (inside it, bounded, typed), or why it cannot be served."""
+    from harness.core.bounds import MAX_CONFIG_BYTES
+    from harness.prepare.folder_checks import FolderError, read_file
+    from harness.prepare.folders import folder_root
+
+    why = "transformers.js speech needs config.json beside the graphs with num_mel_bins and max_source_positions"
+    if (root := folder_root(speech.decoder)) is None:
+        return why
+    try:
+        config = read_file(root, "config.json", MAX_CONFIG_BYTES, "config.json", "MAX_CONFIG_BYTES")
+        settings = json.loads(config)
+    except (FolderError, ValueError):
+        return why
+    bins, positions = (settings.get(k) if isinstance(settings, dict) else None
+                       for k in ("num_mel_bins", "max_source_positions"))  # fmt: skip
+    if not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 1 << 16 for v in (bins, positions)):
+        return why
+    return config, bins, 2 * positions  # the encoder's window: two feature frames per position (its stride-2 conv)
+
+
+def speech_graphs(prepared: PreparedModel) -> Seq2SeqFiles | None:
+    """The fp32 encoder and merged decoder of a speech model's export (harness.prepare.merged_decoder), or None."""
+    source = prepared.onnx_past_path
+    return None if source is None else seq2seq_files(source.with_name(f"{DECODER_MERGED}.onnx"))
+
+
+def speech_feeds(prepared: PreparedModel, feeds: dict[str, np.ndarray], seconds: int | None) -> dict[str, np.ndarray]:
+    """A transformers.js speech job's inputs: the case's audio as 16 kHz float32 samples (`audio`: what the pipeline
+    hears, cut as the case's features were: harness.prepare.audio.speech_features) and the features native ORT runs
+    on (`input_features`), which the page compares with the pipeline's own."""
+    from harness.prepare.audio import fit, speech_input, window_seconds
+
+    features = feeds["input_features"]
+    clip = fit(speech_input(prepared.spec.audio).samples, window_seconds(features.shape[-1]) if seconds is None
+               else seconds)  # fmt: skip
+    return {"audio": np.ascontiguousarray(clip, dtype=np.float32), "input_features": features}
+
+
+def speech_tokenizer(prepared: PreparedModel) -> bytes:
+    """The tokenizer.json a speech pipeline decodes with: the spec's built-in one where its toml names one (the one
+    the rows' texts are decoded with: harness.prepare.spec_tokenizer), else the model folder's, else synthetic."""
+    from harness.prepare.spec_tokenizer import TOKENIZER_FILE, spec_tokenizer
+
+    if (folder := spec_tokenizer(prepared.spec)) is not None:
+        return (folder / TOKENIZER_FILE).read_bytes()  # written by the harness, from the spec's own vocabulary
+    return tokenizer_files(_folders(prepared), dict(prepared.spec.config))[0][TOKENIZER_FILE]
+
+
+def _depth_refusal(prepared: PreparedModel, runtime: str, case: Case) -> str | None:
+    """Why a case at --depths is not run on `runtime`: llama.cpp (wllama.mjs) fills its cache untimed as our own loop
+    does, checked at fp32 against the fp32 graph after the same filler; nothing else here."""
+    depth = f"--depths {case.depth}"
+    if RUNTIMES[runtime].format != "gguf":  # the GGUF runtime's module (wllama.mjs) alone fills a cache to a depth
+        return (f"{depth}: {runtime}'s page module starts each generation from an empty KV cache (it does not carry "
+                "a cache filled untimed into its generate call)")  # fmt: skip
+    if prepared.spec.is_gguf_file or case.precision != "fp32":
+        return (f"{depth}: llama.cpp in the page is run at a depth on the fp32 GGUF of the model's weights only, "
+                "the one its tokens are checked on against the fp32 graph after the same filler")  # fmt: skip
     return None
 
 
@@ -127,11 +209,41 @@ def runtime_files(prepared: PreparedModel, runtime: str, case: Case, model: Path
     if RUNTIMES[runtime].format == "gguf":
         gguf = served_gguf(Path(gguf_files(prepared)[case.precision]))
         return {gguf.name: gguf}, gguf.name
+    if (speech := speech_graphs(prepared) if prepared.spec.takes_speech else None) is not None:
+        found = speech_config(speech)
+        assert not isinstance(found, str)  # runtime_refusal refused a speech case without it
+        return speech_folder(speech.encoder, speech.decoder, found[0], speech_tokenizer(prepared), *found[1:]), (
+            f"onnx/{DECODER_MERGED}.onnx"
+        )
     onnx = f"onnx/{TJS_FILES[case.precision]}"
     generation = json.dumps({"do_sample": False}).encode()  # transformers.js asks for it (a 404 is logged)
     tokenizer, _ = tokenizer_files(_folders(prepared), dict(prepared.spec.config))  # its pipeline's tokenizer
     return {"config.json": model_config(prepared), "generation_config.json": generation, **tokenizer,
             onnx: transformers_js_graph(model)}, onnx  # fmt: skip
+
+
+def speech_folder(encoder: Path, decoder: Path, config: bytes, tokenizer: bytes, mel_bins: int,
+                  frames: int) -> dict[str, Any]:  # fmt: skip
+    """A Whisper model as transformers.js's automatic-speech-recognition pipeline loads it: config.json, the
+    feature extractor's preprocessor_config.json (the one harness.prepare.audio.log_mel builds: the pipeline
+    computes its features from the samples), a WhisperTokenizer over `tokenizer` (its ASR decoding is that class's),
+    a generation config with no language, task or timestamp token (its decoder starts from the start token alone,
+    as native ORT's loop does), and onnx/encoder_model.onnx + onnx/decoder_model_merged.onnx (the merged decoder of
+    harness.prepare.merged_decoder, its batch dimension named as transformers.js reads it)."""
+    from transformers import WhisperFeatureExtractor
+
+    from harness.prepare.audio import HOP_LENGTH, N_FFT, SAMPLING_RATE
+
+    extractor = WhisperFeatureExtractor(feature_size=mel_bins, sampling_rate=SAMPLING_RATE, hop_length=HOP_LENGTH,
+                                        chunk_length=frames * HOP_LENGTH // SAMPLING_RATE, n_fft=N_FFT)  # fmt: skip
+    settings = json.loads(config)
+    generation = {key: settings[key] for key in ("decoder_start_token_id", "eos_token_id", "pad_token_id")
+                  if isinstance(settings.get(key), int)}  # fmt: skip
+    return {"config.json": config, "generation_config.json": json.dumps(generation).encode(),
+            "preprocessor_config.json": extractor.to_json_string().encode(), "tokenizer.json": tokenizer,
+            "tokenizer_config.json": json.dumps({"tokenizer_class": "WhisperTokenizer"}).encode(),
+            "onnx/encoder_model.onnx": encoder,
+            "onnx/decoder_model_merged.onnx": transformers_js_graph(decoder)}  # fmt: skip
 
 
 # Optimum's cache names, which transformers.js reads (the harness's export names them past_key_0, present_value_1)
@@ -239,6 +351,9 @@ def runtime_model(prepared: PreparedModel, runtime: str, case: Case, model: Path
         gguf = Path(gguf_files(prepared)[case.precision])
         return {"model_file": gguf.name, "model_bytes": gguf.stat().st_size,
                 "work_counted_on": f"{model.name}: the ONNX graph of the same weights at {case.precision}"}  # fmt: skip
+    if prepared.spec.is_encoder_decoder and (speech := speech_graphs(prepared)) is not None:  # refused otherwise
+        return {"model_file": speech.label(), "served_as": f"onnx/encoder_model.onnx + onnx/{DECODER_MERGED}.onnx",
+                "pipeline_task": "automatic-speech-recognition"}  # fmt: skip
     _, tokenizer = tokenizer_files(_folders(prepared), dict(prepared.spec.config))
     return {"model_file": model.name, "served_as": f"onnx/{TJS_FILES[case.precision]}", "tokenizer_served": tokenizer}
 

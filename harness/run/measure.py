@@ -120,15 +120,21 @@ def _observe(session: Session, rss: PeakRss, body: Body) -> Measurement:
     process.cpu_percent(interval=None)
     rss.reset()
     session.reset_device_peak()
+    children = getattr(session, "children_memory", None)  # an engine's own child process (llama.cpp's node runner)
+    if children is not None:
+        children.reset()
     meter = EnergyMeter(0 if session.facts.get("uses_nvidia_gpu") else None)
     meter.start()
     first_run_ms, samples, outputs, budget = body()
     energy = meter.stop()
+    peak_mb = rss.peak_mb()
+    if children is not None:  # the engine's memory is in its child too: both peaks, summed (its facts say so)
+        peak_mb += children.peak_mb()
     return Measurement(
         first_run_ms=first_run_ms,
         samples_ms=samples,
         outputs=outputs,
-        memory_peak_mb=rss.peak_mb(),
+        memory_peak_mb=peak_mb,
         device_memory_peak_mb=session.device_memory_peak_mb(),
         nvml_used_mb=nvml_used_mb() if session.facts.get("uses_nvidia_gpu") else None,
         load_avg_1m=os.getloadavg()[0],

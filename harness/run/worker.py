@@ -248,9 +248,10 @@ def _case_results(job: Job, backend: Any) -> Iterator[Result]:
             for case in cases:
                 yield job.prepared.result(job.target, case, status, message)
             continue
+        children = getattr(session, "children_memory", None)  # a child the load started holds its memory too
         load_facts = {
             "load_ms": (time.perf_counter() - started) * 1000,
-            "memory_load_mb": rss_mb() - before_mb,
+            "memory_load_mb": rss_mb() - before_mb + (children.rss_mb() if children is not None else 0.0),
             # one load serves every case of the group: each row carries its figures and says so
             "details": {"load_measured_with": first.key, "load_shared_by": len(cases)},
         }

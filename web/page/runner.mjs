@@ -661,6 +661,7 @@ async function rawInputs(job) {
     const data = new Typed((await fetchBytes(input.url)).buffer);
     inputs[input.name] = { dtype: input.dtype, dims: input.dims, data };
   }
+  if (inputs.audio) return inputs; // speech: its samples (and the features native ORT ran, to compare)
   if (inputs.input_ids?.dtype !== 'int64') throw new Error('a page runtime generates from an int64 input_ids');
   return inputs;
 }
@@ -705,8 +706,8 @@ async function runtimeJob(job) {
     if (!row.backends.includes(job.ep)) {
       throw new Unsupported(`${job.runtime} runs on ${row.backends.join(', ')}, not ${job.ep}`);
     }
-    if (job.depth > 0) {
-      throw new Unsupported(`${job.runtime}: the page fills a KV cache to a depth only in its own loop`);
+    if (job.depth > 0 && !module.depths) { // a module that fills its cache to a depth says so (wllama.mjs)
+      throw new Unsupported(`${job.runtime}: its page module does not fill a KV cache to a depth`);
     }
     const inputs = await rawInputs(job);
     const loaded = await module.load(job, inputs, row, PAGE_TOOLS);

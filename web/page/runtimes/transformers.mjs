@@ -1,3 +1,4 @@
+// A Whisper model's speech job runs pipeline('automatic-speech-recognition') instead (speechLoad, below).
 // transformers.js in the page (@huggingface/transformers) as apps call it: `pipeline('text-generation', model)` over
 // the onnxruntime-web it bundles, not the harness's. The model folder is job.runtime_model_base (config.json,
 // generation_config.json, tokenizer.json, tokenizer_config.json, onnx/model[_suffix].onnx for job.runtime_dtype),
@@ -34,7 +35,7 @@ function loadedWasm() {
   return [...new Set(names.filter((n) => n.startsWith('ort-wasm')))].sort();
 }
 
-async function start(job, tools) {
+async function start(job, tools, task) {
   if (!job.runtime_model_base) throw new Error('a transformers.js job needs runtime_model_base (its model folder URL)');
   const files = tools.filesOf('transformers.js');
   const tf = await import(files + 'transformers.js');
@@ -51,7 +52,7 @@ async function start(job, tools) {
   onnx.wasm.numThreads = job.threads;
   onnx.wasm.proxy = false;
   const started = performance.now();
-  const generator = await tf.pipeline('text-generation', folder.id, {
+  const generator = await tf.pipeline(task, folder.id, {
     dtype: job.runtime_dtype ?? 'fp32',
     device: job.ep === 'webgpu' ? 'webgpu' : 'wasm',
     local_files_only: true,
@@ -66,7 +67,7 @@ async function start(job, tools) {
     wasm_files: loadedWasm(),
     dtype: job.runtime_dtype ?? 'fp32',
     model_type: generator.model.config?.model_type ?? null,
-    pipeline: generator.task ?? 'text-generation',
+    pipeline: generator.task ?? task,
   });
   return { tf, generator, load_ms };
 }
@@ -115,19 +116,68 @@ export async function load(job, inputs, row, tools) {
     const running = `${started.ep} with ${started.threads} threads`;
     throw new Error(`this page runs transformers.js on ${running}; open a fresh page`);
   }
-  if (state?.key !== key) {
+  const task = inputs.audio ? 'automatic-speech-recognition' : 'text-generation'; // a speech job carries its audio
+  if (state?.key !== `${key} ${task}`) {
     await state?.generator.dispose();
     state = null;
-    state = { ...(await start(job, tools)), key };
+    state = { ...(await start(job, tools, task)), key: `${key} ${task}` };
     started = { ep: job.ep, threads: job.threads };
   }
   const { tf, generator } = state;
+  for (const name of ['prompt', 'features', 'decoder_prompt', 'text']) delete FACTS[name]; // an earlier job's
+  if (inputs.audio) return speechLoad(tf, generator, inputs, job, state.load_ms);
   if (inputs.input_ids.dims[0] !== 1) throw new tools.Unsupported('the transformers.js pipeline runs batch 1 here');
   const ids = Array.from(inputs.input_ids.data, Number);
   const route = promptRoute(generator, ids);
   FACTS.prompt = route.facts;
   const once = (hook, keepLogits) => generateOnce(tf, generator, route.text, ids, job, hook, keepLogits);
   return { load_ms: state.load_ms, once };
+}
+
+// Speech (a job whose inputs carry `audio`: 16 kHz mono float32 samples, and `input_features`: the log-mel features
+// native ORT ran on): pipeline('automatic-speech-recognition') on the samples, as an app hands it a recording. The
+// pipeline computes its own features (its WhisperFeatureExtractor, preprocessor_config.json); they are compared
+// with the job's before any generation (facts.features), since its tokens can equal native ORT's only on the same
+// features. Its decoder starts from the init tokens its generation config gives (facts.decoder_prompt: the ids its
+// generate loop was fed). TTFT runs from the call (features, encoder and the first step) to the first token.
+async function speechLoad(tf, generator, inputs, job, load_ms) {
+  if (!generator.processor) throw new Error('the speech pipeline loaded no processor (preprocessor_config.json)');
+  if (inputs.audio.dtype !== 'float32') throw new Error('a speech job\'s audio is float32 samples');
+  const audio = inputs.audio.data;
+  const theirs = (await generator.processor(audio)).input_features;
+  FACTS.features = compareFeatures(theirs, inputs.input_features);
+  const once = async (hook, keepLogits) => {
+    if (hook) {
+      await hook(0);
+      await hook(1); // before the call, as for text
+    }
+    const streamer = stampingStreamer(tf, 1);
+    const kept = keepLogits ? { top: { ids: [[]], values: [[]] }, prefill: [] } : null;
+    const started = performance.now();
+    const out = await generator(audio, { ...greedyOptions(tf, job, streamer, kept), return_timestamps: false });
+    const answer = generationAnswer(streamer, kept, started);
+    FACTS.decoder_prompt = streamer.fed;
+    FACTS.text = typeof out?.text === 'string' ? out.text.slice(0, 2000) : null;
+    return answer;
+  };
+  return { load_ms, once };
+}
+
+// The pipeline's features beside the job's: shapes, and where both are [1, bins, frames], the largest and mean
+// absolute difference.
+function compareFeatures(theirs, ours) {
+  const facts = { pipeline_dims: theirs.dims, job_dims: ours?.dims ?? null };
+  if (!ours || ours.dims.join() !== theirs.dims.join()) return { ...facts, same_shape: false };
+  let largest = 0;
+  let sum = 0;
+  const a = theirs.data;
+  for (let i = 0; i < a.length; i++) {
+    const d = Math.abs(a[i] - ours.data[i]);
+    if (!Number.isFinite(d)) return { ...facts, same_shape: true, finite: false }; // a difference not measurable
+    if (d > largest) largest = d;
+    sum += d;
+  }
+  return { ...facts, same_shape: true, max_abs_difference: largest, mean_abs_difference: sum / a.length };
 }
 
 // put() is called with the prompt first, then with each step's chosen tokens ([[id] per row]); end() after the last.
@@ -179,17 +229,10 @@ function topIds(values, k) {
   return ids;
 }
 
-// One greedy generation: the pipeline on the prompt's text, or (text null) the pipeline's model on the ids.
-async function generateOnce(tf, generator, text, ids, job, hook, keepLogits) {
-  if (hook) {
-    await hook(0);
-    await hook(1); // the fault hook fires before the generation (generate() cannot be paused mid-way)
-  }
-  const batch = 1;
-  const streamer = stampingStreamer(tf, batch);
-  const kept = keepLogits ? { top: { ids: [[]], values: [[]] }, prefill: [] } : null;
+// The generation options every task shares: greedy, every built-in processor off, the warm-up's keeping one.
+function greedyOptions(tf, job, streamer, kept) {
   const eos = job.eos_ids ?? [];
-  const options = {
+  return {
     max_new_tokens: job.new_tokens,
     min_new_tokens: null,
     do_sample: false,
@@ -201,9 +244,30 @@ async function generateOnce(tf, generator, text, ids, job, hook, keepLogits) {
     begin_suppress_tokens: null,
     forced_bos_token_id: null,
     forced_eos_token_id: null,
-    logits_processor: kept ? [keepingProcessor(tf, batch, job.top_k, kept)] : null,
+    logits_processor: kept ? [keepingProcessor(tf, 1, job.top_k, kept)] : null,
     streamer,
   };
+}
+
+// What a generation answers from its streamer and kept logits (generate.mjs's once() shape).
+function generationAnswer(streamer, kept, started) {
+  const total_ms = performance.now() - started;
+  const { times, tokens } = streamer;
+  if (!times.length) throw new Error('transformers.js generated no token');
+  const steps = times.slice(1).map((t, i) => t - times[i]);
+  const prefill_logits = kept ? { dims: [1, 1, kept.prefill[0].length], values: kept.prefill.flat() } : null;
+  return { total_ms, ttft_ms: times[0] - started, steps, tokens, prefill_logits, step_top: kept ? kept.top : null };
+}
+
+// One greedy generation: the pipeline on the prompt's text, or (text null) the pipeline's model on the ids.
+async function generateOnce(tf, generator, text, ids, job, hook, keepLogits) {
+  if (hook) {
+    await hook(0);
+    await hook(1); // the fault hook fires before the generation (generate() cannot be paused mid-way)
+  }
+  const streamer = stampingStreamer(tf, 1);
+  const kept = keepLogits ? { top: { ids: [[]], values: [[]] }, prefill: [] } : null;
+  const options = greedyOptions(tf, job, streamer, kept);
   const started = performance.now();
   if (text !== null) {
     await generator(text, { ...options, return_full_text: false });
@@ -212,13 +276,9 @@ async function generateOnce(tf, generator, text, ids, job, hook, keepLogits) {
     const attention_mask = new tf.Tensor('int64', new BigInt64Array(ids.length).fill(1n), [1, ids.length]);
     await generator.model.generate({ input_ids, attention_mask, ...options });
   }
-  const total_ms = performance.now() - started;
-  const { times, tokens } = streamer;
-  if (!times.length) throw new Error('transformers.js generated no token');
+  const answer = generationAnswer(streamer, kept, started);
   checkFed(streamer.fed ?? [], ids);
-  const steps = times.slice(1).map((t, i) => t - times[i]);
-  const prefill_logits = kept ? { dims: [batch, 1, kept.prefill[0].length], values: kept.prefill.flat() } : null;
-  return { total_ms, ttft_ms: times[0] - started, steps, tokens, prefill_logits, step_top: kept ? kept.top : null };
+  return answer;
 }
 
 export async function facts(job) {

@@ -214,8 +214,39 @@ async function start(job, inputs, tools) {
   return { wllama, meta, load_ms, n_ctx: contextFor(inputs, job) };
 }
 
-// The context a job needs: its prompt and new tokens, and a margin.
-const contextFor = (inputs, job) => inputs.input_ids.dims[1] + job.new_tokens + 8;
+// The context a job needs: its depth, prompt and new tokens, and a margin.
+const contextFor = (inputs, job) => (job.depth ?? 0) + inputs.input_ids.dims[1] + job.new_tokens + 8;
+
+// This module fills a KV cache to job.depth (runner.mjs asks before handing it a job at a depth).
+export const depths = true;
+
+// At a depth (--depths, llama-bench's -d) the cache holds job.depth tokens before the prompt, filled untimed, as
+// generate.mjs's own loop fills it: the prompt's ids repeated to that length. wllama 3.x has no call that trims its
+// KV cache, so llama-server's prompt cache does it: before each generation an untimed one-token completion of the
+// filler alone (cache_prompt on) keeps the cache's common prefix, the filler, and drops what the last generation
+// added; the generation then sends filler + prompt with the cache kept, and llama.cpp's own timings must say it
+// reused exactly the filler (cache_n) and processed exactly the prompt (prompt_n), else the job is an error.
+function depthPrompt(ids, job, meta) {
+  const filler = Array.from({ length: job.depth }, (_, i) => ids[i % ids.length]);
+  const fill = promptText(filler, meta);
+  const full = promptText(filler.concat(ids), meta);
+  if (!full.text.startsWith(fill.text)) throw new Error('the depth filler, spelled as text, is not the prompt\'s prefix');
+  return { ...full, fill: fill.text, cached: fill.expected, fresh: full.expected - fill.expected };
+}
+
+async function refill(wllama, prompt) {
+  await wllama.createCompletion({ prompt: prompt.fill, max_tokens: 1, temperature: 0, top_k: 1, cache_prompt: true,
+    ignore_eos: true, stream: false });
+}
+
+// llama.cpp's count of the tokens it took from its cache and the tokens it processed: the filler and the prompt.
+function checkDepth(prompt, timings) {
+  if (prompt.fill === undefined) return;
+  if (timings?.cache_n !== prompt.cached || timings?.prompt_n !== prompt.fresh) {
+    throw new Error(`at depth llama.cpp was to reuse ${prompt.cached} cached tokens and process the prompt's ` +
+      `${prompt.fresh}; its timings say cache_n ${timings?.cache_n}, prompt_n ${timings?.prompt_n}`);
+  }
+}
 
 export async function load(job, inputs, row, tools) {
   if (inputs.input_ids.dims[0] !== 1) throw new tools.Unsupported('wllama generates one sequence here (batch 1)');
@@ -226,8 +257,11 @@ export async function load(job, inputs, row, tools) {
     state = { ...(await start(job, inputs, tools)), key };
   }
   const { wllama, meta } = state;
-  const prompt = promptText(Array.from(inputs.input_ids.data, Number), meta);
+  const ids = Array.from(inputs.input_ids.data, Number);
+  const prompt = job.depth > 0 ? depthPrompt(ids, job, meta) : promptText(ids, meta);
   FACTS.prompt_bos_added = prompt.bos_added;
+  FACTS.depth_fill = job.depth > 0 ? 'the prompt ids repeated to the depth, untimed; restored before each ' +
+    "generation by a one-token completion of that filler alone (llama-server's prompt cache), cache_n checked" : null;
   return { load_ms: state.load_ms, once: (hook, keepLogits) => generateOnce(wllama, prompt, job, hook, keepLogits) };
 }
 
@@ -246,6 +280,7 @@ async function generateOnce(wllama, prompt, job, hook, keepLogits) {
   let made = null;
   let received = 0;
   let timings = null;
+  if (prompt.fill !== undefined) await refill(wllama, prompt); // untimed: the cache back to the depth's filler
   const started = performance.now();
   await wllama.createCompletion({
     prompt: prompt.text,
@@ -253,7 +288,7 @@ async function generateOnce(wllama, prompt, job, hook, keepLogits) {
     temperature: 0,
     top_k: 1,
     ignore_eos: !stopAtEos,
-    cache_prompt: false,
+    cache_prompt: prompt.fill !== undefined, // at a depth the filler's cache is kept; else every prompt is prefilled
     n_probs: keepLogits ? job.top_k : 1, // 1: each chunk's token id
     post_sampling_probs: false,
     stream: true,
@@ -289,6 +324,7 @@ async function generateOnce(wllama, prompt, job, hook, keepLogits) {
   FACTS.merged_steps = Math.max(FACTS.merged_steps ?? 0, merged);
   FACTS.llama_cpp_timings = timings;
   if (!(timings?.prompt_ms > 0)) throw new Error('wllama returned no llama.cpp timings (prompt_ms): no TTFT measured');
+  checkDepth(prompt, timings);
   // the job's tokens (the extra one only timed the last step; an EOS stop may end before it)
   const kept = Math.min(tokens.length, job.new_tokens);
   const steps = times.slice(1, kept).map((t, i) => t - times[i]);
