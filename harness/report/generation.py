@@ -13,6 +13,7 @@ from collections import defaultdict
 from html import escape
 from typing import Any
 
+from harness.analysis.speech import details_of
 from harness.core.generation import DECODE_RATE, PREFILL_RATE, step_curve
 from harness.core.labels import case_label, target_label
 from harness.core.terminal import terminal_text
@@ -91,16 +92,6 @@ NATIVE_ORT = ("onnxruntime", "CPUExecutionProvider")  # the rows every other row
 SAME_CASE = ("model", "batch_size", "seq_len", "new_tokens", "depth", "audio_seconds", "requested_precision")
 
 
-def _row_details(row: dict[str, Any]) -> dict[str, Any]:
-    details = row.get("details")
-    if isinstance(details, str):
-        try:
-            details = json.loads(details)
-        except (ValueError, RecursionError):
-            return {}
-    return details if isinstance(details, dict) else {}
-
-
 def _number(value: Any) -> float | None:
     """A stored number (from elsewhere: a bundle's details) as a float, or None where it is not a finite one."""
     ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
@@ -122,14 +113,14 @@ def quality_cells(row: dict[str, Any]) -> dict[str, Any]:
     """A generate row's quality figures kept in its details, as cells beside its speed (harness.prepare.perplexity,
     harness.prepare.quality): perplexity on the passage, its ratio to fp32's, the KL over the passage and the first
     divergence of its tokens from the fp32 reference's."""
-    details = _row_details(row)
+    details = details_of(row)
     figures = {key: _number(details.get(key)) for key in ("perplexity", "perplexity_ratio", "kl_passage")}
     return figures | {"first_divergence": divergence_text(details)}
 
 
 def wer_value(row: dict[str, Any]) -> float | None:
     """A speech row's stored word error rate (a number from elsewhere that is not one: None)."""
-    value = _row_details(row).get("wer")
+    value = details_of(row).get("wer")
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
