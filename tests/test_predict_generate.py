@@ -216,6 +216,29 @@ def test_a_pages_warm_up_times_are_bounded_before_they_are_stored(warm: Any, nam
     assert kept["warmup_samples_ms"] == [3.0, 2.5]
 
 
+def test_a_pages_warm_up_count_and_time_are_bounded_by_each_other() -> None:
+    """With the warm-up floor the page sends its last warm-up times, their count and the warm-up's time: a count
+    below the samples given, or more generations than the time allows, is refused."""
+    from harness.web.answers import Clock, PageResultError, _check_warmup
+
+    clock = Clock(0.005, 60_000)
+    for count, spent in ((2, 100.0), (1 + 2 + 100 * 100 + 1, 100.0), (True, 100.0), (40, 4.0)):
+        with pytest.raises(PageResultError, match="warmup_generations"):
+            _check_warmup({"warmup_samples_ms": [3.0, 2.5], "warmup_generations": count, "warmup_ms": spent}, 50, clock)
+    kept = {"warmup_samples_ms": [3.0, 2.5], "warmup_generations": 900, "warmup_ms": 4000.0}
+    _check_warmup(kept, 50, clock)
+    assert kept["warmup_generations"] == 900 and kept["warmup_ms"] == 4000.0
+
+
+def test_the_page_warm_up_floor_is_bounded_by_the_budget_and_off_at_warmup_zero() -> None:
+    from harness.core.generation import PAGE_MIN_WARMUP_S, PAGE_WARMUP_BUDGET_SHARE, page_min_warmup_ms
+
+    assert page_min_warmup_ms(5, None) == PAGE_MIN_WARMUP_S * 1000
+    assert page_min_warmup_ms(5, 100.0) == PAGE_MIN_WARMUP_S * 1000
+    assert page_min_warmup_ms(5, 2.0) == pytest.approx(PAGE_WARMUP_BUDGET_SHARE * 2000)
+    assert page_min_warmup_ms(0, 100.0) == 0.0
+
+
 # --- the law, on points whose truth is known ---------------------------------------------------------------------
 def law_points(overhead_s: float, efficiency: float) -> list[Point]:
     """A target of 12.5 GB/s: models from 0.2 MB to 40 MB, each step its overhead plus its bytes at `efficiency`."""

@@ -303,14 +303,36 @@ def _check_generation(generation: dict[str, Any], samples: list[float], job: Pag
 
 
 def _check_warmup(generation: dict[str, Any], most: int, clock: Clock) -> None:
-    """The warm-up generations after the first (web/page/generate.mjs warmedUp), where the answer gives them: at most
-    the job's bound, each a duration its clock can have measured."""
+    """The warm-up generations after the first (web/page/generate.mjs warmedUp), where the answer gives them: the
+    last ones, at most the job's bound, each a duration its clock can have measured; their count, the first
+    included, and the warm-up's time: a count no warm-up within that time can exceed, a time the samples fit in."""
     warm = generation.get("warmup_samples_ms")
     if warm is None:
         return
     if not isinstance(warm, list) or len(warm) > most:
         raise PageResultError(f"result.generation.warmup_samples_ms must be a list of at most {most} durations")
     generation["warmup_samples_ms"] = [clock.duration(t, f"warmup_samples_ms[{i}]") for i, t in enumerate(warm)]
+    spent = generation.get("warmup_ms")
+    if spent is None:  # an answer of before the warm-up floor: its samples are every warm-up generation
+        generation["warmup_generations"] = 1 + len(warm)
+        return
+    spent = clock.duration(spent, "warmup_ms")
+    count = generation.get("warmup_generations")
+    if spent < sum(generation["warmup_samples_ms"]) or not _counted(count, len(warm), spent):
+        raise PageResultError(f"result.generation.warmup_generations ({count}) and warmup_ms ({spent}) must count "
+                              f"the {len(warm)} warm-up samples given and the first generation, at most "
+                              f"{MAX_WARMUP_RATE_PER_MS} per ms")  # fmt: skip
+    generation["warmup_ms"] = spent
+
+
+# Warm-up generations per ms of warm-up a page may claim: a generation is at least a session call (~0.05 ms here)
+MAX_WARMUP_RATE_PER_MS = 100
+
+
+def _counted(count: Any, given: int, spent_ms: float) -> bool:
+    """A warm-up count is an int covering the samples given (and the first generation), within a believable rate."""
+    ok_type = isinstance(count, int) and not isinstance(count, bool)
+    return ok_type and 1 + given <= count <= 1 + given + MAX_WARMUP_RATE_PER_MS * max(spent_ms, 1.0)
 
 
 def _check_skipped(skipped: dict[str, Any], positions: int, job: PageJob) -> None:

@@ -97,6 +97,7 @@ class GenerateJob:
     seq2seq: Seq2SeqJob | None = None  # an encoder–decoder's generation
     passage: PassageJob | None = None  # our own loop's perplexity passage, after the timed loop
     max_warmup: int = PAGE_MAX_WARMUP_GENERATIONS  # warm-up generations after the first, at most
+    min_warmup_ms: float = 0.0  # the least time it warms up for (harness.core.generation.page_min_warmup_ms)
 
 
 @dataclass(frozen=True)

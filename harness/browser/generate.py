@@ -218,8 +218,9 @@ def generation_result(prepared: PreparedModel, target: Any, case: Case, answer: 
         "generated_tokens": generation["tokens"],
     }
     details |= memory_growth(generation, details, on_gpu=target.hardware != "wasm")
-    if (warm := generation.get("warmup_samples_ms")) is not None:  # checked (web/answers.py): after the first one
-        details |= {"warmup_generations": 1 + len(warm), "warmup_samples_ms": warm}
+    if (warm := generation.get("warmup_samples_ms")) is not None:  # checked (web/answers.py): the last ones
+        details |= {"warmup_generations": generation["warmup_generations"], "warmup_samples_ms": warm}
+        details |= {"warmup_s": generation["warmup_ms"] / 1000} if "warmup_ms" in generation else {}
     runtime = answer.get("facts", {}).get("runtime")
     speech = isinstance(runtime, dict) and prepared.spec.takes_speech  # a speech pipeline's own (transformers.js)
     features = runtime.get("features") if speech else None

@@ -47,6 +47,7 @@ from harness.browser.runtimes import (
 )
 from harness.core.failures import UNSUPPORTED_OPERATOR
 from harness.core.faults import injected_faults
+from harness.core.generation import page_min_warmup_ms
 from harness.core.labels import BROWSER_ENGINE
 from harness.core.options import check, declared, option
 from harness.core.parity import compare
@@ -582,7 +583,17 @@ def page_job(
     model: Path | None = None,
 ) -> PageJob:
     """Hand the page the case's ONNX file (the export, or `model`: its precision's conversion) and input
-    tensors (from the PreparedModel's npz; a speech generation's at its audio length), and describe the page job."""
+    tensors (from the PreparedModel's npz; a speech generation's at its audio length), and describe the page job:
+    a generation's with the least time it warms up for (page_min_warmup_ms: its wasm's optimizing tier)."""
+    job = _page_job(files, prepared, setting, case, request, fault, model)
+    if job.generate is None:
+        return job
+    floor_ms = page_min_warmup_ms(request.warmup, request.max_time_s)
+    return replace(job, generate=replace(job.generate, min_warmup_ms=floor_ms))
+
+
+def _page_job(files: Any, prepared: PreparedModel, setting: EpSetting, case: Case, request: WebRequest,
+              fault: str | None, model: Path | None) -> PageJob:  # fmt: skip
     planted = f"{WINDOW_AUDIO_FAULT}:{case.audio_seconds}" in injected_faults()
     audio = None if planted else case.audio_seconds
     feeds, _ = prepared.load_case((case.batch_size, case.seq_len), audio, on_graph=case.mode == "inference")

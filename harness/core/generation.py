@@ -44,6 +44,24 @@ STEP_TOP_K = 8
 # The most untimed warm-up generations a page runs after its first (web/page/generate.mjs warmedUp: on until the
 # generation time stops falling): a page whose time never settles costs this many generations, or its budget.
 PAGE_MAX_WARMUP_GENERATIONS = 50
+# A page's wasm is compiled twice: a baseline tier at load, then its hot functions by the optimizing compiler in the
+# background (V8: Liftoff, then TurboFan per function once its tiering budget is spent; SpiderMonkey: baseline, then
+# Ion), each swapped in when ready. Between the two the generation time can hold still for a second and then fall
+# again, so "stops falling" alone ended a warm-up early: qwen2-small at 1 thread held 44-47 ms per generation for
+# ~20 generations, then fell to 17-19 ms at ~1.7 s; in 12 s runs every wasm row (llama-tiny, qwen2-small; 1 and 2
+# threads) was at its steady median from 2-3 s of generating on (docs/browser.md). So the page also warms up for at
+# least PAGE_MIN_WARMUP_S, and at most PAGE_WARMUP_BUDGET_SHARE of the case's --max-time (the rest is the timed
+# loop's); --warmup 0 asks for no floor.
+PAGE_MIN_WARMUP_S = 4.0
+PAGE_WARMUP_BUDGET_SHARE = 0.4
+
+
+def page_min_warmup_ms(warmup: int, max_time_s: float | None) -> float:
+    """The least time (ms) a page's generate case warms up for, from its first generation on (see above)."""
+    if warmup == 0:
+        return 0.0
+    floor_s = PAGE_MIN_WARMUP_S if max_time_s is None else min(PAGE_MIN_WARMUP_S, PAGE_WARMUP_BUDGET_SHARE * max_time_s)
+    return floor_s * 1000.0
 
 
 def decode_steps(stamps_ns: Sequence[int]) -> list[float]:

@@ -18,6 +18,7 @@ from harness.core.bounds import (
     MAX_SEQUENCE,
     out_of_range,
 )
+from harness.core.generation import PAGE_MIN_WARMUP_S, PAGE_WARMUP_BUDGET_SHARE
 from harness.core.options import (
     DEFAULT_OUTPUT_DIR,
     MAX_TIMEOUT_S,
@@ -189,7 +190,9 @@ class RunOptions:
     )
     warmup: int = option(
         5, flag="--warmup", key="warmup_iterations", low=0, high=MAX_ITERATIONS,
-        help="Untimed runs after the first run.",
+        help="Untimed runs after the first run. A page's generation warms up on until its time stops falling, and "
+        f"for at least {PAGE_MIN_WARMUP_S:g} s (at most {PAGE_WARMUP_BUDGET_SHARE:.0%} of --max-time: its wasm's "
+        "optimizing tier); 0: neither.",
     )  # fmt: skip
     iterations: int = option(
         20, flag="--iterations", key="benchmark_iterations", low=1, high=MAX_ITERATIONS,
