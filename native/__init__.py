@@ -21,6 +21,9 @@ REGISTRY = {
     # opt-in (--engines llama.cpp): generates on the GGUF the prepare worker writes of a llama-family decoder, through
     # node-llama-cpp's prebuilt binary (`make setup`); every other model would gain an `unsupported` row
     "llama.cpp": ("llamacpp_backend", False),
+    # opt-in (--engines llama-cpp-python): the same GGUF through PyPI's bindings, where a user has them installed
+    # (no wheel runs here without compiling llama.cpp); unavailable, saying how to install them, elsewhere
+    "llama-cpp-python": ("llamacpp_python_backend", False),
 }
 ENGINES = tuple(REGISTRY)
 DEFAULT_ENGINES = tuple(engine for engine, (_, default) in REGISTRY.items() if default)

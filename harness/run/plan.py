@@ -374,7 +374,7 @@ def validate(request: BenchmarkRequest) -> Plan:
         engines = [engine for engine in ENGINES if capabilities(engine).runs_gguf]
     check_generation(request, specs, request.modes)
     check_paths(request)
-    targets = choose_targets(request.hardware, engines)
+    targets = choose_targets(request.hardware, engines, named=request.engines is not None)
     if not targets:
         raise RequestError(f"no target serves hardware {request.hardware} with engines {engines}")
     return Plan(specs, per_thread_count(targets, request.native_threads), request)
@@ -446,15 +446,20 @@ def check_engines(engines: list[str] | None, hardware: list[str] | None) -> list
     return engines or list(DEFAULT_ENGINES)
 
 
-def choose_targets(hardware: list[str] | None, engines: list[str]) -> list[tuple[Target, Availability]]:
-    """The available targets of each platform; a platform asked for by name that nothing here
-    serves keeps its unavailable targets, so the run records them as `unsupported` with the reason."""
-    chosen = []
+def choose_targets(hardware: list[str] | None, engines: list[str],
+                   named: bool = False) -> list[tuple[Target, Availability]]:  # fmt: skip
+    """The available targets of each platform; a platform asked for by name that nothing here serves keeps its
+    unavailable targets, and so does an engine asked for by name (`named`: --engines given) that has no target
+    left (llama-cpp-python not installed beside onnxruntime), so the run records them as `unsupported` with the
+    reason instead of leaving the engine out without a word."""
+    chosen, probed_all = [], []
     for platform in hardware or DEFAULT_NATIVE_PLATFORMS:
         probed = native_targets([platform], engines)
+        probed_all += probed
         available = [(t, a) for t, a in probed if a.ok]
         chosen += available if available or not hardware else probed
-    return chosen
+    kept = {target.engine for target, _ in chosen}
+    return chosen + [(t, a) for t, a in probed_all if named and t.engine not in kept and (t, a) not in chosen]
 
 
 def check_selection(request: RunOptions) -> list[ModelSpec]:
