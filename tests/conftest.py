@@ -23,6 +23,8 @@ if "ACCELHARNESS_CACHE_DIR" not in os.environ:  # `make test` gives both of its 
 os.environ.pop("ACCELHARNESS_INJECT_FAULT", None)
 # Ceilings (harness.run.ceilings) only where a test reads them: test_roofline.py turns them back on.
 os.environ["ACCELHARNESS_NO_CEILINGS"] = "1"
+# ... and bandwidth_large (~1 s a target) only where a test reads it: test_roofline.py and test_bandwidth_large.py.
+os.environ["ACCELHARNESS_NO_BANDWIDTH_LARGE"] = "1"
 # A shell without job control starts a background job (`make test &` in a script) with SIGINT
 # ignored, and every process it starts inherits that: the Ctrl-C tests would send SIGINTs that no
 # process hears, and wait out their timeouts. A handler, unlike "ignored", is not inherited across
@@ -80,6 +82,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     class SharedFixtureScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
+            if Path(module).name.startswith("test_firefox"):  # one worker: each checks no Firefox of ours is left
+                return "firefox"
             return module if shares_a_module_fixture(config.rootpath / module) else nodeid
 
     return SharedFixtureScheduling(config, log)

@@ -114,12 +114,12 @@ def test_a_hung_page_runtime_is_a_timeout_and_the_run_goes_on(web_cache: Path, t
     assert rows["transformers.js"]["status"] == "timeout" and rows["llama.cpp"]["status"] == "ok"
 
 
-@pytest.mark.slow  # ~25 s: a run of its own (the cheap check: test_only_llama_cpp_at_fp32_runs_at_a_depth)
+@pytest.mark.slow  # ~25 s: a run of its own (the cheap check: test_which_page_runtimes_run_at_a_depth)
 def test_llama_cpp_in_the_page_fills_its_cache_to_a_depth_untimed(web_cache: Path, tmp_path: Path) -> None:  # noqa: F811
     """--depths 16 through wllama: the filler cached untimed (llama.cpp's own timings say it reused exactly the
     filler and processed exactly the prompt), its top-8 log-probabilities checked against native ORT after the same
     filler (checked from an empty cache instead, they are 500x further apart: the check sees a wrong depth);
-    transformers.js at a depth is `unsupported`, saying why."""
+    transformers.js fills a DynamicCache untimed and generates after it, checked on its graph after the same filler."""
     db = tmp_path / "d.duckdb"
     done = run_cli("web", "--mode", "generate", "--model", "llama-tiny", "--hardware", "wasm", "--threads", "1",
                    "--runtimes", "llama.cpp,transformers.js", "--depths", "16", "--no-ceilings", *QUICK, "--db",
@@ -131,21 +131,39 @@ def test_llama_cpp_in_the_page_fills_its_cache_to_a_depth_untimed(web_cache: Pat
     timings = deep["details"]["runtime"]["llama_cpp_timings"]
     assert (timings["cache_n"], timings["prompt_n"]) == (16, 8), timings
     assert deep["details"]["step_logit_max_diff"] <= deep["details"]["step_logit_tolerance"][0]
-    assert rows["transformers.js"]["status"] == "unsupported"
-    assert "empty KV cache" in rows["transformers.js"]["error"]
+    tjs = rows["transformers.js"]
+    assert tjs["status"] == "ok" and tjs["depth"] == 16, tjs["error"]
+    assert tjs["details"]["runtime"]["depth_fill"]["cache_length"] == 16
+    assert tjs["details"]["step_logit_max_diff"] <= tjs["details"]["step_logit_tolerance"][0]
 
 
-def test_only_llama_cpp_at_fp32_runs_at_a_depth() -> None:
+@pytest.mark.slow  # ~10 s: a run of its own (the cheap check: test_which_page_runtimes_run_at_a_depth)
+def test_transformers_js_filled_with_another_filler_is_a_mismatch(web_cache: Path, tmp_path: Path) -> None:  # noqa: F811
+    """Planted: transformers.js's cache filled with the filler reversed (the same 16 tokens, another order): its
+    logits after it are checked against native ORT's after the harness's filler, and the row is a mismatch."""
+    request = WebRequest(models=["llama-tiny"], hardware=["wasm"], runtimes=["transformers.js"], modes=["generate"],
+                         new_tokens=6, sequence_lengths=[8], depths=[16], iterations=2, warmup=0, min_duration_s=0,
+                         no_ceilings=True, db_path=tmp_path / "f.duckdb", output_dir=None)  # fmt: skip
+    summary = run_web(request, faults={"transformers.js/wasm:threads=1": "tjs_wrong_filler"})
+    assert summary.counts == {"mismatch": 1}
+    row = rows_of(request.db_path)[0]
+    assert row["details"]["step_logit_max_diff"] > 10 * row["details"]["step_logit_tolerance"][0]
+
+
+def test_which_page_runtimes_run_at_a_depth() -> None:
     """Which page runtime runs a case at --depths, decided before any page opens: llama.cpp on the fp32 GGUF of the
-    model's weights (checked after the same filler), nothing else, each refusal saying why."""
+    model's weights, transformers.js's text generation on wasm (each checked after the same filler), nothing else,
+    each refusal saying why."""
     from types import SimpleNamespace
 
     from harness.browser.runtimes import _depth_refusal
 
-    def why(runtime: str, precision: str = "fp32", gguf_given: bool = False) -> str | None:
-        prepared = SimpleNamespace(spec=SimpleNamespace(is_gguf_file=gguf_given))
-        return _depth_refusal(prepared, runtime, SimpleNamespace(depth=64, precision=precision))  # type: ignore[arg-type]
+    def why(runtime: str, precision: str = "fp32", gguf_given: bool = False, ep: str = "wasm",
+            speech: bool = False) -> str | None:  # fmt: skip
+        prepared = SimpleNamespace(spec=SimpleNamespace(is_gguf_file=gguf_given, is_encoder_decoder=speech))
+        return _depth_refusal(prepared, runtime, SimpleNamespace(depth=64, precision=precision), ep)  # type: ignore[arg-type]
 
-    assert why("llama.cpp") is None
+    assert why("llama.cpp") is None and why("transformers.js") is None and why("transformers.js", "q4") is None
     assert "fp32 GGUF" in str(why("llama.cpp", "q4")) and "fp32 GGUF" in str(why("llama.cpp", gguf_given=True))
-    assert "--depths 64: transformers.js" in str(why("transformers.js")) and why("webllm") is not None
+    assert "on wasm only" in str(why("transformers.js", ep="webgpu"))
+    assert "speech pipeline" in str(why("transformers.js", speech=True)) and why("webllm") is not None

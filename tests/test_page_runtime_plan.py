@@ -112,8 +112,8 @@ def test_the_ranking_puts_every_engine_of_a_case_side_by_side() -> None:
 
 
 def test_what_a_runtime_cannot_run_is_unsupported_before_a_browser_starts(tmp_path: Path) -> None:
-    """WebLLM without its compiled library and weights, transformers.js asked for inference: each an `unsupported`
-    row naming why; our own loop's row beside them runs as before."""
+    """WebLLM without its compiled library and weights, transformers.js asked for a causal LM's inference: each an
+    `unsupported` row naming why; our own loop's row beside them runs as before."""
     db = tmp_path / "u.duckdb"
     result = run_cli("web", "--model", "llama-tiny", "--mode", "inference", "--hardware", "wasm", "--runtimes",
                      "webllm,transformers.js", "--sequence-lengths", "8", "--no-ceilings", "--db", str(db),
@@ -122,7 +122,9 @@ def test_what_a_runtime_cannot_run_is_unsupported_before_a_browser_starts(tmp_pa
     rows = dict(duckdb.connect(str(db), read_only=True).execute(
         "SELECT engine, status || ': ' || error FROM results").fetchall())  # fmt: skip
     assert rows["webllm"].startswith("unsupported: WebLLM runs a TVM-compiled model library")
-    assert rows["transformers.js"] == "unsupported: transformers.js runs generate here, not inference"
+    assert rows["transformers.js"].startswith("unsupported: transformers.js runs inference here as pipeline(")
+    assert rows["transformers.js"].endswith("llama-tiny is a LlamaForCausalLM: its text-generation pipeline runs with "
+                                            "--mode generate")  # fmt: skip
 
 
 def test_an_unknown_runtime_is_refused_naming_the_valid_ones(tmp_path: Path) -> None:

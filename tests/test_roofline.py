@@ -42,6 +42,7 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     native = BenchmarkRequest(hardware=["cpu"], engines=["onnxruntime", "torch"], output_dir=out / "reports", **shared)
     with pytest.MonkeyPatch.context() as patch:  # conftest makes --no-ceilings the suite's default
         patch.delenv("ACCELHARNESS_NO_CEILINGS")
+        patch.delenv("ACCELHARNESS_NO_BANDWIDTH_LARGE")  # and bandwidth_large, natively and in the page
         summary = run_both(native, WebRequest(hardware=["wasm"], output_dir=None, **shared))
     assert summary.counts == {"ok": 6}, summary
     with open_store(out / "r.duckdb", read_only=True) as store:
@@ -59,7 +60,8 @@ def ceiling(measured: dict[str, Any], row: dict[str, Any], kind: str, precision:
 
 def test_each_target_has_its_ceilings_measured_through_its_own_engine(measured: dict[str, Any]) -> None:
     found = {(c["hardware"], c["engine"], c["kind"], c["precision"]) for c in measured["ceilings"]}
-    assert found == {(*t, kind, cls) for t in TARGETS for kind, cls in (("bandwidth", "bytes"), ("compute", "fp32"))}
+    kinds = (("bandwidth", "bytes"), ("bandwidth_large", "bytes"), ("compute", "fp32"))
+    assert found == {(*t, kind, cls) for t in TARGETS for kind, cls in kinds}
     for c in measured["ceilings"]:  # the figure is its samples' (harness.core.roofline), nothing looked up
         assert c["error"] is None and c["iterations"] == len(c["samples_ms"]) >= 3 and not c["software_adapter"]
         assert (c["value"], c["spread"]) == pytest.approx(ceiling_figures(c["amount"], c["samples_ms"]))
@@ -68,6 +70,8 @@ def test_each_target_has_its_ceilings_measured_through_its_own_engine(measured: 
         assert c["budget_ms"] == CEILING_BUDGET_MS and f"measured {c['workload']}" in c["sizing"]
         assert c["reused_from"] is None and c["calibration_s"] > 0
         assert SOFTWARE[c["engine"]] in c["software"], c["software"]
+    large = {(c["workload"], c["sizing"].split(":")[0]) for c in measured["ceilings"] if c["kind"] == "bandwidth_large"}
+    assert large == {("bandwidth-expand-add-256mib", "not probed")}  # sized at the bandwidth ceiling's rate
 
 
 def test_every_generate_row_has_its_work_and_comes_within_its_ceilings(measured: dict[str, Any]) -> None:

@@ -164,6 +164,7 @@ FACT_CHECKS: dict[str, FactCheck] = {
     **dict.fromkeys(("hardware_concurrency", "threads_requested", "threads_effective", "warmup_run"), _COUNT),
     "max_time_s": ("a finite number > 0 or null", lambda v: v is None or (_is_number(v) and v > 0)),
     **dict.fromkeys(("runtime_init_ms", "fetch_ms"), _MS),
+    **dict.fromkeys(("min_warmup_ms", "warmup_ms"), _MS),  # another runtime's inference warm-up (runner.mjs measure)
     # runner.mjs's timerResolutionMs(): a step it saw the clock take (a coarse browser's is 1 ms or 16.7 ms)
     "timer_resolution_ms": ("a number > 0 and <= 1000", lambda v: _is_number(v) and 0 < v <= 1000),
     **dict.fromkeys(("user_agent", "bundle", "placement_method", "load_measured_with"), _TEXT),
@@ -219,7 +220,7 @@ def validate_page_result(result: Any, job: PageJob, timeout_s: float) -> dict[st
     facts = _require(result, "facts", (dict,))
     check_facts(facts)
     clock = Clock.of(facts, timeout_s)
-    for key in ("runtime_init_ms", "fetch_ms"):  # measured by the page, maybe in an earlier job of its load
+    for key in ("runtime_init_ms", "fetch_ms", "warmup_ms"):  # measured by the page (the first two maybe earlier)
         if key in facts:
             clock.at_most_limit(facts[key], f"facts.{key}")
     for key in HARNESS_KEYS:

@@ -120,6 +120,9 @@ class PageJob:
     runtime: str = "onnxruntime-web"
     runtime_model_base: str | None = None
     runtime_dtype: str | None = None
+    # another page runtime's inference: the least time (ms) its warm-up lasts besides the --warmup count
+    # (harness.core.generation.page_min_warmup_ms): its own wasm build reaches its steady time after seconds of calls
+    runtime_min_warmup_ms: float = 0.0
 
     @property
     def mode(self) -> str:

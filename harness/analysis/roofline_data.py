@@ -3,7 +3,11 @@
 A target here is a machine's target at a precision class: (machine, hardware, engine, provider, device, class),
 since a ceiling is a machine's and a compute ceiling a precision class's (harness.core.roofline). Its ceiling is
 the median of the values stored for it on that machine (a run's fastest sample, itself noisy on a shared machine:
-the median of several runs' is steadier than the latest). A page runtime other than onnxruntime-web is held
+the median of several runs' is steadier than the latest). A term of bytes is held against the bandwidth the step's
+bytes see (harness.core.roofline.effective_bandwidth): the in-cache bandwidth ceiling up to its graph's working set,
+the bandwidth_large one (live tensors well past any last-level cache) from its own, interpolated in log(bytes) in
+between; a target with no bandwidth_large (an older store, a bundle without it) the bandwidth ceiling alone, as
+before. A page runtime other than onnxruntime-web is held
 against onnxruntime-web's ceilings on its EP, as the store's fractions hold it (harness.store.CEILING_ENGINE_SQL).
 
 A decode step is priced two ways (harness.analysis.roofline_predict): "decode", its bytes per token at the bandwidth
@@ -20,8 +24,8 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +33,13 @@ from harness.analysis.machines import machine_name
 from harness.analysis.roofline_fit import Point
 from harness.core.bounds import MAX_GRAPH_NODES, WORK_BYTES_BOUND
 from harness.core.labels import BROWSER_ENGINE, PAGE_ENGINES, PAGE_HARDWARE, target_label
-from harness.core.roofline import BANDWIDTH_CLASS, precision_class
+from harness.core.roofline import (
+    BANDWIDTH_CLASS,
+    BANDWIDTH_KINDS,
+    effective_bandwidth,
+    precision_class,
+    working_set_bytes,
+)
 from harness.core.threads import THREADS_MARK
 from harness.store import open_store
 
@@ -58,7 +68,7 @@ ORDER BY u.started_at, r.result_id
 # a ceiling reused by later runs (harness.run.ceiling_reuse) is one measurement: counted once, where it was taken
 CEILINGS_SQL = """
 SELECT u.machine_id, any_value(u.machine_label) AS machine_label, c.hardware, c.engine, c.provider, c.device, c.kind,
-       c.precision, list(c.value) AS values
+       c.precision, list(c.value) AS values, list(c.amount) AS amounts
 FROM ceilings c JOIN runs u USING (run_id) WHERE c.value > 0 AND c.reused_from IS NULL GROUP BY ALL
 """
 
@@ -86,7 +96,7 @@ class Where:
 
     def ceiling_key(self, kind: str) -> tuple[str, ...]:
         engine = BROWSER_ENGINE if self.engine in PAGE_ENGINES and self.hardware in PAGE_HARDWARE else self.engine
-        cls = BANDWIDTH_CLASS if kind == "bandwidth" else self.precision_class
+        cls = BANDWIDTH_CLASS if kind in BANDWIDTH_KINDS else self.precision_class
         return self.machine, self.hardware, engine, self.provider, self.device, kind, cls
 
 
@@ -106,9 +116,31 @@ class Book:
     rows: dict[Where, list[dict[str, Any]]]
     ceilings: dict[tuple[str, ...], float]  # Where.ceiling_key -> GB/s or GFLOP/s (the median on that machine)
     machines: dict[str, str]  # machine id -> its name in reports
+    working_sets: dict[tuple[str, ...], float] = field(default_factory=dict)  # a bandwidth graph's live bytes (median)
 
     def ceiling(self, where: Where, kind: str) -> float | None:
         return self.ceilings.get(where.ceiling_key(kind))
+
+    def bandwidth(self, where: Where, nbytes: float) -> tuple[float, str] | None:
+        """(GB/s, which ceiling, in words) that a step moving `nbytes` sees on the target (effective_bandwidth);
+        None without a bandwidth ceiling."""
+        small, large = (self._roof(where, kind) for kind in BANDWIDTH_KINDS)
+        if small is None:
+            return None
+        gbps = effective_bandwidth(nbytes, small, large)
+        if large is None:
+            return gbps, "bandwidth (no bandwidth_large measured)"
+        if nbytes <= small[0] or gbps == small[1]:
+            return gbps, f"bandwidth ({nbytes / 1e6:.3g} MB within its {small[0] / 1e6:.3g} MB working set)"
+        if nbytes >= large[0]:
+            return gbps, f"bandwidth_large ({nbytes / 1e6:.3g} MB past its {large[0] / 1e6:.3g} MB working set)"
+        return gbps, (f"bandwidth to bandwidth_large in log(bytes) ({nbytes / 1e6:.3g} MB between their "
+                      f"{small[0] / 1e6:.3g} and {large[0] / 1e6:.3g} MB working sets)")  # fmt: skip
+
+    def _roof(self, where: Where, kind: str) -> tuple[float, float] | None:
+        key = where.ceiling_key(kind)
+        value, working_set = self.ceilings.get(key), self.working_sets.get(key)
+        return (working_set, value) if value and working_set else None
 
     def targets(self, cls: str) -> set[Where]:
         """Every target at a precision class that ran rows or measured ceilings (a machine measured with
@@ -120,8 +152,12 @@ class Book:
         return all(self.ceiling(where, kind) for kind in TERMS[phase] if kind)
 
     def ideal(self, where: Where, phase: str, work: tuple[float, ...]) -> tuple[float, ...] | None:
-        """Each term's work as the seconds it takes at 100% of the target's ceiling (a count as it is)."""
-        ceilings = [self.ceiling(where, kind) if kind else None for kind in TERMS[phase]]
+        """Each term's work as the seconds it takes at 100% of the target's ceiling (a count as it is): its bytes
+        at the bandwidth the step's bytes (its byte terms summed) see."""
+        terms = TERMS[phase]
+        seen = self.bandwidth(where, bytes_moved(phase, work)) if "bandwidth" in terms else None
+        ceilings = [seen[0] if seen and kind == "bandwidth" else self.ceiling(where, kind) if kind else None
+                    for kind in terms]  # fmt: skip
         if any(kind and not c for kind, c in zip(TERMS[phase], ceilings, strict=True)):
             return None
         return tuple(w / (c * 1e9) if c else w for w, c in zip(work, ceilings, strict=True))
@@ -141,6 +177,11 @@ class Book:
             if measured and ideal:
                 found.append(Point(row["model"], ideal, measured, row["result_id"]))
         return found
+
+
+def bytes_moved(phase: str, work: Sequence[float | None]) -> float:
+    """The bytes a phase's terms move (its terms at the bandwidth ceiling, summed): what a cache would have to hold."""
+    return sum(w or 0.0 for w, kind in zip(work, TERMS[phase], strict=True) if kind == "bandwidth")
 
 
 def phase_seconds(phase: str, row: Mapping[str, Any]) -> float | None:
@@ -180,10 +221,13 @@ def read_book(db_path: Path, mode: str) -> Book:
     for row in rows:
         if (where := where_of(row)) is not None:
             by_target.setdefault(where, []).append(row | step_counts(row))
-    values = {(c["machine_id"] or "", c["hardware"], c["engine"], c["provider"] or "", c["device"] or "", c["kind"],
-               c["precision"]): statistics.median(c["values"]) for c in ceilings}  # fmt: skip
+    keys = [(c["machine_id"] or "", c["hardware"], c["engine"], c["provider"] or "", c["device"] or "", c["kind"],
+             c["precision"]) for c in ceilings]  # fmt: skip
+    values = {key: statistics.median(c["values"]) for key, c in zip(keys, ceilings, strict=True)}
+    working_sets = {key: working_set_bytes(statistics.median(c["amounts"])) for key, c in zip(keys, ceilings,
+                    strict=True) if c["kind"] in BANDWIDTH_KINDS}  # fmt: skip
     machines = {r["machine_id"] or "": machine_name(r) for r in runs}
-    return Book(mode, by_target, values, machines)
+    return Book(mode, by_target, values, machines, working_sets)
 
 
 def step_counts(row: Mapping[str, Any]) -> dict[str, float | None]:

@@ -2,7 +2,8 @@
 (harness.analysis.predict_model picks, per target, the one with the lowest held-out error).
 
 latency = overhead + FLOPs per batch at a fitted fraction of the compute ceiling + bytes per batch at a fitted
-fraction of the bandwidth ceiling (harness.analysis.roofline_fit), fitted per target on its rows of other models
+fraction of the bandwidth those bytes see (the in-cache ceiling, bandwidth_large past it: harness.analysis.
+roofline_data) (harness.analysis.roofline_fit), fitted per target on its rows of other models
 whose work was counted and whose ceilings were measured. Its error is leave-one-model-out latency MAPE, as the
 other methods' is. A target is keyed as predict keys it (hardware, engine, provider, precision) over this
 machine's own targets; with rows on several machines, the one holding most of them is the target's.
@@ -17,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.analysis.roofline_data import TERMS, Book, Where, read_book
+from harness.analysis.roofline_data import Book, Where, read_book
 from harness.analysis.roofline_fit import MIN_FIT_MODELS, Law, fit, lomo_error, models_of
 
 ROOFLINE = "roofline"
@@ -31,15 +32,15 @@ class InferenceFit:
     error: float | None  # leave-one-model-out latency MAPE on the target's rows
     models: list[str]
     rows: int
-    ceilings: tuple[float, ...]  # GFLOP/s, GB/s: the terms' (roofline_data.TERMS["inference"])
+    book: Book  # the target's ceilings, its bytes held against the bandwidth they see (Book.ideal)
     measured: dict[tuple[int, Any], float] = field(default_factory=dict)  # the asked model's own p50 ms, not learned
 
     def latency_ms(self, per_item: Mapping[str, float | None], batch: int) -> float | None:
         flops, nbytes = per_item.get("flops_per_item"), per_item.get("bytes_per_item")
         if flops is None or nbytes is None:
             return None
-        ideal = [flops * batch / (self.ceilings[0] * 1e9), nbytes * batch / (self.ceilings[1] * 1e9)]
-        return self.law.seconds(ideal) * 1000.0
+        ideal = self.book.ideal(self.where, "inference", (flops * batch, nbytes * batch))
+        return self.law.seconds(ideal) * 1000.0 if ideal else None
 
 
 def inference_fits(
@@ -58,14 +59,13 @@ def _fits(book: Book, precision: str, without: str | None, wants: Callable[[str,
         key = (where.hardware, where.engine, where.provider, precision)
         if len(models_of(points)) < MIN_FIT_MODELS or (key in found and found[key].rows >= len(points)):
             continue
-        ceilings = tuple(book.ceiling(where, kind) or 0.0 for kind in TERMS["inference"])
         own = [r for r in book.rows[where] if r["model"] == without and r["precision"] == precision]
         measured = {
             (b, s): float(np.median([r["latency_p50_ms"] for r in own if (r["batch_size"], r["seq_len"]) == (b, s)]))
             for b, s in {(r["batch_size"], r["seq_len"]) for r in own}
         }
         found[key] = InferenceFit(where, fit(points), lomo_error(points, scored="time"), models_of(points),
-                                  len(points), ceilings, measured)  # fmt: skip
+                                  len(points), book, measured)  # fmt: skip
     return found
 
 

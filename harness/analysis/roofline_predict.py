@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.analysis.roofline_data import NO_OVERHEAD, Book, Where, phase_work, read_book
+from harness.analysis.roofline_data import NO_OVERHEAD, Book, Where, bytes_moved, phase_work, read_book
 from harness.analysis.roofline_fit import (
     MIN_FIT_MODELS,
     MIN_STEP_MODELS,
@@ -50,17 +50,24 @@ ROOFLINE, NODES, FROM_CEILINGS = "roofline", "roofline+nodes", " from ceilings"
 LOMO, LOTO = "leave-one-model-out", "leave-one-target-out"
 LAWS = {"decode": {ROOFLINE: "decode", NODES: "step"}, "prefill": {ROOFLINE: "prefill"}}  # method -> its fit
 MIN_MODELS = {"decode": MIN_FIT_MODELS, "prefill": MIN_FIT_MODELS, "step": MIN_STEP_MODELS, "step_median": 3}
+# Which bandwidth a step's bytes are held against, every row's and fit's alike (harness.analysis.roofline_data.Book)
+SEEN = (
+    "; bytes at the bandwidth they see: the in-cache bandwidth ceiling up to its graph's working set, bandwidth_large "
+    "(live tensors past any last-level cache) from its own, interpolated in log(bytes) between (the bandwidth ceiling "
+    "alone where the target has no bandwidth_large); the row's bandwidth_used says which"
+)
 METHODS = {
     ROOFLINE: "a fixed step overhead plus the counted work (bytes per decode token, prefill FLOPs) at a fitted "
-    "fraction of the target's measured ceiling, fitted on this target's rows of other models",
+    "fraction of the target's measured ceiling, fitted on this target's rows of other models" + SEEN,
     NODES: "a cost per dispatched node plus the weights, the KV cache and the activations a decode step moves, each "
     "at its own fitted fraction of the bandwidth ceiling (all counted from the graph), fitted on this target's rows "
-    "of other models",
+    "of other models" + SEEN,
     ROOFLINE + FROM_CEILINGS: "the roofline law fitted on the same engine and EP's rows elsewhere (other thread "
-    "counts, machines), applied to this target's own measured ceilings; the range is each of those targets' own law",
+    "counts, machines), applied to this target's own measured ceilings; the range is each of those targets' own law"
+    + SEEN,
     NODES + FROM_CEILINGS: "the roofline+nodes law fitted on the same engine and EP's rows elsewhere, its byte terms "
     "applied to this target's own bandwidth ceiling and its per-node cost as learned there; the range is each of "
-    "those targets' own law",
+    "those targets' own law" + SEEN,
 }
 Case = tuple[int, int, int]  # (batch, prompt tokens, depth)
 
@@ -230,9 +237,17 @@ def _row(book: Book, where: Where, ask: GenerationAsk, case: Case, work: dict[st
                          "rows": decode.rows},
         "decode_law": law_terms(decode), "bytes_per_token": work.get("bytes_per_token"),
         "step_nodes": work.get("step_nodes"), "bandwidth_gbps": book.ceiling(where, "bandwidth"),
-        "compute_gflops": book.ceiling(where, "compute"),
+        "bandwidth_large_gbps": book.ceiling(where, "bandwidth_large"),
+        "compute_gflops": book.ceiling(where, "compute"), **_bandwidth_used(book, where, decode.fitted, shape),
     }  # fmt: skip
     return row | _measured(book, where, ask.model, case)
+
+
+def _bandwidth_used(book: Book, where: Where, phase: str, work: dict[str, Any]) -> dict[str, Any]:
+    """The bandwidth the decode step's bytes were held against (Book.bandwidth): GB/s and which ceiling, in words."""
+    terms = phase_work(phase, work)
+    seen = book.bandwidth(where, bytes_moved(phase, terms)) if terms else None
+    return {"bandwidth_used_gbps": seen[0] if seen else None, "bandwidth_used": seen[1] if seen else None}
 
 
 def law_terms(learned: Learned) -> dict[str, float | None]:

@@ -23,12 +23,14 @@ import re
 import signal
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from harness.browser.run import EpSetting, Prepared, WebPlan, case_model, not_runnable
 from harness.browser.runtimes import runtime_details, runtime_model
 from harness.browser.serve import ServedJobs, device_details
-from harness.core.records import Case, Result, result_key
+from harness.core.records import Case, Ceiling, Result, result_key
+from harness.run.ceilings import new_ceiling
 from harness.run.recording import Emit
 from harness.web.launched import LaunchedChoice, Launcher, LaunchError, launcher
 from harness.web.runtimes import OWN_RUNTIME
@@ -63,6 +65,8 @@ class LaunchedJobs(ServedJobs):
     def _record(self, row: Any) -> None:
         if isinstance(row, Result):
             self.stored.add(result_key(row.model, row.target, row.case))
+        if isinstance(row, Ceiling):
+            self.stored.add(f"ceiling {row.target.label} {row.kind} {row.precision}")
         self.store(row)
 
     def settings(self, device: Any) -> list[EpSetting]:
@@ -107,6 +111,10 @@ class LaunchedJobs(ServedJobs):
                 row = prepared.result(setting.target, case, "error", why)
             row.details |= {"browser": self.choice.kind} | self.kept.launch_facts
             self.emit(row)
+        for setting in self.own:  # its ceilings too: each one holds why, and no value
+            for calibration in self.calibrations():
+                if f"ceiling {setting.target.label} {calibration.kind} {calibration.precision}" not in self.stored:
+                    self.emit(replace(new_ceiling(setting.target, calibration), error=why[:500]))
 
     def give_up(self, server: Any, why: str) -> None:
         """The browser cannot be kept up: every job left gets this error row."""
@@ -260,7 +268,7 @@ async def run_launched(plan: WebPlan, choice: LaunchedChoice, models: list[Prepa
 
     kept = KeptBrowser(choice, not plan.request.headed, (), 1)
     jobs = LaunchedJobs(plan, models, emit, kept, faults)
-    if not jobs.pending():
+    if not jobs.pending() and not plan.request.ceilings_only:  # a resumed run's browser part done
         return
     kept.max_launches = max_launches(len(jobs.pending()))
     server = DeviceServer(jobs, plan.request.timeout_s, served_host(choice), 0, None, kept.on_event, max_devices=1)

@@ -381,9 +381,6 @@ def _check_browsers(request: WebRequest) -> None:
         raise RequestError("--browser-endpoint reaches a remote Chromium; Firefox and Safari take --webdriver-url")
     if (request.driver != "process" or request.webdriver_url) and not launched:
         raise RequestError("--driver and --webdriver-url drive Firefox or Safari (--browser firefox|safari)")
-    if launched and request.ceilings_only:
-        raise RequestError(f"--ceilings-only: {', '.join(launched)} (launched outside Playwright) measure no ceilings "
-                           "yet; measure a Chromium's, or a device's with web --serve --ceilings-only")  # fmt: skip
     if launched and request.profile:
         raise RequestError("--profile: a trace comes from a Chromium the harness drives, not from Firefox or Safari")
     if request.webdriver_url is not None:
@@ -584,11 +581,13 @@ def page_job(
 ) -> PageJob:
     """Hand the page the case's ONNX file (the export, or `model`: its precision's conversion) and input
     tensors (from the PreparedModel's npz; a speech generation's at its audio length), and describe the page job:
-    a generation's with the least time it warms up for (page_min_warmup_ms: its wasm's optimizing tier)."""
+    a generation's, or another runtime's inference, with the least time it warms up for (page_min_warmup_ms: its
+    wasm's optimizing tier; our own loop's inference counts alone: its build ran at its steady time from its second
+    call here, transformers.js's only after seconds of calls)."""
     job = _page_job(files, prepared, setting, case, request, fault, model)
-    if job.generate is None:
-        return job
     floor_ms = page_min_warmup_ms(request.warmup, request.max_time_s)
+    if job.generate is None:
+        return job if job.runtime == OWN_RUNTIME else replace(job, runtime_min_warmup_ms=floor_ms)
     return replace(job, generate=replace(job.generate, min_warmup_ms=floor_ms))
 
 
@@ -602,9 +601,11 @@ def _page_job(files: Any, prepared: PreparedModel, setting: EpSetting, case: Cas
     # the page keeps one session per model URL: each precision's file has its own name
     name = f"{_file_stem(prepared.spec.name)}-{case.precision}"
     stop = stop_rule(request)
-    if setting.runtime != OWN_RUNTIME:  # another page runtime: its own layout of the same weights (generate only)
+    if setting.runtime != OWN_RUNTIME:  # another page runtime: its own layout of the same weights
         speech = prepared.spec.is_encoder_decoder  # transformers.js speech (the only one runtime_refusal lets by)
         given = speech_feeds(prepared, feeds, audio) if speech else prompt_feeds(feeds)
+        if case.mode == "inference":  # a text encoder's inputs, as every row of the case is fed (transformers.js)
+            given = feeds
         return runtime_job(files, prepared, setting, case, stop, fault, model, given)
     if case.mode == "generate":  # its own file name: the page keeps one session per URL
         layout = seq2seq_layout(prepared.onnx_past_path, case.precision)
@@ -653,9 +654,10 @@ def web_job(files: Any, name: str, model: Path, feeds: dict[str, np.ndarray], se
 
 def runtime_job(files: Any, prepared: PreparedModel, setting: EpSetting, case: Case, stop: StopRule,
                 fault: str | None, model: Path, feeds: dict[str, np.ndarray]) -> PageJob:  # fmt: skip
-    """A generate job of another page runtime (harness.browser.runtimes): its files served under one folder of the
+    """A job of another page runtime (harness.browser.runtimes): its files served under one folder of the
     job's (transformers.js loads config.json and onnx/… from it; llama.cpp its GGUF), the prompt's ids as tensors
-    (each runtime is handed ids, never text), and the generation part the harness checks its answer against."""
+    (each runtime is handed ids, never text), and a generation's part the harness checks its answer against (an
+    inference job's answer is its outputs, checked as our own loop's)."""
     served, main = runtime_files(prepared, setting.runtime, case, served_graph(model), setting.runtime_folder)
     stem = f"{_file_stem(prepared.spec.name)}-{case.precision}"
     arrays = {f"{stem}.{i}.bin": np.ascontiguousarray(v) for i, v in enumerate(feeds.values())}
@@ -664,7 +666,9 @@ def runtime_job(files: Any, prepared: PreparedModel, setting: EpSetting, case: C
               for name, (key, array) in zip(feeds, arrays.items(), strict=True)]  # fmt: skip
     model_url = urls[main]
     gguf = prepared.spec.is_gguf_file  # a GGUF given as the model: no ONNX graph states its vocabulary
-    generate = gguf_generate_job(prepared, case) if gguf else generate_job(model, case, False, eos=prepared.eos)
+    generate = None  # an inference job: none
+    if case.mode == "generate":
+        generate = gguf_generate_job(prepared, case) if gguf else generate_job(model, case, False, eos=prepared.eos)
     return PageJob(model_url=model_url, inputs=inputs, ep=setting.ep, threads=setting.threads, stop=stop,
                    case=case.key, fault=fault, generate=generate, runtime_model_base=model_url.removesuffix(main),
                    **runtime_fields(setting.runtime, case))  # fmt: skip

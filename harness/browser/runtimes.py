@@ -1,8 +1,9 @@
 """A page runtime other than our own loop (web/runtimes.py's table): what it cannot run, decided before any page
 is opened; the files it is handed, laid out as that runtime loads them (transformers.js: a model folder of
-config.json and onnx/model[_dtype].onnx, a Whisper model's for its speech pipeline: speech_folder; llama.cpp: the
-GGUF the prepare worker wrote of the same weights); and
-the job fields that name them. The row's checks are harness.browser.generate's, by the graph each runtime ran.
+config.json and onnx/model[_dtype].onnx, a Whisper model's for its speech pipeline: speech_folder, a text encoder's
+for its feature-extraction pipeline (inference); llama.cpp: the GGUF the prepare worker wrote of the same weights);
+and the job fields that name them. A generation's checks are harness.browser.generate's, by the graph each runtime
+ran; an inference row's outputs are checked as our own loop's (harness.browser.run.build_result).
 """
 
 from __future__ import annotations
@@ -70,11 +71,13 @@ def runtime_refusal(prepared: PreparedModel, runtime: str, ep: str, case: Case,
         return why
     if (missing := runtime_dist.problem(runtime)) is not None:  # its npm files: make setup
         return missing
+    if case.mode == "inference":  # transformers.js alone runs it (the table): its feature-extraction pipeline
+        return _inference_refusal(prepared, case)
     if prepared.spec.is_encoder_decoder and (why := _speech_refusal(prepared, runtime, case)) is not None:
         return why
     if case.batch_size != 1:
         return f"{runtime} generates one sequence at a time here (batch 1); batch {case.batch_size} was asked"
-    if case.depth and (why := _depth_refusal(prepared, runtime, case)) is not None:
+    if case.depth and (why := _depth_refusal(prepared, runtime, case, ep)) is not None:
         return why
     if table.format == "mlc":  # the folder's own weights: the case's precision names the model's other rows
         return None
@@ -83,6 +86,32 @@ def runtime_refusal(prepared: PreparedModel, runtime: str, ep: str, case: Case,
         return f"no GGUF of this model at {case.precision}: {why}"
     if table.format == "onnx" and case.precision not in TJS_DTYPES:
         return f"{runtime} has no file name for precision {case.precision} (it loads {', '.join(TJS_DTYPES)})"
+    return None
+
+
+# The model types whose graph transformers.js's feature-extraction pipeline runs as their encoder model (AutoModel:
+# its MODEL_MAPPING_NAMES_ENCODER_ONLY's text encoders, fed input_ids, attention_mask and token_type_ids) and whose
+# output with pooling 'none' is last_hidden_state, what the other rows of the case output
+FEATURE_EXTRACTION_TYPES = ("bert", "distilbert", "roberta", "xlm-roberta", "camembert", "albert", "electra", "mpnet",
+                            "mobilebert", "deberta", "deberta-v2", "roformer", "convbert", "squeezebert")  # fmt: skip
+
+
+def _inference_refusal(prepared: PreparedModel, case: Case) -> str | None:
+    """Why an inference case is not run on transformers.js: it runs pipeline('feature-extraction') on a text encoder
+    (FEATURE_EXTRACTION_TYPES) whose one output is last_hidden_state, at a precision it has a file name for."""
+    spec = prepared.spec
+    what = ("transformers.js runs inference here as pipeline('feature-extraction') on a text encoder whose one output "
+            f"is last_hidden_state ({', '.join(FEATURE_EXTRACTION_TYPES)})")  # fmt: skip
+    if spec.is_onnx_file:
+        return f"{what}; an .onnx file given alone has no config.json naming its model type (give its folder)"
+    if spec.is_generative:
+        return f"{what}; {spec.name} is a {spec.architecture}: its text-generation pipeline runs with --mode generate"
+    if spec.inputs.kind != "text" or spec.model_type not in FEATURE_EXTRACTION_TYPES:
+        return f"{what}; {spec.name} is a {spec.model_type} {spec.architecture} of {spec.inputs.kind} input"
+    if tuple(spec.outputs) != ("last_hidden_state",):
+        return f"{what}; {spec.name} outputs {', '.join(spec.outputs)}"
+    if case.precision not in TJS_DTYPES:
+        return f"transformers.js has no file name for precision {case.precision} (it loads {', '.join(TJS_DTYPES)})"
     return None
 
 
@@ -150,10 +179,18 @@ def speech_tokenizer(prepared: PreparedModel) -> bytes:
     return tokenizer_files(_folders(prepared), dict(prepared.spec.config))[0][TOKENIZER_FILE]
 
 
-def _depth_refusal(prepared: PreparedModel, runtime: str, case: Case) -> str | None:
+def _depth_refusal(prepared: PreparedModel, runtime: str, case: Case, ep: str = "wasm") -> str | None:
     """Why a case at --depths is not run on `runtime`: llama.cpp (wllama.mjs) fills its cache untimed as our own loop
-    does, checked at fp32 against the fp32 graph after the same filler; nothing else here."""
+    does, checked at fp32 against the fp32 graph after the same filler; transformers.js (transformers.mjs) a text
+    generation's on wasm, checked on the very graph it ran after the same filler; nothing else here."""
     depth = f"--depths {case.depth}"
+    if runtime == "transformers.js":  # its module hands generate a DynamicCache it filled untimed
+        if prepared.spec.is_encoder_decoder:
+            return f"{depth}: transformers.js's speech pipeline starts from its encoder's output, not a filled cache"
+        if ep != "wasm":  # on the GPU, generate disposes the cache tensors it replaces: the fill cannot be reused
+            return (f"{depth}: transformers.js fills its cache once per job and reuses it on wasm only (on {ep} its "
+                    "generate disposes the GPU tensors of a cache it updates)")  # fmt: skip
+        return None
     if RUNTIMES[runtime].format != "gguf":  # the GGUF runtime's module (wllama.mjs) alone fills a cache to a depth
         return (f"{depth}: {runtime}'s page module starts each generation from an empty KV cache (it does not carry "
                 "a cache filled untimed into its generate call)")  # fmt: skip
@@ -355,7 +392,10 @@ def runtime_model(prepared: PreparedModel, runtime: str, case: Case, model: Path
         return {"model_file": speech.label(), "served_as": f"onnx/encoder_model.onnx + onnx/{DECODER_MERGED}.onnx",
                 "pipeline_task": "automatic-speech-recognition"}  # fmt: skip
     _, tokenizer = tokenizer_files(_folders(prepared), dict(prepared.spec.config))
-    return {"model_file": model.name, "served_as": f"onnx/{TJS_FILES[case.precision]}", "tokenizer_served": tokenizer}
+    served = {"model_file": model.name, "served_as": f"onnx/{TJS_FILES[case.precision]}", "tokenizer_served": tokenizer}
+    if case.mode == "inference":  # web/page/runtimes/transformers.mjs's infer(): its output unpooled
+        served |= {"pipeline_task": "feature-extraction", "pooling": "none (last_hidden_state)"}
+    return served
 
 
 def gguf_precisions(runtimes: list[str], cases: list[Case]) -> tuple[str, ...]:

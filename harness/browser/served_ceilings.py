@@ -84,7 +84,7 @@ class ServedCeilings:
         step, setting = found.step, found.setting
         calibration = step.calibration
         page = calibration_job(files, setting, calibration, step.size, step.stop)
-        what = "measure" if step.measuring else "probe"
+        what = "measure" if step.measuring else "check" if step.checking is not None else "probe"
         label = f"{calibration.kind} ceiling ({calibration.precision}) on {setting.provider}: {what} {step.size.name}"
         key = f"ceiling {setting.target.label} {calibration.kind} {calibration.precision} #{found.jobs}"
         job = ServeJob(key, setting.provider, label, page, answer_limit(4 * KEPT, ANSWER_LIMIT_SAMPLES))

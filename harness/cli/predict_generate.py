@@ -13,6 +13,7 @@ from rich.table import Table
 
 from harness.analysis.tables import AnalysisError
 from harness.cli.common import console, errors, fail, say, shown
+from harness.core.labels import on_device
 from harness.store import StoreError
 
 # what a table cell shows for a figure nothing stands behind
@@ -188,7 +189,8 @@ def _print(model: str, work: Any, rows: list[dict[str, Any]], notes: list[str], 
         ranged, learned = r["predicted_decode_range"], r["learned_from"]
         key = sources.setdefault(", ".join(learned["models"]), f"[{len(sources) + 1}]")
         table.add_row(
-            shown(f"{r['hardware']}/{r['engine']}:{r['provider']}"), *((shown(r["machine"]),) if machines else ()),
+            shown(on_device(f"{r['hardware']}/{r['engine']}:{r['provider']}", r)),  # `@ firefox`: not this page's
+            *((shown(r["machine"]),) if machines else ()),
             f"pp{r['prompt_tokens']}+tg{r['new_tokens']} @ d{r['depth']}", r["method"],
             _cell(r["predicted_ttft_ms"], 2), _cell(r["predicted_prefill_tokens_per_s"], 0),
             _cell(r["predicted_decode_tokens_per_s"]), f"{ranged[0]:,.0f}–{ranged[1]:,.0f}" if ranged else NONE,
@@ -237,7 +239,8 @@ def evaluate_generation(db: Path, filters: Filters, as_json: bool) -> None:
     console.print(table)
     console.print("LOMO: each model predicted by a fit that saw none of its rows; LOTO: each target predicted with "
                   "only its ceilings kept, from the same engine and EP's other targets. roofline: a step overhead + "
-                  "bytes at a fraction of the bandwidth ceiling; +nodes: roofline+nodes, a cost per dispatched node + "
+                  "bytes at a fraction of the bandwidth they see (the in-cache ceiling, bandwidth_large past it); "
+                  "+nodes: roofline+nodes, a cost per dispatched node + "
                   "weights, KV cache and activations each at its own fraction; bandwidth only: eff × BW / bytes (the "
                   "baseline); on the median step: roofline+nodes held against each row's TPOT p50, not its mean "
                   "(a row's slow first generations left out); tg predicted by: the method of lower LOMO here"

@@ -133,6 +133,7 @@ def ceilings_table(summary: RunSummary) -> Table | None:
     where it stored none."""
     from harness.core.labels import target_label
     from harness.core.roofline import UNITS
+    from harness.run.ceiling_check import CHECKED
     from harness.store import open_store
 
     with open_store(summary.db_path, read_only=True) as store:
@@ -147,6 +148,8 @@ def ceilings_table(summary: RunSummary) -> Table | None:
         spread = f"{c['spread']:.1%}" if c["spread"] is not None else "—"
         reused = f"reused from run {c['reused_from']} (measured {c['measured_at']:%Y-%m-%d %H:%M} UTC)"
         note = c["error"] or (reused if c["reused_from"] else f"sized to a run of {c['budget_ms']:g} ms")
+        if str(c["sizing"] or "").startswith(CHECKED):  # a prior checked before reuse: the check's words
+            note = f"{note}; {str(c['sizing']).split('; ', 1)[0]}"
         cells = [target_label(c), c["kind"], c["precision"], c["workload"], value, spread, c["iterations"], note]
         table.add_row(*(Text(terminal_text(str(cell))[:200]) for cell in cells))  # text from the store, not markup
     return table

@@ -3,6 +3,8 @@
 A ceiling is measured, not looked up (harness.run.ceilings natively, the same graphs in the page): a
 calibration graph of known work is timed through the row's own engine under the result's timing rules.
   bandwidth  bytes the graph moves per run (read + written) / the run's time: GB/s
+  bandwidth_large  the same graph with its live tensors well past any last-level cache (harness.run.ceilings): the
+             bandwidth a model's bytes see once they no longer fit in a cache
   compute    a MatMul's FLOPs per run (2·M·K·N) / the run's time: GFLOP/s, per precision class
 The ceiling is the rate of its fastest sample, as STREAM reports its best rate: the most the target was
 seen to sustain, which a machine shared with other work reaches only when left alone for a moment. Its
@@ -17,6 +19,7 @@ A row may come above its ceiling, never by an order of magnitude (ABOVE_CEILING,
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -24,8 +27,9 @@ import numpy as np
 
 from harness.core.precision import MEANINGS
 
-CEILING_KINDS = ("bandwidth", "compute")
-UNITS = {"bandwidth": "GB/s", "compute": "GFLOP/s"}
+CEILING_KINDS = ("bandwidth", "bandwidth_large", "compute")
+UNITS = {"bandwidth": "GB/s", "bandwidth_large": "GB/s", "compute": "GFLOP/s"}
+BANDWIDTH_KINDS = ("bandwidth", "bandwidth_large")  # in a cache (this machine's L3), and past any
 # bandwidth is measured once per target whatever a row's precision: bytes are bytes
 BANDWIDTH_CLASS = "bytes"
 # How far above its ceiling a row's fraction may credibly come, times (1 + the ceiling's spread). Not 1: the bandwidth
@@ -34,6 +38,25 @@ BANDWIDTH_CLASS = "bytes"
 # may outrun the int4 kernel its compute is held against. Ten times is no machine's: a counting or unit error
 # (bytes per token in thousands), which import refuses (harness.bundle.checks).
 ABOVE_CEILING = 10.0
+
+
+def working_set_bytes(amount: float) -> float:
+    """The bytes a bandwidth graph keeps live (E and T, two of the three tensor passes its `amount` counts): what a
+    cache would have to hold for the graph to run inside it."""
+    return amount * 2.0 / 3.0
+
+
+def effective_bandwidth(nbytes: float, small: tuple[float, float], large: tuple[float, float] | None) -> float:
+    """The bandwidth a step moving `nbytes` sees, from the in-cache ceiling and the one past the cache, each
+    (working set bytes, GB/s): the first at or below its working set, the second at or above its own, in between
+    interpolated linearly in log(nbytes); the first alone where there is no second (or no gap between them)."""
+    (low_bytes, low_gbps), (high_bytes, high_gbps) = small, large or small
+    if large is None or nbytes <= low_bytes or high_bytes <= low_bytes:
+        return low_gbps
+    if nbytes >= high_bytes:
+        return high_gbps
+    share = math.log(nbytes / low_bytes) / math.log(high_bytes / low_bytes)
+    return low_gbps + share * (high_gbps - low_gbps)
 
 
 def precision_class(precision: str | None) -> str | None:

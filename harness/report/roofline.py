@@ -1,6 +1,8 @@
 """The roofline of each target a run measured ceilings on: every row's achieved GFLOP/s against its arithmetic
 intensity (FLOPs per byte its graph reads), under the roof the target's own measured ceilings draw
-(min(compute ceiling, bandwidth ceiling x intensity)), and a table of how close each row comes.
+(min(compute ceiling, bandwidth ceiling x intensity)), and a table of how close each row comes. Where the target
+measured bandwidth_large (its graph's tensors past any last-level cache) its roof is drawn beside, dashed: the limit of
+a model whose bytes do not fit in a cache; the rows' fractions stay the in-cache ceiling's (harness.store).
 
 Generate rows are drawn at their decode step (bytes and FLOPs per decode token, x tg tokens/s): the phase a
 memory-bound roof limits. Inference rows at their item's (per item, x items/s). Nothing is drawn without a
@@ -20,7 +22,7 @@ matplotlib.use("Agg")
 from matplotlib.figure import Figure
 
 from harness.core.labels import case_label, short_target, target_key
-from harness.core.roofline import BANDWIDTH_CLASS, UNITS
+from harness.core.roofline import BANDWIDTH_CLASS, BANDWIDTH_KINDS, UNITS, working_set_bytes
 from harness.report.data import RunReport
 
 Row = dict[str, Any]
@@ -65,6 +67,7 @@ def _figure(label: str, roofs: dict[tuple[str, str], Row], rows: list[Row]) -> F
             roof,
             label=f"roof: {bandwidth['value']:.3g} GB/s" + (f", {name} {peak:.3g} GFLOP/s" if compute else ""),
         )
+    _large_roof(ax, grid, roofs)
     for row, (x, y) in points:
         ax.scatter([x], [y], s=18, zorder=3)
         ax.annotate(case_label(row), (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
@@ -75,6 +78,16 @@ def _figure(label: str, roofs: dict[tuple[str, str], Row], rows: list[Row]) -> F
     ax.set_title(label + (" (software adapter)" if bandwidth.get("software_adapter") else ""))
     ax.legend(fontsize=6)
     return figure
+
+
+def _large_roof(ax: Any, grid: list[float], roofs: dict[tuple[str, str], Row]) -> None:
+    """bandwidth_large's roof, dashed, under the highest compute ceiling: where a model past the cache is held."""
+    large = roofs.get(("bandwidth_large", BANDWIDTH_CLASS))
+    if large is None:
+        return
+    peak = max((c["value"] for k, c in roofs.items() if k[0] == "compute"), default=float("inf"))
+    ax.plot(grid, [min(peak, large["value"] * x) for x in grid], linestyle="--",
+            label=f"past the cache: {large['value']:.3g} GB/s ({_working_set(large)})")  # fmt: skip
 
 
 def _svg(figure: Figure) -> str:
@@ -91,11 +104,17 @@ def _number(value: float | None) -> str:
     return "—" if value is None else f"{value:.3g}"
 
 
+def _working_set(ceiling: Row) -> str:
+    return f"{working_set_bytes(ceiling['amount']) / 2**20:,.0f} MiB live"
+
+
 def _note(ceiling: Row) -> str:
-    """Why a ceiling has no value, else its graph, whether it was reused, and a software adapter's mark."""
+    """Why a ceiling has no value, else its graph (a bandwidth graph's live bytes), whether it was reused, and a
+    software adapter's mark."""
     if ceiling["error"]:
         return str(ceiling["error"])
-    notes = [str(ceiling["workload"])]
+    live = [_working_set(ceiling)] if ceiling["kind"] in BANDWIDTH_KINDS else []
+    notes = [str(ceiling["workload"]), *live]
     if ceiling.get("reused_from"):
         notes.append(f"reused from run {ceiling['reused_from']} (measured {ceiling['measured_at']})")
     return "; ".join(notes + (["software adapter"] if ceiling["software_adapter"] else []))
@@ -151,7 +170,9 @@ def roofline_html(report: RunReport, inline: Any) -> str:
     return (
         "<h3>Against the limit</h3><p class='sub'>Each target's ceilings, measured through its own engine on a "
         "graph sized to the target (in this run, or reused from an earlier one: the note says which; "
-        "docs/measurement.md); a row's achieved GB/s (decode: bytes per token × tg tokens/s) and GFLOP/s "
+        "docs/measurement.md; bandwidth_large: the bandwidth graph with its tensors past any cache, what a model's "
+        "bytes see once they do not fit in one); a row's achieved GB/s (decode: bytes per token × tg tokens/s) and "
+        "GFLOP/s "
         "(prefill: FLOPs per prompt token × pp tokens/s; inference: per item × items/s), and their fractions of "
         f"them.</p>{_ceiling_rows(report.ceilings)}{_result_rows(report.results)}{''.join(plots)}"
     )

@@ -3,7 +3,8 @@
 A ceiling moves with the machine and the software that reaches it, not with the run: a run reuses one measured on
 the same machine (the run's machine id) for the same target (hardware, engine, EP and its threads, served device)
 with the same software (Ceiling.software: the calibrations' version and the engine's, or ORT-web's, the browser's
-user agent and the WebGPU adapter, read from the measuring session or page itself) within REUSE_AGE. It is copied
+user agent and the WebGPU adapter, read from the measuring session or page itself) within REUSE_AGE, the fastest,
+once a quick check through the target's engine says it still stands (harness.run.ceiling_check). It is copied
 into this run's ceilings naming the run that measured it (reused_from), measured_at and samples the original's:
 every figure stays one that was measured, and the copy says when. A resumed run takes its own run's ceilings, of
 any age, and stores nothing again. `--ceilings fresh` measures every one again; the store's fractions are computed

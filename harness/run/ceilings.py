@@ -6,6 +6,11 @@ A ceiling is what the target reaches on a graph whose work is known exactly, tim
                  (3 x 4 bytes per element). x is a runtime scalar, so no engine folds the graph away at load
                  time; the file is tiny (nothing to fetch or check), and the Slice keeps the answer small (E and
                  T stay in the engine's own memory, as activations do).
+  bandwidth_large  the same graph at BANDWIDTH_LARGE elements (two 256 MiB tensors live: well past this machine's 260
+                 MiB L3, and any laptop's or phone's), measured after the floor: what a model whose bytes do not fit
+                 in a cache sees (the floor's 64 MiB tensors fit in a server's L3). Sized at the rate of the
+                 bandwidth ceiling just measured (a served device probes the floor first): a target whose large run
+                 would take past SLACK budgets skips it, the ceiling holding why and no value.
   compute fp32   MatMul(X [M, K], W [K, N]) -> Slice: 2·M·K·N FLOPs per run.
   compute int4   MatMulNBits (ONNX Runtime's int4 weight-only MatMul, block 32) at the same shapes: what q4
                  rows compute with, where the engine has the kernel (elsewhere the row says why not).
@@ -33,8 +38,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from harness.core.records import Case, Ceiling, Target
-from harness.core.roofline import BANDWIDTH_CLASS, precision_class
+from harness.core.roofline import BANDWIDTH_CLASS, ceiling_figures, precision_class
 from harness.prepare.cache import cache_root
+from harness.run.ceiling_check import Check, checked, now
 
 if TYPE_CHECKING:  # graph_cost imports onnx: a worker counting a row pays for it, the planning parent does not
     from harness.core.graph_cost import Work
@@ -68,6 +74,8 @@ SEED = 20261126
 # budgets never runs a smaller one.
 BANDWIDTH_SIZES = tuple(2**k for k in range(18, 26))
 BANDWIDTH_FLOOR = BANDWIDTH_SIZES.index(16 * 2**20)
+# Elements of each tensor of the bandwidth_large graph: 64 Mi fp32 values, 256 MiB; E and T, 512 MiB, live at once.
+BANDWIDTH_LARGE = 64 * 2**20
 # (M, K, N) of the MatMuls: 8.4 MFLOP to 34 GFLOP, each about twice the one before; K a multiple of BLOCK.
 MATMUL_SIZES = (
     (64, 256, 256), (128, 256, 256), (256, 256, 256), (128, 512, 512), (256, 512, 512), (512, 512, 512),
@@ -94,6 +102,12 @@ class Calibration:
     build: Callable[[tuple[int, ...]], Any]  # the onnx.ModelProto of a size's dims
     reference: int  # the size the first jump goes no further than: the one every ceiling had before issue 46
     floor: int = 0  # the smallest size a target that runs it within SLACK budgets is measured at
+    # The smallest size this calibration may measure (bandwidth_large: its one size past a cache): the bandwidth
+    # ceiling's rate, or its first probe's, decides (Sizing.take), and a choice below it is not measured (skipped).
+    least: int = 0
+    # Timed runs of its measurement (at least CEILING_MIN_DURATION_S of them): bandwidth_large's 65 ms runs need no 5
+    # to find the fastest (spread 0.8% here), and its first runs touch 512 MiB of fresh pages (~0.25 s) besides.
+    iterations: int = CEILING_ITERATIONS
 
 
 def _model(
@@ -160,24 +174,31 @@ def matmul_int4_graph(dims: tuple[int, ...]) -> Any:
                   ("com.microsoft",))  # fmt: skip
 
 
+def _bandwidth_size(n: int) -> Size:
+    return Size(f"bandwidth-expand-add-{4 * n // 2**20}mib", (n,), 3.0 * 4 * n)
+
+
 def _bandwidth_sizes() -> tuple[Size, ...]:
-    return tuple(Size(f"bandwidth-expand-add-{4 * n // 2**20}mib", (n,), 3.0 * 4 * n) for n in BANDWIDTH_SIZES)
+    return tuple(_bandwidth_size(n) for n in BANDWIDTH_SIZES)
 
 
 def _matmul_sizes(stem: str) -> tuple[Size, ...]:
     return tuple(Size(f"{stem}-{m}x{k}x{n}", (m, k, n), 2.0 * m * k * n) for m, k, n in MATMUL_SIZES)
 
 
+# bandwidth_large's: the floor, probed where no bandwidth ceiling's rate is at hand; the size it measures
+LARGE_SIZES = (_bandwidth_sizes()[BANDWIDTH_FLOOR], _bandwidth_size(BANDWIDTH_LARGE))
 # One entry per ceiling a target gets: a new one (fp16, int8) is one line here.
 CALIBRATIONS = (
     Calibration("bandwidth", BANDWIDTH_CLASS, _bandwidth_sizes(), bandwidth_graph, BANDWIDTH_FLOOR, BANDWIDTH_FLOOR),
+    Calibration("bandwidth_large", BANDWIDTH_CLASS, LARGE_SIZES, bandwidth_graph, 1, 1, 1, CEILING_MIN_ITERATIONS),
     Calibration("compute", "fp32", _matmul_sizes("matmul-fp32"), matmul_graph, MATMUL_REFERENCE),
     Calibration("compute", "int4", _matmul_sizes("matmulnbits-int4"), matmul_int4_graph, MATMUL_REFERENCE),
 )
 
 
 def calibration_feeds(calibration: Calibration, size: Size) -> dict[str, np.ndarray]:
-    if calibration.kind == "bandwidth":
+    if calibration.precision == BANDWIDTH_CLASS:  # either bandwidth graph
         return {"x": np.ones(1, np.float32)}
     m, k, _ = size.dims
     return {"x": np.random.default_rng(SEED + 1).standard_normal((m, k)).astype(np.float32)}
@@ -198,7 +219,7 @@ def calibration_path(calibration: Calibration, size: Size) -> Path:
 
 
 def _work(calibration: Calibration, amount: float) -> str:
-    unit = "B" if calibration.kind == "bandwidth" else "FLOP"
+    unit = "B" if calibration.precision == BANDWIDTH_CLASS else "FLOP"
     scaled = next((amount / f, p) for f, p in ((1e9, "G"), (1e6, "M"), (1e3, "k"), (1, "")) if amount >= f)
     return f"{scaled[0]:.3g} {scaled[1]}{unit}"
 
@@ -219,6 +240,7 @@ class Sizing:
     probes: list[tuple[int, float]] = field(default_factory=list)
     done: bool = False
     why: str = "not probed"  # the rule that chose the size, in words (note())
+    rate: tuple[float, str] | None = None  # a one-size calibration's: (work per ms, where that rate was measured)
 
     @property
     def size(self) -> Size:
@@ -226,6 +248,8 @@ class Sizing:
 
     def observe(self, ms: float) -> None:
         self.probes.append((self.index, ms))
+        if self.calibration.least:  # one size to measure: the first probe says only whether it fits the time rules
+            return self.take(self.size.amount / max(ms, 1e-6), "its probe")
         per_ms = self.size.amount / max(ms, 1e-6)
         choice, self.why = self.fitting(per_ms)
         reference = self.calibration.reference
@@ -238,27 +262,49 @@ class Sizing:
         self.done = choice <= self.index or len(self.probes) >= MAX_PROBES
         self.index = choice
 
-    def fitting(self, per_ms: float) -> tuple[int, str]:
+    def take(self, per_ms: float, source: str) -> None:
+        """A one-size calibration (`least`) sized from a rate (work per ms) measured at `source` (its probe, or the
+        bandwidth ceiling just measured on the target: the same graph, no run spent on a probe): done."""
+        self.index, self.why = self.fitting(per_ms, f"the rate of {source}")
+        self.rate, self.done = (per_ms, source), True
+
+    def fitting(self, per_ms: float, at: str = "the last probe's rate") -> tuple[int, str]:
         """The largest size whose run takes at most the budget at `per_ms` (work per ms), else the smallest; and
         why, in words."""
         sizes, floor = self.calibration.sizes, self.calibration.floor
         choice = max((i for i, size in enumerate(sizes) if size.amount / per_ms <= self.budget_ms), default=None)
         if (choice is None or choice < floor) and sizes[floor].amount / per_ms <= SLACK * self.budget_ms:
-            return floor, f"the floor, its run within {SLACK:g} budgets at the last probe's rate: past a cache"
+            return floor, f"the floor, its run within {SLACK:g} budgets at {at}: past a cache"
         if choice is None:
-            return 0, "the smallest: no size's run fits the budget at the last probe's rate"
-        return choice, "the largest whose run fits the budget at the last probe's rate"
+            return 0, f"the smallest: no size's run fits the budget at {at}"
+        return choice, f"the largest whose run fits the budget at {at}"
 
     @property
-    def probed_last(self) -> bool:
-        """Whether the size to measure is the one the last probe ran (its session may be kept)."""
-        return bool(self.probes) and self.probes[-1][0] == self.index
+    def skipped(self) -> str | None:
+        """Why the chosen size is not measured (below the calibration's least: its run would take too long), else
+        None."""
+        if self.rate is None or self.index >= self.calibration.least:
+            return None
+        least = self.calibration.sizes[self.calibration.least]
+        return (
+            f"not measured: at the rate of {self.rate[1]} a run of {least.name} would take "
+            f"{least.amount / self.rate[0]:.3g} ms, past {SLACK:g} budgets of {self.budget_ms:g} ms (a target this "
+            "slow keeps only the smaller graph's)"
+        )
+
+    def probed(self) -> str:
+        if not self.probes and self.rate is not None:
+            return f"not probed: sized at the rate of {self.rate[1]} ({_work(self.calibration, self.rate[0] * 1e3)}/s)"
+        return "probed " + ", ".join(f"{_work(self.calibration, self.calibration.sizes[i].amount)} in {ms:.3g} ms"
+                                     for i, ms in self.probes)  # fmt: skip
 
     def note(self) -> str:
         """How the size was chosen, stored with the ceiling."""
-        probes = ", ".join(f"{_work(self.calibration, self.calibration.sizes[i].amount)} in {ms:.3g} ms"
-                           for i, ms in self.probes)  # fmt: skip
-        return f"probed {probes}; measured {self.size.name} ({self.budget_ms:g} ms budget): {self.why}"
+        return f"{self.probed()}; measured {self.size.name} ({self.budget_ms:g} ms budget): {self.why}"
+
+    def unmeasured(self, ceiling: Ceiling) -> Ceiling:
+        """A skipped calibration's ceiling (new_ceiling's: its least size): no value, why, its budget and probes."""
+        return replace(ceiling, error=self.skipped, budget_ms=self.budget_ms, sizing=self.probed())
 
     def stated(self, ceiling: Ceiling) -> Ceiling:
         """The ceiling of the chosen size, stating it: its workload, amount, budget and probes."""
@@ -277,15 +323,24 @@ class Prior:
 
 
 def reusable(prior: Sequence[Prior], calibration: Calibration, software: str) -> Prior | None:
-    """The newest earlier ceiling of the calibration measured with the same software (this run's own first)."""
+    """The earlier ceiling of the calibration measured with the same software at one of its sizes: this run's own
+    first, else the fastest (a ceiling is the most the target was seen to sustain), which harness.run.ceiling_check
+    checks before it is reused."""
+    names = {size.name for size in calibration.sizes}
     same = [p for p in prior if (p.ceiling.kind, p.ceiling.precision, p.ceiling.software) ==
-            (calibration.kind, calibration.precision, software)]  # fmt: skip
-    return max(same, key=lambda p: (p.own, p.ceiling.measured_at), default=None)
+            (calibration.kind, calibration.precision, software) and p.ceiling.workload in names]  # fmt: skip
+    return max(same, key=lambda p: (p.own, ceiling_figures(p.ceiling.amount, p.ceiling.samples_ms)[0] or 0.0),
+               default=None)  # fmt: skip
+
+
+def check_size(calibration: Calibration, prior: Ceiling) -> Size:
+    """The size a prior ceiling measured (reusable keeps only priors at one of the calibration's sizes)."""
+    return next(size for size in calibration.sizes if size.name == prior.workload)
 
 
 def new_ceiling(target: Target, calibration: Calibration) -> Ceiling:
-    """The ceiling a calibration will give, at its smallest size until one is chosen."""
-    first = calibration.sizes[0]
+    """The ceiling a calibration will give, at the smallest size it may measure until one is chosen."""
+    first = calibration.sizes[calibration.least]
     return Ceiling(target, calibration.kind, calibration.precision, first.name, first.amount)
 
 
@@ -299,6 +354,9 @@ def engine_software(facts: dict[str, Any]) -> str:
 # Set to 1, --no-ceilings is every run's default: a test suite's hundreds of runs each paid its targets'
 # calibration (1-2 s a native target, a few seconds a page setting) though few read a ceiling.
 NO_CEILINGS_ENV = "ACCELHARNESS_NO_CEILINGS"
+# Set to 1, no run measures bandwidth_large (its row is not stored; predict holds bytes against the bandwidth ceiling
+# alone, as before it): ~0.6-1.3 s a target, which each test run that turns ceilings on for another reason would pay.
+NO_LARGE_ENV = "ACCELHARNESS_NO_BANDWIDTH_LARGE"
 
 
 def ceilings_asked(no_ceilings: bool, only: bool = False) -> bool:
@@ -309,12 +367,15 @@ def ceilings_asked(no_ceilings: bool, only: bool = False) -> bool:
 
 def wanted(precisions: Iterable[str | None], measured: set[tuple[str, str]], asked: bool = True) -> list[Calibration]:
     """The calibrations a target's cases need that it has not had in this run (`measured`: (kind, class)
-    pairs, updated): the bandwidth, and the compute ceiling of each precision class its rows run in; none
-    where the run does not measure ceilings (`asked`: ceilings_asked)."""
+    pairs, updated): the bandwidth (and bandwidth_large, unless ACCELHARNESS_NO_BANDWIDTH_LARGE=1), and the compute
+    ceiling of each precision class its rows run in; none where the run does not measure ceilings (`asked`:
+    ceilings_asked)."""
     if not asked:
         return []
     classes = {BANDWIDTH_CLASS} | {precision_class(p) for p in precisions}
-    found = [c for c in CALIBRATIONS if c.precision in classes and (c.kind, c.precision) not in measured]
+    skip = {"bandwidth_large"} if os.environ.get(NO_LARGE_ENV) == "1" else set()
+    found = [c for c in CALIBRATIONS if c.precision in classes and (c.kind, c.precision) not in measured
+             and c.kind not in skip]  # fmt: skip
     measured.update((c.kind, c.precision) for c in found)
     return found
 
@@ -329,21 +390,37 @@ def measure_ceilings(
 
     software: list[str] = []  # the engine's (engine_software), read from the first session loaded
     load = _Loader(backend, target)
+    done: list[Ceiling | None] = []
     for calibration in calibrations:
         started = time.perf_counter()
         try:
-            found = _calibrate(load, target, calibration, prior, software)
+            found = _calibrate(load, target, calibration, prior, software, seen_rate(done))
         except Exception as exc:  # a ceiling failing is recorded, and never stops the job
             found = new_ceiling(target, calibration)
             found.error = classify(exc)[1]
         if found is not None and found.reused_from is None:
             found.calibration_s = time.perf_counter() - started
+        done.append(found)
         if found is not None:  # None: this run holds it already (resumed)
             yield found
 
 
+def seen_rate(ceilings: Iterable[Ceiling | None]) -> tuple[float, str] | None:
+    """The rate of the target's bandwidth ceiling among `ceilings` (this run's, or copied), which sizes its
+    bandwidth_large (Sizing.take) in place of a probe: (bytes per ms at its fastest run, in words); None without."""
+    for ceiling in ceilings:
+        if ceiling is not None and ceiling.kind == "bandwidth" and ceiling.samples_ms:
+            return ceiling.amount / min(ceiling.samples_ms), f"the bandwidth ceiling's {ceiling.workload}"
+    return None
+
+
 def _calibrate(
-    load: _Loader, target: Target, calibration: Calibration, prior: Sequence[Prior], software: list[str]
+    load: _Loader,
+    target: Target,
+    calibration: Calibration,
+    prior: Sequence[Prior],
+    software: list[str],
+    seen: tuple[float, str] | None = None,
 ) -> Ceiling | None:
     from harness.run.measure import MeasureConfig, measure
     from harness.run.memory import PeakRss
@@ -352,18 +429,39 @@ def _calibrate(
     session, feeds = load(calibration, sizing.size)
     software[:] = software or [engine_software(session.facts)]
     if (earlier := reusable(prior, calibration, software[0])) is not None:
-        return None if earlier.own else earlier.ceiling
+        if earlier.own:  # a resumed run's own: stored already
+            return None
+        session = None  # one graph's tensors in memory at a time
+        if (check := _quick_check(load, calibration, earlier.ceiling)).stands:
+            return checked(check)
+        return checked(check, _calibrate(load, target, calibration, (), software, seen))  # measured afresh
+    loaded = sizing.index
+    if calibration.least and seen is not None:
+        sizing.take(*seen)
     while not sizing.done:
         sizing.observe(_probe(session, feeds))
-        if not sizing.probed_last:  # the next size to probe, or the one chosen
+        if sizing.index != loaded and not sizing.skipped:  # the next size to probe, or the one chosen
             session = None  # one graph's tensors in memory at a time
-            session, feeds = load(calibration, sizing.size)
-    config = MeasureConfig(CEILING_WARMUP, CEILING_ITERATIONS, CEILING_MIN_DURATION_S, CEILING_MAX_ITERATIONS,
+            (session, feeds), loaded = load(calibration, sizing.size), sizing.index
+    if sizing.skipped:  # its one size would not fit the time rules: the ceiling says why, with no value
+        return replace(sizing.unmeasured(new_ceiling(target, calibration)), software=software[0])
+    if sizing.index != loaded:  # sized without a probe
+        session = None
+        session, feeds = load(calibration, sizing.size)
+    config = MeasureConfig(CEILING_WARMUP, calibration.iterations, CEILING_MIN_DURATION_S, CEILING_MAX_ITERATIONS,
                            min_iterations=CEILING_MIN_ITERATIONS, max_time_s=CEILING_MAX_TIME_S)  # fmt: skip
     measured = measure(session, feeds, config, PeakRss())
     ceiling = sizing.stated(new_ceiling(target, calibration))
     ceiling.samples_ms, ceiling.load_avg_1m, ceiling.software = measured.samples_ms, measured.load_avg_1m, software[0]
     return ceiling
+
+
+def _quick_check(load: _Loader, calibration: Calibration, prior: Ceiling) -> Check:
+    """The prior's own size run as a probe is, through the target's engine (harness.run.ceiling_check)."""
+    started = time.perf_counter()
+    session, feeds = load(calibration, check_size(calibration, prior))
+    fastest_ms = _probe(session, feeds)
+    return Check(prior, fastest_ms, time.perf_counter() - started, now())
 
 
 @dataclass

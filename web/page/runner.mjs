@@ -417,18 +417,24 @@ async function injectFault(fault) {
 // and the timed loop. The loop runs until both the count and the duration are met, capped by
 // max_iterations, and stops early once the budget is spent, but never before min_iterations samples.
 // session.run returns CPU tensors (preferredOutputLocation defaults to 'cpu'), so the device->CPU
-// download is inside the timing.
-async function measure(session, feeds, job) {
+// download is inside the timing. `run` is one call (our own: session.run; another runtime's: its module's call),
+// `encode` makes the first call's result the answer's outputs; `floorMs`: the least time the first run and warm-up
+// last, besides the count (another runtime's: job.runtime_min_warmup_ms, its own wasm tiering up), within the budget.
+async function measure(run, job, encode, floorMs = 0) {
   let t0 = performance.now();
+  const started = t0;
   const deadline = job.max_time_ms == null ? Infinity : t0 + job.max_time_ms;
-  const first = await session.run(feeds);
+  const first = await run();
   const first_run_ms = performance.now() - t0;
-  const outputs = session.outputNames.map((name) => encodeTensor(name, first[name]));
+  const outputs = encode(first);
   let warmup_run = 0;
-  while (warmup_run < job.warmup && performance.now() < deadline) {
-    await session.run(feeds);
+  const warming = () => warmup_run < job.warmup || performance.now() - started < floorMs;
+  while (warming() && performance.now() < deadline) {
+    await run();
     warmup_run++;
   }
+  const warmup_ms = performance.now() - started;
+  const warmupCut = warming(); // the budget ended it
   const samples = [];
   await loopMark('start');
   const stop = loopStop(job, deadline);
@@ -440,14 +446,15 @@ async function measure(session, feeds, job) {
       break;
     }
     t0 = performance.now();
-    await session.run(feeds);
+    await run();
     samples.push(performance.now() - t0);
   }
   await loopMark('end');
   const budget = {
     max_time_s: job.max_time_ms == null ? null : job.max_time_ms / 1000,
     warmup_run,
-    budget_stopped: loop_stopped || warmup_run < job.warmup,
+    budget_stopped: loop_stopped || warmupCut,
+    ...(floorMs > 0 && { min_warmup_ms: floorMs, warmup_ms }),
   };
   return { first_run_ms, samples, outputs, budget };
 }
@@ -587,7 +594,8 @@ export async function runJob(job) {
     const feeds = await makeFeeds(job);
     if (job.mode === 'generate') return await generateJob(job, rt, entry, feeds, facts);
     await injectFault(job.fault);
-    const measured = await measure(entry.session, feeds, job);
+    const encode = (first) => entry.session.outputNames.map((name) => encodeTensor(name, first[name]));
+    const measured = await measure(() => entry.session.run(feeds), job, encode);
     const asked = job.profile_iterations > 0;
     const profile = asked ? await profileRuns(entry, feeds, job).catch(profileError) : null;
     Object.assign(facts, await runtimeFacts(job, rt), measured.budget, {
@@ -662,7 +670,7 @@ async function rawInputs(job) {
     inputs[input.name] = { dtype: input.dtype, dims: input.dims, data };
   }
   if (inputs.audio) return inputs; // speech: its samples (and the features native ORT ran, to compare)
-  if (inputs.input_ids?.dtype !== 'int64') throw new Error('a page runtime generates from an int64 input_ids');
+  if (inputs.input_ids?.dtype !== 'int64') throw new Error('a page runtime reads an int64 input_ids');
   return inputs;
 }
 
@@ -673,6 +681,7 @@ const PAGE_TOOLS = {
   Unsupported,
   errorText,
   filesOf: (name) => new URL(`../runtimes/${encodeURIComponent(name)}/`, import.meta.url).href,
+  encodeTensor,
 };
 const runtimeModules = new Map(); // module file -> its module (its runtime, once loaded, lives as long as the page)
 
@@ -700,12 +709,14 @@ async function runtimeJob(job) {
     module = runtimeModules.get(row.module);
     const refused = module.refuse?.(job); // a runtime that cannot run here at all says why first
     if (refused) throw new Unsupported(refused);
-    if (job.mode !== 'generate' || !row.modes.includes('generate')) {
+    const runs = job.mode === 'generate' || Boolean(module.infer); // inference: a module that answers one call
+    if (!runs || !row.modes.includes(job.mode)) {
       throw new Unsupported(`${job.runtime} runs ${row.modes.join(', ')} in the page, not ${job.mode}`);
     }
     if (!row.backends.includes(job.ep)) {
       throw new Unsupported(`${job.runtime} runs on ${row.backends.join(', ')}, not ${job.ep}`);
     }
+    if (job.mode === 'inference') return await runtimeInference(job, row, module, facts);
     if (job.depth > 0 && !module.depths) { // a module that fills its cache to a depth says so (wllama.mjs)
       throw new Unsupported(`${job.runtime}: its page module does not fill a KV cache to a depth`);
     }
@@ -725,6 +736,22 @@ async function runtimeJob(job) {
     facts.console_warnings = consoleWarnings();
     return { status: e instanceof Unsupported ? 'unsupported' : 'error', error: errorText(e), facts };
   }
+}
+
+// An inference job on another page runtime: its module loads the model and makes one call as an app does
+// (infer(job, inputs, row, tools) -> {load_ms, run, encode}); measure() times run() as it times our own session.run
+// (the same stop rule), after the fault hook; the answer has runJob's inference shape (outputs, not a generation).
+async function runtimeInference(job, row, module, facts) {
+  const inputs = await rawInputs(job);
+  const loaded = await module.infer(job, inputs, row, PAGE_TOOLS);
+  await injectFault(job.fault);
+  const measured = await measure(loaded.run, job, loaded.encode, job.runtime_min_warmup_ms ?? 0);
+  const runtime = await otherRuntimeFacts(job, row, module);
+  Object.assign(facts, measured.budget, { runtime, runtime_check: row.check });
+  facts.page_memory = await pageMemory();
+  facts.console_warnings = consoleWarnings();
+  const { samples: samples_ms, first_run_ms, outputs } = measured;
+  return { status: 'ok', samples_ms, first_run_ms, load_ms: loaded.load_ms, outputs, facts };
 }
 
 // Whether a WebNN context of this device type can be made here (and the browser's words if not).

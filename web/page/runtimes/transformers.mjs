@@ -1,4 +1,5 @@
-// A Whisper model's speech job runs pipeline('automatic-speech-recognition') instead (speechLoad, below).
+// A Whisper model's speech job runs pipeline('automatic-speech-recognition') instead (speechLoad, below), and an
+// inference job of a text encoder pipeline('feature-extraction') (infer, below).
 // transformers.js in the page (@huggingface/transformers) as apps call it: `pipeline('text-generation', model)` over
 // the onnxruntime-web it bundles, not the harness's. The model folder is job.runtime_model_base (config.json,
 // generation_config.json, tokenizer.json, tokenizer_config.json, onnx/model[_suffix].onnx for job.runtime_dtype),
@@ -109,29 +110,151 @@ function checkFed(fed, ids) {
   }
 }
 
-export async function load(job, inputs, row, tools) {
-  const key = `${job.runtime_model_base} ${job.runtime_dtype}`;
+// The pipeline of `task` on the job's folder: the one loaded last where it is the same, else a fresh one.
+async function pipelineFor(job, tools, task) {
+  const key = `${job.runtime_model_base} ${job.runtime_dtype} ${task}`;
   if (started && (started.ep !== job.ep || started.threads !== job.threads)) {
     // its onnxruntime-web takes its thread count and EP once per page, as the page's own ORT does
     const running = `${started.ep} with ${started.threads} threads`;
     throw new Error(`this page runs transformers.js on ${running}; open a fresh page`);
   }
-  const task = inputs.audio ? 'automatic-speech-recognition' : 'text-generation'; // a speech job carries its audio
-  if (state?.key !== `${key} ${task}`) {
+  if (state?.key !== key) {
     await state?.generator.dispose();
     state = null;
-    state = { ...(await start(job, tools, task)), key: `${key} ${task}` };
+    state = { ...(await start(job, tools, task)), key };
     started = { ep: job.ep, threads: job.threads };
   }
-  const { tf, generator } = state;
-  for (const name of ['prompt', 'features', 'decoder_prompt', 'text']) delete FACTS[name]; // an earlier job's
+  for (const name of EARLIER_FACTS) delete FACTS[name]; // an earlier job's
+  return state;
+}
+
+const EARLIER_FACTS = ['prompt', 'features', 'decoder_prompt', 'text', 'pooling', 'timed', 'tokenize_ms', 'depth_fill'];
+
+// A text generation fills its KV cache to job.depth first (fillCache); runner.mjs asks for this before a depth job.
+export const depths = true;
+
+export async function load(job, inputs, row, tools) {
+  const task = inputs.audio ? 'automatic-speech-recognition' : 'text-generation'; // a speech job carries its audio
+  if (inputs.audio && job.depth > 0) throw new tools.Unsupported('transformers.js speech runs from an empty cache');
+  const { tf, generator } = await pipelineFor(job, tools, task);
   if (inputs.audio) return speechLoad(tf, generator, inputs, job, state.load_ms);
   if (inputs.input_ids.dims[0] !== 1) throw new tools.Unsupported('the transformers.js pipeline runs batch 1 here');
   const ids = Array.from(inputs.input_ids.data, Number);
   const route = promptRoute(generator, ids);
   FACTS.prompt = route.facts;
-  const once = (hook, keepLogits) => generateOnce(tf, generator, route.text, ids, job, hook, keepLogits);
+  const fill = job.depth > 0 ? await fillCache(tf, generator, ids, job, tools) : null; // untimed, before the budget
+  const once = (hook, keepLogits) => generateOnce(tf, generator, route.text, ids, job, hook, keepLogits, fill);
   return { load_ms: state.load_ms, once };
+}
+
+// The KV cache filled to job.depth (llama-bench's -d), untimed and once per job, with what our own loop and native ORT
+// fill it with (generate.mjs's filled, harness.prepare.greedy.filler): the prompt's ids repeated to the depth, one
+// forward of the pipeline's model through its own generate (one token, its cache returned: return_dict_in_generate).
+// Each generation then starts from a fresh DynamicCache over these tensors (cacheOptions). On wasm they stay as they
+// are (generate replaces a cache's entries, disposing only GPU ones): a cache on the GPU is refused, not shared.
+// Test-only: the fault 'tjs_wrong_filler' fills with the filler reversed (the same length), which the check must see.
+async function fillCache(tf, generator, ids, job, tools) {
+  const depth = job.depth;
+  const filler = Array.from({ length: depth }, (_, i) => ids[i % ids.length]);
+  if (job.fault === 'tjs_wrong_filler') filler.reverse();
+  const input_ids = new tf.Tensor('int64', BigInt64Array.from(filler, BigInt), [1, depth]);
+  const attention_mask = new tf.Tensor('int64', new BigInt64Array(depth).fill(1n), [1, depth]);
+  const options = { ...greedyOptions(tf, { ...job, new_tokens: 1, eos_ids: [] }, null, null), streamer: null };
+  const out = await generator.model.generate({ input_ids, attention_mask, ...options, return_dict_in_generate: true });
+  const cache = out.past_key_values;
+  const held = cache ? cache.get_seq_length() : 0;
+  if (held !== depth) throw new Error(`transformers.js filled its cache to ${held} tokens, not the job's ${depth}`);
+  if (Object.values(cache).some((t) => t.location === 'gpu-buffer')) {
+    throw new tools.Unsupported('transformers.js keeps this cache on the GPU, where generate disposes what it replaces');
+  }
+  FACTS.depth_fill = { depth, cache_length: held, filler: 'the prompt ids repeated to the depth, untimed' };
+  return { cache, depth };
+}
+
+// A generation after the filled cache: a fresh DynamicCache over its tensors, and the mask over filler and prompt,
+// which the pipeline's own call takes in place of its tokenizer's ({...text_inputs, ...generation_kwargs}).
+function cacheOptions(tf, fill, length) {
+  const span = fill.depth + length;
+  const attention_mask = new tf.Tensor('int64', new BigInt64Array(span).fill(1n), [1, span]);
+  return { past_key_values: new tf.DynamicCache(fill.cache), attention_mask };
+}
+
+// Inference: pipeline('feature-extraction') as an app calls it for embeddings, pooling 'none' (its last_hidden_state,
+// what every other row of the case outputs; no normalize, no quantize). Each row of the job's ids is spelled as text
+// by the pipeline's own tokenizer and tokenized again as the pipeline tokenizes (padding, truncation, its special
+// tokens). Where that gives back the job's ids, mask and token types, a timed call is extractor(texts, {pooling:
+// 'none'}): its tokenizer, model and pooling, what an app waits for. Where it does not (facts.prompt says which input
+// and where), the call is the pipeline's model on the job's tensors, the step the pipeline runs after its tokenizer,
+// so the row computes the other rows' inputs; its tokenizer is then outside the timing (facts.tokenize_ms: its own
+// time on those texts, untimed). infer() returns {load_ms, run, encode}: runner.mjs times run() under the one stop
+// rule (stop.mjs) as it times our own session.run, and encode() makes the first call's result the answer's output.
+const POOLING = 'none';
+const OUTPUT = 'last_hidden_state';
+const FEATURE_INPUTS = ['input_ids', 'attention_mask', 'token_type_ids'];
+const TOKENIZE_REPEATS = 5;
+
+export async function infer(job, inputs, row, tools) {
+  const { tf, generator, load_ms } = await pipelineFor(job, tools, 'feature-extraction');
+  const tokenizer = generator.tokenizer;
+  if (!tokenizer) throw new Error('the feature-extraction pipeline loaded no tokenizer (tokenizer_config.json not found)');
+  const texts = rowTexts(tokenizer, inputs.input_ids);
+  const route = featureRoute(tokenizer, texts, inputs);
+  const feeds = Object.fromEntries(FEATURE_INPUTS.filter((name) => inputs[name])
+    .map((name) => [name, new tf.Tensor('int64', inputs[name].data, inputs[name].dims)]));
+  Object.assign(FACTS, { prompt: route, pooling: POOLING, tokenize_ms: tokenizeTime(tokenizer, texts) });
+  FACTS.timed = route.pipeline_ids_equal
+    ? `extractor(texts, {pooling: '${POOLING}'}): its tokenizer, model and pooling`
+    : 'extractor.model(the job\'s tensors): the model alone (its tokenizer gives other inputs)';
+  const run = route.pipeline_ids_equal
+    ? () => generator(texts, { pooling: POOLING })
+    : async () => hidden(await generator.model(feeds)); // pooling 'none' is the model's own output
+  return { load_ms, run, encode: (result) => [tools.encodeTensor(OUTPUT, result)] };
+}
+
+// What the pipeline takes from the model's outputs before pooling (FeatureExtractionPipeline._call).
+const hidden = (outputs) => outputs.last_hidden_state ?? outputs.logits ?? outputs.token_embeddings;
+
+function rowTexts(tokenizer, ids) {
+  const [batch, length] = ids.dims;
+  const row = (r) => Array.from(ids.data.subarray(r * length, (r + 1) * length), Number);
+  const options = { skip_special_tokens: false, clean_up_tokenization_spaces: false };
+  return Array.from({ length: batch }, (_, r) => tokenizer.decode(row(r), options));
+}
+
+// Whether the pipeline's tokenizer gives the job's inputs for the texts: its ids, mask and token types (none given:
+// the zeros transformers.js's encoder_forward then feeds), each compared value by value.
+function featureRoute(tokenizer, texts, inputs) {
+  const theirs = tokenizer(texts, { padding: true, truncation: true }); // as FeatureExtractionPipeline._call
+  for (const name of FEATURE_INPUTS.filter((n) => inputs[n])) {
+    const ours = inputs[name];
+    const got = theirs[name] ?? (name === 'token_type_ids' ? zerosOf(ours) : null);
+    const at = firstDifference(got, ours);
+    if (at !== undefined) {
+      return { route: 'ids: extractor.model on the job\'s tensors', pipeline_ids_equal: false, differing_input: name,
+        pipeline_dims: got ? Array.from(got.dims, Number) : null, job_dims: ours.dims, first_differing_position: at };
+    }
+  }
+  return { route: 'text: extractor(texts) tokenizes each row', pipeline_ids_equal: true, job_dims: inputs.input_ids.dims };
+}
+
+const zerosOf = (tensor) => ({ dims: tensor.dims, data: new BigInt64Array(tensor.data.length) });
+
+// undefined where both have the same dims and values, else [row, position] of the first difference (null where the
+// dims differ: the facts give both).
+function firstDifference(got, ours) {
+  if (!got || got.dims.length !== 2 || got.dims.some((d, i) => Number(d) !== ours.dims[i])) return null;
+  const at = got.data.findIndex((v, i) => BigInt(v) !== ours.data[i]);
+  return at < 0 ? undefined : [Math.floor(at / ours.dims[1]), at % ours.dims[1]];
+}
+
+function tokenizeTime(tokenizer, texts) {
+  const times = [];
+  for (let i = 0; i < TOKENIZE_REPEATS; i++) {
+    const started = performance.now();
+    tokenizer(texts, { padding: true, truncation: true });
+    times.push(performance.now() - started);
+  }
+  return times.sort((a, b) => a - b)[Math.floor(TOKENIZE_REPEATS / 2)];
 }
 
 // Speech (a job whose inputs carry `audio`: 16 kHz mono float32 samples, and `input_features`: the log-mel features
@@ -259,8 +382,9 @@ function generationAnswer(streamer, kept, started) {
   return { total_ms, ttft_ms: times[0] - started, steps, tokens, prefill_logits, step_top: kept ? kept.top : null };
 }
 
-// One greedy generation: the pipeline on the prompt's text, or (text null) the pipeline's model on the ids.
-async function generateOnce(tf, generator, text, ids, job, hook, keepLogits) {
+// One greedy generation: the pipeline on the prompt's text, or (text null) the pipeline's model on the ids; after the
+// filled cache where the job has a depth (fill).
+async function generateOnce(tf, generator, text, ids, job, hook, keepLogits, fill = null) {
   if (hook) {
     await hook(0);
     await hook(1); // the fault hook fires before the generation (generate() cannot be paused mid-way)
@@ -268,6 +392,7 @@ async function generateOnce(tf, generator, text, ids, job, hook, keepLogits) {
   const streamer = stampingStreamer(tf, 1);
   const kept = keepLogits ? { top: { ids: [[]], values: [[]] }, prefill: [] } : null;
   const options = greedyOptions(tf, job, streamer, kept);
+  if (fill) Object.assign(options, cacheOptions(tf, fill, ids.length)); // untimed, as our own loop's feeds
   const started = performance.now();
   if (text !== null) {
     await generator(text, { ...options, return_full_text: false });
@@ -281,12 +406,14 @@ async function generateOnce(tf, generator, text, ids, job, hook, keepLogits) {
   return answer;
 }
 
+const GENERATION_TOP_VALUES = 'logits (a logits processor in the warm-up only; every built-in processor off: greedy)';
+
 export async function facts(job) {
   const onnx = state?.tf.env.backends.onnx;
   if (onnx) FACTS.threads_effective = onnx.wasm.numThreads;
   return {
     ...FACTS, // its version and the threads it read back among them (runner.mjs adds the facts every runtime shares)
     wasm_files: loadedWasm(),
-    top_values: 'logits (a logits processor in the warm-up only; every built-in processor off: greedy)',
+    ...(job.mode === 'generate' && { top_values: GENERATION_TOP_VALUES }),
   };
 }
