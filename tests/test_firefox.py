@@ -26,7 +26,7 @@ from harness.core.faults import FAULT_ENV
 from harness.run.plan import RequestError
 
 pytestmark = pytest.mark.skipif(shutil.which("firefox-esr") is None, reason="needs Firefox ESR (`make setup`)")
-QUICK = {"warmup": 1, "iterations": 3, "min_duration_s": 0.0, "max_iterations": 3, "new_tokens": 8}
+QUICK = {"warmup": 0, "iterations": 3, "min_duration_s": 0.0, "max_iterations": 3, "new_tokens": 8}
 
 
 def firefoxes() -> list[int]:
