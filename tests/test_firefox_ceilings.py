@@ -28,6 +28,9 @@ def query(db: Path, sql: str) -> list[dict[str, Any]]:
         return [dict(zip(names, row, strict=True)) for row in found.fetchall()]
 
 
+# slow (CI skips it: 10-30 s on the one worker all Firefox modules share, with CI at 14:39 of its 15 minutes);
+# the check before a reuse is tested in CI by tests/test_ceiling_check.py (natively, and the page's protocol)
+@pytest.mark.slow
 def test_a_launched_firefox_measures_ceilings_its_rows_get_fractions_and_a_later_run_checks_them(
     tmp_path: Path,
 ) -> None:
