@@ -245,12 +245,16 @@ class LlamaCppGenerator(HostMemory):
             self.runner.close()
 
 
+# A llama.cpp engine's (this one's, llama-cpp-python's): it runs the GGUF the prepare worker writes of the model's
+# weights (LoadRequest.gguf_path), checked against native ORT on the export with past (generate_needs_past_export:
+# that export is prepared, and every row checked)
+GGUF_ENGINE = Capabilities(modes=("generate",), generate_needs_past_export=True, needs_onnx=False,
+                           runs_onnx_files=False, runs_gguf=True)  # fmt: skip
+
+
 class LlamaCppBackend(DeviceByHardware):
     engine = "llama.cpp"
-    # opt-in; runs the GGUF the prepare worker writes of the model's weights (LoadRequest.gguf_path), checked against
-    # native ORT on the export with past (generate_needs_past_export: that export is prepared, and every row checked)
-    capabilities = Capabilities(modes=("generate",), generate_needs_past_export=True, needs_onnx=False,
-                                runs_onnx_files=False, runs_gguf=True)  # fmt: skip
+    capabilities = GGUF_ENGINE  # opt-in
 
     def targets(self) -> list[Target]:
         return [Target("cpu", self.engine, "cpu")]

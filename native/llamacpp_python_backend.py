@@ -39,7 +39,6 @@ from harness.core.generation import STEP_TOP_K
 from harness.core.records import Target
 from harness.native.base import (
     Availability,
-    Capabilities,
     Clock,
     DeviceByHardware,
     HostMemory,
@@ -47,7 +46,7 @@ from harness.native.base import (
     UnsupportedError,
     thread_facts,
 )
-from harness.native.llamacpp_backend import CONTEXT_CAP, FILE_TYPE_PRECISIONS, STEP_TOP
+from harness.native.llamacpp_backend import CONTEXT_CAP, FILE_TYPE_PRECISIONS, GGUF_ENGINE, STEP_TOP
 
 INSTALL = "pip install llama-cpp-python"
 NOT_INSTALLED = (f"llama-cpp-python is not installed here (`{INSTALL}`; it compiles llama.cpp where no wheel fits "
@@ -227,10 +226,7 @@ class LlamaCppPythonGenerator(HostMemory):
 
 class LlamaCppPythonBackend(DeviceByHardware):
     engine = "llama-cpp-python"
-    # opt-in; runs the GGUF the prepare worker writes (LoadRequest.gguf_path), checked against native ORT on the
-    # export with past, as the node llama.cpp engine's rows are
-    capabilities = Capabilities(modes=("generate",), generate_needs_past_export=True, needs_onnx=False,
-                                runs_onnx_files=False, runs_gguf=True)  # fmt: skip
+    capabilities = GGUF_ENGINE  # opt-in; the node llama.cpp engine's: the same GGUF, checked as its rows are
 
     def targets(self) -> list[Target]:
         return [Target("cpu", self.engine, "cpu")]
