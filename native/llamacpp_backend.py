@@ -189,15 +189,9 @@ class LlamaCppGenerator(HostMemory):
             facts["memory_load_covers"] = "the worker's RSS growth over the load plus the runner's RSS after it"
 
     def prepare(self, feeds: dict[str, np.ndarray]) -> list[int]:
-        ids = feeds["input_ids"]
-        if ids.shape[0] != 1:
-            raise UnsupportedError(f"llama.cpp here generates batch 1 only (one sequence; batch {ids.shape[0]} "
-                                   "asked): node-llama-cpp's sequences are separate generations, not one batched "
-                                   "one")  # fmt: skip
-        if "attention_mask" in feeds and not np.all(feeds["attention_mask"] == 1):
-            raise UnsupportedError("llama.cpp takes unpadded prompts only (a mask of ones)")
+        why = "node-llama-cpp's sequences are separate generations, not one batched one"
         self._top_wanted = True  # a new case: its first generation (untimed) returns each step's top logits
-        return [int(i) for i in ids[0]]
+        return one_prompt(feeds, "llama.cpp", why)
 
     def run(self, prepared: Any) -> Any:
         raise UnsupportedError("llama.cpp generates only (--mode generate)")
@@ -243,6 +237,16 @@ class LlamaCppGenerator(HostMemory):
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # a closing worker: nothing left to tell
             self.runner.close()
+
+
+def one_prompt(feeds: dict[str, np.ndarray], engine: str, why_one: str) -> list[int]:
+    """A llama.cpp engine's prompt: the case's ids of its one sequence, unpadded; else UnsupportedError saying why."""
+    ids = feeds["input_ids"]
+    if ids.shape[0] != 1:
+        raise UnsupportedError(f"{engine} here generates batch 1 only (batch {ids.shape[0]} asked): {why_one}")
+    if "attention_mask" in feeds and not np.all(feeds["attention_mask"] == 1):
+        raise UnsupportedError(f"{engine} takes unpadded prompts only (a mask of ones)")
+    return [int(i) for i in ids[0]]
 
 
 # A llama.cpp engine's (this one's, llama-cpp-python's): it runs the GGUF the prepare worker writes of the model's

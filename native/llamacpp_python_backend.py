@@ -46,7 +46,7 @@ from harness.native.base import (
     UnsupportedError,
     thread_facts,
 )
-from harness.native.llamacpp_backend import CONTEXT_CAP, FILE_TYPE_PRECISIONS, GGUF_ENGINE, STEP_TOP
+from harness.native.llamacpp_backend import CONTEXT_CAP, FILE_TYPE_PRECISIONS, GGUF_ENGINE, STEP_TOP, one_prompt
 
 INSTALL = "pip install llama-cpp-python"
 NOT_INSTALLED = (f"llama-cpp-python is not installed here (`{INSTALL}`; it compiles llama.cpp where no wheel fits "
@@ -139,14 +139,8 @@ class LlamaCppPythonGenerator(HostMemory):
         return facts | thread_facts(decode, source, None, spinning)
 
     def prepare(self, feeds: dict[str, np.ndarray]) -> list[int]:
-        ids = feeds["input_ids"]
-        if ids.shape[0] != 1:
-            raise UnsupportedError(f"llama-cpp-python here generates batch 1 only (batch {ids.shape[0]} asked): a "
-                                   "Llama holds one sequence")  # fmt: skip
-        if "attention_mask" in feeds and not np.all(feeds["attention_mask"] == 1):
-            raise UnsupportedError("llama-cpp-python takes unpadded prompts only (a mask of ones)")
         self._top_wanted = True  # a new case: its first generation (untimed) keeps each step's top logits
-        return [int(i) for i in ids[0]]
+        return one_prompt(feeds, "llama-cpp-python", "a Llama holds one sequence")
 
     def run(self, prepared: Any) -> Any:
         raise UnsupportedError("llama-cpp-python generates only (--mode generate)")
