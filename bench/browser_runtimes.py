@@ -111,11 +111,12 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("/tmp/accelharness-browser-runtimes"))
+    parser.add_argument("--first-round", type=int, default=0, help="add rounds to --out's store, numbered from this")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     db = args.out / "runtimes.duckdb"
     folder = hf_folder()
-    for index in range(args.rounds):  # the page runtimes' order alternates from round to round
+    for index in range(args.first_round, args.first_round + args.rounds):  # the page runtimes' order alternates
         order = RUNTIMES if index % 2 == 0 else RUNTIMES[::-1]
         run_round(folder, db, args.out, order, args.new_tokens, args.iterations)
     print(table(rows(db)))

@@ -27,7 +27,7 @@ import pyarrow as pa
 from harness.core.bounds import MAX_ID_CHARS
 from harness.core.generation import summarize_generation
 from harness.core.git import branch_tip
-from harness.core.labels import BROWSER_ENGINE, PAGE_ENGINES, PAGE_HARDWARE
+from harness.core.labels import ceiling_owner_sql
 from harness.core.records import WORK_FIELDS, Ceiling, Control, Result
 from harness.core.roofline import ceiling_figures, precision_class_sql
 from harness.core.stats import summarize
@@ -138,13 +138,11 @@ IDENTITY_BACKFILL = [BACKFILL_RUN_UUID_SQL, CLASSIFY_RUNS_SQL, hash_results_sql(
 ROOFLINE_COLUMNS = ("achieved_gbps", "achieved_gflops", "bandwidth_fraction", "compute_fraction")
 
 
-# A page row is held against the ceilings of its browser EP and threads, measured by the page's own loop (the one
-# runtime with calibration graphs: onnxruntime-web); a row of another page runtime (transformers.js, llama.cpp in
-# wasm) on that EP shares them: the limit is the browser's and the machine's, how close each runtime comes is its own.
-CEILING_ENGINE_SQL = (
-    f"CASE WHEN results.engine IN ({', '.join(repr(e) for e in PAGE_ENGINES)}) AND results.hardware IN "
-    f"({', '.join(repr(h) for h in PAGE_HARDWARE)}) THEN '{BROWSER_ENGINE}' ELSE results.engine END"
-)
+# Whose ceilings a row is held against (harness.core.labels.ceiling_owner, in SQL): its own target's; a page
+# runtime's on its EP, onnxruntime-web's there (the one runtime with calibration graphs); a native GGUF runtime's on
+# the CPU at N threads, ONNX Runtime's CPU EP's at N threads.
+CEILING_ENGINE_SQL, CEILING_PROVIDER_SQL = ceiling_owner_sql("results.")
+CEILING_OWNER_BARE_SQL = ceiling_owner_sql()  # the same over a bare `results` (an UPDATE's own columns)
 
 
 # Every column a ceiling is stored with, in add_ceiling's order (version 10's, then 14's)
@@ -157,7 +155,7 @@ def _ceiling_sql(kind: str, precision: str) -> str:
     return (
         "(SELECT arg_max(c.value, c.measured_at) FROM ceilings c WHERE c.run_id = results.run_id "
         f"AND c.hardware = results.hardware AND c.engine = {CEILING_ENGINE_SQL} AND c.provider IS NOT DISTINCT FROM "
-        f"results.provider AND c.device IS NOT DISTINCT FROM results.device AND c.kind = '{kind}' "
+        f"{CEILING_PROVIDER_SQL} AND c.device IS NOT DISTINCT FROM results.device AND c.kind = '{kind}' "
         f"AND c.precision = {precision} AND c.value > 0)"
     )
 
@@ -655,8 +653,9 @@ class Store:
         """Commit one measured ceiling with its samples, then the fractions of the run's rows on its target."""
         target = ceiling.target
         value, spread = ceiling_figures(ceiling.amount, ceiling.samples_ms)
-        on_target = (f"run_id = ? AND hardware = ? AND {CEILING_ENGINE_SQL.replace('results.', '')} = ? "
-                     "AND provider IS NOT DISTINCT FROM ? AND device IS NOT DISTINCT FROM ?")  # fmt: skip
+        engine, provider = CEILING_OWNER_BARE_SQL  # the rows held against this target's ceilings
+        on_target = (f"run_id = ? AND hardware = ? AND {engine} = ? AND {provider} IS NOT DISTINCT FROM ? "
+                     "AND device IS NOT DISTINCT FROM ?")  # fmt: skip
         with self._writing():
             self.connection.execute("BEGIN TRANSACTION")
             self.connection.execute(

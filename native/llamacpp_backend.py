@@ -183,6 +183,7 @@ class LlamaCppGenerator(HostMemory):
         self.step_log_weight: np.ndarray | None = None
         self._top_wanted = False
         self.tokenizer: dict[str, Any] = {}  # llama.cpp's BOS id and whether its tokenizer puts BOS first
+        self.path: Path | None = None  # the GGUF loaded (harness.run.worker counts a row's work on a session's path)
         self.children_memory = ChildMemory(runner.process.pid, facts)  # the measure loop adds its peak to the worker's
         with contextlib.suppress(Exception):  # a runner already gone: its load's memory is not stated
             facts["runner_rss_after_load_mb"] = self.children_memory.rss_mb()
@@ -305,6 +306,7 @@ class LlamaCppBackend(DeviceByHardware):
                                    f"{request.gguf_path.name}, which no harness precision names")  # fmt: skip
         session = LlamaCppGenerator(runner, ran, _facts(loaded, request.threads))
         session.tokenizer = {"bos": loaded.get("bos"), "add_bos": loaded.get("add_bos")}  # its prompt's BOS rule
+        session.path = request.gguf_path  # the file that ran: its row's work is counted on it
         return session
 
 

@@ -99,6 +99,7 @@ class LlamaCppPythonGenerator(HostMemory):
     def __init__(self, llama_cpp: Any, request: LoadRequest, precision: str, context: int) -> None:
         assert request.gguf_path is not None
         self.llama_cpp, self.request, self.precision = llama_cpp, request, precision
+        self.path = request.gguf_path  # the file that ran (harness.run.worker counts a row's work on a session's path)
         self.clock = Clock()
         self.fills_cache = True  # generate() takes a KV-cache depth (--depths), filled before begin()
         self.generated: np.ndarray | None = None  # the last generate()'s token ids [1, n]

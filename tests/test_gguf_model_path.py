@@ -23,6 +23,7 @@ import pytest
 from conftest import run_cli
 
 from harness.core.generation import StepTop
+from harness.core.graph_cost import mean_positions
 from harness.core.records import Case
 from harness.native.llamacpp_backend import NODE_MODULES
 from harness.prepare.gguf_export import write_gguf
@@ -40,6 +41,9 @@ QUICK = ("--iterations", "2", "--warmup", "0", "--min-duration", "0", "--new-tok
          "--no-ceilings", "--no-reports")  # fmt: skip
 WLLAMA_WASM = Path(__file__).resolve().parents[1] / "web/node_modules/@wllama/wllama/esm/wasm/wllama.wasm"
 LIBLLAMA = NODE_MODULES.parent / "@node-llama-cpp/linux-x64/bins/linux-x64"
+_CONFIG = load_specs()["llama-tiny"].config
+# llama.cpp's KV cache per cached position (f16 K and V of every layer), from llama-tiny's config
+KV_PER_POSITION = _CONFIG["num_hidden_layers"] * 2 * _CONFIG["num_key_value_heads"] * _CONFIG["head_dim"] * 2
 
 
 class _Array:
@@ -292,6 +296,11 @@ def test_native_and_page_llama_cpp_run_the_gguf_with_equal_tokens(gguf: Path, si
                                                                                                    "Q4_0")  # fmt: skip
         assert details["parameters"] == read_gguf(gguf).parameters and details["gguf_weight_bytes_per_token"] > 0
         assert details["token_reference"].startswith("native llama.cpp ")
+        # its work counted on the file that ran: its weights, and llama.cpp's f16 KV cache at the steps' mean depth
+        positions = mean_positions(row["seq_len"], 0, row["new_tokens"])
+        kv = KV_PER_POSITION * positions
+        assert row["bytes_per_token"] == pytest.approx(details["gguf_weight_bytes_per_token"] + kv)
+        assert details["kv_bytes_per_step"] == pytest.approx(kv) and row["prefill_flops_per_token"] is None
     assert native["generated_tokens"] == page["generated_tokens"] and native["output_text"] == page["output_text"]
     assert native["details"]["native_threads"] == 1 and page["details"]["threads_effective"] == 1
 

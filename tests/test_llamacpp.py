@@ -189,6 +189,29 @@ def test_a_native_run_stores_both_engines_rows_checked(tmp_path: Path) -> None:
     assert load >= details["runner_rss_after_load_mb"] and "runner" in details["memory_covers"]
 
 
+def test_its_rows_are_held_against_ort_cpu_ceilings_at_its_threads(tmp_path: Path) -> None:
+    """llama.cpp runs no ONNX calibration graph: at --native-threads N the run measures ONNX Runtime's CPU EP's
+    ceilings at N threads for it (ORT is not among --engines here) and its row is held against them; no ceiling
+    of llama.cpp's own is attempted (it would fail as if the calibration graph were a model)."""
+    import duckdb
+
+    db = tmp_path / "c.duckdb"
+    with pytest.MonkeyPatch.context() as patch:  # conftest makes --no-ceilings the suite's default
+        patch.delenv("ACCELHARNESS_NO_CEILINGS")
+        done = run_cli("native", "--model", "llama-tiny", "--engines", "llama.cpp", "--mode", "generate",
+                       "--new-tokens", "4", "--native-threads", "1", "--sequence-lengths", str(SHAPE[1]),
+                       "--iterations", "3", "--warmup", "0", "--min-duration", "0", "--db", str(db), "--no-reports",
+                       "--output-dir", str(tmp_path / "out"))  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    with duckdb.connect(str(db), read_only=True) as store:
+        ceilings = store.execute("select engine, provider, kind, value from ceilings").fetchall()
+        (row,) = store.execute("select status, achieved_gbps, bandwidth_fraction from results").fetchall()
+    assert {(e, p) for e, p, _, _ in ceilings} == {("onnxruntime", "CPUExecutionProvider:threads=1")}, ceilings
+    bandwidth = next(value for _, _, kind, value in ceilings if kind == "bandwidth")
+    status, achieved, fraction = row
+    assert status == "ok" and bandwidth > 0 and fraction == pytest.approx(achieved / bandwidth)
+
+
 def test_child_memory_is_the_childs_own_high_water_mark() -> None:
     """ChildMemory reads the runner's peak, not the worker's and not its RSS now: a child that touches 200 MB and
     frees it again reads at least 200 MB."""

@@ -12,10 +12,12 @@ import duckdb
 import pytest
 from conftest import run_cli
 
+from harness.analysis.roofline_data import Where
 from harness.analysis.runtimes import runtime_table
 from harness.browser.run import StopRule
-from harness.core.labels import PAGE_ENGINES, PAGE_HARDWARE, in_page
+from harness.core.labels import CPU_CEILING_BORROWERS, PAGE_ENGINES, PAGE_HARDWARE, in_page
 from harness.core.records import Case, Ceiling, Result, Target
+from harness.native import ENGINES, capabilities
 from harness.store import open_store
 from harness.web.answers import PageResultError, validate_page_result
 from harness.web.eps import WEB_HARDWARE
@@ -31,8 +33,8 @@ def test_core_names_the_page_runtimes_and_eps_the_tables_hold() -> None:
     assert not in_page({"engine": "onnxruntime", "hardware": "webgpu"})  # native ORT's WebGPU EP
 
 
-def _generate(engine: str, tokens_per_s: float, provider: str = "wasm:threads=1", **details: object) -> Result:
-    hardware = "cpu" if engine in ("onnxruntime", "llama.cpp") and provider.startswith("CPU") else "wasm"
+def _generate(engine: str, tokens_per_s: float, provider: str = "wasm:threads=1", hardware: str = "wasm",
+              **details: object) -> Result:  # fmt: skip
     step = 1000.0 / tokens_per_s
     return Result("llama-tiny", "text_generation", "random", Target(hardware, engine, provider),
                   Case(1, 8, "fp32", "generate", new_tokens=4), "ok", samples_ms=[10.0] * 3,
@@ -59,6 +61,33 @@ def test_another_runtimes_rows_are_held_against_their_eps_ceiling(tmp_path: Path
     assert rows == [("llama.cpp", "wasm:threads=1", pytest.approx(0.005)),
                     ("transformers.js", "wasm:threads=1", pytest.approx(0.01)),
                     ("transformers.js", "wasm:threads=2", None)]  # fmt: skip
+
+
+def test_a_native_gguf_runtime_is_held_against_ort_cpu_ceiling_at_its_threads(tmp_path: Path) -> None:
+    """Native llama.cpp (node-llama-cpp, llama-cpp-python) runs no ONNX calibration graph: at a stated thread count its
+    rows take the bandwidth ceiling ONNX Runtime's CPU EP measured at that count in the run, whichever arrives first;
+    at another count, or at its default count (no `:threads=`), none; ORT's own rows keep theirs."""
+    db = tmp_path / "n.duckdb"
+    with open_store(db) as store:
+        run_id = store.start_run("native", {}, {})
+        store.add_result(run_id, _generate("llama.cpp", 100.0, "cpu:threads=1", hardware="cpu"), None)  # before it
+        ort = Target("cpu", "onnxruntime", "CPUExecutionProvider:threads=1")
+        store.add_ceiling(run_id, Ceiling(ort, "bandwidth", "bytes", "add", 1e9, samples_ms=[100.0] * 5))
+        for engine, provider in (("llama-cpp-python", "cpu:threads=1"), ("llama-cpp-python", "cpu:threads=2"),
+                                 ("llama.cpp", "cpu"), ("onnxruntime", "CPUExecutionProvider:threads=1")):  # fmt: skip
+            store.add_result(run_id, _generate(engine, 50.0, provider, hardware="cpu"), None)
+    rows = (
+        duckdb.connect(str(db), read_only=True)
+        .execute("SELECT engine, provider, bandwidth_fraction FROM results ORDER BY engine, provider")
+        .fetchall()
+    )
+    assert rows == [("llama-cpp-python", "cpu:threads=1", pytest.approx(0.005)),
+                    ("llama-cpp-python", "cpu:threads=2", None),
+                    ("llama.cpp", "cpu", None), ("llama.cpp", "cpu:threads=1", pytest.approx(0.01)),
+                    ("onnxruntime", "CPUExecutionProvider:threads=1", pytest.approx(0.005))]  # fmt: skip
+    where = Where("m", "cpu", "llama.cpp", "cpu:threads=2", "", "fp32")  # predict's books hold it the same way
+    assert where.ceiling_key("bandwidth")[2:4] == ("onnxruntime", "CPUExecutionProvider:threads=2")
+    assert tuple(e for e in ENGINES if capabilities(e).runs_gguf) == CPU_CEILING_BORROWERS  # every GGUF runtime
 
 
 def _job(runtime: str) -> PageJob:
@@ -93,7 +122,7 @@ def test_the_ranking_puts_every_engine_of_a_case_side_by_side() -> None:
     rows = []
     quantized = {"agreement_top1": 0.75, "token_parity": "not checked: Q4"}
     for result, details in [(_generate("transformers.js", 100.0), {"tokens_matched": 4, "tokens_compared": 4}),
-                            (_generate("onnxruntime", 300.0, "CPUExecutionProvider:threads=1"), {}),
+                            (_generate("onnxruntime", 300.0, "CPUExecutionProvider:threads=1", hardware="cpu"), {}),
                             (_generate("llama.cpp", 200.0), quantized)]:  # fmt: skip
         rows.append({"model": result.model, "mode": "generate", "status": "ok", "batch_size": 1, "seq_len": 8,
                      "new_tokens": 4, "depth": None, "precision": "fp32", "hardware": result.target.hardware,

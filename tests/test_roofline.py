@@ -63,6 +63,9 @@ def test_each_target_has_its_ceilings_measured_through_its_own_engine(measured: 
     kinds = (("bandwidth", "bytes"), ("bandwidth_large", "bytes"), ("compute", "fp32"))
     assert found == {(*t, kind, cls) for t in TARGETS for kind, cls in kinds}
     for c in measured["ceilings"]:  # the figure is its samples' (harness.core.roofline), nothing looked up
+        if c["kind"] == "bandwidth_large" and c["value"] is None:  # a loaded machine's rate: skipped, saying why
+            assert c["error"].startswith("not measured: at the rate of the bandwidth ceiling's"), c["error"]
+            continue
         assert c["error"] is None and c["iterations"] == len(c["samples_ms"]) >= 3 and not c["software_adapter"]
         assert (c["value"], c["spread"]) == pytest.approx(ceiling_figures(c["amount"], c["samples_ms"]))
         assert c["value"] > 0 and c["spread"] >= 0
@@ -72,6 +75,7 @@ def test_each_target_has_its_ceilings_measured_through_its_own_engine(measured: 
         assert SOFTWARE[c["engine"]] in c["software"], c["software"]
     large = {(c["workload"], c["sizing"].split(":")[0]) for c in measured["ceilings"] if c["kind"] == "bandwidth_large"}
     assert large == {("bandwidth-expand-add-256mib", "not probed")}  # sized at the bandwidth ceiling's rate
+    # (on a machine so loaded that a target's bandwidth_large run would pass 4 budgets, that target skips it: above)
 
 
 def test_every_generate_row_has_its_work_and_comes_within_its_ceilings(measured: dict[str, Any]) -> None:

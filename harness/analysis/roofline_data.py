@@ -7,8 +7,9 @@ the median of several runs' is steadier than the latest). A term of bytes is hel
 bytes see (harness.core.roofline.effective_bandwidth): the in-cache bandwidth ceiling up to its graph's working set,
 the bandwidth_large one (live tensors well past any last-level cache) from its own, interpolated in log(bytes) in
 between; a target with no bandwidth_large (an older store, a bundle without it) the bandwidth ceiling alone, as
-before. A page runtime other than onnxruntime-web is held
-against onnxruntime-web's ceilings on its EP, as the store's fractions hold it (harness.store.CEILING_ENGINE_SQL).
+before. A row is held against the ceilings the store's fractions hold it against (harness.core.labels.ceiling_owner):
+a page runtime other than onnxruntime-web against onnxruntime-web's on its EP, a native GGUF runtime on the CPU at N
+threads against ONNX Runtime's CPU EP's at N threads.
 
 A decode step is priced two ways (harness.analysis.roofline_predict): "decode", its bytes per token at the bandwidth
 ceiling plus a fixed overhead; and "step", a cost per dispatched node plus the weights, the KV cache and the
@@ -32,7 +33,7 @@ from typing import Any
 from harness.analysis.machines import machine_name
 from harness.analysis.roofline_fit import Point
 from harness.core.bounds import MAX_GRAPH_NODES, WORK_BYTES_BOUND
-from harness.core.labels import BROWSER_ENGINE, PAGE_ENGINES, PAGE_HARDWARE, target_label
+from harness.core.labels import ceiling_owner, target_label
 from harness.core.roofline import (
     BANDWIDTH_CLASS,
     BANDWIDTH_KINDS,
@@ -95,9 +96,9 @@ class Where:
                              "device": self.device or None})  # fmt: skip
 
     def ceiling_key(self, kind: str) -> tuple[str, ...]:
-        engine = BROWSER_ENGINE if self.engine in PAGE_ENGINES and self.hardware in PAGE_HARDWARE else self.engine
+        engine, provider = ceiling_owner(self.hardware, self.engine, self.provider)
         cls = BANDWIDTH_CLASS if kind in BANDWIDTH_KINDS else self.precision_class
-        return self.machine, self.hardware, engine, self.provider, self.device, kind, cls
+        return self.machine, self.hardware, engine, provider or "", self.device, kind, cls
 
 
 def where_of(row: Mapping[str, Any]) -> Where | None:

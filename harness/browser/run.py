@@ -44,6 +44,7 @@ from harness.browser.runtimes import (
     runtime_model,
     runtime_refusal,
     speech_feeds,
+    work_file,
 )
 from harness.core.failures import UNSUPPORTED_OPERATOR
 from harness.core.faults import injected_faults
@@ -772,7 +773,8 @@ async def _run_case(
         "details": details | conversion | {"input_shapes": page.input_shapes},
     }
     _, reference = prepared.load_case((case.batch_size, case.seq_len), on_graph=case.mode == "inference")
-    return build_result(prepared, setting, case, answer, extra, reference, model)
+    return build_result(prepared, setting, case, answer, extra, reference,
+                        work_file(prepared, setting.runtime, case, model))  # fmt: skip
 
 
 # --- the run ----------------------------------------------------------------------------------------
@@ -853,7 +855,7 @@ async def _run_ep(
                 if (setting, "start") in controls.get(index - 1, []):
                     emit(await measure_control(files, session, own_loop(setting), "start", spec.name, timeout_s))
                 # the EP's ceilings, measured once per run by the page's own loop before the first job that needs
-                # each of them; every page runtime's rows on the EP are held against them (store.CEILING_ENGINE_SQL)
+                # each of them; every page runtime's rows on the EP are held against them (labels.ceiling_owner)
                 asked = ceilings_asked(plan.request.no_ceilings)
                 held = own_loop(setting)
                 needed = wanted([case.precision], measured.setdefault(held.target, set()), asked)

@@ -371,11 +371,19 @@ def runtime_details(runtime: str) -> dict[str, Any]:
             "page_runtime_check": table.check}  # fmt: skip
 
 
+def work_file(prepared: PreparedModel, runtime: str, case: Case, model: Path) -> Path:
+    """The file a row's work per token is counted on: the one the runtime ran. llama.cpp's is the GGUF (given as the
+    model, or written from it at the case's precision: its own quantization, not the ONNX graph's), counted from its
+    tensors (harness.prepare.gguf_file.gguf_generation_work); every other runtime's the ONNX graph it ran."""
+    if RUNTIMES[runtime].format == "gguf" and not prepared.spec.is_gguf_file:
+        return Path(gguf_files(prepared)[case.precision])
+    return model
+
+
 def runtime_model(prepared: PreparedModel, runtime: str, case: Case, model: Path,
                   folder: Path | None = None) -> dict[str, Any]:  # fmt: skip
     """What a row of another page runtime says of the file it ran: transformers.js the same ONNX graph native ORT
-    runs (its name in the folder it was served as); llama.cpp the GGUF, whose work per token is counted on the
-    ONNX graph of the same weights and precision (the row says so)."""
+    runs (its name in the folder it was served as); llama.cpp the GGUF (its work per token counted on it: work_file)."""
     if runtime == OWN_RUNTIME:
         return {}
     if RUNTIMES[runtime].format == "mlc" and folder is not None:  # WebLLM's own folder: what it holds
@@ -386,8 +394,7 @@ def runtime_model(prepared: PreparedModel, runtime: str, case: Case, model: Path
         return {"model_file": model.name, "model_bytes": model.stat().st_size}
     if RUNTIMES[runtime].format == "gguf":
         gguf = Path(gguf_files(prepared)[case.precision])
-        return {"model_file": gguf.name, "model_bytes": gguf.stat().st_size,
-                "work_counted_on": f"{model.name}: the ONNX graph of the same weights at {case.precision}"}  # fmt: skip
+        return {"model_file": gguf.name, "model_bytes": gguf.stat().st_size}
     if prepared.spec.is_encoder_decoder and (speech := speech_graphs(prepared)) is not None:  # refused otherwise
         return {"model_file": speech.label(), "served_as": f"onnx/encoder_model.onnx + onnx/{DECODER_MERGED}.onnx",
                 "pipeline_task": "automatic-speech-recognition"}  # fmt: skip

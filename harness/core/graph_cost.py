@@ -411,6 +411,12 @@ GENERATION_COUNTED = ("harness.core.graph_cost: weights by stored type, the KV c
 INFERENCE_COUNTED = "harness.core.graph_cost: weights by stored type, inputs and outputs, FLOPs by shape inference"
 
 
+def mean_positions(prompt: int, depth: int, new_tokens: int) -> float:
+    """The cached positions a decode step attends over, on average over a generation's N-1 decode steps: the prompt,
+    the depth and half of the N-2 tokens generated before the last step."""
+    return prompt + depth + max(new_tokens - 2, 0) / 2
+
+
 def generation_work(path: Path, batch: int, prompt: int, depth: int, new_tokens: int,
                     shape: tuple[int, int] | None = None) -> Work:  # fmt: skip
     """(the Result's work fields, facts for details) of a generation on a graph with past key/values: per
@@ -420,7 +426,7 @@ def generation_work(path: Path, batch: int, prompt: int, depth: int, new_tokens:
     cache as the graph concatenates, expands and attends over it), what generation's prediction prices."""
     pasts = _pasts(path, shape)
     weights = weight_bytes(path)
-    context = prompt + depth + max(new_tokens - 2, 0) / 2
+    context = mean_positions(prompt, depth, new_tokens)
     kv = sum(batch * heads * context * size * itemsize for _, heads, size, itemsize in pasts)
     step = graph_cost(path, _step_shapes(pasts, batch, 1, round(context)))
     prefill = graph_cost(path, _step_shapes(pasts, batch, prompt, depth))

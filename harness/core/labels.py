@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from harness.core.threads import threads_part
+from harness.core.threads import THREADS_MARK, threads_part
 
 BASELINE = ("cpu", "torch")  # (hardware, engine): speedups are relative to torch eager on the CPU
 BASELINE_LABEL = "/".join(BASELINE)
@@ -21,6 +21,46 @@ BROWSER_ENGINE = "onnxruntime-web"  # the page's own runtime: our loop over onnx
 PAGE_ENGINES = (BROWSER_ENGINE, "transformers.js", "llama.cpp", "webllm")
 PAGE_HARDWARE = ("wasm", "webgpu", "webnn")  # web/page/eps.json's EPs, in its order (the same test)
 ENGINE_ABBREVIATIONS = {"onnxruntime": "ort", BROWSER_ENGINE: "ort-web", "transformers.js": "tjs"}
+
+
+# Native runtimes that run a GGUF and no ONNX file, so no calibration graph of their own: on the CPU at a stated thread
+# count their rows are held against the ceilings ONNX Runtime's CPU EP measured at that count in the same run, as a
+# page runtime's are against onnxruntime-web's on its EP. The limit is the machine's at those threads; how close
+# each runtime comes is its own. At a runtime's default thread count there is no such pairing, and no fraction.
+CPU_CEILING_BORROWERS = ("llama.cpp", "llama-cpp-python")
+GGUF_CPU_PROVIDER = "cpu"  # their provider on the CPU (`cpu:threads=N` at a stated count)
+CPU_CEILING_OWNER = ("onnxruntime", "CPUExecutionProvider")  # whose CPU ceilings they are held against
+
+
+def ceiling_owner(hardware: str, engine: str, provider: str | None) -> tuple[str, str | None]:
+    """The (engine, provider) whose ceilings, measured on the same hardware in the same run, a row is held against."""
+    if engine in PAGE_ENGINES and hardware in PAGE_HARDWARE:
+        return BROWSER_ENGINE, provider
+    if (
+        hardware == "cpu"
+        and engine in CPU_CEILING_BORROWERS
+        and (provider or "").startswith(GGUF_CPU_PROVIDER + THREADS_MARK)
+    ):
+        return CPU_CEILING_OWNER[0], CPU_CEILING_OWNER[1] + (provider or "")[len(GGUF_CPU_PROVIDER) :]
+    return engine, provider
+
+
+def ceiling_owner_sql(prefix: str = "") -> tuple[str, str]:
+    """ceiling_owner in SQL: (engine, provider) expressions over the columns hardware, engine and provider of the
+    table `prefix` names ("results." or "" for bare names)."""
+    hardware, engine, provider = (f"{prefix}{column}" for column in ("hardware", "engine", "provider"))
+
+    def among(column: str, names: tuple[str, ...]) -> str:
+        return f"{column} IN ({', '.join(repr(name) for name in names)})"
+
+    page = f"{among(engine, PAGE_ENGINES)} AND {among(hardware, PAGE_HARDWARE)}"
+    borrowed = (f"{hardware} = 'cpu' AND {among(engine, CPU_CEILING_BORROWERS)} "
+                f"AND starts_with({provider}, '{GGUF_CPU_PROVIDER}{THREADS_MARK}')")  # fmt: skip
+    owner_engine = (f"CASE WHEN {page} THEN '{BROWSER_ENGINE}' WHEN {borrowed} THEN '{CPU_CEILING_OWNER[0]}' "
+                    f"ELSE {engine} END")  # fmt: skip
+    owner_provider = (f"CASE WHEN {borrowed} THEN '{CPU_CEILING_OWNER[1]}' || substr({provider}, "
+                      f"{len(GGUF_CPU_PROVIDER) + 1}) ELSE {provider} END")  # fmt: skip
+    return owner_engine, owner_provider
 
 
 # Browsers the harness launches outside Playwright (harness.browser.launched): their rows' device is the browser's

@@ -53,8 +53,14 @@ TOKENIZERS = ("llama", "gpt2")  # SentencePiece and byte-level BPE: what web/pag
 PRECISIONS = {"F32": "fp32", "F16": "fp16", "BF16": "bf16", "Q8_0": "int8", "Q4_0": "q4", "Q4_1": "q4", "Q4_K": "q4",
               "IQ4_NL": "q4", "IQ4_XS": "q4"}  # fmt: skip
 NO_ONNX = "a GGUF file has no ONNX graph: it runs on llama.cpp (natively, and in the page through wllama)"
-# a GGUF row's work: no graph to count it on; its weights' bytes per token come from its tensors (row_facts)
+# a GGUF row's work where it is not counted (an inference case; attention whose K and V weights are fused)
 NOT_COUNTED = "not counted on a graph: a GGUF has no ONNX graph (its weights: gguf_weight_bytes_per_token)"
+# llama.cpp's KV cache type by default (type_k, type_v: f16), which none of node-llama-cpp (native/llamacpp/runner.mjs),
+# llama-cpp-python (native/llamacpp_python_backend.py) or wllama (web/page/runtimes/wllama.mjs) is told otherwise here
+KV_CACHE_ITEM_BYTES = 2
+GGUF_COUNTED = ("harness.prepare.gguf_file: from the GGUF that ran, the weights a decode step reads by their stored "
+                "types and shapes (gguf_weight_bytes_per_token), and llama.cpp's KV cache (f16, its default) at the "
+                "steps' mean depth from its attn_k and attn_v widths; no FLOPs: no graph to count them on")  # fmt: skip
 
 
 class GgufError(ValueError):
@@ -372,3 +378,32 @@ def gguf_precision(path: Path) -> str | None:
         return read_gguf(path).precision
     except GgufError:
         return None
+
+
+def kv_bytes_per_position(tensors: tuple[Tensor, ...]) -> int | None:
+    """The bytes llama.cpp's KV cache holds per cached position: each layer's K and V widths (blk.N.attn_k.weight's
+    and attn_v.weight's output dimension, ggml's second) at KV_CACHE_ITEM_BYTES; None where K and V are fused."""
+    keys = [t for t in tensors if t.name.endswith(".attn_k.weight")]
+    values = [t for t in tensors if t.name.endswith(".attn_v.weight")]
+    if not keys or len(keys) != len(values) or any(len(t.shape) != 2 for t in keys + values):
+        return None
+    return sum(t.shape[1] for t in keys + values) * KV_CACHE_ITEM_BYTES
+
+
+def gguf_generation_work(path: Path, batch: int, prompt: int, depth: int,
+                         new_tokens: int) -> tuple[dict[str, float | None], dict[str, Any]]:  # fmt: skip
+    """(work fields, facts) of a generation on the GGUF that ran: per decode token its weights' bytes (read once per
+    step for the batch) and the KV cache at the steps' mean depth (harness.core.graph_cost.mean_positions), as
+    harness.core.graph_cost.generation_work counts an ONNX graph's; FLOPs NULL. GgufError where the file is refused."""
+    from harness.core.graph_cost import mean_positions
+
+    facts = read_gguf(path)
+    per_position = kv_bytes_per_position(facts.tensors)
+    if per_position is None:
+        return {}, {"work_counted": f"{NOT_COUNTED}; no separate attn_k and attn_v tensors give its KV cache's width"}
+    positions = mean_positions(prompt, depth, new_tokens)
+    kv = batch * positions * per_position
+    fields = {"bytes_per_token": (facts.weight_bytes_per_token + kv) / batch, "flops_per_token": None,
+              "prefill_flops_per_token": None}  # fmt: skip
+    return fields, {"kv_bytes_per_step": kv, "kv_mean_positions": positions, "work_counted": GGUF_COUNTED,
+                    "gguf_weight_bytes_per_token": facts.weight_bytes_per_token}  # fmt: skip

@@ -514,10 +514,15 @@ def row_work(model: Path | None, case: Case, input_shapes: dict[str, list[int]])
     leaves the fields NULL and says why, never a guess."""
     if model is None:
         return {}, {"work_counted": "not counted: no ONNX file known to have run (an engine building its own model)"}
-    if model.suffix == ".gguf":  # a GGUF given as the model: its weight bytes per token are counted from its tensors
-        from harness.prepare.gguf_file import NOT_COUNTED
+    if model.suffix == ".gguf":  # llama.cpp's GGUF (given as the model, or written from it): counted from its tensors
+        from harness.prepare.gguf_file import NOT_COUNTED, GgufError, gguf_generation_work
 
-        return {}, {"work_counted": NOT_COUNTED}
+        if case.mode != "generate":
+            return {}, {"work_counted": NOT_COUNTED}
+        try:
+            return gguf_generation_work(model, case.batch_size, case.seq_len, case.depth or 0, case.new_tokens or 0)
+        except GgufError as exc:
+            return {}, {"work_counted": f"not counted: {exc}"}
     from harness.prepare.work_memo import only_work, remembered_work
 
     if case.mode not in ("generate", "inference"):

@@ -13,6 +13,7 @@ from dataclasses import asdict, replace
 import numpy as np
 
 from harness.core.generation import StepTop
+from harness.core.labels import CPU_CEILING_BORROWERS, ceiling_owner
 from harness.core.parity import GGML_SIDE
 from harness.core.profiles import PROFILE_ITERATIONS
 from harness.core.records import Case, Control, Result, Target
@@ -21,8 +22,8 @@ from harness.native.base import Availability
 from harness.prepare.gguf_file import NO_ONNX, NOT_COUNTED
 from harness.prepare.prepared import PreparedModel, PrepareJob, audio_lengths, inference_on_past, unprepared_result
 from harness.prepare.specs import ModelSpec
-from harness.run.ceiling_job import measure_targets
-from harness.run.ceilings import ceilings_asked, wanted
+from harness.run.ceiling_job import CeilingJob, measure_targets, run_calibration
+from harness.run.ceilings import Calibration, ceilings_asked, wanted
 from harness.run.measure import MeasureConfig
 from harness.run.plan import BenchmarkRequest, Plan, check_engines, validate
 from harness.run.recording import Body, Emit, RunSummary, record_run
@@ -104,10 +105,30 @@ def _run_model(plan: Plan, spec: ModelSpec, emit: Emit, measured: dict[Target, s
                 )
                 # the target's ceilings, measured once per run, before the first job that needs each of them
                 asked = ceilings_asked(plan.request.no_ceilings)
-                calibrations = tuple(wanted((c.precision for c in runnable), measured.setdefault(target, set()), asked))
+                calibrations: tuple[Calibration, ...] = ()
+                if target.engine in CPU_CEILING_BORROWERS:  # no calibration graph of its own: it borrows ORT's
+                    _borrowed_ceilings(plan, target, runnable, measured, asked, emit)
+                else:
+                    calibrations = tuple(wanted((c.precision for c in runnable), measured.setdefault(target, set()),
+                                                asked))  # fmt: skip
                 prior = plan.ceilings.for_target(target, plan.request.ceilings) if calibrations else ()
                 job = Job(prepared, target, runnable, measure, calibrations, prior)
                 run_job(job, plan.request.timeout_s, checked)
+
+
+def _borrowed_ceilings(plan: Plan, target: Target, cases: list[Case], measured: dict[Target, set[tuple[str, str]]],
+                       asked: bool, emit: Emit) -> None:  # fmt: skip
+    """A native GGUF runtime's rows at N threads are held against ONNX Runtime's CPU EP's ceilings at N threads
+    (harness.core.labels.ceiling_owner): measured here, in a worker of their own, unless this run has them already
+    (ORT's own target at N threads measures them once for both). At its default thread count there is no pairing."""
+    engine, provider = ceiling_owner(target.hardware, target.engine, target.provider)
+    if engine == target.engine:
+        return
+    owner = Target(target.hardware, engine, provider)
+    calibrations = tuple(wanted((c.precision for c in cases), measured.setdefault(owner, set()), asked))
+    if calibrations:
+        prior = plan.ceilings.for_target(owner, plan.request.ceilings)
+        run_calibration(CeilingJob(owner, calibrations, prior), plan.request.timeout_s, emit)
 
 
 def checked_generation(prepared: PreparedModel, result: Result | Control) -> Result | Control:
