@@ -44,7 +44,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
         patch.delenv("ACCELHARNESS_NO_CEILINGS")
         done = run_cli(
             "native", "--model", ",".join(MODELS), "--mode", "generate", "--hardware", "cpu", "--engines",
-            "onnxruntime", "--native-threads", "1", *CASE, "--iterations", "100", "--warmup", "2", "--min-duration",
+            "onnxruntime", "--native-threads", "1", *CASE, "--iterations", "30", "--warmup", "2", "--min-duration",
             "0", "--max-time", "1", "--db", str(out / "g.duckdb"), "--no-reports", "--output-dir", str(out / "o"),
         )  # fmt: skip
     assert done.returncode == 0, done.stderr

@@ -169,8 +169,11 @@ def _from_ceilings(book: Book, where: Where, laws: dict[str, str], own: dict[str
 
 def _why_not(book: Book, where: Where, own: list[Point]) -> str:
     cls = where.precision_class
-    held = f"{cls} rows of {len(models_of(own))} other model(s) here" if own else f"no {cls} rows here"
-    elsewhere = f"no {'/'.join(where.family[:3])} target elsewhere has {cls} rows of {MIN_FIT_MODELS}+ models"
+    # a row counts here only with this phase's work counted (a GGUF's rows count bytes, never FLOPs: no graph)
+    held = (f"{cls} rows of {len(models_of(own))} other model(s) here with its work counted" if own
+            else f"no {cls} rows here with its work counted")  # fmt: skip
+    elsewhere = (f"no {'/'.join(where.family[:3])} target elsewhere has such {cls} rows of {MIN_FIT_MODELS}+ "
+                 "models")  # fmt: skip
     return f"{held}, and {elsewhere}"
 
 
