@@ -94,6 +94,19 @@ def db(tmp_path: Path) -> Path:
     return tmp_path / "bench.duckdb"
 
 
+def stored_rows(db: Path) -> list[dict[str, Any]]:
+    """Every results row of a store as a dict, its details parsed."""
+    import json
+
+    import duckdb
+
+    with duckdb.connect(str(db), read_only=True) as connection:
+        cursor = connection.execute("SELECT * FROM results")
+        names = [d[0] for d in cursor.description]
+        rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    return [r | {"details": json.loads(r["details"])} for r in rows]
+
+
 def store_at_version(path: Path, version: int) -> Any:
     """An open DuckDB connection to a new store as accelharness wrote it at schema `version` (an older store, for
     the tests of migrating and reading one); the caller adds its rows and closes it."""

@@ -9,7 +9,6 @@ fail: a reference whose tokens differ, and (slow) the page served the file with 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import struct
@@ -17,10 +16,9 @@ import types
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import run_cli, stored_rows
 
 from harness.core.generation import StepTop
 from harness.core.graph_cost import mean_positions
@@ -84,11 +82,7 @@ def tiny_gguf(path: Path, precision: str = "q4", seed: int = 0) -> Path:
 
 
 def rows_of(db: Path) -> dict[tuple[str, str], dict[str, Any]]:
-    with duckdb.connect(str(db), read_only=True) as connection:
-        cursor = connection.execute("SELECT * FROM results")
-        names = [d[0] for d in cursor.description]
-        rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
-    return {(r["hardware"], r["engine"]): r | {"details": json.loads(r["details"])} for r in rows}
+    return {(r["hardware"], r["engine"]): r for r in stored_rows(db)}
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import duckdb
 import pytest
-from conftest import run_cli
+from conftest import run_cli, stored_rows
 from test_web import web_cache  # noqa: F401 (the session's export cache)
 
 from harness.browser.generate import SCALED_WEIGHT_FAULT
@@ -33,11 +32,7 @@ RUNTIMES = "onnxruntime-web,transformers.js"
 
 
 def rows_of(db: Path) -> dict[tuple[str, int], dict[str, Any]]:
-    with duckdb.connect(str(db), read_only=True) as connection:
-        cursor = connection.execute("SELECT * FROM results")
-        names = [d[0] for d in cursor.description]
-        rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
-    return {(r["engine"], r["batch_size"]): r | {"details": json.loads(r["details"])} for r in rows}
+    return {(r["engine"], r["batch_size"]): r for r in stored_rows(db)}
 
 
 @pytest.fixture(scope="module")
